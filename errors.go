@@ -1,0 +1,32 @@
+package retention
+
+import "errors"
+
+// ErrInvalidConfig is returned by New when a Config field is out of range.
+// The message names the field and the value that was refused.
+var ErrInvalidConfig = errors.New("retention: invalid config")
+
+// ErrMalformedMarker is returned when a key under a sweep's prefix is not a
+// well-formed marker: wrong prefix, timestamp not exactly 20 digits or out of
+// range, missing '/', or an id that fails validation. The message says which
+// part is wrong.
+var ErrMalformedMarker = errors.New("retention: malformed marker")
+
+// ErrInvalidID is returned when a marker id fails validation, either by
+// ValidateID or by a Config.ValidateID function. Parse errors caused by a bad
+// id match both ErrInvalidID and ErrMalformedMarker.
+var ErrInvalidID = errors.New("retention: invalid marker id")
+
+// ErrInvalidTime is returned when a marker would be written for a time before
+// the Unix epoch, which the 20-digit millisecond timestamp cannot represent.
+var ErrInvalidTime = errors.New("retention: invalid marker time")
+
+// ErrLiveAgain is returned by a Config.Clear function to say that the entity
+// is live again and must not be cleared. The sweep then deletes the marker
+// without clearing and counts it in Stats.LiveAgain. Wrapped errors match.
+var ErrLiveAgain = errors.New("retention: entity is live again")
+
+// ErrClearPanicked is returned (wrapped, and counted in Stats.Failed) when a
+// Config.Clear function panics. The sweep recovers, keeps the marker and logs
+// the panic value with its stack.
+var ErrClearPanicked = errors.New("retention: clear panicked")

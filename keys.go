@@ -1,0 +1,159 @@
+package retention
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// TimestampWidth is the number of decimal digits of a marker's timestamp: the
+// width of the largest uint64, so that byte order of keys equals time order.
+const TimestampWidth = 20
+
+var (
+	epoch         = time.UnixMilli(0)
+	maxMarkerTime = time.UnixMilli(math.MaxInt64)
+)
+
+// MaxIDLen is the longest id, in bytes, that ValidateID accepts.
+const MaxIDLen = 128
+
+// ValidateID reports whether id is a valid marker id under the default rule:
+// 1 to MaxIDLen bytes, each one of A-Z, a-z, 0-9, '_' or '-'. The error
+// matches ErrInvalidID and names the offending byte.
+//
+// The rule keeps ids safe to splice into the caller's own keys: an empty id,
+// for example, would make a clear of "<entity-prefix><id>" remove every
+// entity under the shared prefix.
+func ValidateID(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidID)
+	}
+	if len(id) > MaxIDLen {
+		return fmt.Errorf("%w: %d bytes long, at most %d allowed", ErrInvalidID, len(id), MaxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if !idByte(id[i]) {
+			return fmt.Errorf("%w: byte %d of %q is %q, want one of A-Z a-z 0-9 _ -", ErrInvalidID, i, id, id[i])
+		}
+	}
+	return nil
+}
+
+func idByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// MarkerKey returns the marker key "<prefix><ts>/<id>" for an entity that
+// finished at t, where ts is t in Unix milliseconds padded to TimestampWidth
+// digits. It refuses an id that fails ValidateID and a time before the Unix
+// epoch, so a malformed marker is never written.
+//
+// Write the returned key, with an empty value, in the same transaction that
+// records the entity's terminal state.
+func MarkerKey(prefix string, t time.Time, id string) ([]byte, error) {
+	return AppendMarkerKey(make([]byte, 0, len(prefix)+TimestampWidth+1+len(id)), prefix, t, id)
+}
+
+// AppendMarkerKey appends the marker key of MarkerKey to dst and returns the
+// extended slice. It does not allocate when dst has room for the key.
+func AppendMarkerKey(dst []byte, prefix string, t time.Time, id string) ([]byte, error) {
+	if err := ValidateID(id); err != nil {
+		return dst, err
+	}
+	return appendKey(dst, prefix, t, id)
+}
+
+// appendKey appends a marker key after checking only the time, for callers
+// that validated id by their own rule.
+func appendKey(dst []byte, prefix string, t time.Time, id string) ([]byte, error) {
+	if t.Before(epoch) {
+		return dst, fmt.Errorf("%w: %s is before the Unix epoch", ErrInvalidTime, t.UTC().Format(time.RFC3339Nano))
+	}
+	if t.After(maxMarkerTime) {
+		return dst, fmt.Errorf("%w: %s is beyond the largest int64 millisecond", ErrInvalidTime, t.UTC().Format(time.RFC3339Nano))
+	}
+	dst = append(dst, prefix...)
+	dst = appendTimestamp(dst, uint64(t.UnixMilli()))
+	dst = append(dst, '/')
+	return append(dst, id...), nil
+}
+
+// appendTimestamp appends ms as exactly TimestampWidth decimal digits.
+func appendTimestamp(dst []byte, ms uint64) []byte {
+	var buf [TimestampWidth]byte
+	for i := TimestampWidth - 1; i >= 0; i-- {
+		buf[i] = byte('0' + ms%10)
+		ms /= 10
+	}
+	return append(dst, buf[:]...)
+}
+
+// ParseMarkerKey splits a marker key written by MarkerKey into the time it
+// records and its id. The returned id aliases key. Any key that MarkerKey
+// could not have produced for prefix is refused with an error matching
+// ErrMalformedMarker that says which part is wrong. It does not allocate on
+// success.
+func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err error) {
+	ms, id, err := parseKey(prefix, key)
+	if err != nil {
+		return time.Time{}, nil, err
+	}
+	if err := validateIDBytes(id); err != nil {
+		return time.Time{}, nil, malformed(key, "id", err)
+	}
+	return time.UnixMilli(ms), id, nil
+}
+
+// validateIDBytes is ValidateID without converting id to a string on the
+// success path.
+func validateIDBytes(id []byte) error {
+	if len(id) == 0 || len(id) > MaxIDLen {
+		return ValidateID(string(id))
+	}
+	for _, c := range id {
+		if !idByte(c) {
+			return ValidateID(string(id))
+		}
+	}
+	return nil
+}
+
+// parseKey checks the structure of a marker key: prefix, TimestampWidth
+// digits within int64 milliseconds, '/', and a non-empty id. The id rule is
+// left to the caller.
+func parseKey(prefix string, key []byte) (ms int64, id []byte, err error) {
+	if len(key) < len(prefix) || string(key[:len(prefix)]) != prefix {
+		return 0, nil, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix))
+	}
+	rest := key[len(prefix):]
+	var v uint64
+	for i := 0; i < TimestampWidth; i++ {
+		if i >= len(rest) {
+			return 0, nil, malformed(key, "timestamp", fmt.Errorf("%d digits, want %d", i, TimestampWidth))
+		}
+		c := rest[i]
+		if c < '0' || c > '9' {
+			return 0, nil, malformed(key, "timestamp", fmt.Errorf("byte %d is %q, want a digit", i, c))
+		}
+		d := uint64(c - '0')
+		if v > (1<<63-1-d)/10 {
+			return 0, nil, malformed(key, "timestamp", fmt.Errorf("%s overflows int64 milliseconds", rest[:TimestampWidth]))
+		}
+		v = v*10 + d
+	}
+	rest = rest[TimestampWidth:]
+	if len(rest) == 0 || rest[0] != '/' {
+		return 0, nil, malformed(key, "separator", fmt.Errorf("want '/' after the %d-digit timestamp", TimestampWidth))
+	}
+	id = rest[1:]
+	if len(id) == 0 {
+		return 0, nil, malformed(key, "id", fmt.Errorf("%w: empty", ErrInvalidID))
+	}
+	return int64(v), id, nil
+}
+
+func malformed(key []byte, part string, cause error) error {
+	return fmt.Errorf("%w %s: %s %w", ErrMalformedMarker, strconv.Quote(string(key)), part, cause)
+}

@@ -1,0 +1,223 @@
+package retention
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// KV is the ordered key store a Sweep reads markers from and deletes them
+// in. The sweep never reads values. Any store with ordered keys can
+// implement it; the kvtest package checks an implementation against this
+// contract.
+//
+// Scan returns up to limit keys k with start <= k < end, in ascending
+// bytewise order (bytes.Compare), with limit >= 1. A page shorter than limit
+// means there are no more keys in the range; a page of exactly limit keys
+// says nothing about what follows. When end <= start the page is empty. The
+// caller owns the returned slices: the store must not keep or modify them
+// after Scan returns, and the caller may modify them.
+//
+// Delete removes the given keys. Deleting a key that does not exist is not
+// an error. A store that can batch does so in one round trip; a Delete that
+// fails may have removed some of the keys.
+//
+// Scans are paged by the caller: a later Scan starts after the last key of
+// the previous page, and keys deleted or added between pages must neither
+// make it skip a key that was present throughout nor return one twice.
+// There is no snapshot across pages.
+//
+// Both methods must be safe for concurrent use, honour ctx, and return an
+// error (ctx.Err() or one wrapping it) when ctx is done before they finish.
+type KV interface {
+	Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error)
+	Delete(ctx context.Context, keys ...[]byte) error
+}
+
+// Putter is a store that can write a key. Mark uses it.
+type Putter interface {
+	Put(ctx context.Context, key, value []byte) error
+}
+
+// Mark writes the marker for id, finished at t, under prefix, with an empty
+// value. It refuses what MarkerKey refuses.
+//
+// Mark writes the marker on its own. Where the store has transactions,
+// prefer writing MarkerKey's key in the transaction that records the
+// entity's terminal state: a marker committed separately can be lost in a
+// crash between the two writes, and the entity is then never cleared.
+func Mark(ctx context.Context, p Putter, prefix, id string, t time.Time) error {
+	key, err := MarkerKey(prefix, t, id)
+	if err != nil {
+		return err
+	}
+	return p.Put(ctx, key, nil)
+}
+
+// MemKV is an in-memory ordered KV, safe for concurrent use. It is the
+// embedded default for tests, demos and single-process services whose state
+// lives in memory. Create one with NewMemKV.
+//
+// It is a skip list: Put, Get and the deletion of one key cost O(log n) and
+// Scan costs O(log n + page), so the common pattern of appending newer
+// markers while deleting the oldest stays cheap at millions of keys.
+type MemKV struct {
+	mu    sync.RWMutex
+	head  [maxLevel]*memNode
+	level int
+	n     int
+	rng   *rand.Rand
+}
+
+// maxLevel bounds the tower height; with a branching factor of 4 it covers
+// 4^16 keys before towers stop growing.
+const maxLevel = 16
+
+type memNode struct {
+	key, value []byte
+	next       []*memNode
+}
+
+// NewMemKV returns an empty MemKV.
+func NewMemKV() *MemKV {
+	// A fixed seed makes tower heights, and so benchmarks, repeatable.
+	return &MemKV{level: 1, rng: rand.New(rand.NewPCG(1, 2))}
+}
+
+// Len returns the number of keys stored.
+func (m *MemKV) Len() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.n
+}
+
+// Put stores a copy of key and value, replacing the value of an existing key.
+func (m *MemKV) Put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var prev [maxLevel]*memNode
+	if x := m.seek(key, &prev); x != nil && bytes.Equal(x.key, key) {
+		x.value = bytes.Clone(value)
+		return nil
+	}
+	lvl := 1
+	for lvl < maxLevel && m.rng.Uint32()&3 == 0 {
+		lvl++
+	}
+	// prev above the old level is nil already: those levels start at the head.
+	m.level = max(m.level, lvl)
+	x := &memNode{key: bytes.Clone(key), value: bytes.Clone(value), next: make([]*memNode, lvl)}
+	for i := 0; i < lvl; i++ {
+		if prev[i] == nil {
+			x.next[i], m.head[i] = m.head[i], x
+		} else {
+			x.next[i], prev[i].next[i] = prev[i].next[i], x
+		}
+	}
+	m.n++
+	return nil
+}
+
+// Get returns a copy of the value stored under key, and whether it exists.
+func (m *MemKV) Get(ctx context.Context, key []byte) ([]byte, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	x := m.seek(key, nil)
+	if x == nil || !bytes.Equal(x.key, key) {
+		return nil, false, nil
+	}
+	return bytes.Clone(x.value), true, nil
+}
+
+// Scan implements KV. The keys of one page share one allocation, each
+// capped so that appending to one never overwrites another.
+func (m *MemKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("retention: MemKV.Scan limit must be at least 1, got %d", limit)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	first := m.seek(start, nil)
+	n, size := 0, 0
+	for x := first; x != nil && n < limit && bytes.Compare(x.key, end) < 0; x = x.next[0] {
+		n++
+		size += len(x.key)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	buf := make([]byte, 0, size)
+	keys := make([][]byte, 0, n)
+	for x := first; len(keys) < n; x = x.next[0] {
+		off := len(buf)
+		buf = append(buf, x.key...)
+		keys = append(keys, buf[off:len(buf):len(buf)])
+	}
+	return keys, nil
+}
+
+// Delete implements KV.
+func (m *MemKV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var prev [maxLevel]*memNode
+	for _, key := range keys {
+		x := m.seek(key, &prev)
+		if x == nil || !bytes.Equal(x.key, key) {
+			continue
+		}
+		for i := range x.next {
+			if prev[i] == nil {
+				m.head[i] = x.next[i]
+			} else {
+				prev[i].next[i] = x.next[i]
+			}
+		}
+		m.n--
+	}
+	for m.level > 1 && m.head[m.level-1] == nil {
+		m.level--
+	}
+	return nil
+}
+
+// seek returns the first node whose key is >= key, or nil. When prev is not
+// nil it records, per level, the last node before that point (nil meaning
+// the head).
+func (m *MemKV) seek(key []byte, prev *[maxLevel]*memNode) *memNode {
+	var x *memNode // nil stands for the head
+	for i := m.level - 1; i >= 0; i-- {
+		for {
+			next := m.head[i]
+			if x != nil {
+				next = x.next[i]
+			}
+			if next == nil || bytes.Compare(next.key, key) >= 0 {
+				break
+			}
+			x = next
+		}
+		if prev != nil {
+			prev[i] = x
+		}
+	}
+	if x == nil {
+		return m.head[0]
+	}
+	return x.next[0]
+}

@@ -1,0 +1,486 @@
+package retention
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// Limits and defaults of Config fields.
+const (
+	DefaultPageSize = 256
+	MaxPageSize     = 1 << 16
+	MaxConcurrency  = 1024
+)
+
+// dueSlack is how long after a marker falls due Run wakes for it: a clock
+// with coarse resolution read exactly at the due time could still see the
+// marker as unexpired and spin.
+const dueSlack = time.Millisecond
+
+// Config configures a Sweep. Prefix, Retention and Clear are required; every
+// other field has a usable zero value.
+type Config struct {
+	// Prefix is the key prefix of this sweep's markers, such as "runs/done/".
+	// Required. A sweep reads and deletes only keys that continue the prefix
+	// with a digit; other keys under the prefix are never touched. No other
+	// sweep or data may use keys of that shape under the same prefix.
+	Prefix string
+
+	// Retention is how long an entity's state is kept after it finished. A
+	// marker is expired, and its entity cleared, once it is strictly older
+	// than Retention: a marker exactly Retention old is kept. At least 1ms.
+	Retention time.Duration
+
+	// Clear removes the state of the entity with the given id. Required.
+	//
+	// Clear must be idempotent: a marker is deleted only after its Clear
+	// returned nil, so a crash or failed delete in between makes the next
+	// pass clear the same id again. Return nil when there is nothing left to
+	// clear. Return an error wrapping ErrLiveAgain to drop the marker without
+	// clearing (the entity was resumed). Any other error, or a panic, keeps
+	// the marker for a later pass. ctx is the pass's context.
+	Clear func(ctx context.Context, id string) error
+
+	// Clock tells the time. Nil means SystemClock.
+	Clock Clock
+
+	// PageSize is how many markers one Scan reads. Zero means
+	// DefaultPageSize; otherwise 1 to MaxPageSize.
+	PageSize int
+
+	// Concurrency is how many Clear calls of one page may run at once. Zero
+	// means 1: markers are cleared one at a time, oldest first. Otherwise 1
+	// to MaxConcurrency.
+	Concurrency int
+
+	// Interval is the longest Run sleeps between passes. Run usually wakes
+	// sooner, when the oldest unexpired marker falls due; Interval bounds how
+	// long a marker written out of order, or whose Clear failed, waits. Zero
+	// means the smaller of Retention and one minute; it must not be
+	// negative.
+	Interval time.Duration
+
+	// Logger receives failed clears and passes (Error), malformed markers
+	// (Warn) and per-pass summaries (Debug). Nil means nothing is logged.
+	Logger *slog.Logger
+
+	// ValidateID checks the id of every marker before Clear sees it. A
+	// marker whose id it refuses is deleted as malformed, without Clear.
+	// Nil means the package's ValidateID. An empty id is refused whatever
+	// this function says.
+	ValidateID func(id string) error
+
+	// OnPass is called by Run after every pass, on Run's goroutine, with the
+	// pass's Stats and error. Nil means no call. Pass does not call it.
+	OnPass func(Stats, error)
+}
+
+// Stats describes one pass.
+type Stats struct {
+	Scanned     int // keys read by Scan, including the one read past the expired range
+	Cleared     int // markers whose Clear returned nil
+	Failed      int // markers whose Clear returned an error or panicked; they stay
+	Malformed   int // malformed markers, deleted without Clear
+	LiveAgain   int // markers whose Clear returned ErrLiveAgain, deleted without clearing
+	ScanCalls   int // calls to KV.Scan
+	DeleteCalls int // calls to KV.Delete
+
+	// Duration is how long the pass took by the sweep's Clock.
+	Duration time.Duration
+
+	// MaxLag is how long past its due time the most overdue cleared marker
+	// was when the pass started. Zero when nothing was cleared.
+	MaxLag time.Duration
+
+	// NextDue is when the oldest marker left unexpired falls due: the first
+	// pass started after it clears that marker. Zero when there is none.
+	NextDue time.Time
+}
+
+// Sweep clears entities whose terminal markers are older than a retention
+// window. Create one with New; call Run for a background loop, or Pass for
+// one sweep (in tests, or driven by your own scheduler). A Sweep is safe for
+// concurrent use; its passes never overlap.
+type Sweep struct {
+	kv          KV
+	prefix      string
+	retention   time.Duration
+	clear       func(context.Context, string) error
+	clock       Clock
+	pageSize    int
+	concurrency int
+	interval    time.Duration
+	log         *slog.Logger
+	validate    func(string) error
+	onPass      func(Stats, error)
+
+	// lower and upper bound the marker space: the prefix followed by a digit.
+	lower, upper []byte
+
+	// busy serialises passes and guards the buffers below, which passes reuse.
+	busy  chan struct{}
+	items []item
+	del   [][]byte
+	from  []byte
+}
+
+// item is one marker of a page on its way through a pass.
+type item struct {
+	key []byte
+	id  string
+	ms  int64
+	err error // parse or Clear error
+	bad bool  // malformed
+}
+
+// New returns a Sweep of kv's markers configured by cfg. The error matches
+// ErrInvalidConfig and names the field at fault.
+func New(kv KV, cfg Config) (*Sweep, error) {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case kv == nil:
+		return nil, invalid("kv must not be nil")
+	case cfg.Prefix == "":
+		return nil, invalid("Config.Prefix must not be empty")
+	case cfg.Clear == nil:
+		return nil, invalid("Config.Clear must not be nil")
+	case cfg.Retention < time.Millisecond:
+		return nil, invalid("Config.Retention must be at least 1ms, got %v", cfg.Retention)
+	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
+		return nil, invalid("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
+	case cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency:
+		return nil, invalid("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
+	case cfg.Interval < 0:
+		return nil, invalid("Config.Interval must not be negative, got %v", cfg.Interval)
+	}
+	s := &Sweep{
+		kv:          kv,
+		prefix:      cfg.Prefix,
+		retention:   cfg.Retention,
+		clear:       cfg.Clear,
+		clock:       cmp.Or(cfg.Clock, SystemClock),
+		pageSize:    cmp.Or(cfg.PageSize, DefaultPageSize),
+		concurrency: cmp.Or(cfg.Concurrency, 1),
+		interval:    cfg.Interval,
+		log:         cfg.Logger,
+		validate:    cfg.ValidateID,
+		onPass:      cfg.OnPass,
+		lower:       append([]byte(cfg.Prefix), '0'),
+		upper:       append([]byte(cfg.Prefix), '9'+1),
+		busy:        make(chan struct{}, 1),
+	}
+	if s.interval == 0 {
+		s.interval = min(s.retention, time.Minute)
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.log = s.log.With("prefix", s.prefix)
+	if s.validate == nil {
+		s.validate = ValidateID
+	}
+	return s, nil
+}
+
+// MarkerKey returns the key of the marker for id finished at t under this
+// sweep's prefix, checking id with the sweep's ValidateID. Use it instead of
+// the package-level MarkerKey when Config.ValidateID is set.
+func (s *Sweep) MarkerKey(t time.Time, id string) ([]byte, error) {
+	if err := s.checkID(id); err != nil {
+		return nil, err
+	}
+	return appendKey(nil, s.prefix, t, id)
+}
+
+func (s *Sweep) checkID(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidID)
+	}
+	if err := s.validate(id); err != nil {
+		if !errors.Is(err, ErrInvalidID) {
+			err = fmt.Errorf("%w: %w", ErrInvalidID, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// Pass makes one sweep: every expired marker is handled, oldest first, then
+// Pass returns. Per marker it parses the key, calls Clear and, only once
+// Clear returned nil (or ErrLiveAgain), deletes the marker; markers of one
+// page are deleted in one KV.Delete call. Malformed markers are deleted
+// without Clear. A failed or panicking Clear is counted and logged, and the
+// pass goes on with the next marker.
+//
+// Pass reads only the expired range of keys, plus one key past it to learn
+// Stats.NextDue, so a pass with nothing expired costs two Scan calls however
+// many markers wait. It returns an error when the KV fails, and ctx.Err()
+// when ctx is done; in both cases no marker whose Clear did not succeed has
+// been deleted.
+func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
+	if err := ctx.Err(); err != nil {
+		return st, err
+	}
+	select {
+	case s.busy <- struct{}{}:
+	case <-ctx.Done():
+		return st, ctx.Err()
+	}
+	defer func() { <-s.busy }()
+
+	start := s.clock.Now()
+	defer func() { st.Duration = s.clock.Now().Sub(start) }()
+	cutoff := start.Add(-s.retention)
+	cutoffMs := cutoffMillis(cutoff)
+	cutoffKey := appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMs))
+
+	from := s.lower
+	for {
+		keys, err := s.kv.Scan(ctx, from, cutoffKey, s.pageSize)
+		st.ScanCalls++
+		if err != nil {
+			return st, s.kvErr(ctx, "scan markers", err)
+		}
+		st.Scanned += len(keys)
+		if err := s.page(ctx, keys, cutoff, cutoffMs, &st); err != nil {
+			return st, err
+		}
+		if len(keys) < s.pageSize {
+			break
+		}
+		// Resume just after the last key: markers that stay (failed clears)
+		// must not be read again in this pass.
+		s.from = append(append(s.from[:0], keys[len(keys)-1]...), 0)
+		from = s.from
+	}
+	if err := s.peek(ctx, cutoffKey, &st); err != nil {
+		return st, err
+	}
+	s.log.Debug("retention pass", "cleared", st.Cleared, "failed", st.Failed, "malformed", st.Malformed,
+		"live_again", st.LiveAgain, "max_lag", st.MaxLag, "next_due", st.NextDue)
+	return st, nil
+}
+
+// cutoffMillis returns the smallest whole millisecond not before cutoff: a
+// marker of ts milliseconds is expired iff ts is below it.
+func cutoffMillis(cutoff time.Time) int64 {
+	switch {
+	case cutoff.Before(epoch):
+		return 0
+	case cutoff.After(maxMarkerTime):
+		return math.MaxInt64
+	}
+	ms := cutoff.UnixMilli()
+	if time.UnixMilli(ms).Before(cutoff) {
+		ms++
+	}
+	return ms
+}
+
+// page handles one page of the expired range.
+func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutoffMs int64, st *Stats) error {
+	items := s.items[:0]
+	for _, key := range keys {
+		it := item{key: key}
+		var id []byte
+		it.ms, id, it.err = parseKey(s.prefix, key)
+		if it.err == nil {
+			it.id = string(id)
+			if err := s.checkID(it.id); err != nil {
+				it.err = malformed(key, "id", err)
+			}
+		}
+		if it.err == nil && it.ms >= cutoffMs {
+			// Only a KV that breaks its end bound gets here; clearing this
+			// marker would delete state before its retention ran out.
+			break
+		}
+		it.bad = it.err != nil
+		items = append(items, it)
+	}
+	s.items = items
+
+	if err := s.clearAll(ctx, items); err != nil {
+		return err
+	}
+	// Deleting now would drop markers of clears that the cancellation cut
+	// short; they are all retried by the next pass instead.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	del := s.del[:0]
+	for i := range items {
+		it := &items[i]
+		switch {
+		case it.bad:
+			st.Malformed++
+			s.log.Warn("retention: deleting malformed marker", "key", string(it.key), "error", it.err)
+		case it.err == nil:
+			st.Cleared++
+			st.MaxLag = max(st.MaxLag, cutoff.Sub(time.UnixMilli(it.ms)))
+		case errors.Is(it.err, ErrLiveAgain):
+			st.LiveAgain++
+		default:
+			st.Failed++
+			if errors.Is(it.err, ErrClearPanicked) {
+				s.log.Error("retention: clear panicked", "id", it.id, "error", it.err)
+			} else {
+				s.log.Error("retention: clear failed", "id", it.id, "error", it.err)
+			}
+			continue
+		}
+		del = append(del, it.key)
+	}
+	s.del = del
+	if len(del) == 0 {
+		return nil
+	}
+	st.DeleteCalls++
+	if err := s.kv.Delete(ctx, del...); err != nil {
+		return s.kvErr(ctx, fmt.Sprintf("delete %d markers", len(del)), err)
+	}
+	return nil
+}
+
+// clearAll calls Clear for the well-formed items, recording each result in
+// the item. It returns ctx.Err() if ctx is done before every Clear started.
+func (s *Sweep) clearAll(ctx context.Context, items []item) error {
+	if s.concurrency == 1 {
+		for i := range items {
+			if items[i].bad {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			items[i].err = s.callClear(ctx, items[i].id)
+		}
+		return nil
+	}
+	var g errgroup.Group
+	g.SetLimit(s.concurrency)
+	for i := range items {
+		if items[i].bad {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		it := &items[i]
+		g.Go(func() error {
+			it.err = s.callClear(ctx, it.id)
+			return nil
+		})
+	}
+	_ = g.Wait() // every goroutine returns nil; results are in the items
+	return ctx.Err()
+}
+
+// callClear runs Clear, turning a panic into an error that carries the stack.
+func (s *Sweep) callClear(ctx context.Context, id string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
+		}
+	}()
+	return s.clear(ctx, id)
+}
+
+// peek reads the first marker past the expired range to set st.NextDue.
+// Malformed keys found there are deleted; each round removes one, so the
+// loop ends, and with no malformed keys it reads at most one key.
+func (s *Sweep) peek(ctx context.Context, cutoffKey []byte, st *Stats) error {
+	for {
+		keys, err := s.kv.Scan(ctx, cutoffKey, s.upper, 1)
+		st.ScanCalls++
+		if err != nil {
+			return s.kvErr(ctx, "scan markers", err)
+		}
+		st.Scanned += len(keys)
+		if len(keys) == 0 {
+			return nil
+		}
+		ms, id, err := parseKey(s.prefix, keys[0])
+		if err == nil {
+			if err = s.checkID(string(id)); err == nil {
+				st.NextDue = time.UnixMilli(ms).Add(s.retention)
+				return nil
+			}
+			err = malformed(keys[0], "id", err)
+		}
+		st.Malformed++
+		s.log.Warn("retention: deleting malformed marker", "key", string(keys[0]), "error", err)
+		st.DeleteCalls++
+		if err := s.kv.Delete(ctx, keys[0]); err != nil {
+			return s.kvErr(ctx, "delete malformed marker", err)
+		}
+	}
+}
+
+// kvErr wraps a KV error, returning ctx's own error when that is the cause.
+func (s *Sweep) kvErr(ctx context.Context, what string, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return ctxErr
+	}
+	return fmt.Errorf("retention: %s: %w", what, err)
+}
+
+// Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
+// at once, so a fresh process clears what an earlier one left due. After a
+// pass Run sleeps until the oldest remaining marker falls due (from
+// Stats.NextDue), but never longer than Config.Interval; an idle sweep thus
+// clears an entity within moments of it falling due. A pass that fails is
+// logged and retried after a backoff that doubles from one second up to
+// Interval. Config.OnPass sees every pass. Run leaves no goroutine behind.
+func (s *Sweep) Run(ctx context.Context) error {
+	failures := 0
+	for {
+		st, err := s.Pass(ctx)
+		if s.onPass != nil {
+			s.onPass(st, err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var wait time.Duration
+		if err != nil {
+			failures++
+			wait = s.backoff(failures)
+			s.log.Error("retention: pass failed", "error", err, "retry_in", wait)
+		} else {
+			failures = 0
+			wait = s.untilDue(st)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// untilDue is how long Run sleeps after a successful pass.
+func (s *Sweep) untilDue(st Stats) time.Duration {
+	if st.NextDue.IsZero() {
+		return s.interval
+	}
+	return min(max(st.NextDue.Sub(s.clock.Now())+dueSlack, 0), s.interval)
+}
+
+// backoff is the wait after the n-th failed pass in a row.
+func (s *Sweep) backoff(n int) time.Duration {
+	return min(time.Second<<min(n-1, 30), s.interval)
+}
