@@ -53,7 +53,11 @@ func idByte(c byte) bool {
 // Write the returned key, with an empty value, in the same transaction that
 // records the entity's terminal state.
 func MarkerKey(prefix string, t time.Time, id string) ([]byte, error) {
-	return AppendMarkerKey(make([]byte, 0, len(prefix)+TimestampWidth+1+len(id)), prefix, t, id)
+	key, err := AppendMarkerKey(make([]byte, 0, len(prefix)+TimestampWidth+1+len(id)), prefix, t, id)
+	if err != nil {
+		return nil, err
+	}
+	return key, nil
 }
 
 // AppendMarkerKey appends the marker key of MarkerKey to dst and returns the

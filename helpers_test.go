@@ -1,0 +1,142 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// t0 is the manual clock's start in tests: late 2026.
+var t0 = time.UnixMilli(1795000000000)
+
+// countingKV wraps a KV, counting calls and keys, and can be told to fail.
+type countingKV struct {
+	KV
+	scans, keys, deletes, deleted atomic.Int64
+
+	mu        sync.Mutex
+	scanErr   func(call int64) error // nil: never fail
+	deleteErr func(call int64) error
+}
+
+func (c *countingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	n := c.scans.Add(1)
+	c.mu.Lock()
+	fail := c.scanErr
+	c.mu.Unlock()
+	if fail != nil {
+		if err := fail(n); err != nil {
+			return nil, err
+		}
+	}
+	keys, err := c.KV.Scan(ctx, start, end, limit)
+	c.keys.Add(int64(len(keys)))
+	return keys, err
+}
+
+func (c *countingKV) Delete(ctx context.Context, keys ...[]byte) error {
+	n := c.deletes.Add(1)
+	c.mu.Lock()
+	fail := c.deleteErr
+	c.mu.Unlock()
+	if fail != nil {
+		if err := fail(n); err != nil {
+			return err
+		}
+	}
+	c.deleted.Add(int64(len(keys)))
+	return c.KV.Delete(ctx, keys...)
+}
+
+func (c *countingKV) reset() {
+	c.scans.Store(0)
+	c.keys.Store(0)
+	c.deletes.Store(0)
+	c.deleted.Store(0)
+}
+
+// clears records Clear calls and can be told how to answer per id.
+type clears struct {
+	mu     sync.Mutex
+	calls  map[string]int
+	order  []string
+	answer map[string]error
+}
+
+func newClears() *clears {
+	return &clears{calls: map[string]int{}, answer: map[string]error{}}
+}
+
+func (c *clears) clear(_ context.Context, id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[id]++
+	c.order = append(c.order, id)
+	return c.answer[id]
+}
+
+func (c *clears) set(id string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answer[id] = err
+}
+
+func (c *clears) count(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[id]
+}
+
+func (c *clears) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.order)
+}
+
+var errBoom = errors.New("boom")
+
+// mark writes the marker of id finished at t into kv.
+func mark(t testing.TB, kv *MemKV, prefix, id string, at time.Time) []byte {
+	t.Helper()
+	key, err := MarkerKey(prefix, at, id)
+	require.NoError(t, err)
+	require.NoError(t, kv.Put(context.Background(), key, nil))
+	return key
+}
+
+// has reports whether kv holds key.
+func has(t testing.TB, kv *MemKV, key []byte) bool {
+	t.Helper()
+	_, ok, err := kv.Get(context.Background(), key)
+	require.NoError(t, err)
+	return ok
+}
+
+// newSweep builds a Sweep with a manual clock at t0, filling in what cfg
+// leaves out.
+func newSweep(t testing.TB, kv KV, cfg Config) (*Sweep, *ManualClock) {
+	t.Helper()
+	clock := NewManualClock(t0)
+	if cfg.Clock == nil {
+		cfg.Clock = clock
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "runs/"
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = time.Hour
+	}
+	s, err := New(kv, cfg)
+	require.NoError(t, err)
+	return s, clock
+}

@@ -1,0 +1,172 @@
+package retention
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMarkerKey(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		at      time.Time
+		id      string
+		want    string
+		wantErr error
+	}{
+		{"epoch", time.UnixMilli(0), "a", "runs/00000000000000000000/a", nil},
+		{"ordinary", time.UnixMilli(1764000000123), "run-42_x", "runs/00000001764000000123/run-42_x", nil},
+		{"sub-millisecond truncated", time.UnixMilli(5).Add(999 * time.Microsecond), "a", "runs/00000000000000000005/a", nil},
+		{"largest", time.UnixMilli(1<<63 - 1), "a", "runs/09223372036854775807/a", nil},
+		{"max id length", time.UnixMilli(1), strings.Repeat("z", MaxIDLen), "runs/00000000000000000001/" + strings.Repeat("z", MaxIDLen), nil},
+		{"before epoch", time.UnixMilli(-1), "a", "", ErrInvalidTime},
+		{"just before epoch", time.Unix(0, -1), "a", "", ErrInvalidTime},
+		{"empty id", time.UnixMilli(1), "", "", ErrInvalidID},
+		{"id too long", time.UnixMilli(1), strings.Repeat("z", MaxIDLen+1), "", ErrInvalidID},
+		{"id with slash", time.UnixMilli(1), "a/b", "", ErrInvalidID},
+		{"id with space", time.UnixMilli(1), "a b", "", ErrInvalidID},
+		{"id with dot", time.UnixMilli(1), "..", "", ErrInvalidID},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := MarkerKey("runs/", tt.at, tt.id)
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				assert.Nil(t, got)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, string(got), "MarkerKey() = %q, want %q", got, tt.want)
+		})
+	}
+}
+
+func TestParseMarkerKey(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		key     string
+		wantMs  int64
+		wantID  string
+		wantErr error
+		wantMsg string // part of the error message naming what is wrong
+	}{
+		{"valid", "runs/00000001764000000123/run-42", 1764000000123, "run-42", nil, ""},
+		{"largest int64", "runs/09223372036854775807/a", 1<<63 - 1, "a", nil, ""},
+		{"other prefix", "runs2/00000001764000000123/a", 0, "", ErrMalformedMarker, "prefix"},
+		{"shorter prefix", "run", 0, "", ErrMalformedMarker, "prefix"},
+		{"letter in timestamp", "runs/0000000176400000012x/a", 0, "", ErrMalformedMarker, "timestamp"},
+		{"short timestamp", "runs/123/a", 0, "", ErrMalformedMarker, "timestamp"},
+		{"timestamp ends key", "runs/0000000176400000012", 0, "", ErrMalformedMarker, "timestamp"},
+		{"overflowing timestamp", "runs/18446744073709551615/a", 0, "", ErrMalformedMarker, "overflows"},
+		{"just over int64", "runs/09223372036854775808/a", 0, "", ErrMalformedMarker, "overflows"},
+		{"missing slash", "runs/00000001764000000123a", 0, "", ErrMalformedMarker, "separator"},
+		{"nothing after timestamp", "runs/00000001764000000123", 0, "", ErrMalformedMarker, "separator"},
+		{"long timestamp", "runs/000000017640000001234/a", 0, "", ErrMalformedMarker, "separator"},
+		{"empty id", "runs/00000001764000000123/", 0, "", ErrInvalidID, "empty"},
+		{"bad id byte", "runs/00000001764000000123/a b", 0, "", ErrInvalidID, "byte 1"},
+		{"id with slash", "runs/00000001764000000123/a/b", 0, "", ErrInvalidID, "byte 1"},
+		{"id too long", "runs/00000001764000000123/" + strings.Repeat("a", MaxIDLen+1), 0, "", ErrInvalidID, "129 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			at, id, err := ParseMarkerKey("runs/", []byte(tt.key))
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				require.ErrorIs(t, err, ErrMalformedMarker)
+				assert.Contains(t, err.Error(), tt.wantMsg)
+				assert.Contains(t, err.Error(), tt.key, "error should quote the key")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantMs, at.UnixMilli(), "ParseMarkerKey() ms = %d, want %d", at.UnixMilli(), tt.wantMs)
+			assert.Equal(t, tt.wantID, string(id))
+		})
+	}
+}
+
+func TestMarkerKeyOrderIsTimeOrder(t *testing.T) {
+	t.Parallel()
+	times := []int64{0, 1, 9, 10, 99, 100, 1764000000000, 1764000000001, 1<<62 + 3, 1<<63 - 1}
+	for i := 1; i < len(times); i++ {
+		a, err := MarkerKey("p/", time.UnixMilli(times[i-1]), "zzz")
+		require.NoError(t, err)
+		b, err := MarkerKey("p/", time.UnixMilli(times[i]), "A")
+		require.NoError(t, err)
+		assert.Negative(t, bytes.Compare(a, b), "key(%d) should sort before key(%d)", times[i-1], times[i])
+	}
+}
+
+func TestAppendMarkerKeyAllocations(t *testing.T) {
+	buf := make([]byte, 0, 64)
+	at := time.UnixMilli(1764000000123)
+	allocs := testing.AllocsPerRun(100, func() {
+		_, _ = AppendMarkerKey(buf[:0], "runs/", at, "run-42")
+	})
+	assert.Zero(t, allocs, "AppendMarkerKey allocs = %v, want 0", allocs)
+	key, _ := AppendMarkerKey(nil, "runs/", at, "run-42")
+	allocs = testing.AllocsPerRun(100, func() {
+		_, _, _ = ParseMarkerKey("runs/", key)
+	})
+	assert.Zero(t, allocs, "ParseMarkerKey allocs = %v, want 0", allocs)
+}
+
+func TestAppendMarkerKeyKeepsDstOnError(t *testing.T) {
+	t.Parallel()
+	dst := []byte("keep")
+	got, err := AppendMarkerKey(dst, "runs/", time.UnixMilli(1), "")
+	require.ErrorIs(t, err, ErrInvalidID)
+	assert.Equal(t, "keep", string(got))
+}
+
+func FuzzParseMarkerKey(f *testing.F) {
+	f.Add("runs/", []byte("runs/00000001764000000123/run-42"), int64(0), "a")
+	f.Add("runs/", []byte("runs/123/a"), int64(1764000000123), "run-42")
+	f.Add("p", []byte("p18446744073709551615/x"), int64(1<<63-1), strings.Repeat("z", MaxIDLen))
+	f.Add("", []byte("00000000000000000000/"), int64(-1), "")
+	f.Fuzz(func(t *testing.T, prefix string, key []byte, ms int64, id string) {
+		// Parsing arbitrary bytes never panics, and what it accepts
+		// re-encodes to the very same key.
+		if at, gotID, err := ParseMarkerKey(prefix, key); err == nil {
+			again, err := MarkerKey(prefix, at, string(gotID))
+			require.NoError(t, err)
+			require.Equal(t, key, again)
+		}
+		// Every valid (time, id) round-trips.
+		at := time.UnixMilli(ms)
+		k, err := MarkerKey(prefix, at, id)
+		if ms < 0 || ValidateID(id) != nil {
+			require.Error(t, err)
+			return
+		}
+		require.NoError(t, err)
+		gotAt, gotID, err := ParseMarkerKey(prefix, k)
+		require.NoError(t, err)
+		require.Equal(t, ms, gotAt.UnixMilli())
+		require.Equal(t, id, string(gotID))
+	})
+}
+
+func BenchmarkAppendMarkerKey(b *testing.B) {
+	buf := make([]byte, 0, 64)
+	at := time.UnixMilli(1764000000123)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf, _ = AppendMarkerKey(buf[:0], "runs/", at, "run-42")
+	}
+}
+
+func BenchmarkParseMarkerKey(b *testing.B) {
+	key, _ := MarkerKey("runs/", time.UnixMilli(1764000000123), "run-42")
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _, _ = ParseMarkerKey("runs/", key)
+	}
+}

@@ -1,0 +1,580 @@
+package retention
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestNewValidation(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	clear := func(context.Context, string) error { return nil }
+	valid := Config{Prefix: "runs/", Retention: time.Hour, Clear: clear}
+	tests := []struct {
+		name    string
+		kv      KV
+		modify  func(*Config)
+		wantMsg string // empty: New must succeed
+	}{
+		{"valid", kv, func(*Config) {}, ""},
+		{"all optional fields set", kv, func(c *Config) {
+			c.PageSize, c.Concurrency, c.Interval = MaxPageSize, MaxConcurrency, time.Second
+		}, ""},
+		{"retention of 1ms", kv, func(c *Config) { c.Retention = time.Millisecond }, ""},
+		{"nil kv", nil, func(*Config) {}, "kv must not be nil"},
+		{"empty prefix", kv, func(c *Config) { c.Prefix = "" }, "Config.Prefix must not be empty"},
+		{"nil clear", kv, func(c *Config) { c.Clear = nil }, "Config.Clear must not be nil"},
+		{"zero retention", kv, func(c *Config) { c.Retention = 0 }, "Config.Retention must be at least 1ms, got 0s"},
+		{"sub-ms retention", kv, func(c *Config) { c.Retention = 999 * time.Microsecond }, "Config.Retention must be at least 1ms, got 999µs"},
+		{"negative retention", kv, func(c *Config) { c.Retention = -time.Hour }, "Config.Retention must be at least 1ms, got -1h0m0s"},
+		{"negative page size", kv, func(c *Config) { c.PageSize = -1 }, "Config.PageSize must be 0 (default 256) or 1 to 65536, got -1"},
+		{"huge page size", kv, func(c *Config) { c.PageSize = MaxPageSize + 1 }, "Config.PageSize"},
+		{"negative concurrency", kv, func(c *Config) { c.Concurrency = -2 }, "Config.Concurrency must be 0 (default 1) or 1 to 1024, got -2"},
+		{"huge concurrency", kv, func(c *Config) { c.Concurrency = MaxConcurrency + 1 }, "Config.Concurrency"},
+		{"negative interval", kv, func(c *Config) { c.Interval = -time.Second }, "Config.Interval must not be negative, got -1s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := valid
+			tt.modify(&cfg)
+			s, err := New(tt.kv, cfg)
+			if tt.wantMsg == "" {
+				require.NoError(t, err)
+				require.NotNil(t, s)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tt.wantMsg)
+			assert.True(t, strings.HasPrefix(err.Error(), "retention: "), "New() error = %q, want the package name first", err)
+			assert.Nil(t, s)
+		})
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	t.Parallel()
+	clear := func(context.Context, string) error { return nil }
+	tests := []struct {
+		retention, interval, wantInterval time.Duration
+	}{
+		{time.Hour, 0, time.Minute},
+		{10 * time.Second, 0, 10 * time.Second},
+		{time.Hour, 5 * time.Second, 5 * time.Second},
+		{time.Second, time.Hour, time.Hour},
+	}
+	for _, tt := range tests {
+		s, err := New(NewMemKV(), Config{Prefix: "p/", Retention: tt.retention, Interval: tt.interval, Clear: clear})
+		require.NoError(t, err)
+		assert.Equal(t, tt.wantInterval, s.interval, "interval for Retention %v, Interval %v", tt.retention, tt.interval)
+		assert.Equal(t, DefaultPageSize, s.pageSize)
+		assert.Equal(t, 1, s.concurrency)
+		assert.Equal(t, SystemClock, s.clock)
+	}
+}
+
+func TestPassStrictCutoff(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		age       time.Duration // how old the marker is when the pass starts
+		wantClear bool
+	}{
+		{"exactly retention old is kept", time.Hour, false},
+		{"younger is kept", time.Hour - time.Millisecond, false},
+		{"1ns past retention is cleared", time.Hour + time.Nanosecond, true},
+		{"1ms past retention is cleared", time.Hour + time.Millisecond, true},
+		{"a day old is cleared", 24 * time.Hour, true},
+		{"from the future is kept", -time.Hour, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			c := newClears()
+			s, clock := newSweep(t, kv, Config{Retention: time.Hour, Clear: c.clear})
+			key := mark(t, kv, "runs/", "r1", t0)
+			clock.Set(t0.Add(tt.age))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			if tt.wantClear {
+				assert.Equal(t, 1, st.Cleared, "Pass().Cleared = %d, want 1", st.Cleared)
+				assert.False(t, has(t, kv, key), "marker should be deleted")
+				assert.Equal(t, 1, c.count("r1"))
+				assert.Equal(t, tt.age-time.Hour, st.MaxLag.Truncate(time.Nanosecond), "Pass().MaxLag")
+				assert.True(t, st.NextDue.IsZero(), "Pass().NextDue = %v, want zero", st.NextDue)
+			} else {
+				assert.Zero(t, st.Cleared, "Pass().Cleared = %d, want 0", st.Cleared)
+				assert.True(t, has(t, kv, key), "marker should stay")
+				assert.Zero(t, c.count("r1"))
+				assert.Equal(t, t0.Add(time.Hour), st.NextDue, "Pass().NextDue")
+			}
+		})
+	}
+}
+
+func TestPassAcrossPages(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		pageSize, expired, unexpired int
+		wantScans, wantDeletes       int
+	}{
+		{pageSize: 2, expired: 10, unexpired: 3, wantScans: 10/2 + 1 + 1, wantDeletes: 5},
+		{pageSize: 2, expired: 11, unexpired: 0, wantScans: 11/2 + 1 + 1, wantDeletes: 6},
+		{pageSize: 256, expired: 1000, unexpired: 5, wantScans: 1000/256 + 1 + 1, wantDeletes: 4},
+		{pageSize: 256, expired: 512, unexpired: 1, wantScans: 512/256 + 1 + 1, wantDeletes: 2},
+		{pageSize: 1, expired: 3, unexpired: 1, wantScans: 3 + 1 + 1, wantDeletes: 3},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("page%d_expired%d", tt.pageSize, tt.expired), func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			kv := &countingKV{KV: mem}
+			c := newClears()
+			s, _ := newSweep(t, kv, Config{PageSize: tt.pageSize, Clear: c.clear})
+			for i := range tt.expired {
+				mark(t, mem, "runs/", fmt.Sprintf("old%04d", i), t0.Add(-2*time.Hour+time.Duration(i)*time.Millisecond))
+			}
+			for i := range tt.unexpired {
+				mark(t, mem, "runs/", fmt.Sprintf("new%04d", i), t0.Add(-time.Duration(i)*time.Minute))
+			}
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tt.expired, st.Cleared, "Pass().Cleared")
+			assert.Equal(t, tt.expired, c.total(), "clear calls")
+			assert.Equal(t, tt.unexpired, mem.Len(), "markers left")
+			assert.Equal(t, tt.wantScans, st.ScanCalls, "Pass().ScanCalls")
+			assert.Equal(t, int64(tt.wantScans), kv.scans.Load(), "Scan calls seen by the KV")
+			assert.Equal(t, tt.wantDeletes, st.DeleteCalls, "Pass().DeleteCalls")
+			assert.Equal(t, int64(tt.wantDeletes), kv.deletes.Load(), "Delete calls seen by the KV")
+			// Oldest first.
+			for i := 1; i < len(c.order); i++ {
+				assert.Less(t, c.order[i-1], c.order[i], "clears out of order")
+			}
+			if tt.unexpired > 0 {
+				assert.Equal(t, t0.Add(-time.Duration(tt.unexpired-1)*time.Minute).Add(time.Hour), st.NextDue)
+			}
+		})
+	}
+}
+
+func TestPassClearFailure(t *testing.T) {
+	t.Parallel()
+	for _, pageSize := range []int{1, 2, 256} {
+		t.Run(fmt.Sprint("page", pageSize), func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			c := newClears()
+			s, clock := newSweep(t, kv, Config{PageSize: pageSize, Clear: c.clear})
+			keys := map[string][]byte{}
+			for i, id := range []string{"a", "b", "c", "d", "e"} {
+				keys[id] = mark(t, kv, "runs/", id, t0.Add(time.Duration(i)*time.Second))
+			}
+			c.set("b", errBoom)
+			clock.Set(t0.Add(2 * time.Hour))
+
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err, "a failing clear is not a pass failure")
+			assert.Equal(t, 4, st.Cleared)
+			assert.Equal(t, 1, st.Failed)
+			assert.True(t, has(t, kv, keys["b"]), "the failed marker stays")
+			assert.Equal(t, 1, kv.Len())
+			for _, id := range []string{"a", "c", "d", "e"} {
+				assert.Equal(t, 1, c.count(id), "clears of %s", id)
+			}
+
+			// The next pass retries the failed one, and only it.
+			c.set("b", nil)
+			st, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Cleared)
+			assert.Zero(t, st.Failed)
+			assert.Zero(t, kv.Len())
+			assert.Equal(t, 2, c.count("b"))
+			assert.Equal(t, 1, c.count("a"))
+		})
+	}
+}
+
+func TestPassDeleteFailure(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := &countingKV{KV: mem, deleteErr: func(call int64) error {
+		if call == 1 {
+			return errBoom
+		}
+		return nil
+	}}
+	c := newClears()
+	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "a", t0)
+	mark(t, mem, "runs/", "b", t0)
+	clock.Set(t0.Add(2 * time.Hour))
+
+	st, err := s.Pass(context.Background())
+	require.ErrorIs(t, err, errBoom)
+	assert.Contains(t, err.Error(), "retention: delete 2 markers")
+	assert.Equal(t, 2, st.Cleared)
+	assert.Equal(t, 2, mem.Len(), "markers stay when their delete fails")
+
+	// Nothing is lost: the next pass clears both again and deletes them.
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Cleared)
+	assert.Zero(t, mem.Len())
+	assert.Equal(t, 2, c.count("a"))
+	assert.Equal(t, 2, c.count("b"))
+}
+
+func TestPassScanFailure(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := &countingKV{KV: mem, scanErr: func(int64) error { return errBoom }}
+	c := newClears()
+	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "a", t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(context.Background())
+	require.ErrorIs(t, err, errBoom)
+	assert.Contains(t, err.Error(), "retention: scan markers")
+	assert.Zero(t, c.total())
+	assert.Equal(t, 1, mem.Len())
+}
+
+func TestPassMalformedAndNeighbours(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		key         string
+		wantDeleted bool
+	}{
+		{"letter in timestamp", "runs/0000000000000000000x/a", true},
+		{"short timestamp inside the expired range", "runs/0000/a", true},
+		{"short timestamp past the expired range", "runs/123/a", true},
+		{"missing slash", "runs/00000000000000000001a", true},
+		{"nothing after timestamp", "runs/00000000000000000001", true},
+		{"empty id", "runs/00000000000000000001/", true},
+		{"invalid id characters", "runs/00000000000000000001/a b", true},
+		{"id with slash", "runs/00000000000000000001/a/b", true},
+		{"unexpired marker with invalid id", "runs/09000000000000000000/a$", true},
+		{"timestamp overflowing int64", "runs/99999999999999999999/a", true},
+		{"neighbouring prefix runs2/", "runs2/00000000000000000001/a", false},
+		{"shorter prefix run", "run", false},
+		{"sibling run/", "run/00000000000000000001/a", false},
+		{"the bare prefix", "runs/", false},
+		{"non-digit after prefix", "runs/x0000000000000000001/a", false},
+		{"byte below digits after prefix", "runs/-0000000000000000001/a", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			c := newClears()
+			var logs bytes.Buffer
+			s, _ := newSweep(t, kv, Config{Clear: c.clear, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			require.NoError(t, kv.Put(context.Background(), []byte(tt.key), nil))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, c.total(), "clear must not be called for %q", tt.key)
+			assert.Zero(t, st.Cleared)
+			assert.True(t, st.NextDue.IsZero())
+			if tt.wantDeleted {
+				assert.Equal(t, 1, st.Malformed, "Pass().Malformed = %d, want 1", st.Malformed)
+				assert.Zero(t, kv.Len(), "malformed marker should be deleted")
+				assert.Contains(t, logs.String(), "level=WARN")
+				assert.Contains(t, logs.String(), "malformed marker")
+			} else {
+				assert.Zero(t, st.Malformed)
+				assert.Equal(t, 1, kv.Len(), "key outside the marker space must stay")
+				assert.Empty(t, logs.String())
+			}
+		})
+	}
+}
+
+func TestPassMalformedPastCutoffThenValid(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	c := newClears()
+	s, _ := newSweep(t, kv, Config{Clear: c.clear})
+	future := t0.Add(time.Minute)
+	bad, err := MarkerKey("runs/", future, "x")
+	require.NoError(t, err)
+	bad = append(bad[:len(bad)-2], "!x"...) // same timestamp, no slash
+	require.NoError(t, kv.Put(context.Background(), bad, nil))
+	good := mark(t, kv, "runs/", "y", future.Add(time.Millisecond))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Malformed)
+	assert.True(t, has(t, kv, good))
+	assert.Equal(t, future.Add(time.Millisecond+time.Hour), st.NextDue)
+}
+
+func TestPassCustomValidateID(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	c := newClears()
+	dotted := func(id string) error {
+		if strings.Trim(id, "abcdefghijklmnopqrstuvwxyz.") != "" {
+			return fmt.Errorf("%q has a byte other than a-z and '.'", id)
+		}
+		return nil
+	}
+	s, clock := newSweep(t, kv, Config{Clear: c.clear, ValidateID: dotted})
+
+	key, err := s.MarkerKey(t0, "a.b")
+	require.NoError(t, err)
+	require.NoError(t, kv.Put(context.Background(), key, nil))
+	_, err = s.MarkerKey(t0, "")
+	require.ErrorIs(t, err, ErrInvalidID, "an empty id is refused whatever the validator says")
+	_, err = s.MarkerKey(t0, "A")
+	require.ErrorIs(t, err, ErrInvalidID)
+	require.NoError(t, kv.Put(context.Background(), []byte("runs/00000000000000000001/"), nil))
+	require.NoError(t, kv.Put(context.Background(), []byte("runs/00000000000000000001/B"), nil))
+
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Equal(t, 2, st.Malformed)
+	assert.Equal(t, 1, c.count("a.b"))
+	assert.Zero(t, kv.Len())
+}
+
+func TestPassClearPanics(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	var logs bytes.Buffer
+	var calls atomic.Int32
+	s, clock := newSweep(t, kv, Config{
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Clear: func(_ context.Context, id string) error {
+			calls.Add(1)
+			if id == "p" {
+				panic("clear exploded")
+			}
+			return nil
+		},
+	})
+	panicky := mark(t, kv, "runs/", "p", t0)
+	mark(t, kv, "runs/", "q", t0.Add(time.Second))
+	clock.Set(t0.Add(2 * time.Hour))
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, 1, st.Cleared, "markers after the panicking one are still cleared")
+	assert.True(t, has(t, kv, panicky))
+	assert.Equal(t, 1, kv.Len())
+	assert.Contains(t, logs.String(), "clear exploded")
+	assert.Contains(t, logs.String(), "level=ERROR")
+	assert.Contains(t, logs.String(), "sweep_test.go", "the log should carry the stack")
+}
+
+func TestCallClearPanicError(t *testing.T) {
+	t.Parallel()
+	s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { panic(errBoom) }})
+	err := s.callClear(context.Background(), "x")
+	require.ErrorIs(t, err, ErrClearPanicked)
+	assert.Contains(t, err.Error(), "boom")
+}
+
+func TestPassLiveAgain(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	c := newClears()
+	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	mark(t, kv, "runs/", "resumed", t0)
+	mark(t, kv, "runs/", "done", t0)
+	c.set("resumed", fmt.Errorf("run was restarted: %w", ErrLiveAgain))
+	clock.Set(t0.Add(2 * time.Hour))
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.LiveAgain)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Zero(t, st.Failed)
+	assert.Zero(t, kv.Len(), "a live-again marker is dropped")
+}
+
+func TestPassCancelledMidPass(t *testing.T) {
+	t.Parallel()
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprint("concurrency", concurrency), func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			kv := &countingKV{KV: mem}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var mu sync.Mutex
+			succeeded := map[string]bool{}
+			s, clock := newSweep(t, kv, Config{PageSize: 4, Concurrency: concurrency, Clear: func(ctx context.Context, id string) error {
+				if id == "m0006" {
+					cancel()
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				mu.Lock()
+				succeeded[id] = true
+				mu.Unlock()
+				return nil
+			}})
+			keys := map[string][]byte{}
+			for i := range 20 {
+				id := fmt.Sprintf("m%04d", i)
+				keys[id] = mark(t, mem, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+			}
+			clock.Set(t0.Add(2 * time.Hour))
+
+			_, err := s.Pass(ctx)
+			require.ErrorIs(t, err, context.Canceled)
+			for id, key := range keys {
+				if !has(t, mem, key) {
+					assert.True(t, succeeded[id], "marker %s deleted though its clear did not succeed", id)
+				}
+			}
+			assert.True(t, has(t, mem, keys["m0006"]))
+			assert.Equal(t, int64(1), kv.deletes.Load(), "only the first page is deleted")
+			assert.Equal(t, 16, mem.Len())
+		})
+	}
+}
+
+func TestPassCancelledBefore(t *testing.T) {
+	t.Parallel()
+	kv := &countingKV{KV: NewMemKV()}
+	s, _ := newSweep(t, kv, Config{Clear: newClears().clear})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := s.Pass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Zero(t, kv.scans.Load())
+}
+
+func TestPassConcurrentClears(t *testing.T) {
+	t.Parallel()
+	const n, limit = 2000, 16
+	kv := NewMemKV()
+	var inFlight, peak atomic.Int32
+	c := newClears()
+	s, clock := newSweep(t, kv, Config{PageSize: 64, Concurrency: limit, Clear: func(ctx context.Context, id string) error {
+		now := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			p := peak.Load()
+			if now <= p || peak.CompareAndSwap(p, now) {
+				break
+			}
+		}
+		if strings.HasSuffix(id, "7") {
+			return errBoom
+		}
+		return c.clear(ctx, id)
+	}})
+	for i := range n {
+		mark(t, kv, "runs/", fmt.Sprintf("c%05d", i), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, n/10, st.Failed)
+	assert.Equal(t, n-n/10, st.Cleared)
+	assert.Equal(t, n/10, kv.Len(), "exactly the failed markers stay")
+	assert.LessOrEqual(t, peak.Load(), int32(limit), "clears in flight exceeded Concurrency")
+	for i := range n {
+		id := fmt.Sprintf("c%05d", i)
+		if !strings.HasSuffix(id, "7") {
+			assert.Equal(t, 1, c.count(id), "clears of %s", id)
+		}
+	}
+}
+
+func TestPassesDoNotOverlap(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	c := newClears()
+	s, clock := newSweep(t, kv, Config{PageSize: 3, Clear: c.clear})
+	for i := range 300 {
+		mark(t, kv, "runs/", fmt.Sprintf("o%04d", i), t0)
+	}
+	clock.Set(t0.Add(2 * time.Hour))
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			_, err := s.Pass(context.Background())
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, 300, c.total(), "each marker cleared once across concurrent passes")
+	assert.Zero(t, kv.Len())
+}
+
+func TestPassBrokenEndBoundDoesNotClearEarly(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := endIgnoringKV{mem}
+	c := newClears()
+	s, _ := newSweep(t, kv, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "old", t0.Add(-2*time.Hour))
+	young := mark(t, mem, "runs/", "young", t0)
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.count("old"))
+	assert.Zero(t, c.count("young"), "a marker past the cutoff must not be cleared")
+	assert.True(t, has(t, mem, young))
+}
+
+// endIgnoringKV breaks the KV contract by scanning past end.
+type endIgnoringKV struct{ *MemKV }
+
+func (k endIgnoringKV) Scan(ctx context.Context, start, _ []byte, limit int) ([][]byte, error) {
+	return k.MemKV.Scan(ctx, start, []byte{0xFF}, limit)
+}
+
+func TestPassCounting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a million markers")
+	}
+	mem := NewMemKV()
+	kv := &countingKV{KV: mem}
+	c := newClears()
+	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	const idle = 1_000_000
+	for i := range idle {
+		mark(t, mem, "runs/", fmt.Sprintf("u%07d", i), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.LessOrEqual(t, kv.scans.Load(), int64(2), "idle pass over %d markers: Scan calls", idle)
+	assert.LessOrEqual(t, kv.keys.Load(), int64(1), "idle pass over %d markers: keys read", idle)
+	assert.Zero(t, kv.deletes.Load())
+	assert.Equal(t, t0.Add(time.Hour), st.NextDue)
+
+	// Expire exactly n of them and sweep with page size p.
+	const n, p = 10_000, 128
+	kv.reset()
+	s2, _ := newSweep(t, kv, Config{Clear: c.clear, PageSize: p, Clock: clock})
+	clock.Set(t0.Add(time.Hour + n*time.Millisecond))
+	st, err = s2.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, n, st.Cleared)
+	wantPages := (n + p - 1) / p
+	assert.LessOrEqual(t, kv.scans.Load(), int64(n/p+2), "Scan calls for %d expired markers, page %d", n, p)
+	assert.GreaterOrEqual(t, kv.scans.Load(), int64(wantPages+1))
+	assert.Equal(t, int64(wantPages), kv.deletes.Load(), "Delete calls")
+	assert.Equal(t, int64(n+1), kv.keys.Load(), "keys read: the expired ones and one more")
+	assert.Equal(t, idle-n, mem.Len())
+}
