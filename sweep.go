@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -119,7 +120,7 @@ type Sweep struct {
 	concurrency int
 	interval    time.Duration
 	log         *slog.Logger
-	validate    func(string) error
+	validate    func(string) error // nil: ValidateID
 	onPass      func(Stats, error)
 
 	// lower and upper bound the marker space: the prefix followed by a digit.
@@ -128,6 +129,7 @@ type Sweep struct {
 	// busy serialises passes and guards the buffers below, which passes reuse.
 	busy  chan struct{}
 	items []item
+	ids   []byte
 	del   [][]byte
 	from  []byte
 }
@@ -139,6 +141,8 @@ type item struct {
 	ms  int64
 	err error // parse or Clear error
 	bad bool  // malformed
+
+	lo, hi int // the id's bounds in the page's id buffer
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -186,9 +190,6 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.log = s.log.With("prefix", s.prefix)
-	if s.validate == nil {
-		s.validate = ValidateID
-	}
 	return s, nil
 }
 
@@ -203,6 +204,9 @@ func (s *Sweep) MarkerKey(t time.Time, id string) ([]byte, error) {
 }
 
 func (s *Sweep) checkID(id string) error {
+	if s.validate == nil {
+		return ValidateID(id)
+	}
 	if id == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidID)
 	}
@@ -290,23 +294,41 @@ func cutoffMillis(cutoff time.Time) int64 {
 // page handles one page of the expired range.
 func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutoffMs int64, st *Stats) error {
 	items := s.items[:0]
+	ids := s.ids[:0]
 	for _, key := range keys {
-		it := item{key: key}
-		var id []byte
-		it.ms, id, it.err = parseKey(s.prefix, key)
-		if it.err == nil {
-			it.id = string(id)
-			if err := s.checkID(it.id); err != nil {
-				it.err = malformed(key, "id", err)
-			}
-		}
-		if it.err == nil && it.ms >= cutoffMs {
+		ms, id, err := parseKey(s.prefix, key)
+		if err == nil && ms >= cutoffMs {
 			// Only a KV that breaks its end bound gets here; clearing this
 			// marker would delete state before its retention ran out.
 			break
 		}
-		it.bad = it.err != nil
+		if err == nil && s.validate == nil {
+			// The default rule runs on the bytes, before any string exists.
+			if verr := validateIDBytes(id); verr != nil {
+				err = malformed(key, "id", verr)
+			}
+		}
+		it := item{key: key, ms: ms, err: err, bad: err != nil, lo: len(ids)}
+		ids = append(ids, id...)
+		it.hi = len(ids)
 		items = append(items, it)
+	}
+	s.ids = ids
+	// One string holds the page's ids and Clear gets substrings of it: one
+	// allocation per page rather than per marker.
+	all := string(ids)
+	for i := range items {
+		it := &items[i]
+		if it.bad {
+			continue
+		}
+		it.id = all[it.lo:it.hi]
+		if s.validate == nil {
+			continue
+		}
+		if err := s.checkID(it.id); err != nil {
+			it.err, it.bad = malformed(it.key, "id", err), true
+		}
 	}
 	s.items = items
 
@@ -320,6 +342,7 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 	}
 
 	del := s.del[:0]
+	oldest := int64(-1) // ms of the oldest cleared marker: it has the largest lag
 	for i := range items {
 		it := &items[i]
 		switch {
@@ -328,7 +351,9 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 			s.log.Warn("retention: deleting malformed marker", "key", string(it.key), "error", it.err)
 		case it.err == nil:
 			st.Cleared++
-			st.MaxLag = max(st.MaxLag, cutoff.Sub(time.UnixMilli(it.ms)))
+			if oldest < 0 {
+				oldest = it.ms // items ascend, so the first cleared is the oldest
+			}
 		case errors.Is(it.err, ErrLiveAgain):
 			st.LiveAgain++
 		default:
@@ -343,6 +368,9 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 		del = append(del, it.key)
 	}
 	s.del = del
+	if oldest >= 0 {
+		st.MaxLag = max(st.MaxLag, cutoff.Sub(time.UnixMilli(oldest)))
+	}
 	if len(del) == 0 {
 		return nil
 	}
@@ -357,44 +385,71 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 // the item. It returns ctx.Err() if ctx is done before every Clear started.
 func (s *Sweep) clearAll(ctx context.Context, items []item) error {
 	if s.concurrency == 1 {
-		for i := range items {
-			if items[i].bad {
-				continue
-			}
-			if err := ctx.Err(); err != nil {
+		for i := 0; i < len(items); {
+			var err error
+			if i, err = s.clearFrom(ctx, items, i); err != nil {
 				return err
 			}
-			items[i].err = s.callClear(ctx, items[i].id)
 		}
 		return nil
 	}
+	// A pool of workers rather than a goroutine per marker: with fast clears
+	// the goroutines would cost more than the clears.
 	var g errgroup.Group
-	g.SetLimit(s.concurrency)
-	for i := range items {
-		if items[i].bad {
-			continue
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		it := &items[i]
+	var next atomic.Int64
+	for range min(s.concurrency, len(items)) {
 		g.Go(func() error {
-			it.err = s.callClear(ctx, it.id)
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= len(items) {
+					break
+				}
+				if !items[i].bad {
+					items[i].err = s.callClear(ctx, items[i].id)
+				}
+			}
 			return nil
 		})
 	}
-	_ = g.Wait() // every goroutine returns nil; results are in the items
+	_ = g.Wait() // workers return nil; results are in the items
 	return ctx.Err()
+}
+
+// clearFrom clears items from index i on, one at a time, and returns where
+// it stopped. A panicking Clear ends it early, with the panic recorded as
+// that item's error: one deferred recover then serves a whole page rather
+// than each marker.
+func (s *Sweep) clearFrom(ctx context.Context, items []item, i int) (next int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			items[i].err = panicked(r)
+			next = i + 1
+		}
+	}()
+	for ; i < len(items); i++ {
+		if items[i].bad {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return i, err
+		}
+		items[i].err = s.clear(ctx, items[i].id)
+	}
+	return i, nil
 }
 
 // callClear runs Clear, turning a panic into an error that carries the stack.
 func (s *Sweep) callClear(ctx context.Context, id string) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
+			err = panicked(r)
 		}
 	}()
 	return s.clear(ctx, id)
+}
+
+func panicked(r any) error {
+	return fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
 }
 
 // peek reads the first marker past the expired range to set st.NextDue.

@@ -360,7 +360,7 @@ func TestPassClearPanics(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Clear: func(_ context.Context, id string) error {
 			calls.Add(1)
-			if id == "p" {
+			if id == "p" || id == "r" {
 				panic("clear exploded")
 			}
 			return nil
@@ -368,14 +368,17 @@ func TestPassClearPanics(t *testing.T) {
 	})
 	panicky := mark(t, kv, "runs/", "p", t0)
 	mark(t, kv, "runs/", "q", t0.Add(time.Second))
+	mark(t, kv, "runs/", "r", t0.Add(2*time.Second))
+	mark(t, kv, "runs/", "s", t0.Add(3*time.Second))
 	clock.Set(t0.Add(2 * time.Hour))
 
 	st, err := s.Pass(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, 1, st.Failed)
-	assert.Equal(t, 1, st.Cleared, "markers after the panicking one are still cleared")
+	assert.Equal(t, 2, st.Failed)
+	assert.Equal(t, 2, st.Cleared, "markers after a panicking one are still cleared")
+	assert.Equal(t, int32(4), calls.Load())
 	assert.True(t, has(t, kv, panicky))
-	assert.Equal(t, 1, kv.Len())
+	assert.Equal(t, 2, kv.Len())
 	assert.Contains(t, logs.String(), "clear exploded")
 	assert.Contains(t, logs.String(), "level=ERROR")
 	assert.Contains(t, logs.String(), "sweep_test.go", "the log should carry the stack")
