@@ -59,7 +59,10 @@ type Config struct {
 
 	// Concurrency is how many Clear calls of one page may run at once. Zero
 	// means 1: markers are cleared one at a time, oldest first. Otherwise 1
-	// to MaxConcurrency.
+	// to MaxConcurrency. Above 1, the clears of a page start oldest first
+	// but may finish in any order; pages still go in order, every clear of a
+	// page ends before its markers are deleted and the next page is read,
+	// and a marker is still deleted only after its own Clear succeeded.
 	Concurrency int
 
 	// Interval is the longest Run sleeps between passes. Run usually wakes
