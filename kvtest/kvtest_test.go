@@ -1,0 +1,158 @@
+package kvtest_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/kvtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func memStore(*testing.T) kvtest.Store {
+	kv := retention.NewMemKV()
+	return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
+}
+
+func TestMemKV(t *testing.T) {
+	kvtest.Run(t, memStore)
+}
+
+// Each broken KV breaks one rule of the contract; the suite must notice, in
+// the behaviour named by catches.
+var broken = map[string]struct {
+	wrap    func(*retention.MemKV) retention.KV
+	catches []string
+}{
+	"unsorted":         {func(m *retention.MemKV) retention.KV { return unsorted{m} }, []string{"AscendingByteOrder"}},
+	"end inclusive":    {func(m *retention.MemKV) retention.KV { return endInclusive{m} }, []string{"StartInclusiveEndExclusive", "PrefixIsolation"}},
+	"limit ignored":    {func(m *retention.MemKV) retention.KV { return limitIgnored{m} }, []string{"LimitAndShortPage", "PageSizesAgree"}},
+	"short pages":      {func(m *retention.MemKV) retention.KV { return shortPages{m} }, []string{"LimitAndShortPage", "PageSizesAgree"}},
+	"aliasing slices":  {func(m *retention.MemKV) retention.KV { return &aliasing{MemKV: m} }, []string{"CallerOwnsSlices"}},
+	"error on missing": {func(m *retention.MemKV) retention.KV { return errOnMissing{m} }, []string{"DeleteMissingKey", "BatchDelete"}},
+	"ignores context":  {func(m *retention.MemKV) retention.KV { return ignoresCtx{m} }, []string{"CancelledContext"}},
+}
+
+func TestBrokenKVsAreCaught(t *testing.T) {
+	if os.Getenv("KVTEST_BROKEN") != "" {
+		t.Skip("in the child process")
+	}
+	for name, b := range broken {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			// The suite fails its test on purpose here, so it runs in a child
+			// process whose failure is the expected outcome.
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenChild$", "-test.v")
+			cmd.Env = append(os.Environ(), "KVTEST_BROKEN="+name)
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err, "the suite passed a KV that is %s:\n%s", name, out)
+			for _, behaviour := range b.catches {
+				require.Contains(t, string(out), "--- FAIL: TestBrokenChild/"+behaviour, "output:\n%s", out)
+			}
+			require.Contains(t, string(out), "--- PASS: TestBrokenChild/",
+				"unrelated behaviours still pass; output:\n%s", out)
+		})
+	}
+}
+
+func TestBrokenChild(t *testing.T) {
+	name := os.Getenv("KVTEST_BROKEN")
+	if name == "" {
+		t.Skip("run by TestBrokenKVsAreCaught")
+	}
+	kvtest.Run(t, func(*testing.T) kvtest.Store {
+		mem := retention.NewMemKV()
+		kv := broken[name].wrap(mem)
+		put := func(ctx context.Context, key []byte) error { return mem.Put(ctx, key, nil) }
+		if a, ok := kv.(*aliasing); ok {
+			put = a.put
+		}
+		return kvtest.Store{KV: kv, Put: put}
+	})
+}
+
+type unsorted struct{ *retention.MemKV }
+
+func (k unsorted) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	keys, err := k.MemKV.Scan(ctx, start, end, limit)
+	slices.Reverse(keys)
+	return keys, err
+}
+
+type endInclusive struct{ *retention.MemKV }
+
+func (k endInclusive) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return k.MemKV.Scan(ctx, start, append(slices.Clone(end), 0), limit)
+}
+
+type limitIgnored struct{ *retention.MemKV }
+
+func (k limitIgnored) Scan(ctx context.Context, start, end []byte, _ int) ([][]byte, error) {
+	return k.MemKV.Scan(ctx, start, end, 1<<20)
+}
+
+type shortPages struct{ *retention.MemKV }
+
+func (k shortPages) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return k.MemKV.Scan(ctx, start, end, max(limit-1, 1))
+}
+
+// aliasing hands out the slices it stores, so a caller's change reaches it.
+type aliasing struct {
+	*retention.MemKV
+	mu    sync.Mutex
+	canon map[string][]byte
+}
+
+func (k *aliasing) put(ctx context.Context, key []byte) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.canon == nil {
+		k.canon = map[string][]byte{}
+	}
+	k.canon[string(key)] = slices.Clone(key)
+	return k.MemKV.Put(ctx, key, nil)
+}
+
+func (k *aliasing) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	keys, err := k.MemKV.Scan(ctx, start, end, limit)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i, key := range keys {
+		if c, ok := k.canon[string(key)]; ok {
+			keys[i] = c
+		}
+	}
+	return keys, err
+}
+
+type errOnMissing struct{ *retention.MemKV }
+
+func (k errOnMissing) Delete(ctx context.Context, keys ...[]byte) error {
+	for _, key := range keys {
+		if _, ok, _ := k.Get(ctx, key); !ok {
+			return os.ErrNotExist
+		}
+	}
+	return k.MemKV.Delete(ctx, keys...)
+}
+
+type ignoresCtx struct{ *retention.MemKV }
+
+func (k ignoresCtx) Scan(_ context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return k.MemKV.Scan(context.Background(), start, end, limit)
+}
+
+func (k ignoresCtx) Delete(_ context.Context, keys ...[]byte) error {
+	return k.MemKV.Delete(context.Background(), keys...)
+}
