@@ -323,14 +323,14 @@ func testConcurrent(t *testing.T, s Store) {
 			for {
 				keys, err := s.KV.Scan(ctx, []byte(start), []byte(end), 7)
 				if err != nil {
-					errs <- fmt.Errorf("Scan: %w", err)
+					errs <- fmt.Errorf("scan: %w", err)
 					return
 				}
 				if len(keys) == 0 {
 					return
 				}
 				if err := s.KV.Delete(ctx, keys...); err != nil {
-					errs <- fmt.Errorf("Delete: %w", err)
+					errs <- fmt.Errorf("delete: %w", err)
 					return
 				}
 			}
@@ -340,7 +340,7 @@ func testConcurrent(t *testing.T, s Store) {
 			for range 10 {
 				keys, err := s.KV.Scan(ctx, []byte("c"), []byte("d"), 1000)
 				if err != nil {
-					errs <- fmt.Errorf("Scan: %w", err)
+					errs <- fmt.Errorf("scan: %w", err)
 					return
 				}
 				if !slices.IsSortedFunc(keys, bytes.Compare) {
