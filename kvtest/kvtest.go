@@ -33,11 +33,14 @@ type Store struct {
 	KV retention.KV
 	// Put writes key (with an empty value) so the suite can set up data.
 	Put func(ctx context.Context, key []byte) error
+	// PutMany, when not nil, writes many keys at once; Benchmark uses it to
+	// fill a store quickly. Nil means Put is called for each key.
+	PutMany func(ctx context.Context, keys [][]byte) error
 }
 
-// Factory returns a fresh, empty Store. It is called once per behaviour and
-// may register cleanups with t.
-type Factory func(t *testing.T) Store
+// Factory returns a fresh, empty Store. It is called once per behaviour (or
+// benchmark) and may register cleanups with t.
+type Factory func(t testing.TB) Store
 
 // Run runs every behaviour of the KV contract against stores made by
 // newStore, each as a subtest of t.

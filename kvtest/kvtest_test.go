@@ -19,7 +19,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func memStore(*testing.T) kvtest.Store {
+func memStore(testing.TB) kvtest.Store {
 	kv := retention.NewMemKV()
 	return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
 }
@@ -70,7 +70,7 @@ func TestBrokenChild(t *testing.T) {
 	if name == "" {
 		t.Skip("run by TestBrokenKVsAreCaught")
 	}
-	kvtest.Run(t, func(*testing.T) kvtest.Store {
+	kvtest.Run(t, func(testing.TB) kvtest.Store {
 		mem := retention.NewMemKV()
 		kv := broken[name].wrap(mem)
 		put := func(ctx context.Context, key []byte) error { return mem.Put(ctx, key, nil) }
@@ -155,4 +155,8 @@ func (k ignoresCtx) Scan(_ context.Context, start, end []byte, limit int) ([][]b
 
 func (k ignoresCtx) Delete(_ context.Context, keys ...[]byte) error {
 	return k.MemKV.Delete(context.Background(), keys...)
+}
+
+func BenchmarkMemKV(b *testing.B) {
+	kvtest.Benchmark(b, memStore)
 }

@@ -1,0 +1,136 @@
+// Package boltkv keeps retention markers in a bucket of a bbolt database:
+// the embedded, persistent store for a service that runs as one process.
+//
+// The caller opens and closes the *bbolt.DB; a KV never closes it. Write a
+// marker with MarkTx inside the bbolt transaction that records the entity's
+// terminal state, so both commit or neither does.
+package boltkv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/marksweep/retention"
+)
+
+// ErrNoBucket is returned when the KV's bucket does not exist, for example
+// because it was deleted after New created it.
+var ErrNoBucket = errors.New("boltkv: bucket not found")
+
+// KV is a retention.KV over one bbolt bucket that holds only marker keys.
+// It is safe for concurrent use. Create one with New.
+type KV struct {
+	db     *bbolt.DB
+	bucket []byte
+}
+
+var _ retention.KV = (*KV)(nil)
+
+// New returns a KV over the named top-level bucket of db, creating the
+// bucket if it does not exist.
+func New(db *bbolt.DB, bucket string) (*KV, error) {
+	if db == nil {
+		return nil, errors.New("boltkv: db must not be nil")
+	}
+	if bucket == "" {
+		return nil, errors.New("boltkv: bucket name must not be empty")
+	}
+	k := &KV{db: db, bucket: []byte(bucket)}
+	err := db.Update(func(tx *bbolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(k.bucket)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltkv: create bucket %q: %w", bucket, err)
+	}
+	return k, nil
+}
+
+// Scan implements retention.KV with a cursor in a read transaction. Keys are
+// copied out: bbolt's own are valid only inside the transaction.
+func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("boltkv: Scan limit must be at least 1, got %d", limit)
+	}
+	var keys [][]byte
+	err := k.db.View(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(k.bucket)
+		if b == nil {
+			return ErrNoBucket
+		}
+		c := b.Cursor()
+		for key, _ := c.Seek(start); key != nil && len(keys) < limit && bytes.Compare(key, end) < 0; key, _ = c.Next() {
+			keys = append(keys, bytes.Clone(key))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, k.wrap("scan", err)
+	}
+	return keys, nil
+}
+
+// Delete implements retention.KV: every key goes in one write transaction.
+func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := k.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(k.bucket)
+		if b == nil {
+			return ErrNoBucket
+		}
+		for _, key := range keys {
+			if err := b.Delete(key); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return k.wrap("delete", err)
+}
+
+// Put writes key with value in its own write transaction. It makes KV a
+// retention.Putter, for tests and for retention.Mark.
+func (k *KV) Put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return k.wrap("put", k.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(k.bucket)
+		if b == nil {
+			return ErrNoBucket
+		}
+		return b.Put(key, value)
+	}))
+}
+
+// MarkTx writes the marker of id, finished at t, under prefix, inside the
+// caller's writable transaction tx. It refuses what retention.MarkerKey
+// refuses, and writes nothing then.
+func (k *KV) MarkTx(tx *bbolt.Tx, prefix, id string, t time.Time) error {
+	key, err := retention.MarkerKey(prefix, t, id)
+	if err != nil {
+		return err
+	}
+	b := tx.Bucket(k.bucket)
+	if b == nil {
+		return ErrNoBucket
+	}
+	return k.wrap("mark", b.Put(key, []byte{}))
+}
+
+func (k *KV) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("boltkv: %s in bucket %q: %w", op, k.bucket, err)
+}

@@ -1,0 +1,111 @@
+package kvtest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/marksweep/retention"
+)
+
+// Benchmark measures a Sweep over stores made by newStore:
+//
+//   - clear/page=P/concurrency=C: one Pass clearing BenchMarkers expired
+//     markers with a no-op Clear, for page sizes 256 and 1024 and
+//     concurrency 1 and 16, reported as markers/s;
+//   - idle/markers=100000: a Pass with nothing expired while 100,000
+//     unexpired markers wait, reported per pass.
+//
+// Each sub-benchmark gets a fresh store. Filling it is not timed.
+func Benchmark(b *testing.B, newStore Factory) {
+	for _, page := range []int{256, 1024} {
+		for _, conc := range []int{1, 16} {
+			b.Run(fmt.Sprintf("clear/page=%d/concurrency=%d", page, conc), func(b *testing.B) {
+				benchClear(b, newStore(b), page, conc)
+			})
+		}
+	}
+	b.Run("idle/markers=100000", func(b *testing.B) { benchIdle(b, newStore(b), 100_000) })
+}
+
+// BenchMarkers is how many expired markers each timed Pass of Benchmark clears.
+const BenchMarkers = 10_000
+
+var benchNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func benchClear(b *testing.B, s Store, page, conc int) {
+	ctx := context.Background()
+	sw, err := retention.New(s.KV, retention.Config{
+		Prefix: "bench/", Retention: time.Hour, PageSize: page, Concurrency: conc,
+		Clock: retention.NewManualClock(benchNow),
+		Clear: func(context.Context, string) error { return nil },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	for i := 0; i < b.N; i++ {
+		fillMarkers(b, s, BenchMarkers, benchNow.Add(-2*time.Hour))
+		b.StartTimer()
+		st, err := sw.Pass(ctx)
+		b.StopTimer()
+		if err != nil || st.Cleared != BenchMarkers {
+			b.Fatalf("Pass() = %+v, %v; want %d cleared", st, err, BenchMarkers)
+		}
+	}
+	b.ReportMetric(float64(BenchMarkers)*float64(b.N)/b.Elapsed().Seconds(), "markers/s")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(BenchMarkers*b.N), "ns/marker")
+}
+
+func benchIdle(b *testing.B, s Store, n int) {
+	ctx := context.Background()
+	fillMarkers(b, s, n, benchNow)
+	sw, err := retention.New(s.KV, retention.Config{
+		Prefix: "bench/", Retention: time.Hour,
+		Clock: retention.NewManualClock(benchNow),
+		Clear: func(context.Context, string) error { return nil },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	var scanned int
+	for i := 0; i < b.N; i++ {
+		st, err := sw.Pass(ctx)
+		if err != nil || st.Cleared != 0 {
+			b.Fatalf("Pass() = %+v, %v; want nothing cleared", st, err)
+		}
+		scanned += st.Scanned
+	}
+	b.ReportMetric(float64(scanned)/float64(b.N), "keys/op")
+}
+
+// fillMarkers writes n markers a millisecond apart from start.
+func fillMarkers(b *testing.B, s Store, n int, start time.Time) {
+	b.Helper()
+	ctx := context.Background()
+	keys := make([][]byte, 0, n)
+	for i := range n {
+		key, err := retention.MarkerKey("bench/", start.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf("id-%d", i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys = append(keys, key)
+	}
+	if s.PutMany != nil {
+		for len(keys) > 0 {
+			chunk := keys[:min(len(keys), 1000)]
+			if err := s.PutMany(ctx, chunk); err != nil {
+				b.Fatal(err)
+			}
+			keys = keys[len(chunk):]
+		}
+		return
+	}
+	for _, k := range keys {
+		if err := s.Put(ctx, k); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
