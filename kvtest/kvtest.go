@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -425,4 +426,25 @@ func testSweep(t *testing.T, s Store) {
 	}
 	want(t, "keys of other prefixes", scan(t, s, "sweep2", "sweep3", 10), []string{"sweep2/00000000000000000001/other"})
 	want(t, "keys of other prefixes", scan(t, s, "swee", "swee\x00", 10), []string{"swee"})
+}
+
+// RequireServersEnv names the environment variable that, when set, turns a
+// missing server address into a test failure instead of a skip. The
+// repository's test script sets it after starting the servers.
+const RequireServersEnv = "RETENTION_REQUIRE_SERVERS"
+
+// ServerAddr returns the value of the environment variable env, which names
+// a test server for an adapter. When it is empty the test is skipped with a
+// message saying how to run it, or fails when RequireServersEnv is set.
+func ServerAddr(t testing.TB, env string) string {
+	t.Helper()
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	msg := fmt.Sprintf("%s is not set: run ./scripts/test from the repository root, which starts the servers, or set it yourself", env)
+	if os.Getenv(RequireServersEnv) != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
 }

@@ -1,0 +1,181 @@
+// Package pgkv keeps retention markers in a PostgreSQL table through pgx v5,
+// so that replicas of a service can sweep one shared store.
+//
+// The table has one column, key bytea PRIMARY KEY: bytea compares bytewise,
+// so the primary key index serves every Scan as an index range scan. Create
+// it with Migrate. Write a marker with MarkTx inside the transaction that
+// records the entity's terminal state.
+//
+// The caller owns the pool (or connection) and closes it; a KV never does.
+package pgkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/marksweep/retention"
+)
+
+// DB is what the package needs of a connection: *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx all satisfy it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// ErrNoTable is returned when the marker table does not exist: run Migrate.
+var ErrNoTable = errors.New("pgkv: marker table does not exist (run Migrate)")
+
+// ErrInvalidTable is returned by New and Migrate for a table name that is
+// empty, too long or holds a NUL byte.
+var ErrInvalidTable = errors.New("pgkv: invalid table name")
+
+// KV is a retention.KV over one marker table. It is safe for concurrent use
+// when its DB is (a pool is). Create one with New.
+type KV struct {
+	db    DB
+	table string // quoted, possibly schema-qualified
+
+	scanSQL, deleteSQL, insertSQL string
+}
+
+var _ retention.KV = (*KV)(nil)
+
+// quoteTable validates and quotes a table name: "name" or "schema.name".
+// Each part is quoted as an identifier, so any character but NUL is safe.
+func quoteTable(table string) (string, error) {
+	parts := strings.SplitN(table, ".", 2)
+	for _, p := range parts {
+		switch {
+		case p == "":
+			return "", fmt.Errorf("%w %q: empty name or schema", ErrInvalidTable, table)
+		case len(p) > 63:
+			return "", fmt.Errorf("%w %q: %q is longer than PostgreSQL's 63-byte identifiers", ErrInvalidTable, table, p)
+		case strings.IndexByte(p, 0) >= 0:
+			return "", fmt.Errorf("%w %q: holds a NUL byte", ErrInvalidTable, table)
+		}
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+// Migrate creates the marker table if it does not exist. It is idempotent
+// and safe to run from several replicas at once: a transaction-scoped
+// advisory lock serialises concurrent runs.
+func Migrate(ctx context.Context, db DB, table string) error {
+	quoted, err := quoteTable(table)
+	if err != nil {
+		return err
+	}
+	h := fnv.New64a()
+	h.Write([]byte("retention/pgkv migrate " + quoted))
+	// Without arguments pgx sends this as one simple-protocol query, which
+	// PostgreSQL runs in one implicit transaction: the lock lasts until the
+	// table exists.
+	sql := fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d); CREATE TABLE IF NOT EXISTS %s (key bytea PRIMARY KEY)`,
+		int64(h.Sum64()), quoted)
+	if _, err := db.Exec(ctx, sql); err != nil {
+		return wrap(ctx, "migrate "+quoted, err)
+	}
+	return nil
+}
+
+// New returns a KV over the marker table (created by Migrate), named as
+// "table" or "schema.table".
+func New(db DB, table string) (*KV, error) {
+	if db == nil {
+		return nil, errors.New("pgkv: db must not be nil")
+	}
+	quoted, err := quoteTable(table)
+	if err != nil {
+		return nil, err
+	}
+	return &KV{
+		db:        db,
+		table:     quoted,
+		scanSQL:   `SELECT key FROM ` + quoted + ` WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3`,
+		deleteSQL: `DELETE FROM ` + quoted + ` WHERE key = ANY($1)`,
+		insertSQL: `INSERT INTO ` + quoted + ` (key) VALUES ($1) ON CONFLICT DO NOTHING`,
+	}, nil
+}
+
+// Scan implements retention.KV as one index range scan.
+func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("pgkv: Scan limit must be at least 1, got %d", limit)
+	}
+	rows, err := k.db.Query(ctx, k.scanSQL, start, end, limit)
+	if err != nil {
+		return nil, wrap(ctx, "scan "+k.table, err)
+	}
+	// pgx decodes each bytea into a fresh slice, so the caller owns them.
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, wrap(ctx, "scan "+k.table, err)
+	}
+	return keys, nil
+}
+
+// Delete implements retention.KV with one DELETE statement for the batch.
+func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if _, err := k.db.Exec(ctx, k.deleteSQL, keys); err != nil {
+		return wrap(ctx, "delete from "+k.table, err)
+	}
+	return nil
+}
+
+// Put writes a marker key in its own statement. The table stores keys only,
+// so value must be empty. It makes KV a retention.Putter.
+func (k *KV) Put(ctx context.Context, key, value []byte) error {
+	if len(value) != 0 {
+		return fmt.Errorf("pgkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
+	}
+	return k.put(ctx, k.db, key)
+}
+
+// MarkTx writes the marker of id, finished at t, under prefix, through tx:
+// pass the pgx.Tx that records the entity's terminal state, and the marker
+// commits or rolls back with it. Writing a marker twice is not an error. It
+// refuses what retention.MarkerKey refuses, and writes nothing then.
+func (k *KV) MarkTx(ctx context.Context, tx DB, prefix, id string, t time.Time) error {
+	key, err := retention.MarkerKey(prefix, t, id)
+	if err != nil {
+		return err
+	}
+	return k.put(ctx, tx, key)
+}
+
+func (k *KV) put(ctx context.Context, db DB, key []byte) error {
+	if _, err := db.Exec(ctx, k.insertSQL, key); err != nil {
+		return wrap(ctx, "insert into "+k.table, err)
+	}
+	return nil
+}
+
+// wrap names the operation, turns a missing table into ErrNoTable and
+// returns the context's error when the context ended the call.
+func wrap(ctx context.Context, op string, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("pgkv: %s: %w", op, ctxErr)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%w: %s: %w", ErrNoTable, op, err)
+	}
+	return fmt.Errorf("pgkv: %s: %w", op, err)
+}
