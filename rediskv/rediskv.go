@@ -1,0 +1,129 @@
+// Package rediskv keeps retention markers in one Redis sorted set through
+// go-redis v9, so that replicas of a service can sweep one shared store.
+//
+// Every marker is a member with score 0; members of equal score are ordered
+// bytewise, so Scan is one ZRANGE ... BYLEX ... LIMIT (Redis 6.2 or later)
+// and Delete one ZREM. Write a marker with MarkTx inside the MULTI (or
+// pipeline) that records the entity's terminal state.
+//
+// # Redis Cluster
+//
+// One sorted set lives in one hash slot, so every marker of a sweep lives on
+// one shard. To write entity state and marker in one MULTI, the entity keys
+// must hash to the same slot: give them the set's hash tag, e.g. the set
+// "{runs}:done" with entity keys "{runs}:state:<id>". That puts the whole
+// family on one shard; shard by using several sweeps with different tags
+// when one shard is not enough.
+//
+// The caller owns the client and closes it; a KV never does.
+package rediskv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/marksweep/retention"
+)
+
+// KV is a retention.KV over one sorted set. It is safe for concurrent use.
+// Create one with New.
+type KV struct {
+	rdb redis.Cmdable
+	key string
+}
+
+var _ retention.KV = (*KV)(nil)
+
+// New returns a KV over the sorted set stored at key. rdb may be a
+// *redis.Client, *redis.ClusterClient or *redis.Ring.
+func New(rdb redis.Cmdable, key string) (*KV, error) {
+	if rdb == nil {
+		return nil, errors.New("rediskv: client must not be nil")
+	}
+	if key == "" {
+		return nil, errors.New("rediskv: key must not be empty")
+	}
+	return &KV{rdb: rdb, key: key}, nil
+}
+
+// Scan implements retention.KV with ZRANGE key [start (end BYLEX LIMIT 0 limit.
+func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("rediskv: Scan limit must be at least 1, got %d", limit)
+	}
+	members, err := k.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
+		Key:   k.key,
+		Start: "[" + string(start),
+		Stop:  "(" + string(end),
+		ByLex: true,
+		Count: int64(limit),
+	}).Result()
+	if err != nil {
+		return nil, k.wrap(ctx, "scan", err)
+	}
+	keys := make([][]byte, len(members))
+	for i, m := range members {
+		keys[i] = []byte(m)
+	}
+	return keys, nil
+}
+
+// Delete implements retention.KV with one ZREM for the batch.
+func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	members := make([]any, len(keys))
+	for i, key := range keys {
+		members[i] = string(key)
+	}
+	return k.wrap(ctx, "delete", k.rdb.ZRem(ctx, k.key, members...).Err())
+}
+
+// Put adds a marker key on its own. Members carry no value, so value must
+// be empty. It makes KV a retention.Putter.
+func (k *KV) Put(ctx context.Context, key, value []byte) error {
+	if len(value) != 0 {
+		return fmt.Errorf("rediskv: Put of %q with a %d-byte value: the sorted set stores keys only", key, len(value))
+	}
+	return k.wrap(ctx, "put", k.rdb.ZAdd(ctx, k.key, member(key)).Err())
+}
+
+// MarkTx queues the marker of id, finished at t, under prefix on pipe: pass
+// the redis.Pipeliner of the TxPipelined call (a MULTI) that records the
+// entity's terminal state, and the marker is written with it. It refuses
+// what retention.MarkerKey refuses, and queues nothing then; the write's own
+// outcome is reported by the pipeline's Exec.
+func (k *KV) MarkTx(ctx context.Context, pipe redis.Pipeliner, prefix, id string, t time.Time) error {
+	key, err := retention.MarkerKey(prefix, t, id)
+	if err != nil {
+		return err
+	}
+	pipe.ZAdd(ctx, k.key, member(key))
+	return nil
+}
+
+// member is a marker as a set member: score 0, so that members sort bytewise.
+func member(key []byte) redis.Z {
+	return redis.Z{Score: 0, Member: string(key)}
+}
+
+func (k *KV) wrap(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+		err = fmt.Errorf("%w (%w)", ctxErr, err)
+	}
+	return fmt.Errorf("rediskv: %s %q: %w", op, k.key, err)
+}
