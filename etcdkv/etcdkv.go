@@ -1,0 +1,142 @@
+// Package etcdkv keeps retention markers under a key prefix in etcd through
+// the clientv3 API, so that replicas of a service can sweep one shared store.
+//
+// Scan is one ranged Get (sorted ascending, keys only, with a limit). Delete
+// batches the keys into transactions of at most Options.MaxTxnOps
+// operations each, the server's per-transaction limit. Write a marker by
+// adding MarkOp's operation to the Txn that records the entity's terminal
+// state.
+//
+// The caller owns the client and closes it; a KV never does.
+package etcdkv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/marksweep/retention"
+)
+
+// DefaultMaxTxnOps is etcd's default --max-txn-ops.
+const DefaultMaxTxnOps = 128
+
+// Options tune a KV. A nil *Options means the defaults.
+type Options struct {
+	// MaxTxnOps is the most deletes sent in one transaction; set it to the
+	// server's --max-txn-ops. Zero means DefaultMaxTxnOps.
+	MaxTxnOps int
+}
+
+// KV is a retention.KV over the keys of etcd under one namespace prefix. It
+// is safe for concurrent use. Create one with New.
+type KV struct {
+	kv     clientv3.KV
+	ns     string
+	maxOps int
+}
+
+var _ retention.KV = (*KV)(nil)
+
+// New returns a KV whose keys live in etcd under namespace, which must not
+// be empty (e.g. "myservice/retention/"). kv is usually a *clientv3.Client.
+func New(kv clientv3.KV, namespace string, opts *Options) (*KV, error) {
+	if kv == nil {
+		return nil, errors.New("etcdkv: client must not be nil")
+	}
+	if namespace == "" {
+		// A namespace keeps every key non-empty and every range end clear of
+		// etcd's "\x00 means to the end" convention.
+		return nil, errors.New(`etcdkv: namespace must not be empty (use e.g. "myservice/retention/")`)
+	}
+	k := &KV{kv: kv, ns: namespace, maxOps: DefaultMaxTxnOps}
+	if opts != nil && opts.MaxTxnOps != 0 {
+		if opts.MaxTxnOps < 0 {
+			return nil, fmt.Errorf("etcdkv: Options.MaxTxnOps must not be negative, got %d", opts.MaxTxnOps)
+		}
+		k.maxOps = opts.MaxTxnOps
+	}
+	return k, nil
+}
+
+// Scan implements retention.KV with one ranged, keys-only Get.
+func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("etcdkv: Scan limit must be at least 1, got %d", limit)
+	}
+	if bytes.Compare(start, end) >= 0 {
+		return nil, nil
+	}
+	resp, err := k.kv.Get(ctx, k.ns+string(start),
+		clientv3.WithRange(k.ns+string(end)),
+		clientv3.WithLimit(int64(limit)),
+		clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, wrap(ctx, "scan", err)
+	}
+	keys := make([][]byte, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		keys[i] = bytes.Clone(kv.Key[len(k.ns):])
+	}
+	return keys, nil
+}
+
+// Delete implements retention.KV: the keys go in transactions of at most
+// MaxTxnOps deletes. A failure can leave earlier transactions applied.
+func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ops := make([]clientv3.Op, 0, min(len(keys), k.maxOps))
+	for len(keys) > 0 {
+		n := min(len(keys), k.maxOps)
+		ops = ops[:0]
+		for _, key := range keys[:n] {
+			ops = append(ops, clientv3.OpDelete(k.ns+string(key)))
+		}
+		if _, err := k.kv.Txn(ctx).Then(ops...).Commit(); err != nil {
+			return wrap(ctx, fmt.Sprintf("delete %d keys", n), err)
+		}
+		keys = keys[n:]
+	}
+	return nil
+}
+
+// Put writes key with value under the namespace. It makes KV a
+// retention.Putter.
+func (k *KV) Put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, err := k.kv.Put(ctx, k.ns+string(key), string(value)); err != nil {
+		return wrap(ctx, "put", err)
+	}
+	return nil
+}
+
+// MarkOp returns the operation that writes the marker of id, finished at t,
+// under prefix: add it to the Then branch of the Txn that records the
+// entity's terminal state, and the marker commits with it. It refuses what
+// retention.MarkerKey refuses.
+func (k *KV) MarkOp(prefix, id string, t time.Time) (clientv3.Op, error) {
+	key, err := retention.MarkerKey(prefix, t, id)
+	if err != nil {
+		return clientv3.Op{}, err
+	}
+	return clientv3.OpPut(k.ns+string(key), ""), nil
+}
+
+func wrap(ctx context.Context, op string, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+		err = fmt.Errorf("%w (%w)", ctxErr, err)
+	}
+	return fmt.Errorf("etcdkv: %s: %w", op, err)
+}
