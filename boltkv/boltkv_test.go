@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/goleak"
 
 	"github.com/marksweep/retention"
@@ -105,7 +106,7 @@ func TestClosedDB(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, db.Close())
 	_, err = kv.Scan(context.Background(), []byte("a"), []byte("b"), 1)
-	require.ErrorIs(t, err, bbolt.ErrDatabaseNotOpen)
+	require.ErrorIs(t, err, bolterrors.ErrDatabaseNotOpen)
 	assert.Contains(t, err.Error(), "boltkv: scan")
 }
 
