@@ -30,3 +30,11 @@ var ErrLiveAgain = errors.New("retention: entity is live again")
 // Config.Clear function panics. The sweep recovers, keeps the marker and logs
 // the panic value with its stack.
 var ErrClearPanicked = errors.New("retention: clear panicked")
+
+// ErrLeaseHeld is returned by Locker.TryAcquire when another replica holds
+// the lease.
+var ErrLeaseHeld = errors.New("retention: lease held by another replica")
+
+// ErrLeaseLost is the error (wrapped, next to context.Canceled) that
+// Config.OnPass sees for a pass cut short because the lease was lost.
+var ErrLeaseLost = errors.New("retention: lease lost")

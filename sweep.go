@@ -82,9 +82,27 @@ type Config struct {
 	// this function says.
 	ValidateID func(id string) error
 
-	// OnPass is called by Run after every pass, on Run's goroutine, with the
-	// pass's Stats and error. Nil means no call. Pass does not call it.
+	// OnPass is called by Run (and by a Group's Run) after every pass, on
+	// the loop's goroutine, with the pass's Stats and error. Nil means no
+	// call. Pass does not call it.
 	OnPass func(Stats, error)
+
+	// Lease, when set, makes Run sweep only while this replica holds the
+	// lease, so that a fleet sharing one store clears each entity once.
+	// Nil means no lease: every replica sweeps, and an entity may be
+	// cleared by several replicas at about the same time. Adapters for
+	// shared stores provide Lockers. A Sweep in a Group must leave it nil
+	// and use GroupConfig.Lease.
+	Lease Locker
+
+	// Jitter lengthens every wait of Run by a random fraction of itself, up
+	// to Jitter, so replicas that start together do not wake together. Zero
+	// means exact waits; otherwise 0 to 1.
+	Jitter float64
+
+	// StartJitter delays Run's first pass by a random duration below it.
+	// Zero means the first pass runs at once; it must not be negative.
+	StartJitter time.Duration
 }
 
 // Stats describes one pass.
@@ -125,6 +143,9 @@ type Sweep struct {
 	log         *slog.Logger
 	validate    func(string) error // nil: ValidateID
 	onPass      func(Stats, error)
+	lease       Locker
+	jitter      float64
+	startJitter time.Duration
 
 	// lower and upper bound the marker space: the prefix followed by a digit.
 	lower, upper []byte
@@ -169,6 +190,10 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		return nil, invalid("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.Interval < 0:
 		return nil, invalid("Config.Interval must not be negative, got %v", cfg.Interval)
+	case !(cfg.Jitter >= 0 && cfg.Jitter <= 1):
+		return nil, invalid("Config.Jitter must be between 0 and 1, got %v", cfg.Jitter)
+	case cfg.StartJitter < 0:
+		return nil, invalid("Config.StartJitter must not be negative, got %v", cfg.StartJitter)
 	}
 	s := &Sweep{
 		kv:          kv,
@@ -182,6 +207,9 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		log:         cfg.Logger,
 		validate:    cfg.ValidateID,
 		onPass:      cfg.OnPass,
+		lease:       cfg.Lease,
+		jitter:      cfg.Jitter,
+		startJitter: cfg.StartJitter,
 		lower:       append([]byte(cfg.Prefix), '0'),
 		upper:       append([]byte(cfg.Prefix), '9'+1),
 		busy:        make(chan struct{}, 1),
@@ -495,39 +523,29 @@ func (s *Sweep) kvErr(ctx context.Context, what string, err error) error {
 }
 
 // Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
-// at once, so a fresh process clears what an earlier one left due. After a
-// pass Run sleeps until the oldest remaining marker falls due (from
-// Stats.NextDue), but never longer than Config.Interval; an idle sweep thus
-// clears an entity within moments of it falling due. A pass that fails is
-// logged and retried after a backoff that doubles from one second up to
-// Interval. Config.OnPass sees every pass. Run leaves no goroutine behind.
+// at once (or after a random delay below Config.StartJitter), so a fresh
+// process clears what an earlier one left due. After a pass Run sleeps until
+// the oldest remaining marker falls due (from Stats.NextDue), but never
+// longer than Config.Interval, lengthened by up to Config.Jitter of itself;
+// an idle sweep thus clears an entity within moments of it falling due. A
+// pass that fails is logged and retried after a backoff that doubles from
+// one second up to Interval. Config.OnPass sees every pass.
+//
+// With Config.Lease set, Run passes only while it holds the lease: it tries
+// to take it before each pass and, once held, keeps it until ctx is done or
+// it is lost; a pass during which the lease is lost is cancelled before it
+// deletes another marker. A replica without the lease retries every
+// Interval. Run releases a held lease and leaves no goroutine behind when it
+// returns.
 func (s *Sweep) Run(ctx context.Context) error {
-	failures := 0
-	for {
-		st, err := s.Pass(ctx)
-		if s.onPass != nil {
-			s.onPass(st, err)
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		var wait time.Duration
-		if err != nil {
-			failures++
-			wait = s.backoff(failures)
-			s.log.Error("retention: pass failed", "error", err, "retry_in", wait)
-		} else {
-			failures = 0
-			wait = s.untilDue(st)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
+	l := &loop{
+		members:     []*Sweep{s},
+		locker:      s.lease,
+		log:         s.log,
+		jitter:      s.jitter,
+		startJitter: s.startJitter,
 	}
+	return l.run(ctx)
 }
 
 // untilDue is how long Run sleeps after a successful pass.
@@ -536,9 +554,4 @@ func (s *Sweep) untilDue(st Stats) time.Duration {
 		return s.interval
 	}
 	return min(max(st.NextDue.Sub(s.clock.Now())+dueSlack, 0), s.interval)
-}
-
-// backoff is the wait after the n-th failed pass in a row.
-func (s *Sweep) backoff(n int) time.Duration {
-	return min(time.Second<<min(n-1, 30), s.interval)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,7 @@ func TestNewValidation(t *testing.T) {
 		{"valid", kv, func(*Config) {}, ""},
 		{"all optional fields set", kv, func(c *Config) {
 			c.PageSize, c.Concurrency, c.Interval = MaxPageSize, MaxConcurrency, time.Second
+			c.Jitter, c.StartJitter, c.Lease = 1, time.Minute, &fakeLocker{}
 		}, ""},
 		{"retention of 1ms", kv, func(c *Config) { c.Retention = time.Millisecond }, ""},
 		{"nil kv", nil, func(*Config) {}, "kv must not be nil"},
@@ -42,6 +44,10 @@ func TestNewValidation(t *testing.T) {
 		{"negative concurrency", kv, func(c *Config) { c.Concurrency = -2 }, "Config.Concurrency must be 0 (default 1) or 1 to 1024, got -2"},
 		{"huge concurrency", kv, func(c *Config) { c.Concurrency = MaxConcurrency + 1 }, "Config.Concurrency"},
 		{"negative interval", kv, func(c *Config) { c.Interval = -time.Second }, "Config.Interval must not be negative, got -1s"},
+		{"negative jitter", kv, func(c *Config) { c.Jitter = -0.1 }, "Config.Jitter must be between 0 and 1, got -0.1"},
+		{"jitter above 1", kv, func(c *Config) { c.Jitter = 1.01 }, "Config.Jitter must be between 0 and 1, got 1.01"},
+		{"NaN jitter", kv, func(c *Config) { c.Jitter = math.NaN() }, "Config.Jitter must be between 0 and 1, got NaN"},
+		{"negative start jitter", kv, func(c *Config) { c.StartJitter = -time.Second }, "Config.StartJitter must not be negative, got -1s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

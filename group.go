@@ -1,0 +1,105 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// GroupConfig configures a Group. Every field has a usable zero value.
+type GroupConfig struct {
+	// Lease, when set, makes Run pass the group's sweeps only while this
+	// replica holds it; see Config.Lease. Nil means no lease.
+	Lease Locker
+
+	// Logger receives the loop's own messages (lease changes, failed
+	// passes). Each sweep logs its markers through its own Config.Logger.
+	// Nil means nothing is logged.
+	Logger *slog.Logger
+
+	// Jitter and StartJitter work as in Config, for the group's loop.
+	Jitter      float64
+	StartJitter time.Duration
+}
+
+// Group runs several sweeps, such as runs and batches under two prefixes,
+// from one loop with one lease. Create one with NewGroup; most callers want
+// Run.
+type Group struct {
+	loop loop
+}
+
+// NewGroup returns a Group of the given sweeps. It refuses sweeps whose
+// prefixes overlap (one is a prefix of the other): the sweep with the
+// shorter prefix would take the other's markers for its own. It refuses a
+// member with its own Config.Lease: the group's lease covers all of them.
+// The error matches ErrInvalidConfig.
+func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case len(sweeps) == 0:
+		return nil, invalid("a Group needs at least one Sweep")
+	case !(cfg.Jitter >= 0 && cfg.Jitter <= 1):
+		return nil, invalid("GroupConfig.Jitter must be between 0 and 1, got %v", cfg.Jitter)
+	case cfg.StartJitter < 0:
+		return nil, invalid("GroupConfig.StartJitter must not be negative, got %v", cfg.StartJitter)
+	}
+	for i, s := range sweeps {
+		if s == nil {
+			return nil, invalid("sweep %d is nil", i)
+		}
+		if s.lease != nil {
+			return nil, invalid("the sweep of prefix %q has its own Config.Lease; set GroupConfig.Lease instead", s.prefix)
+		}
+		for _, o := range sweeps[:i] {
+			if strings.HasPrefix(s.prefix, o.prefix) || strings.HasPrefix(o.prefix, s.prefix) {
+				return nil, invalid("prefixes %q and %q overlap: one sweep would delete the other's markers as malformed", o.prefix, s.prefix)
+			}
+		}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Group{loop: loop{
+		members:     append([]*Sweep(nil), sweeps...),
+		locker:      cfg.Lease,
+		log:         log,
+		jitter:      cfg.Jitter,
+		startJitter: cfg.StartJitter,
+	}}, nil
+}
+
+// Pass passes every sweep of the group once, in order, and returns their
+// Stats in the same order. It does not take the lease: like Sweep.Pass, it
+// is for tests and for callers with their own scheduling. A failing sweep
+// does not stop the others; the error joins every failure.
+func (g *Group) Pass(ctx context.Context) ([]Stats, error) {
+	stats := make([]Stats, len(g.loop.members))
+	var errs []error
+	for i, s := range g.loop.members {
+		st, err := s.Pass(ctx)
+		stats[i] = st
+		if err != nil {
+			if ctx.Err() != nil {
+				return stats, ctx.Err()
+			}
+			errs = append(errs, fmt.Errorf("prefix %q: %w", s.prefix, err))
+		}
+	}
+	return stats, errors.Join(errs...)
+}
+
+// Run passes every sweep of the group in turn until ctx is done, then
+// returns ctx.Err(). It behaves as Sweep.Run does for one sweep, with the
+// group's lease and jitter: after each round it sleeps until the first of
+// the sweeps' next markers falls due, but never longer than the shortest of
+// their Intervals. Each sweep's Config.OnPass sees its passes.
+func (g *Group) Run(ctx context.Context) error {
+	return g.loop.run(ctx)
+}

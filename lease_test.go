@@ -1,0 +1,441 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeLocker is an in-memory Locker shared by the replicas of a test. The
+// test can take the lease away from its holder with expire.
+type fakeLocker struct {
+	mu       sync.Mutex
+	holder   *fakeLease
+	acquires int
+	fail     error // returned by TryAcquire when set
+}
+
+type fakeLease struct {
+	l        *fakeLocker
+	name     string
+	lost     chan struct{}
+	once     sync.Once
+	released bool
+}
+
+func (f *fakeLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.acquires++
+	if f.fail != nil {
+		return nil, f.fail
+	}
+	if f.holder != nil {
+		return nil, fmt.Errorf("fake: %w", ErrLeaseHeld)
+	}
+	f.holder = &fakeLease{l: f, lost: make(chan struct{})}
+	return f.holder, nil
+}
+
+// expire takes the lease from its holder, as a TTL running out would.
+func (f *fakeLocker) expire() {
+	f.mu.Lock()
+	h := f.holder
+	f.holder = nil
+	f.mu.Unlock()
+	if h != nil {
+		h.once.Do(func() { close(h.lost) })
+	}
+}
+
+// steal gives the lease to an outside holder, as another replica taking
+// over an expired lease would.
+func (f *fakeLocker) steal() {
+	f.mu.Lock()
+	h := f.holder
+	f.holder = &fakeLease{l: f, name: "outsider", lost: make(chan struct{})}
+	f.mu.Unlock()
+	if h != nil {
+		h.once.Do(func() { close(h.lost) })
+	}
+}
+
+func (f *fakeLocker) held() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.holder != nil
+}
+
+func (f *fakeLocker) attempts() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.acquires
+}
+
+func (l *fakeLease) Lost() <-chan struct{} { return l.lost }
+
+func (l *fakeLease) Release(context.Context) error {
+	l.l.mu.Lock()
+	if l.l.holder == l {
+		l.l.holder = nil
+	}
+	l.released = true
+	l.l.mu.Unlock()
+	l.once.Do(func() { close(l.lost) })
+	return nil
+}
+
+// replica is one Run of a sweep over a shared store, as one process of a
+// fleet would run it.
+type replica struct {
+	name   string
+	sweep  *Sweep
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// clearLog records which replicas cleared each id.
+type clearLog struct {
+	mu sync.Mutex
+	by map[string][]string
+}
+
+func (c *clearLog) add(id, replica string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[string][]string{}
+	}
+	c.by[id] = append(c.by[id], replica)
+}
+
+func (c *clearLog) of(id string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.by[id]
+}
+
+func startReplicas(t *testing.T, n int, kv KV, cfg Config, clears *clearLog) []*replica {
+	t.Helper()
+	var rs []*replica
+	for i := range n {
+		name := fmt.Sprintf("r%d", i)
+		c := cfg
+		c.Clear = func(_ context.Context, id string) error {
+			clears.add(id, name)
+			return nil
+		}
+		s, err := New(kv, c)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		r := &replica{name: name, sweep: s, cancel: cancel, done: make(chan error, 1)}
+		go func() { r.done <- s.Run(ctx) }()
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+func stopReplicas(t *testing.T, rs []*replica) {
+	t.Helper()
+	for _, r := range rs {
+		r.cancel()
+		require.ErrorIs(t, <-r.done, context.Canceled)
+	}
+}
+
+func TestRunWithLeaseOneReplicaSweeps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := NewMemKV()
+		locker := &fakeLocker{}
+		var clears clearLog
+		for i := range 50 {
+			mark(t, kv, "runs/", fmt.Sprintf("a%02d", i), time.Now().Add(-2*time.Hour))
+		}
+		rs := startReplicas(t, 4, kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 7, Lease: locker}, &clears)
+		synctest.Wait()
+		holders := map[string]bool{}
+		for i := range 50 {
+			by := clears.of(fmt.Sprintf("a%02d", i))
+			require.Len(t, by, 1, "a%02d cleared by %v", i, by)
+			holders[by[0]] = true
+		}
+		assert.Len(t, holders, 1, "one replica sweeps")
+		assert.Zero(t, kv.Len())
+
+		// The holder dies (its lease expires): another replica takes over
+		// within one Interval and clears what falls due later.
+		locker.expire()
+		for i := range 20 {
+			mark(t, kv, "runs/", fmt.Sprintf("b%02d", i), time.Now().Add(-2*time.Hour))
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		for i := range 20 {
+			assert.Len(t, clears.of(fmt.Sprintf("b%02d", i)), 1)
+		}
+		assert.Zero(t, kv.Len())
+		stopReplicas(t, rs)
+		assert.False(t, locker.held(), "the holder releases the lease when it stops")
+	})
+}
+
+func TestRunWithoutLeaseEveryReplicaSweeps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := NewMemKV()
+		var clears clearLog
+		for i := range 50 {
+			mark(t, kv, "runs/", fmt.Sprintf("a%02d", i), time.Now().Add(-2*time.Hour))
+		}
+		rs := startReplicas(t, 4, kv, Config{Prefix: "runs/", Retention: time.Hour, PageSize: 7}, &clears)
+		synctest.Wait()
+		stopReplicas(t, rs)
+		total := 0
+		for i := range 50 {
+			by := clears.of(fmt.Sprintf("a%02d", i))
+			assert.NotEmpty(t, by, "every marker cleared at least once")
+			total += len(by)
+		}
+		assert.Zero(t, kv.Len())
+		t.Logf("without a lease: %d clears for 50 markers", total)
+	})
+}
+
+func TestLeaseLostMidPass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		kv := &countingKV{KV: mem}
+		locker := &fakeLocker{}
+		for i := range 20 {
+			mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
+		}
+		var deletesAtLoss atomic.Int64
+		var log passLog
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+			Clear: func(ctx context.Context, id string) error {
+				if id == "m09" {
+					locker.steal()
+					<-ctx.Done() // the loss reaches the pass
+					deletesAtLoss.Store(kv.deletes.Load())
+					return ctx.Err()
+				}
+				return nil
+			},
+			OnPass: log.onPass,
+		})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		synctest.Wait()
+
+		require.Equal(t, int64(2), deletesAtLoss.Load(), "two pages were deleted before the loss")
+		assert.Equal(t, deletesAtLoss.Load(), kv.deletes.Load(), "no delete after the loss was learned")
+		assert.Equal(t, 12, mem.Len(), "the page in flight and the rest stay")
+		require.Equal(t, 1, log.len())
+		assert.ErrorIs(t, log.err(0), ErrLeaseLost)
+		assert.ErrorIs(t, log.err(0), context.Canceled)
+
+		// Without the lease, the replica only polls for it.
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, 1, log.len(), "no pass without the lease")
+		assert.GreaterOrEqual(t, locker.attempts(), 4)
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
+
+func TestRunAcquireErrorBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		locker := &fakeLocker{fail: errors.New("store unreachable")}
+		s, err := New(NewMemKV(), Config{Prefix: "runs/", Retention: time.Hour, Interval: 10 * time.Second, Lease: locker,
+			Clear: func(context.Context, string) error { return nil }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		// Attempts at 0s, 1s, 3s, 7s, 15s, 25s, 35s.
+		time.Sleep(36 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, 7, locker.attempts())
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
+
+func TestRunJitter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const interval = time.Minute
+		start := time.Now()
+		var mu sync.Mutex
+		passes := map[int][]time.Duration{}
+		var cancels []context.CancelFunc
+		var dones []chan error
+		for r := range 4 {
+			s, err := New(NewMemKV(), Config{Prefix: "runs/", Retention: time.Hour, Interval: interval,
+				Jitter: 0.5, StartJitter: 10 * time.Second,
+				Clear: func(context.Context, string) error { return nil },
+				OnPass: func(Stats, error) {
+					mu.Lock()
+					passes[r] = append(passes[r], time.Since(start))
+					mu.Unlock()
+				}})
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+			cancels, dones = append(cancels, cancel), append(dones, done)
+		}
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		for i := range cancels {
+			cancels[i]()
+			require.ErrorIs(t, <-dones[i], context.Canceled)
+		}
+		firsts := map[time.Duration]bool{}
+		for r, ts := range passes {
+			require.GreaterOrEqual(t, len(ts), 7, "replica %d", r)
+			assert.Less(t, ts[0], 10*time.Second, "first pass of replica %d after %v", r, ts[0])
+			firsts[ts[0]] = true
+			for i := 1; i < len(ts); i++ {
+				gap := ts[i] - ts[i-1]
+				assert.GreaterOrEqual(t, gap, interval, "replica %d gap %d", r, i)
+				assert.Less(t, gap, interval*3/2, "replica %d gap %d", r, i)
+			}
+		}
+		assert.Greater(t, len(firsts), 1, "replicas that start together do not pass together")
+	})
+}
+
+func TestNewGroupValidation(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	sweep := func(prefix string, lease Locker) *Sweep {
+		s, err := New(kv, Config{Prefix: prefix, Retention: time.Hour, Lease: lease, Clear: func(context.Context, string) error { return nil }})
+		require.NoError(t, err)
+		return s
+	}
+	tests := []struct {
+		name    string
+		cfg     GroupConfig
+		sweeps  []*Sweep
+		wantMsg string
+	}{
+		{"two disjoint prefixes", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("batches/", nil)}, ""},
+		{"neighbours runs/ and runs2/", GroupConfig{Lease: &fakeLocker{}}, []*Sweep{sweep("runs/", nil), sweep("runs2/", nil)}, ""},
+		{"no sweeps", GroupConfig{}, nil, "a Group needs at least one Sweep"},
+		{"nil sweep", GroupConfig{}, []*Sweep{sweep("runs/", nil), nil}, "sweep 1 is nil"},
+		{"same prefix", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/", nil)}, `prefixes "runs/" and "runs/" overlap`},
+		{"one extends the other", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/old/", nil)}, `prefixes "runs/" and "runs/old/" overlap`},
+		{"shorter second", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("run", nil)}, `prefixes "runs/" and "run" overlap`},
+		{"member with its own lease", GroupConfig{}, []*Sweep{sweep("runs/", &fakeLocker{})}, "has its own Config.Lease"},
+		{"jitter above 1", GroupConfig{Jitter: 1.5}, []*Sweep{sweep("runs/", nil)}, "GroupConfig.Jitter must be between 0 and 1, got 1.5"},
+		{"negative start jitter", GroupConfig{StartJitter: -time.Second}, []*Sweep{sweep("runs/", nil)}, "GroupConfig.StartJitter must not be negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			g, err := NewGroup(tt.cfg, tt.sweeps...)
+			if tt.wantMsg == "" {
+				require.NoError(t, err)
+				require.NotNil(t, g)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tt.wantMsg)
+			assert.Nil(t, g)
+		})
+	}
+}
+
+func TestGroupPass(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	runs, batches := newClears(), newClears()
+	clock := NewManualClock(t0)
+	r, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Clock: clock, Clear: runs.clear})
+	require.NoError(t, err)
+	b, err := New(kv, Config{Prefix: "batches/", Retention: 2 * time.Hour, Clock: clock, Clear: batches.clear})
+	require.NoError(t, err)
+	g, err := NewGroup(GroupConfig{}, r, b)
+	require.NoError(t, err)
+	mark(t, kv, "runs/", "r1", t0.Add(-90*time.Minute))
+	mark(t, kv, "batches/", "b1", t0.Add(-90*time.Minute))
+	mark(t, kv, "batches/", "b2", t0.Add(-3*time.Hour))
+
+	stats, err := g.Pass(context.Background())
+	require.NoError(t, err)
+	require.Len(t, stats, 2)
+	assert.Equal(t, 1, stats[0].Cleared)
+	assert.Equal(t, 1, stats[1].Cleared)
+	assert.Equal(t, 1, runs.count("r1"))
+	assert.Equal(t, 1, batches.count("b2"))
+	assert.Zero(t, batches.count("b1"), "batches keep two hours")
+	assert.Equal(t, t0.Add(30*time.Minute), stats[1].NextDue)
+}
+
+func TestGroupPassJoinsErrors(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	failing := &countingKV{KV: mem, scanErr: func(int64) error { return errBoom }}
+	c := newClears()
+	a, err := New(failing, Config{Prefix: "a/", Retention: time.Hour, Clear: c.clear})
+	require.NoError(t, err)
+	b, err := New(mem, Config{Prefix: "b/", Retention: time.Hour, Clock: NewManualClock(t0), Clear: c.clear})
+	require.NoError(t, err)
+	mark(t, mem, "b/", "x", t0.Add(-2*time.Hour))
+	g, err := NewGroup(GroupConfig{}, a, b)
+	require.NoError(t, err)
+	stats, err := g.Pass(context.Background())
+	require.ErrorIs(t, err, errBoom)
+	assert.Contains(t, err.Error(), `prefix "a/"`)
+	assert.Equal(t, 1, stats[1].Cleared, "a failing sweep does not stop the others")
+}
+
+func TestGroupRunSharesLeaseAndWakesForEither(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := NewMemKV()
+		runs, batches := newClears(), newClears()
+		start := time.Now()
+		mark(t, kv, "runs/", "r1", start.Add(-50*time.Minute))    // due in 10 minutes
+		mark(t, kv, "batches/", "b1", start.Add(-55*time.Minute)) // due in 5 minutes
+		var log passLog
+		r, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Hour, Clear: runs.clear, OnPass: log.onPass})
+		require.NoError(t, err)
+		b, err := New(kv, Config{Prefix: "batches/", Retention: time.Hour, Interval: time.Hour, Clear: batches.clear, OnPass: log.onPass})
+		require.NoError(t, err)
+		locker := &fakeLocker{}
+		g, err := NewGroup(GroupConfig{Lease: locker}, r, b)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+
+		synctest.Wait()
+		assert.Equal(t, 2, log.len(), "one round: a pass per sweep")
+		assert.True(t, locker.held())
+		time.Sleep(5*time.Minute + dueSlack)
+		synctest.Wait()
+		assert.Equal(t, 1, batches.count("b1"))
+		assert.Zero(t, runs.count("r1"))
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, 1, runs.count("r1"))
+		assert.Equal(t, 6, log.len())
+		assert.Equal(t, 1, locker.attempts(), "the lease is kept between rounds")
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		assert.False(t, locker.held())
+	})
+}

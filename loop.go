@@ -1,0 +1,191 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// releaseTimeout bounds the release of a lease when Run returns: ctx is done
+// by then, and a store that does not answer must not hold up shutdown.
+const releaseTimeout = 5 * time.Second
+
+// loop is the Run loop shared by Sweep.Run and Group.Run: one lease, one
+// schedule, one pass of every member per round.
+type loop struct {
+	members     []*Sweep
+	locker      Locker // nil: no lease
+	log         *slog.Logger
+	jitter      float64
+	startJitter time.Duration
+}
+
+func (l *loop) run(ctx context.Context) error {
+	var lease Lease
+	defer func() {
+		if lease != nil {
+			l.release(ctx, lease)
+		}
+	}()
+	if l.startJitter > 0 {
+		if err := sleep(ctx, rand.N(l.startJitter)); err != nil {
+			return err
+		}
+	}
+	failures := 0
+	for {
+		if l.locker != nil && (lease == nil || isLost(lease)) {
+			if lease != nil {
+				l.log.Warn("retention: lease lost")
+				l.release(ctx, lease)
+			}
+			var err error
+			lease, err = l.locker.TryAcquire(ctx)
+			switch {
+			case err == nil:
+				l.log.Info("retention: lease acquired")
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case errors.Is(err, ErrLeaseHeld):
+				lease = nil
+				if err := sleep(ctx, l.jittered(l.interval())); err != nil {
+					return err
+				}
+				continue
+			default:
+				lease = nil
+				failures++
+				wait := l.jittered(l.backoff(failures))
+				l.log.Error("retention: acquire lease", "error", err, "retry_in", wait)
+				if err := sleep(ctx, wait); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+
+		stats, lost, err := l.passAll(ctx, lease)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if lost {
+			continue // the top of the loop takes note and tries to get the lease back
+		}
+		var wait time.Duration
+		if err != nil {
+			failures++
+			wait = l.backoff(failures)
+			l.log.Error("retention: pass failed", "error", err, "retry_in", wait)
+		} else {
+			failures = 0
+			wait = l.interval()
+			for i, m := range l.members {
+				wait = min(wait, m.untilDue(stats[i]))
+			}
+		}
+		if err := sleep(ctx, l.jittered(wait)); err != nil {
+			return err
+		}
+	}
+}
+
+// passAll passes every member once, in order. With a lease, the passes run
+// under a context that is cancelled as soon as the lease is lost, and lost
+// reports that this happened.
+func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bool, err error) {
+	passCtx := ctx
+	if lease != nil {
+		c, cancel := context.WithCancelCause(ctx)
+		passCtx = c
+		var wg sync.WaitGroup
+		done := make(chan struct{})
+		wg.Go(func() {
+			select {
+			case <-lease.Lost():
+				cancel(ErrLeaseLost)
+			case <-done:
+			}
+		})
+		defer func() {
+			close(done)
+			wg.Wait()
+			cancel(nil)
+		}()
+	}
+	stats = make([]Stats, len(l.members))
+	var errs []error
+	for i, m := range l.members {
+		st, err := m.Pass(passCtx)
+		if err != nil && errors.Is(context.Cause(passCtx), ErrLeaseLost) {
+			err, lost = fmt.Errorf("%w: %w", ErrLeaseLost, err), true
+		}
+		stats[i] = st
+		if m.onPass != nil {
+			m.onPass(st, err)
+		}
+		if lost || ctx.Err() != nil {
+			return stats, lost, nil
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("prefix %q: %w", m.prefix, err))
+		}
+	}
+	return stats, false, errors.Join(errs...)
+}
+
+func (l *loop) release(ctx context.Context, lease Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := lease.Release(rctx); err != nil {
+		l.log.Warn("retention: release lease", "error", err)
+	}
+}
+
+// interval is the shortest Interval of the members: the loop must wake for
+// the most demanding one.
+func (l *loop) interval() time.Duration {
+	d := l.members[0].interval
+	for _, m := range l.members[1:] {
+		d = min(d, m.interval)
+	}
+	return d
+}
+
+// backoff is the wait after the n-th failure in a row: one second, doubling
+// up to the interval.
+func (l *loop) backoff(n int) time.Duration {
+	return min(time.Second<<min(n-1, 30), l.interval())
+}
+
+// jittered lengthens d by a random fraction of itself, below l.jitter.
+func (l *loop) jittered(d time.Duration) time.Duration {
+	if l.jitter == 0 || d <= 0 {
+		return d
+	}
+	return d + time.Duration(rand.Float64()*l.jitter*float64(d))
+}
+
+func isLost(lease Lease) bool {
+	select {
+	case <-lease.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+// sleep waits for d or until ctx is done, returning ctx.Err() then.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
