@@ -100,7 +100,7 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 	passCtx := ctx
 	if lease != nil {
 		c, cancel := context.WithCancelCause(ctx)
-		passCtx = c
+		passCtx = leaseContext{Context: c, lost: lease.Lost()}
 		var wg sync.WaitGroup
 		done := make(chan struct{})
 		wg.Go(func() {
@@ -120,7 +120,7 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 	var errs []error
 	for i, m := range l.members {
 		st, err := m.Pass(passCtx)
-		if err != nil && errors.Is(context.Cause(passCtx), ErrLeaseLost) {
+		if err != nil && lease != nil && isLost(lease) {
 			err, lost = fmt.Errorf("%w: %w", ErrLeaseLost, err), true
 		}
 		stats[i] = st
@@ -167,6 +167,25 @@ func (l *loop) jittered(d time.Duration) time.Duration {
 		return d
 	}
 	return d + time.Duration(rand.Float64()*l.jitter*float64(d))
+}
+
+// leaseContext is a pass's context under a lease. Err reads the lease's Lost
+// channel itself rather than waiting for the goroutine that cancels the
+// context: the pass checks Err just before every Clear and Delete, so no
+// marker is deleted once the loss is known, not even in the moment before
+// that goroutine runs.
+type leaseContext struct {
+	context.Context
+	lost <-chan struct{}
+}
+
+func (c leaseContext) Err() error {
+	select {
+	case <-c.lost:
+		return context.Canceled
+	default:
+		return c.Context.Err()
+	}
 }
 
 func isLost(lease Lease) bool {

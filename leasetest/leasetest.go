@@ -1,0 +1,462 @@
+// Package leasetest checks a retention.Locker against its contract and
+// proves, against a real shared store, that a fleet of replicas running
+// Sweep.Run behaves as one careful sweeper: with a lease every expired
+// entity is cleared exactly once, a dead holder is replaced within the
+// lease's TTL, and a holder that loses its lease deletes nothing more.
+//
+// An adapter's test calls Run with a function that sets up a fresh store
+// and returns a Harness over it.
+package leasetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/marksweep/retention"
+)
+
+// Replica is one replica of a service, with its own connection to the
+// shared store, as a separate process would have.
+type Replica struct {
+	// KV holds the markers.
+	KV retention.KV
+	// Locker hands out the fleet's lease.
+	Locker retention.Locker
+	// Clear removes an entity's state from the shared store.
+	Clear func(ctx context.Context, id string) error
+	// Kill, when called, ends the replica abruptly: its connection or
+	// client goes away and nothing is released, as when a process dies.
+	Kill func()
+}
+
+// Harness connects the suite to one engine and one fresh store.
+type Harness struct {
+	// NewReplica connects a new replica. The harness closes what it opened
+	// with t.Cleanup. Replicas share the harness's store and lease name.
+	NewReplica func(t testing.TB) Replica
+
+	// Finish records the entities ids as finished at the given time: their
+	// state and, in the same transaction, their markers under prefix.
+	Finish func(ctx context.Context, prefix string, ids []string, at time.Time) error
+
+	// Present reports which of ids still have state.
+	Present func(ctx context.Context, ids []string) (map[string]bool, error)
+
+	// Expire takes the lease away from its current holder from outside,
+	// as its expiry or a revocation would, without telling the holder.
+	Expire func(t testing.TB)
+
+	// TTL is how long a lease outlives a dead holder.
+	TTL time.Duration
+}
+
+// Run runs the fleet proofs against the harness, each as a subtest:
+//
+//   - LockerContract: one holder at a time, ErrLeaseHeld for the others,
+//     Release frees the lease and closes Lost, and is idempotent;
+//   - ExactlyOnceWithLease: 4 replicas with a lease while a writer finishes
+//     Entities entities over time; every expired one is cleared exactly once
+//     and no unexpired one is touched;
+//   - AtLeastOnceWithoutLease: the same without a lease; every expired one
+//     is cleared at least once, and the duplicates are logged;
+//   - TakeoverAfterKill: the holder is killed; another replica takes over
+//     within TTL plus one interval and clears what fell due meanwhile;
+//   - NoDeleteAfterLoss: the holder loses its lease mid-pass; no delete of
+//     it succeeds once it knows, and another replica finishes the work.
+//
+// Each subtest gets a fresh Harness from newHarness.
+func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
+	t.Run("LockerContract", func(t *testing.T) { testLocker(t, newHarness(t)) })
+	t.Run("ExactlyOnceWithLease", func(t *testing.T) { testFleet(t, newHarness(t), true) })
+	t.Run("AtLeastOnceWithoutLease", func(t *testing.T) { testFleet(t, newHarness(t), false) })
+	t.Run("TakeoverAfterKill", func(t *testing.T) { testTakeover(t, newHarness(t)) })
+	t.Run("NoDeleteAfterLoss", func(t *testing.T) { testLoss(t, newHarness(t)) })
+}
+
+// Entities is how many entities the fleet proofs finish.
+const Entities = 20_000
+
+const (
+	retentionWindow = 10 * time.Second // by the shared manual clock
+	fleetInterval   = 20 * time.Millisecond
+	waitLimit       = 2 * time.Minute
+)
+
+var start = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func testLocker(t *testing.T, h Harness) {
+	ctx := context.Background()
+	a, b := h.NewReplica(t), h.NewReplica(t)
+	la, err := a.Locker.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire on a free lease = %v", err)
+	}
+	if _, err := b.Locker.TryAcquire(ctx); !errors.Is(err, retention.ErrLeaseHeld) {
+		t.Fatalf("TryAcquire on a held lease = %v, want ErrLeaseHeld", err)
+	}
+	if _, err := a.Locker.TryAcquire(ctx); !errors.Is(err, retention.ErrLeaseHeld) {
+		t.Fatalf("TryAcquire by the holder's own Locker again = %v, want ErrLeaseHeld", err)
+	}
+	select {
+	case <-la.Lost():
+		t.Fatal("Lost is closed while the lease is held")
+	default:
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	select {
+	case <-la.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost is still open after Release")
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Errorf("a second Release = %v, want nil", err)
+	}
+	lb, err := b.Locker.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire after Release = %v", err)
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := a.Locker.TryAcquire(cctx); err == nil {
+		t.Error("TryAcquire with a cancelled context = nil error")
+	}
+}
+
+// fleet is a set of replicas running Sweep.Run over one store.
+type fleet struct {
+	t      testing.TB
+	clock  *retention.ManualClock
+	mu     sync.Mutex
+	clears map[string]int // id: successful clears across replicas
+	passes map[int]int    // replica: passes with at least one marker cleared
+	losses int            // passes cut short by a lost lease
+	stops  []func()
+}
+
+func newFleet(t testing.TB) *fleet {
+	return &fleet{t: t, clock: retention.NewManualClock(start), clears: map[string]int{}, passes: map[int]int{}}
+}
+
+// start runs replica i with the given lease (nil for none).
+func (f *fleet) start(i int, r Replica, lease retention.Locker, kv retention.KV, pageSize int, slowClear time.Duration) {
+	sweep, err := retention.New(kv, retention.Config{
+		Prefix:    "fleet/",
+		Retention: retentionWindow,
+		Clock:     f.clock,
+		Interval:  fleetInterval,
+		PageSize:  pageSize,
+		Lease:     lease,
+		Clear: func(ctx context.Context, id string) error {
+			if slowClear > 0 {
+				time.Sleep(slowClear)
+			}
+			if err := r.Clear(ctx, id); err != nil {
+				return err
+			}
+			f.mu.Lock()
+			f.clears[id]++
+			f.mu.Unlock()
+			return nil
+		},
+		OnPass: func(st retention.Stats, err error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if st.Cleared > 0 {
+				f.passes[i]++
+			}
+			if errors.Is(err, retention.ErrLeaseLost) {
+				f.losses++
+			}
+		},
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sweep.Run(ctx) }()
+	f.stops = append(f.stops, func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			f.t.Errorf("replica %d: Run() = %v, want context.Canceled", i, err)
+		}
+	})
+}
+
+func (f *fleet) stopAll() {
+	for _, stop := range f.stops {
+		stop()
+	}
+	f.stops = nil
+}
+
+func (f *fleet) clearCount(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.clears[id]
+}
+
+func ids(prefix string, from, to int) []string {
+	out := make([]string, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, fmt.Sprintf("%s%05d", prefix, i))
+	}
+	return out
+}
+
+// waitGone polls until none of ids has state left.
+func waitGone(t testing.TB, h Harness, ids []string, limit time.Duration) time.Duration {
+	t.Helper()
+	begin := time.Now()
+	for {
+		present, err := h.Present(context.Background(), ids)
+		if err != nil {
+			t.Fatalf("Present = %v", err)
+		}
+		left := 0
+		for _, id := range ids {
+			if present[id] {
+				left++
+			}
+		}
+		if left == 0 {
+			return time.Since(begin)
+		}
+		if time.Since(begin) > limit {
+			t.Fatalf("%d of %d expired entities still have state after %v", left, len(ids), limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func testFleet(t *testing.T, h Harness, withLease bool) {
+	ctx := context.Background()
+	f := newFleet(t)
+	defer f.stopAll()
+	for i := range 4 {
+		r := h.NewReplica(t)
+		var lease retention.Locker
+		if withLease {
+			lease = r.Locker
+		}
+		f.start(i, r, lease, r.KV, 64, 0)
+	}
+	// The writer finishes 100 entities per 100ms of the shared clock, for
+	// twice the retention: the first half expires, the second does not.
+	const batch, step = 100, 100 * time.Millisecond
+	all := ids("e", 0, Entities)
+	for b := 0; b*batch < Entities; b++ {
+		if err := h.Finish(ctx, "fleet/", all[b*batch:(b+1)*batch], f.clock.Now()); err != nil {
+			t.Fatalf("Finish = %v", err)
+		}
+		f.clock.Advance(step)
+		time.Sleep(time.Millisecond) // let the replicas sweep while the writer writes
+	}
+	// Batches finished before now-retention are expired; the one finished
+	// exactly retention ago is not (the cutoff is strict).
+	expiredBatches := int(retentionWindow / step)
+	expired, live := all[:(Entities/batch-expiredBatches)*batch], all[(Entities/batch-expiredBatches)*batch:]
+	took := waitGone(t, h, expired, waitLimit)
+	time.Sleep(10 * fleetInterval) // more passes, to catch any early clear
+	f.stopAll()
+
+	present, err := h.Present(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dups, sweepers := 0, 0
+	for _, id := range expired {
+		n := f.clearCount(id)
+		switch {
+		case n == 0 || present[id]:
+			t.Errorf("expired %s: cleared %d times, state present %v", id, n, present[id])
+		case withLease && n != 1:
+			t.Errorf("expired %s cleared %d times with a lease, want exactly 1", id, n)
+		}
+		dups += max(n-1, 0)
+	}
+	for _, id := range live {
+		if n := f.clearCount(id); n != 0 || !present[id] {
+			t.Errorf("unexpired %s: cleared %d times, state present %v", id, n, present[id])
+		}
+	}
+	for _, n := range f.passes {
+		if n > 0 {
+			sweepers++
+		}
+	}
+	t.Logf("%d entities, %d expired, all cleared %v after the last write; %d replicas cleared something; %d duplicate clears",
+		Entities, len(expired), took.Round(time.Millisecond), sweepers, dups)
+	if withLease && sweepers != 1 {
+		t.Logf("note: the lease changed hands during the run (%d sweeping replicas)", sweepers)
+	}
+}
+
+func testTakeover(t *testing.T, h Harness) {
+	ctx := context.Background()
+	f := newFleet(t)
+	defer f.stopAll()
+	replicas := make([]Replica, 3)
+	for i := range replicas {
+		replicas[i] = h.NewReplica(t)
+		f.start(i, replicas[i], replicas[i].Locker, replicas[i].KV, 64, 0)
+	}
+	first := ids("k", 0, 100)
+	if err := h.Finish(ctx, "fleet/", first, f.clock.Now().Add(-2*retentionWindow)); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, h, first, waitLimit)
+	holder := -1
+	f.mu.Lock()
+	for i, n := range f.passes {
+		if n > 0 {
+			holder = i
+		}
+	}
+	f.mu.Unlock()
+	if holder < 0 {
+		t.Fatal("no replica swept")
+	}
+
+	// The holder dies: its connection goes, nothing is released, and its
+	// loop stops as the process would.
+	replicas[holder].Kill()
+	killed := time.Now()
+	f.stops[holder]()
+	f.stops[holder] = func() {}
+
+	second := ids("k", 100, 200)
+	if err := h.Finish(ctx, "fleet/", second, f.clock.Now().Add(-2*retentionWindow)); err != nil {
+		t.Fatal(err)
+	}
+	bound := h.TTL + fleetInterval + 10*time.Second // generous: shared, noisy machines
+	waitGone(t, h, second, bound)
+	took := time.Since(killed)
+	t.Logf("killed the holder (replica %d); its work was taken over and cleared %v later (TTL %v)", holder, took.Round(time.Millisecond), h.TTL)
+	f.stopAll()
+	for _, id := range append(first, second...) {
+		if f.clearCount(id) < 1 {
+			t.Errorf("%s was never cleared", id)
+		}
+	}
+}
+
+// watchedKV wraps a replica's KV and counts deletes that succeeded although
+// the replica's lease was already lost when the call began.
+type watchedKV struct {
+	retention.KV
+	lease   *watchedLocker
+	deletes atomic.Int64
+	late    atomic.Int64
+}
+
+func (w *watchedKV) Delete(ctx context.Context, keys ...[]byte) error {
+	lostBefore := w.lease.lost()
+	err := w.KV.Delete(ctx, keys...)
+	if err == nil {
+		w.deletes.Add(1)
+		if lostBefore {
+			w.late.Add(1)
+		}
+	}
+	return err
+}
+
+// watchedLocker remembers the last lease it handed out.
+type watchedLocker struct {
+	retention.Locker
+	mu   sync.Mutex
+	last retention.Lease
+}
+
+func (w *watchedLocker) TryAcquire(ctx context.Context) (retention.Lease, error) {
+	l, err := w.Locker.TryAcquire(ctx)
+	if err == nil {
+		w.mu.Lock()
+		w.last = l
+		w.mu.Unlock()
+	}
+	return l, err
+}
+
+func (w *watchedLocker) lost() bool {
+	w.mu.Lock()
+	l := w.last
+	w.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	select {
+	case <-l.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+func testLoss(t *testing.T, h Harness) {
+	ctx := context.Background()
+	f := newFleet(t)
+	defer f.stopAll()
+	const n = 3000
+	all := ids("m", 0, n)
+	for b := 0; b < n; b += 500 {
+		if err := h.Finish(ctx, "fleet/", all[b:b+500], f.clock.Now().Add(-2*retentionWindow)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var kvs []*watchedKV
+	var expireOnce sync.Once
+	for i := range 2 {
+		r := h.NewReplica(t)
+		locker := &watchedLocker{Locker: r.Locker}
+		kv := &watchedKV{KV: r.KV, lease: locker}
+		kvs = append(kvs, kv)
+		clear := r.Clear
+		r.Clear = func(ctx context.Context, id string) error {
+			if id == "m00200" {
+				// Mid-pass, the lease is taken away from outside; the
+				// holder learns of it only later.
+				expireOnce.Do(func() { h.Expire(t) })
+			}
+			return clear(ctx, id)
+		}
+		f.start(i, r, locker, kv, 16, time.Millisecond)
+	}
+	waitGone(t, h, all, waitLimit)
+	f.stopAll()
+	var late, deletes int64
+	for i, kv := range kvs {
+		late += kv.late.Load()
+		deletes += kv.deletes.Load()
+		t.Logf("replica %d: %d successful Delete calls", i, kv.deletes.Load())
+	}
+	if late != 0 {
+		t.Errorf("%d Delete calls succeeded after their replica knew its lease was lost", late)
+	}
+	f.mu.Lock()
+	losses := f.losses
+	f.mu.Unlock()
+	if losses == 0 {
+		t.Error("no pass was cut short by the lost lease: the holder never learned of it mid-pass")
+	}
+	dups := 0
+	for _, id := range all {
+		c := f.clearCount(id)
+		if c < 1 {
+			t.Errorf("%s was never cleared", id)
+		}
+		dups += max(c-1, 0)
+	}
+	t.Logf("lease expired mid-pass: %d markers, %d Delete calls, %d duplicate clears at the hand-over", n, deletes, dups)
+}
