@@ -249,7 +249,7 @@ func testFleet(t *testing.T, h Harness, withLease bool) {
 		if withLease {
 			lease = r.Locker
 		}
-		f.start(i, r, lease, r.KV, 64, 0)
+		f.start(i, r, lease, r.KV, 256, 0)
 	}
 	// The writer finishes 100 entities per 100ms of the shared clock, for
 	// twice the retention: the first half expires, the second does not.
