@@ -1,0 +1,26 @@
+module github.com/marksweep/retention/examples/replicas
+
+go 1.25.0
+
+require (
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/marksweep/retention v0.0.0
+	github.com/marksweep/retention/boltkv v0.0.0
+	github.com/marksweep/retention/pgkv v0.0.0
+	go.etcd.io/bbolt v1.5.0
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.45.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace (
+	github.com/marksweep/retention => ../../
+	github.com/marksweep/retention/boltkv => ../../boltkv
+	github.com/marksweep/retention/pgkv => ../../pgkv
+)
