@@ -1,0 +1,248 @@
+package leasetest_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/leasetest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// memLeases is an in-memory lease with a TTL, kept the way a Redis key is:
+// a holder's token and an expiry time.
+type memLeases struct {
+	mu      sync.Mutex
+	token   string
+	expires time.Time
+}
+
+func (m *memLeases) expire() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.token = ""
+}
+
+// memLocker is one replica's view of memLeases; killed stops its renewals.
+type memLocker struct {
+	m      *memLeases
+	ttl    time.Duration
+	killed *atomic.Bool
+}
+
+func (l *memLocker) TryAcquire(ctx context.Context) (retention.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	now := time.Now()
+	if l.m.token != "" && now.Before(l.m.expires) {
+		return nil, retention.ErrLeaseHeld
+	}
+	l.m.token, l.m.expires = rand.Text(), now.Add(l.ttl)
+	lease := &memLease{l: l, token: l.m.token, lost: make(chan struct{}), stop: make(chan struct{})}
+	lease.wg.Go(func() { lease.renew(now.Add(l.ttl)) })
+	return lease, nil
+}
+
+type memLease struct {
+	l        *memLocker
+	token    string
+	lost     chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+func (e *memLease) Lost() <-chan struct{} { return e.lost }
+
+func (e *memLease) renew(validUntil time.Time) {
+	defer close(e.lost)
+	tick := time.NewTicker(e.l.ttl / 3)
+	defer tick.Stop()
+	deadline := time.NewTimer(time.Until(validUntil))
+	defer deadline.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-deadline.C:
+			return
+		case <-tick.C:
+		}
+		if e.l.killed.Load() {
+			continue // a dead process renews nothing; the deadline ends it
+		}
+		e.l.m.mu.Lock()
+		mine := e.l.m.token == e.token
+		if mine {
+			now := time.Now()
+			e.l.m.expires = now.Add(e.l.ttl)
+			deadline.Reset(e.l.ttl)
+		}
+		e.l.m.mu.Unlock()
+		if !mine {
+			return
+		}
+	}
+}
+
+func (e *memLease) Release(context.Context) error {
+	e.stopOnce.Do(func() { close(e.stop) })
+	e.wg.Wait()
+	if e.l.killed.Load() {
+		return nil
+	}
+	e.l.m.mu.Lock()
+	defer e.l.m.mu.Unlock()
+	if e.l.m.token == e.token {
+		e.l.m.token = ""
+	}
+	return nil
+}
+
+// memHarness keeps markers in a MemKV and entity state in a map.
+func memHarness(testing.TB) leasetest.Harness {
+	kv := retention.NewMemKV()
+	leases := &memLeases{}
+	const ttl = 300 * time.Millisecond
+	return leasetest.Harness{
+		TTL: ttl,
+		NewReplica: func(testing.TB) leasetest.Replica {
+			killed := &atomic.Bool{}
+			return leasetest.Replica{
+				KV:     kv,
+				Locker: &memLocker{m: leases, ttl: ttl, killed: killed},
+				Clear: func(context.Context, string) error {
+					return nil
+				},
+				Kill: func() { killed.Store(true) },
+			}
+		},
+		Finish: func(ctx context.Context, prefix string, ids []string, at time.Time) error {
+			for _, id := range ids {
+				if err := retention.Mark(ctx, kv, prefix, id, at); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Present: func(ctx context.Context, ids []string) (map[string]bool, error) {
+			// State is gone once its marker is: Clear is a no-op here, so
+			// the markers themselves stand for the state.
+			present := map[string]bool{}
+			keys, err := kv.Scan(ctx, []byte("fleet/"), []byte("fleet0"), 1<<30)
+			if err != nil {
+				return nil, err
+			}
+			for _, k := range keys {
+				_, id, err := retention.ParseMarkerKey("fleet/", k)
+				if err != nil {
+					return nil, fmt.Errorf("stray key %q: %w", k, err)
+				}
+				present[string(id)] = true
+			}
+			return present, nil
+		},
+		Expire: func(testing.TB) { leases.expire() },
+	}
+}
+
+// TestInMemory runs the fleet proofs over MemKV and an in-memory lease, so
+// the suite itself is exercised without servers.
+func TestInMemory(t *testing.T) {
+	leasetest.Run(t, memHarness)
+}
+
+// Broken lockers the proofs must catch, each with the subtest that fails.
+var broken = map[string]struct {
+	wrap    func(retention.Locker) retention.Locker
+	catches string
+}{
+	"grants everyone": {func(retention.Locker) retention.Locker { return grantsAll{} }, "LockerContract"},
+	"never loses":     {func(l retention.Locker) retention.Locker { return neverLoses{l} }, "NoDeleteAfterLoss"},
+}
+
+// grantsAll hands a lease to every caller: no mutual exclusion.
+type grantsAll struct{}
+
+func (grantsAll) TryAcquire(context.Context) (retention.Lease, error) {
+	return &freeLease{lost: make(chan struct{})}, nil
+}
+
+type freeLease struct {
+	lost chan struct{}
+	once sync.Once
+}
+
+func (f *freeLease) Lost() <-chan struct{} { return f.lost }
+
+func (f *freeLease) Release(context.Context) error {
+	f.once.Do(func() { close(f.lost) })
+	return nil
+}
+
+// neverLoses hides the loss of the lease from its holder.
+type neverLoses struct{ retention.Locker }
+
+type blindLease struct{ retention.Lease }
+
+func (n neverLoses) TryAcquire(ctx context.Context) (retention.Lease, error) {
+	l, err := n.Locker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return blindLease{l}, nil
+}
+
+func (blindLease) Lost() <-chan struct{} { return make(chan struct{}) }
+
+func TestBrokenLockersAreCaught(t *testing.T) {
+	if os.Getenv("LEASETEST_BROKEN") != "" {
+		t.Skip("in the child process")
+	}
+	for name, b := range broken {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenChild$/^"+b.catches+"$", "-test.v")
+			cmd.Env = append(os.Environ(), "LEASETEST_BROKEN="+name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the proofs passed a locker that %s:\n%s", name, out)
+			}
+			if !strings.Contains(string(out), "--- FAIL: TestBrokenChild/"+b.catches) {
+				t.Fatalf("want %s to fail; output:\n%s", b.catches, out)
+			}
+		})
+	}
+}
+
+func TestBrokenChild(t *testing.T) {
+	name := os.Getenv("LEASETEST_BROKEN")
+	if name == "" {
+		t.Skip("run by TestBrokenLockersAreCaught")
+	}
+	leasetest.Run(t, func(t testing.TB) leasetest.Harness {
+		h := memHarness(t)
+		newReplica := h.NewReplica
+		h.NewReplica = func(t testing.TB) leasetest.Replica {
+			r := newReplica(t)
+			r.Locker = broken[name].wrap(r.Locker)
+			return r
+		}
+		return h
+	})
+}
