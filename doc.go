@@ -43,5 +43,7 @@
 //     empty id is always refused, since clearing "<entity-prefix>" + "" is
 //     rarely what anyone wants.
 //   - Without coordination, several processes running the same sweep over
-//     one shared store may clear an entity more than once.
+//     one shared store may clear an entity more than once. Set
+//     Config.Lease (adapters provide Lockers) so that one replica sweeps at
+//     a time; Group runs several sweeps under one lease.
 package retention
