@@ -119,7 +119,7 @@ func (e *memLease) Release(context.Context) error {
 func memHarness(testing.TB) leasetest.Harness {
 	kv := retention.NewMemKV()
 	leases := &memLeases{}
-	const ttl = 300 * time.Millisecond
+	const ttl = time.Second
 	return leasetest.Harness{
 		TTL: ttl,
 		NewReplica: func(testing.TB) leasetest.Replica {

@@ -20,7 +20,8 @@ const DefaultCheckInterval = time.Second
 // LockerOptions tune a Locker. A nil *LockerOptions means the defaults.
 type LockerOptions struct {
 	// CheckInterval is how often the holder pings the connection that holds
-	// the lock; a failed ping marks the lease lost. Zero means
+	// the lock; a ping that fails, or takes longer than twice the interval
+	// (at least a second), marks the lease lost. Zero means
 	// DefaultCheckInterval.
 	CheckInterval time.Duration
 }
@@ -119,7 +120,7 @@ func (p *pgLease) watch(every time.Duration) {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout(every))
 		p.mu.Lock()
 		err := p.conn.Ping(ctx)
 		p.mu.Unlock()
@@ -129,6 +130,14 @@ func (p *pgLease) watch(every time.Duration) {
 			return
 		}
 	}
+}
+
+// pingTimeout is how long a check may take before the lease counts as lost:
+// long enough that a busy server does not cost the lease, short enough that
+// a holder cut off from the server stops soon. pgx closes a connection whose
+// query is cancelled, which frees the lock on the server as well.
+func pingTimeout(every time.Duration) time.Duration {
+	return max(2*every, time.Second)
 }
 
 // Release unlocks and closes the lock's connection. Closing alone would free

@@ -15,7 +15,7 @@ import (
 	"github.com/marksweep/retention/rediskv"
 )
 
-const leaseTTL = 600 * time.Millisecond
+const leaseTTL = 1500 * time.Millisecond
 
 func newHarness(t testing.TB) leasetest.Harness {
 	admin := connect(t)
