@@ -1,6 +1,7 @@
 package retention
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
@@ -142,18 +143,22 @@ func parseKey(prefix string, key []byte) (ms int64, id []byte, err error) {
 	if len(rest) < TimestampWidth {
 		return 0, nil, timestampError(key, rest)
 	}
-	// Two independent halves halve the chain of dependent multiplications.
-	const half = TimestampWidth / 2
-	var hi, lo uint64
-	for i := 0; i < half; i++ {
-		a, b := rest[i]-'0', rest[i+half]-'0' // a non-digit wraps past 9
-		if a > 9 || b > 9 {
-			return 0, nil, timestampError(key, rest)
-		}
-		hi, lo = hi*10+uint64(a), lo*10+uint64(b)
+	hi, ok1 := parse8(rest[0:8])
+	mid, ok2 := parse8(rest[8:16])
+	var lo uint64
+	ok3 := true
+	for _, c := range rest[16:TimestampWidth] {
+		d := c - '0' // a non-digit wraps past 9
+		ok3 = ok3 && d <= 9
+		lo = lo*10 + uint64(d)
 	}
-	const maxHi, maxLo = math.MaxInt64 / 10_000_000_000, math.MaxInt64 % 10_000_000_000
-	if hi > maxHi || hi == maxHi && lo > maxLo {
+	if !ok1 || !ok2 || !ok3 {
+		return 0, nil, timestampError(key, rest)
+	}
+	// The first 8 of the 20 digits of math.MaxInt64 are 09223372.
+	const maxHi = math.MaxInt64 / 1_000_000_000_000
+	v := hi*1_000_000_000_000 + mid*10_000 + lo // fits in a uint64 once hi <= maxHi
+	if hi > maxHi || v > math.MaxInt64 {
 		return 0, nil, malformed(key, "timestamp", fmt.Errorf("%s overflows int64 milliseconds", rest[:TimestampWidth]))
 	}
 	rest = rest[TimestampWidth:]
@@ -164,7 +169,23 @@ func parseKey(prefix string, key []byte) (ms int64, id []byte, err error) {
 	if len(id) == 0 {
 		return 0, nil, malformed(key, "id", fmt.Errorf("%w: empty", ErrInvalidID))
 	}
-	return int64(hi*1e10 + lo), id, nil
+	return int64(v), id, nil
+}
+
+// parse8 reads 8 ASCII digits at once: it checks them and folds them into
+// their value in three multiplications instead of eight dependent steps.
+func parse8(b []byte) (uint64, bool) {
+	x := binary.LittleEndian.Uint64(b)
+	const zeros, highNibbles = 0x3030303030303030, 0xF0F0F0F0F0F0F0F0
+	// Every byte must be 0x30-0x3F, and stay below 0x40 when 6 is added
+	// (no carry crosses bytes once the first test holds): '0' to '9'.
+	if x&highNibbles != zeros || (x+0x0606060606060606)&highNibbles != zeros {
+		return 0, false
+	}
+	x -= zeros // the first digit is the lowest byte
+	x = (x * 10) + (x >> 8)
+	x = ((x & 0x000000FF000000FF) * (100 + 1_000_000<<32)) + (((x >> 16) & 0x000000FF000000FF) * (1 + 10_000<<32))
+	return x >> 32, true
 }
 
 // timestampError describes the first fault of a timestamp that is short or

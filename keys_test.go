@@ -2,6 +2,9 @@ package retention
 
 import (
 	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +171,24 @@ func BenchmarkParseMarkerKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _, _ = ParseMarkerKey("runs/", key)
+	}
+}
+
+func TestParse8(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 4))
+	cases := []string{"00000000", "99999999", "12345678", "00000001", "10000000", "09223372"}
+	for range 10000 {
+		cases = append(cases, fmt.Sprintf("%08d", rng.IntN(100_000_000)))
+	}
+	for _, c := range cases {
+		got, ok := parse8([]byte(c))
+		want, _ := strconv.ParseUint(c, 10, 64)
+		require.True(t, ok, "parse8(%q) refused", c)
+		require.Equal(t, want, got, "parse8(%q)", c)
+	}
+	for _, bad := range []string{"0000000/", ":0000000", "1234a678", "1234 678", "\x00\x00\x00\x00\x00\x00\x00\x00", "\xff2345678", "0000000\xb0"} {
+		_, ok := parse8([]byte(bad))
+		assert.False(t, ok, "parse8(%q) accepted", bad)
 	}
 }

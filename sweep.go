@@ -158,15 +158,14 @@ type Sweep struct {
 	from  []byte
 }
 
-// item is one marker of a page on its way through a pass.
+// item is one marker of a page on its way through a pass; items[i] stands
+// for the page's keys[i].
 type item struct {
-	key []byte
-	id  string
-	ms  int64
-	err error // parse or Clear error
-	bad bool  // malformed
-
-	lo, hi int // the id's bounds in the page's id buffer
+	id     string
+	ms     int64
+	err    error // parse or Clear error
+	lo, hi int32 // the id's bounds in the page's id buffer
+	bad    bool  // malformed
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -339,10 +338,11 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 				err = malformed(key, "id", verr)
 			}
 		}
-		it := item{key: key, ms: ms, err: err, bad: err != nil, lo: len(ids)}
+		items = append(items, item{})
+		it := &items[len(items)-1]
+		it.ms, it.err, it.bad, it.lo = ms, err, err != nil, int32(len(ids))
 		ids = append(ids, id...)
-		it.hi = len(ids)
-		items = append(items, it)
+		it.hi = int32(len(ids))
 	}
 	s.ids = ids
 	// One string holds the page's ids and Clear gets substrings of it: one
@@ -358,7 +358,7 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 			continue
 		}
 		if err := s.checkID(it.id); err != nil {
-			it.err, it.bad = malformed(it.key, "id", err), true
+			it.err, it.bad = malformed(keys[i], "id", err), true
 		}
 	}
 	s.items = items
@@ -379,7 +379,7 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 		switch {
 		case it.bad:
 			st.Malformed++
-			s.log.Warn("retention: deleting malformed marker", "key", string(it.key), "error", it.err)
+			s.log.Warn("retention: deleting malformed marker", "key", string(keys[i]), "error", it.err)
 		case it.err == nil:
 			st.Cleared++
 			if oldest < 0 {
@@ -396,7 +396,7 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 			}
 			continue
 		}
-		del = append(del, it.key)
+		del = append(del, keys[i])
 	}
 	s.del = del
 	if oldest >= 0 {
