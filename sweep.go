@@ -427,6 +427,7 @@ func (s *Sweep) clearAll(ctx context.Context, items []item) error {
 	// A pool of workers rather than a goroutine per marker: with fast clears
 	// the goroutines would cost more than the clears.
 	var g errgroup.Group
+	g.SetLimit(s.concurrency) // the pool below never exceeds it; the limit says so
 	var next atomic.Int64
 	for range min(s.concurrency, len(items)) {
 		g.Go(func() error {
