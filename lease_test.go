@@ -439,3 +439,36 @@ func TestGroupRunSharesLeaseAndWakesForEither(t *testing.T) {
 		assert.False(t, locker.held())
 	})
 }
+
+func TestGroupRunStopsRoundWhenLeaseLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := NewMemKV()
+		locker := &fakeLocker{}
+		mark(t, kv, "runs/", "r1", time.Now().Add(-2*time.Hour))
+		mark(t, kv, "batches/", "b1", time.Now().Add(-2*time.Hour))
+		var runsLog, batchesLog passLog
+		r, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, OnPass: runsLog.onPass,
+			Clear: func(ctx context.Context, _ string) error {
+				locker.steal()
+				<-ctx.Done()
+				return ctx.Err()
+			}})
+		require.NoError(t, err)
+		batches := newClears()
+		b, err := New(kv, Config{Prefix: "batches/", Retention: time.Hour, Clear: batches.clear, OnPass: batchesLog.onPass})
+		require.NoError(t, err)
+		g, err := NewGroup(GroupConfig{Lease: locker}, r, b)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		synctest.Wait()
+		require.Equal(t, 1, runsLog.len())
+		assert.ErrorIs(t, runsLog.err(0), ErrLeaseLost)
+		assert.Zero(t, batchesLog.len(), "the round stops at the loss: the next sweep does not pass")
+		assert.Zero(t, batches.total())
+		assert.Equal(t, 2, kv.Len())
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
