@@ -38,27 +38,22 @@ type Group struct {
 // member with its own Config.Lease: the group's lease covers all of them.
 // The error matches ErrInvalidConfig.
 func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
-	invalid := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	if len(sweeps) == 0 {
+		return nil, invalidConfig("a Group needs at least one Sweep")
 	}
-	switch {
-	case len(sweeps) == 0:
-		return nil, invalid("a Group needs at least one Sweep")
-	case !(cfg.Jitter >= 0 && cfg.Jitter <= 1):
-		return nil, invalid("GroupConfig.Jitter must be between 0 and 1, got %v", cfg.Jitter)
-	case cfg.StartJitter < 0:
-		return nil, invalid("GroupConfig.StartJitter must not be negative, got %v", cfg.StartJitter)
+	if err := checkJitter("GroupConfig", cfg.Jitter, cfg.StartJitter); err != nil {
+		return nil, err
 	}
 	for i, s := range sweeps {
 		if s == nil {
-			return nil, invalid("sweep %d is nil", i)
+			return nil, invalidConfig("sweep %d is nil", i)
 		}
 		if s.lease != nil {
-			return nil, invalid("the sweep of prefix %q has its own Config.Lease; set GroupConfig.Lease instead", s.prefix)
+			return nil, invalidConfig("the sweep of prefix %q has its own Config.Lease; set GroupConfig.Lease instead", s.prefix)
 		}
 		for _, o := range sweeps[:i] {
 			if strings.HasPrefix(s.prefix, o.prefix) || strings.HasPrefix(o.prefix, s.prefix) {
-				return nil, invalid("prefixes %q and %q overlap: one sweep would delete the other's markers as malformed", o.prefix, s.prefix)
+				return nil, invalidConfig("prefixes %q and %q overlap: one sweep would delete the other's markers as malformed", o.prefix, s.prefix)
 			}
 		}
 	}

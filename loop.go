@@ -99,21 +99,21 @@ func (l *loop) run(ctx context.Context) error {
 func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bool, err error) {
 	passCtx := ctx
 	if lease != nil {
-		c, cancel := context.WithCancelCause(ctx)
+		c, cancel := context.WithCancel(ctx)
 		passCtx = leaseContext{Context: c, lost: lease.Lost()}
 		var wg sync.WaitGroup
 		done := make(chan struct{})
 		wg.Go(func() {
 			select {
 			case <-lease.Lost():
-				cancel(ErrLeaseLost)
+				cancel() // wakes whatever the pass is blocked on
 			case <-done:
 			}
 		})
 		defer func() {
 			close(done)
 			wg.Wait()
-			cancel(nil)
+			cancel()
 		}()
 	}
 	stats = make([]Stats, len(l.members))

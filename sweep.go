@@ -171,28 +171,24 @@ type item struct {
 // New returns a Sweep of kv's markers configured by cfg. The error matches
 // ErrInvalidConfig and names the field at fault.
 func New(kv KV, cfg Config) (*Sweep, error) {
-	invalid := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
-	}
 	switch {
 	case kv == nil:
-		return nil, invalid("kv must not be nil")
+		return nil, invalidConfig("kv must not be nil")
 	case cfg.Prefix == "":
-		return nil, invalid("Config.Prefix must not be empty")
+		return nil, invalidConfig("Config.Prefix must not be empty")
 	case cfg.Clear == nil:
-		return nil, invalid("Config.Clear must not be nil")
+		return nil, invalidConfig("Config.Clear must not be nil")
 	case cfg.Retention < time.Millisecond:
-		return nil, invalid("Config.Retention must be at least 1ms, got %v", cfg.Retention)
+		return nil, invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
 	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
-		return nil, invalid("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
+		return nil, invalidConfig("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
 	case cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency:
-		return nil, invalid("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
+		return nil, invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.Interval < 0:
-		return nil, invalid("Config.Interval must not be negative, got %v", cfg.Interval)
-	case !(cfg.Jitter >= 0 && cfg.Jitter <= 1):
-		return nil, invalid("Config.Jitter must be between 0 and 1, got %v", cfg.Jitter)
-	case cfg.StartJitter < 0:
-		return nil, invalid("Config.StartJitter must not be negative, got %v", cfg.StartJitter)
+		return nil, invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
+	}
+	if err := checkJitter("Config", cfg.Jitter, cfg.StartJitter); err != nil {
+		return nil, err
 	}
 	s := &Sweep{
 		kv:          kv,
@@ -221,6 +217,24 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 	}
 	s.log = s.log.With("prefix", s.prefix)
 	return s, nil
+}
+
+// invalidConfig returns an error matching ErrInvalidConfig with the message
+// format gives, which names the field at fault.
+func invalidConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+}
+
+// checkJitter validates the jitter fields of Config or GroupConfig, named
+// by config.
+func checkJitter(config string, jitter float64, startJitter time.Duration) error {
+	switch {
+	case !(jitter >= 0 && jitter <= 1):
+		return invalidConfig("%s.Jitter must be between 0 and 1, got %v", config, jitter)
+	case startJitter < 0:
+		return invalidConfig("%s.StartJitter must not be negative, got %v", config, startJitter)
+	}
+	return nil
 }
 
 // MarkerKey returns the key of the marker for id finished at t under this
