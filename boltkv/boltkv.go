@@ -62,9 +62,9 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	}
 	var keys [][]byte
 	err := k.db.View(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(k.bucket)
-		if b == nil {
-			return ErrNoBucket
+		b, err := k.bucketOf(tx)
+		if err != nil {
+			return err
 		}
 		c := b.Cursor()
 		for key, _ := c.Seek(start); key != nil && len(keys) < limit && bytes.Compare(key, end) < 0; key, _ = c.Next() {
@@ -84,9 +84,9 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 		return err
 	}
 	err := k.db.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(k.bucket)
-		if b == nil {
-			return ErrNoBucket
+		b, err := k.bucketOf(tx)
+		if err != nil {
+			return err
 		}
 		for _, key := range keys {
 			if err := b.Delete(key); err != nil {
@@ -105,9 +105,9 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 		return err
 	}
 	return k.wrap("put", k.db.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(k.bucket)
-		if b == nil {
-			return ErrNoBucket
+		b, err := k.bucketOf(tx)
+		if err != nil {
+			return err
 		}
 		return b.Put(key, value)
 	}))
@@ -121,11 +121,20 @@ func (k *KV) MarkTx(tx *bbolt.Tx, prefix, id string, t time.Time) error {
 	if err != nil {
 		return err
 	}
-	b := tx.Bucket(k.bucket)
-	if b == nil {
-		return ErrNoBucket
+	b, err := k.bucketOf(tx)
+	if err != nil {
+		return err
 	}
 	return k.wrap("mark", b.Put(key, []byte{}))
+}
+
+// bucketOf returns the KV's bucket in tx, or ErrNoBucket.
+func (k *KV) bucketOf(tx *bbolt.Tx) (*bbolt.Bucket, error) {
+	b := tx.Bucket(k.bucket)
+	if b == nil {
+		return nil, ErrNoBucket
+	}
+	return b, nil
 }
 
 func (k *KV) wrap(op string, err error) error {
