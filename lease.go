@@ -32,3 +32,20 @@ type Lease interface {
 	// after the lease was lost, and more than once.
 	Release(ctx context.Context) error
 }
+
+// Fencer is implemented by a Lease whose store can fence writes: refuse
+// them, in the same operation that would make them, once the lease is no
+// longer held by this holder. Lost alone is a timer in the client; a fence
+// is checked by the store, so a holder that was frozen, partitioned or slow
+// to notice its loss cannot delete a marker after another replica took the
+// lease. Run detects it and routes the marker writes of a pass through it.
+type Fencer interface {
+	// Fence returns a view of kv whose Delete, and Put when kv is a Putter,
+	// take effect only while this lease is held, checked by the store in
+	// the same operation. A write the fence refuses changes nothing and
+	// returns an error matching ErrLeaseLost, and Lost is closed by then.
+	// Scan reads kv unchanged. ok is false when the lease cannot fence kv
+	// (a store of another engine, or a wrapped one); Run then writes
+	// through kv unfenced and relies on Lost alone.
+	Fence(kv KV) (fenced KV, ok bool)
+}

@@ -472,3 +472,74 @@ func TestGroupRunStopsRoundWhenLeaseLost(t *testing.T) {
 		require.ErrorIs(t, <-done, context.Canceled)
 	})
 }
+
+// fencingLocker is a fakeLocker whose leases fence writes: the store
+// refuses them unless the writer still holds the lease.
+type fencingLocker struct{ fakeLocker }
+
+type fencingLease struct{ *fakeLease }
+
+func (f *fencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fakeLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fencingLease{l.(*fakeLease)}, nil
+}
+
+// stealSilently gives the lease to an outsider without telling the holder,
+// as a holder frozen or partitioned past its TTL would experience it.
+func (f *fencingLocker) stealSilently() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.holder = &fakeLease{l: &f.fakeLocker, name: "outsider", lost: make(chan struct{})}
+}
+
+func (l fencingLease) Fence(kv KV) (KV, bool) {
+	return fencedKV{KV: kv, lease: l.fakeLease}, true
+}
+
+type fencedKV struct {
+	KV
+	lease *fakeLease
+}
+
+func (f fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
+	f.lease.l.mu.Lock() // held across the delete, as a store's check is
+	defer f.lease.l.mu.Unlock()
+	if f.lease.l.holder != f.lease {
+		f.lease.once.Do(func() { close(f.lease.lost) })
+		return fmt.Errorf("fake fence: %w", ErrLeaseLost)
+	}
+	return f.KV.Delete(ctx, keys...)
+}
+
+func TestFencedDeleteRefusedAfterSilentLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		kv := &countingKV{KV: mem}
+		locker := &fencingLocker{}
+		for i := range 20 {
+			mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
+		}
+		var log passLog
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+			Clear: func(ctx context.Context, id string) error {
+				if id == "m09" {
+					locker.stealSilently() // the holder is never told
+				}
+				return nil
+			},
+			OnPass: log.onPass,
+		})
+		require.NoError(t, err)
+		stop := runInBackground(t.Context(), s)
+		synctest.Wait()
+
+		assert.Equal(t, 12, mem.Len(), "the fence refused the page in flight; the rest was never reached")
+		assert.Equal(t, int64(8), kv.deleted.Load(), "only the two pages before the loss reached the store")
+		require.Equal(t, 1, log.len())
+		assert.ErrorIs(t, log.err(0), ErrLeaseLost)
+		require.ErrorIs(t, stop(), context.Canceled)
+	})
+}

@@ -22,6 +22,8 @@ type loop struct {
 	log         *slog.Logger
 	jitter      float64
 	startJitter time.Duration
+
+	warnUnfenced sync.Once
 }
 
 func (l *loop) run(ctx context.Context) error {
@@ -119,8 +121,8 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 	stats = make([]Stats, len(l.members))
 	var errs []error
 	for i, m := range l.members {
-		st, err := m.Pass(passCtx)
-		if err != nil && lease != nil && isLost(lease) {
+		st, err := m.pass(passCtx, l.fenced(lease, m))
+		if err != nil && lease != nil && (isLost(lease) || errors.Is(err, ErrLeaseLost)) {
 			err, lost = fmt.Errorf("%w: %w", ErrLeaseLost, err), true
 		}
 		stats[i] = st
@@ -135,6 +137,20 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 		}
 	}
 	return stats, false, errors.Join(errs...)
+}
+
+// fenced returns the KV a member's pass writes through: a view of its KV
+// fenced by the lease when the lease can fence it, else the KV itself.
+func (l *loop) fenced(lease Lease, m *Sweep) KV {
+	if f, ok := lease.(Fencer); ok {
+		if kv, ok := f.Fence(m.kv); ok {
+			return kv
+		}
+		l.warnUnfenced.Do(func() {
+			l.log.Warn("retention: the lease cannot fence this store; deletes rely on the lease's timing alone", "prefix", m.prefix)
+		})
+	}
+	return m.kv
 }
 
 func (l *loop) release(ctx context.Context, lease Lease) {

@@ -276,6 +276,11 @@ func (s *Sweep) checkID(id string) error {
 // when ctx is done; in both cases no marker whose Clear did not succeed has
 // been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
+	return s.pass(ctx, s.kv)
+}
+
+// pass is Pass over kv, which is the sweep's KV or a fenced view of it.
+func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	if err := ctx.Err(); err != nil {
 		return st, err
 	}
@@ -294,13 +299,13 @@ func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 
 	from := s.lower
 	for {
-		keys, err := s.kv.Scan(ctx, from, cutoffKey, s.pageSize)
+		keys, err := kv.Scan(ctx, from, cutoffKey, s.pageSize)
 		st.ScanCalls++
 		if err != nil {
 			return st, s.kvErr(ctx, "scan markers", err)
 		}
 		st.Scanned += len(keys)
-		if err := s.page(ctx, keys, cutoff, cutoffMs, &st); err != nil {
+		if err := s.page(ctx, kv, keys, cutoff, cutoffMs, &st); err != nil {
 			return st, err
 		}
 		if len(keys) < s.pageSize {
@@ -311,7 +316,7 @@ func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 		s.from = append(append(s.from[:0], keys[len(keys)-1]...), 0)
 		from = s.from
 	}
-	if err := s.peek(ctx, cutoffKey, &st); err != nil {
+	if err := s.peek(ctx, kv, cutoffKey, &st); err != nil {
 		return st, err
 	}
 	s.log.Debug("retention pass", "cleared", st.Cleared, "failed", st.Failed, "malformed", st.Malformed,
@@ -336,7 +341,7 @@ func cutoffMillis(cutoff time.Time) int64 {
 }
 
 // page handles one page of the expired range.
-func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutoffMs int64, st *Stats) error {
+func (s *Sweep) page(ctx context.Context, kv KV, keys [][]byte, cutoff time.Time, cutoffMs int64, st *Stats) error {
 	items := s.items[:0]
 	ids := s.ids[:0]
 	for _, key := range keys {
@@ -420,7 +425,7 @@ func (s *Sweep) page(ctx context.Context, keys [][]byte, cutoff time.Time, cutof
 		return nil
 	}
 	st.DeleteCalls++
-	if err := s.kv.Delete(ctx, del...); err != nil {
+	if err := kv.Delete(ctx, del...); err != nil {
 		return s.kvErr(ctx, fmt.Sprintf("delete %d markers", len(del)), err)
 	}
 	return nil
@@ -501,9 +506,9 @@ func panicked(r any) error {
 // peek reads the first marker past the expired range to set st.NextDue.
 // Malformed keys found there are deleted; each round removes one, so the
 // loop ends, and with no malformed keys it reads at most one key.
-func (s *Sweep) peek(ctx context.Context, cutoffKey []byte, st *Stats) error {
+func (s *Sweep) peek(ctx context.Context, kv KV, cutoffKey []byte, st *Stats) error {
 	for {
-		keys, err := s.kv.Scan(ctx, cutoffKey, s.upper, 1)
+		keys, err := kv.Scan(ctx, cutoffKey, s.upper, 1)
 		st.ScanCalls++
 		if err != nil {
 			return s.kvErr(ctx, "scan markers", err)
@@ -523,7 +528,7 @@ func (s *Sweep) peek(ctx context.Context, cutoffKey []byte, st *Stats) error {
 		st.Malformed++
 		s.log.Warn("retention: deleting malformed marker", "key", string(keys[0]), "error", err)
 		st.DeleteCalls++
-		if err := s.kv.Delete(ctx, keys[0]); err != nil {
+		if err := kv.Delete(ctx, keys[0]); err != nil {
 			return s.kvErr(ctx, "delete malformed marker", err)
 		}
 	}
