@@ -3,7 +3,7 @@ package retention
 import (
 	"encoding/binary"
 	"fmt"
-		"strconv"
+	"strconv"
 	"time"
 )
 

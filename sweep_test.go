@@ -289,9 +289,9 @@ func TestPassMalformedAndNeighbours(t *testing.T) {
 	t.Parallel()
 	type want int
 	const (
-		deleted      want = iota // a malformed marker: deleted without Clear
-		foreignKept              // under the prefix but not marker-shaped: counted, kept
-		outsideKept              // outside the marker space: not even read
+		deleted     want = iota // a malformed marker: deleted without Clear
+		foreignKept             // under the prefix but not marker-shaped: counted, kept
+		outsideKept             // outside the marker space: not even read
 	)
 	tests := []struct {
 		name string
