@@ -206,4 +206,3 @@ func (f *failingPutKV) Put(ctx context.Context, key, value []byte) error {
 	}
 	return f.countingKV.Put(ctx, key, value)
 }
-
