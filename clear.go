@@ -32,6 +32,9 @@ func (s *Sweep) clearAll(ctx context.Context, items []item) error {
 		return ctx.Err()
 	}
 	c := &clearing{s: s, ctx: ctx, items: items}
+	if s.clearTimeout > 0 {
+		c.ctxs = make([]clearCtx, len(items))
+	}
 	for range min(s.concurrency, n) {
 		c.wg.Add(1)
 		go c.work()
@@ -45,6 +48,7 @@ type clearing struct {
 	s     *Sweep
 	ctx   context.Context
 	items []item
+	ctxs  []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout
 	next  atomic.Int64 // index of the next item to take
 	wg    sync.WaitGroup
 }
@@ -57,7 +61,7 @@ func (c *clearing) work() {
 			return
 		}
 		if c.items[i].out == pending {
-			c.clearOne(&c.items[i])
+			c.clearOne(i)
 		}
 	}
 }
@@ -66,7 +70,8 @@ func (c *clearing) work() {
 // outcome. Only a Clear that returned nil or ErrLiveAgain is recorded as
 // such; one that returned another error, panicked or never returned
 // (runtime.Goexit) is recorded as failed.
-func (c *clearing) clearOne(it *item) {
+func (c *clearing) clearOne(i int) {
+	it := &c.items[i]
 	returned := false
 	defer func() {
 		if returned {
@@ -83,8 +88,13 @@ func (c *clearing) clearOne(it *item) {
 		c.wg.Add(1)
 		go c.work()
 	}()
-	ctx, cancel := withTimeout(c.ctx, c.s.clearTimeout)
-	defer cancel()
+	var ctx context.Context = c.ctx
+	if c.ctxs != nil {
+		cctx := &c.ctxs[i]
+		cctx.c = c
+		defer cctx.end()
+		ctx = cctx
+	}
 	err := c.s.clear(ctx, it.id)
 	switch {
 	case err == nil:
@@ -93,7 +103,7 @@ func (c *clearing) clearOne(it *item) {
 		it.out = liveAgain
 	default:
 		it.out = failed
-		if c.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if cctx, ok := ctx.(*clearCtx); ok && cctx.timedOut() {
 			err = fmt.Errorf("retention: clear timed out after ClearTimeout (%v): %w", c.s.clearTimeout, err)
 		}
 		it.err = err

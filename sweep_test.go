@@ -444,9 +444,9 @@ func TestPassClearPanics(t *testing.T) {
 func TestCallClearPanicError(t *testing.T) {
 	t.Parallel()
 	s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { panic(errBoom) }})
-	c := &clearing{s: s, ctx: context.Background()}
-	it := &item{id: "x"}
-	c.clearOne(it)
+	c := &clearing{s: s, ctx: context.Background(), items: []item{{id: "x"}}}
+	c.clearOne(0)
+	it := &c.items[0]
 	assert.Equal(t, failed, it.out)
 	require.ErrorIs(t, it.err, ErrClearPanicked)
 	assert.Contains(t, it.err.Error(), "boom")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -61,4 +63,136 @@ func (s *Sweep) storeErr(ctx, cctx context.Context, what string, err error) erro
 		return fmt.Errorf("retention: %s: no answer within StoreTimeout (%v): %w", what, s.storeTimeout, err)
 	}
 	return fmt.Errorf("retention: %s: %w", what, err)
+}
+
+// clearCtx is the context of one Clear call under ClearTimeout. Its
+// deadline counts from the first time Clear consults it (Deadline, Done or
+// Err), which for any Clear that waits on I/O is when it starts: a Clear
+// that never consults its context cannot be stopped anyway. Until then it
+// holds no state; clearAll allocates a page's contexts at once. That spares
+// the allocations, the timer and the clock read that context.WithTimeout
+// costs per marker, several times the sweep's own work per marker. end
+// cancels it when Clear returns, as the cancel function of WithTimeout
+// would.
+type clearCtx struct {
+	c     *clearing                  // the page's clears: parent context and timeout
+	state atomic.Pointer[clearState] // nil until first consulted or ended
+}
+
+// clearState is a consulted clearCtx's state.
+type clearState struct {
+	deadline time.Time
+	mu       sync.Mutex
+	done     chan struct{} // nil until Done is called
+	err      error         // set once ended, cancelled or past the deadline
+	timer    *time.Timer
+	stop     func() bool // stops the watch on the parent
+}
+
+// ended is the state of a clearCtx whose Clear returned before consulting
+// it.
+var ended = func() *clearState {
+	done := make(chan struct{})
+	close(done)
+	return &clearState{done: done, err: context.Canceled}
+}()
+
+// get returns the state, creating it on first use.
+func (c *clearCtx) get() *clearState {
+	if st := c.state.Load(); st != nil {
+		return st
+	}
+	st := &clearState{deadline: time.Now().Add(c.c.s.clearTimeout)}
+	if d, ok := c.c.ctx.Deadline(); ok && d.Before(st.deadline) {
+		st.deadline = d
+	}
+	if !c.state.CompareAndSwap(nil, st) {
+		return c.state.Load()
+	}
+	return st
+}
+
+func (c *clearCtx) Deadline() (time.Time, bool) {
+	st := c.get()
+	return st.deadline, !st.deadline.IsZero()
+}
+
+func (c *clearCtx) Value(key any) any { return c.c.ctx.Value(key) }
+
+func (c *clearCtx) Err() error {
+	st := c.get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return c.errLocked(st)
+}
+
+// errLocked settles err from the parent and the clock if it is not set yet.
+func (c *clearCtx) errLocked(st *clearState) error {
+	if st.err == nil {
+		if err := c.c.ctx.Err(); err != nil {
+			st.cancelLocked(err)
+		} else if !time.Now().Before(st.deadline) {
+			st.cancelLocked(context.DeadlineExceeded)
+		}
+	}
+	return st.err
+}
+
+func (c *clearCtx) Done() <-chan struct{} {
+	st := c.get()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.done != nil {
+		return st.done
+	}
+	if c.errLocked(st) != nil {
+		st.done = ended.done // closed
+		return st.done
+	}
+	st.done = make(chan struct{})
+	st.timer = time.AfterFunc(time.Until(st.deadline), func() { st.cancel(context.DeadlineExceeded) })
+	parent := c.c.ctx
+	st.stop = context.AfterFunc(parent, func() { st.cancel(parent.Err()) })
+	return st.done
+}
+
+func (st *clearState) cancel(err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.cancelLocked(err)
+}
+
+func (st *clearState) cancelLocked(err error) {
+	if st.err != nil {
+		return
+	}
+	st.err = err
+	if st.done != nil {
+		close(st.done)
+	}
+	if st.timer != nil {
+		st.timer.Stop()
+	}
+	if st.stop != nil {
+		st.stop()
+	}
+}
+
+// end cancels the context once Clear returned.
+func (c *clearCtx) end() {
+	if !c.state.CompareAndSwap(nil, ended) {
+		c.state.Load().cancel(context.Canceled)
+	}
+}
+
+// timedOut reports whether the deadline of ClearTimeout, not the parent,
+// ended the context.
+func (c *clearCtx) timedOut() bool {
+	st := c.state.Load()
+	if st == nil || st == ended {
+		return false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.err == context.DeadlineExceeded && c.c.ctx.Err() == nil
 }

@@ -149,3 +149,93 @@ func TestTimeoutsCanBeOff(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, hadDeadline.Load(), "the default ClearTimeout applies")
 }
+
+type ctxKey struct{}
+
+// TestClearCtx checks the per-Clear context against what
+// context.WithTimeout promises.
+func TestClearCtx(t *testing.T) {
+	newCtx := func(parent context.Context, timeout time.Duration) *clearCtx {
+		return &clearCtx{c: &clearing{s: &Sweep{clearTimeout: timeout}, ctx: parent}}
+	}
+	t.Run("times out", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := newCtx(context.WithValue(t.Context(), ctxKey{}, "v"), time.Second)
+			start := time.Now()
+			d, ok := c.Deadline()
+			require.True(t, ok)
+			assert.Equal(t, start.Add(time.Second), d)
+			assert.NoError(t, c.Err())
+			assert.Equal(t, "v", c.Value(ctxKey{}))
+			<-c.Done()
+			assert.Equal(t, time.Second, time.Since(start))
+			require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
+			assert.True(t, c.timedOut())
+			c.end()
+			require.ErrorIs(t, c.Err(), context.DeadlineExceeded, "the first cause stays")
+		})
+	})
+	t.Run("parent cancelled while waiting", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			parent, cancel := context.WithCancel(t.Context())
+			c := newCtx(parent, time.Hour)
+			done := c.Done()
+			time.AfterFunc(time.Minute, cancel)
+			<-done
+			require.ErrorIs(t, c.Err(), context.Canceled)
+			assert.False(t, c.timedOut())
+			c.end()
+		})
+	})
+	t.Run("parent already done", func(t *testing.T) {
+		parent, cancel := context.WithCancel(context.Background())
+		cancel()
+		c := newCtx(parent, time.Hour)
+		select {
+		case <-c.Done():
+		default:
+			t.Fatal("Done not closed")
+		}
+		require.ErrorIs(t, c.Err(), context.Canceled)
+		c.end()
+	})
+	t.Run("parent deadline earlier", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			parent, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			c := newCtx(parent, time.Hour)
+			d, _ := c.Deadline()
+			assert.Equal(t, time.Now().Add(time.Second), d)
+			<-c.Done()
+			require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
+			assert.False(t, c.timedOut(), "the parent's deadline, not ClearTimeout")
+			c.end()
+		})
+	})
+	t.Run("ended before consulted", func(t *testing.T) {
+		c := newCtx(context.Background(), time.Hour)
+		c.end()
+		require.ErrorIs(t, c.Err(), context.Canceled, "a context kept past its Clear reads as cancelled")
+		<-c.Done()
+		c.end()
+	})
+	t.Run("ended while waited on", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := newCtx(t.Context(), time.Hour)
+			done := c.Done()
+			go c.end()
+			<-done
+			require.ErrorIs(t, c.Err(), context.Canceled)
+		})
+	})
+	t.Run("children follow it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := newCtx(t.Context(), time.Second)
+			child, cancel := context.WithCancel(c)
+			defer cancel()
+			<-child.Done()
+			require.ErrorIs(t, child.Err(), context.DeadlineExceeded)
+			c.end()
+		})
+	})
+}
