@@ -233,12 +233,12 @@ func (f *faultKV) report() string {
 type clearFault int
 
 const (
-	clearFine    clearFault = iota // call the real clear
-	clearErr                       // return an error
-	clearPanic                     // panic
-	clearHang                      // block until ctx is done, return ctx.Err()
-	clearStall                     // ignore ctx: block for up to faultClear.stall, then call the real clear
-	clearGoexit                    // call runtime.Goexit
+	clearFine   clearFault = iota // call the real clear
+	clearErr                      // return an error
+	clearPanic                    // panic
+	clearHang                     // block until ctx is done, return ctx.Err()
+	clearStall                    // ignore ctx: block for up to faultClear.stall, then call the real clear
+	clearGoexit                   // call runtime.Goexit
 	numClearFaults
 )
 
