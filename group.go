@@ -1,6 +1,7 @@
 package retention
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,7 +18,7 @@ type GroupConfig struct {
 
 	// Logger receives the loop's own messages (lease changes, failed
 	// passes). Each sweep logs its markers through its own Config.Logger.
-	// Nil means nothing is logged.
+	// Nil means slog.Default().
 	Logger *slog.Logger
 
 	// Jitter and StartJitter work as in Config, for the group's loop.
@@ -57,14 +58,10 @@ func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 			}
 		}
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	return &Group{loop: loop{
 		members:     append([]*Sweep(nil), sweeps...),
 		locker:      cfg.Lease,
-		log:         log,
+		log:         cmp.Or(cfg.Logger, slog.Default()),
 		jitter:      cfg.Jitter,
 		startJitter: cfg.StartJitter,
 	}}, nil

@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// A nil Config.Logger means slog.Default(): keep the failures that
+	// tests provoke out of their output. TestDefaultLogger checks it.
+	slog.SetDefault(slog.New(slog.DiscardHandler))
 	goleak.VerifyTestMain(m)
 }
 
@@ -22,7 +26,7 @@ var t0 = time.UnixMilli(1795000000000)
 // countingKV wraps a KV, counting calls and keys, and can be told to fail.
 type countingKV struct {
 	KV
-	scans, keys, deletes, deleted atomic.Int64
+	scans, keys, deletes, deleted, puts atomic.Int64
 
 	mu        sync.Mutex
 	scanErr   func(call int64) error // nil: never fail
@@ -58,11 +62,35 @@ func (c *countingKV) Delete(ctx context.Context, keys ...[]byte) error {
 	return c.KV.Delete(ctx, keys...)
 }
 
+func (c *countingKV) Put(ctx context.Context, key, value []byte) error {
+	c.puts.Add(1)
+	return c.KV.(Putter).Put(ctx, key, value)
+}
+
 func (c *countingKV) reset() {
 	c.scans.Store(0)
 	c.keys.Store(0)
 	c.deletes.Store(0)
 	c.deleted.Store(0)
+	c.puts.Store(0)
+}
+
+// readOnlyKV hides the Put of the KV it wraps: the sweep then keeps retry
+// delays in memory.
+type readOnlyKV struct{ KV }
+
+// markerIDs returns how many markers each id has under prefix.
+func markerIDs(t testing.TB, kv KV, prefix string) map[string]int {
+	t.Helper()
+	keys, err := kv.Scan(context.Background(), []byte(prefix), []byte(prefix+"\xff"), 1<<30)
+	require.NoError(t, err)
+	ids := map[string]int{}
+	for _, k := range keys {
+		_, id, err := ParseMarkerKey(prefix, k)
+		require.NoError(t, err, "key %q", k)
+		ids[string(id)]++
+	}
+	return ids
 }
 
 // clears records Clear calls and can be told how to answer per id.

@@ -3,7 +3,6 @@ package retention
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
 )
@@ -12,9 +11,14 @@ import (
 // width of the largest uint64, so that byte order of keys equals time order.
 const TimestampWidth = 20
 
+// MaxMarkerTime is the latest finish time a marker can record: the last
+// millisecond of the year 9999. A later time is almost always seconds taken
+// for milliseconds, as in time.Unix(ms, 0).
+var MaxMarkerTime = time.Date(9999, 12, 31, 23, 59, 59, 999_000_000, time.UTC)
+
 var (
-	epoch         = time.UnixMilli(0)
-	maxMarkerTime = time.UnixMilli(math.MaxInt64)
+	epoch       = time.UnixMilli(0)
+	maxMarkerMs = MaxMarkerTime.UnixMilli()
 )
 
 // MaxIDLen is the longest id, in bytes, that ValidateID accepts.
@@ -54,9 +58,11 @@ var idBytes = func() (t [256]bool) {
 }()
 
 // MarkerKey returns the marker key "<prefix><ts>/<id>" for an entity that
-// finished at t, where ts is t in Unix milliseconds padded to TimestampWidth
-// digits. It refuses an id that fails ValidateID and a time before the Unix
-// epoch, so a malformed marker is never written.
+// finished at t, where ts is t in Unix milliseconds, rounded up to a whole
+// millisecond, padded to TimestampWidth digits. Rounding up means the marker
+// never falls due before the retention has run out since t. It refuses an id
+// that fails ValidateID and a time before the Unix epoch or after
+// MaxMarkerTime, so a malformed marker is never written.
 //
 // Write the returned key, with an empty value, in the same transaction that
 // records the entity's terminal state.
@@ -80,16 +86,31 @@ func AppendMarkerKey(dst []byte, prefix string, t time.Time, id string) ([]byte,
 // appendKey appends a marker key after checking only the time, for callers
 // that validated id by their own rule.
 func appendKey(dst []byte, prefix string, t time.Time, id string) ([]byte, error) {
-	if t.Before(epoch) {
-		return dst, fmt.Errorf("%w: %s is before the Unix epoch", ErrInvalidTime, t.UTC().Format(time.RFC3339Nano))
-	}
-	if t.After(maxMarkerTime) {
-		return dst, fmt.Errorf("%w: %s is beyond the largest int64 millisecond", ErrInvalidTime, t.UTC().Format(time.RFC3339Nano))
+	ms, err := markerMillis(t)
+	if err != nil {
+		return dst, err
 	}
 	dst = append(dst, prefix...)
-	dst = appendTimestamp(dst, uint64(t.UnixMilli()))
+	dst = appendTimestamp(dst, uint64(ms))
 	dst = append(dst, '/')
 	return append(dst, id...), nil
+}
+
+// markerMillis returns t in Unix milliseconds rounded up, or an error
+// matching ErrInvalidTime when that is outside epoch..MaxMarkerTime.
+func markerMillis(t time.Time) (int64, error) {
+	if t.Before(epoch) {
+		return 0, fmt.Errorf("%w: %s is before the Unix epoch", ErrInvalidTime, t.UTC().Format(time.RFC3339Nano))
+	}
+	if t.After(MaxMarkerTime) {
+		return 0, fmt.Errorf("%w: %s is after %s; a time made from milliseconds with time.Unix(ms, 0) "+
+			"instead of time.UnixMilli(ms) lands there", ErrInvalidTime, t.UTC().Format(time.RFC3339Nano), MaxMarkerTime.Format(time.RFC3339Nano))
+	}
+	ms := t.UnixMilli()
+	if time.UnixMilli(ms).Before(t) {
+		ms++ // MaxMarkerTime is a whole millisecond, so this stays within it
+	}
+	return ms, nil
 }
 
 // appendTimestamp appends ms as exactly TimestampWidth decimal digits.
@@ -108,7 +129,7 @@ func appendTimestamp(dst []byte, ms uint64) []byte {
 // ErrMalformedMarker that says which part is wrong. It does not allocate on
 // success.
 func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err error) {
-	ms, id, err := parseKey(prefix, key)
+	ms, id, _, err := parseKey(prefix, key)
 	if err != nil {
 		return time.Time{}, nil, err
 	}
@@ -132,16 +153,18 @@ func validateIDBytes(id []byte) error {
 	return nil
 }
 
-// parseKey checks the structure of a marker key: prefix, TimestampWidth
-// digits within int64 milliseconds, '/', and a non-empty id. The id rule is
-// left to the caller.
-func parseKey(prefix string, key []byte) (ms int64, id []byte, err error) {
+// parseKey checks a marker key: prefix, TimestampWidth digits, '/', and a
+// non-empty id; the id rule is left to the caller. On failure, foreign says
+// whether the key is not even shaped like a marker (the sweep leaves such
+// keys alone) rather than a marker-shaped key whose time is out of range
+// (the sweep deletes those as malformed).
+func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err error) {
 	if len(key) < len(prefix) || string(key[:len(prefix)]) != prefix {
-		return 0, nil, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix))
+		return 0, nil, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix))
 	}
 	rest := key[len(prefix):]
 	if len(rest) < TimestampWidth {
-		return 0, nil, timestampError(key, rest)
+		return 0, nil, true, timestampError(key, rest)
 	}
 	hi, ok1 := parse8(rest[0:8])
 	mid, ok2 := parse8(rest[8:16])
@@ -153,23 +176,21 @@ func parseKey(prefix string, key []byte) (ms int64, id []byte, err error) {
 		lo = lo*10 + uint64(d)
 	}
 	if !ok1 || !ok2 || !ok3 {
-		return 0, nil, timestampError(key, rest)
+		return 0, nil, true, timestampError(key, rest)
 	}
-	// The first 8 of the 20 digits of math.MaxInt64 are 09223372.
-	const maxHi = math.MaxInt64 / 1_000_000_000_000
-	v := hi*1_000_000_000_000 + mid*10_000 + lo // fits in a uint64 once hi <= maxHi
-	if hi > maxHi || v > math.MaxInt64 {
-		return 0, nil, malformed(key, "timestamp", fmt.Errorf("%s overflows int64 milliseconds", rest[:TimestampWidth]))
+	if len(rest) == TimestampWidth || rest[TimestampWidth] != '/' {
+		return 0, nil, true, malformed(key, "separator", fmt.Errorf("want '/' after the %d-digit timestamp", TimestampWidth))
 	}
-	rest = rest[TimestampWidth:]
-	if len(rest) == 0 || rest[0] != '/' {
-		return 0, nil, malformed(key, "separator", fmt.Errorf("want '/' after the %d-digit timestamp", TimestampWidth))
-	}
-	id = rest[1:]
+	id = rest[TimestampWidth+1:]
 	if len(id) == 0 {
-		return 0, nil, malformed(key, "id", fmt.Errorf("%w: empty", ErrInvalidID))
+		return 0, nil, true, malformed(key, "id", fmt.Errorf("%w: empty", ErrInvalidID))
 	}
-	return int64(v), id, nil
+	// v can wrap for large hi, which the first test refuses before v counts.
+	v := hi*1_000_000_000_000 + mid*10_000 + lo
+	if hi > uint64(maxMarkerMs)/1_000_000_000_000 || v > uint64(maxMarkerMs) {
+		return 0, nil, false, malformed(key, "timestamp", fmt.Errorf("%s is after %s (milliseconds)", rest[:TimestampWidth], MaxMarkerTime.Format(time.RFC3339Nano)))
+	}
+	return int64(v), id, false, nil
 }
 
 // parse8 reads 8 ASCII digits at once: it checks them and folds them into

@@ -24,8 +24,13 @@ func TestMarkerKey(t *testing.T) {
 	}{
 		{"epoch", time.UnixMilli(0), "a", "runs/00000000000000000000/a", nil},
 		{"ordinary", time.UnixMilli(1764000000123), "run-42_x", "runs/00000001764000000123/run-42_x", nil},
-		{"sub-millisecond truncated", time.UnixMilli(5).Add(999 * time.Microsecond), "a", "runs/00000000000000000005/a", nil},
-		{"largest", time.UnixMilli(1<<63 - 1), "a", "runs/09223372036854775807/a", nil},
+		{"sub-millisecond rounded up", time.UnixMilli(5).Add(time.Nanosecond), "a", "runs/00000000000000000006/a", nil},
+		{"almost a millisecond rounded up", time.UnixMilli(5).Add(999_999 * time.Nanosecond), "a", "runs/00000000000000000006/a", nil},
+		{"whole millisecond kept", time.UnixMilli(5), "a", "runs/00000000000000000005/a", nil},
+		{"largest", MaxMarkerTime, "a", "runs/00000253402300799999/a", nil},
+		{"past the largest by a nanosecond", MaxMarkerTime.Add(time.Nanosecond), "a", "", ErrInvalidTime},
+		{"seconds taken for milliseconds", time.Unix(1764000000123, 0), "a", "", ErrInvalidTime},
+		{"largest int64 millisecond", time.UnixMilli(1<<63 - 1), "a", "", ErrInvalidTime},
 		{"max id length", time.UnixMilli(1), strings.Repeat("z", MaxIDLen), "runs/00000000000000000001/" + strings.Repeat("z", MaxIDLen), nil},
 		{"before epoch", time.UnixMilli(-1), "a", "", ErrInvalidTime},
 		{"just before epoch", time.Unix(0, -1), "a", "", ErrInvalidTime},
@@ -61,14 +66,16 @@ func TestParseMarkerKey(t *testing.T) {
 		wantMsg string // part of the error message naming what is wrong
 	}{
 		{"valid", "runs/00000001764000000123/run-42", 1764000000123, "run-42", nil, ""},
-		{"largest int64", "runs/09223372036854775807/a", 1<<63 - 1, "a", nil, ""},
+		{"largest", "runs/00000253402300799999/a", 253402300799999, "a", nil, ""},
+		{"just past the largest", "runs/00000253402300800000/a", 0, "", ErrMalformedMarker, "is after 9999-12-31"},
+		{"largest int64", "runs/09223372036854775807/a", 0, "", ErrMalformedMarker, "is after 9999-12-31"},
 		{"other prefix", "runs2/00000001764000000123/a", 0, "", ErrMalformedMarker, "prefix"},
 		{"shorter prefix", "run", 0, "", ErrMalformedMarker, "prefix"},
 		{"letter in timestamp", "runs/0000000176400000012x/a", 0, "", ErrMalformedMarker, "timestamp"},
 		{"short timestamp", "runs/123/a", 0, "", ErrMalformedMarker, "timestamp"},
 		{"timestamp ends key", "runs/0000000176400000012", 0, "", ErrMalformedMarker, "timestamp"},
-		{"overflowing timestamp", "runs/18446744073709551615/a", 0, "", ErrMalformedMarker, "overflows"},
-		{"just over int64", "runs/09223372036854775808/a", 0, "", ErrMalformedMarker, "overflows"},
+		{"overflowing timestamp", "runs/18446744073709551615/a", 0, "", ErrMalformedMarker, "is after 9999-12-31"},
+		{"all nines", "runs/99999999999999999999/a", 0, "", ErrMalformedMarker, "is after 9999-12-31"},
 		{"missing slash", "runs/00000001764000000123a", 0, "", ErrMalformedMarker, "separator"},
 		{"nothing after timestamp", "runs/00000001764000000123", 0, "", ErrMalformedMarker, "separator"},
 		{"long timestamp", "runs/000000017640000001234/a", 0, "", ErrMalformedMarker, "separator"},
@@ -97,7 +104,7 @@ func TestParseMarkerKey(t *testing.T) {
 
 func TestMarkerKeyOrderIsTimeOrder(t *testing.T) {
 	t.Parallel()
-	times := []int64{0, 1, 9, 10, 99, 100, 1764000000000, 1764000000001, 1<<62 + 3, 1<<63 - 1}
+	times := []int64{0, 1, 9, 10, 99, 100, 1764000000000, 1764000000001, 1<<47 + 3, MaxMarkerTime.UnixMilli()}
 	for i := 1; i < len(times); i++ {
 		a, err := MarkerKey("p/", time.UnixMilli(times[i-1]), "zzz")
 		require.NoError(t, err)
@@ -145,7 +152,7 @@ func FuzzParseMarkerKey(f *testing.F) {
 		// Every valid (time, id) round-trips.
 		at := time.UnixMilli(ms)
 		k, err := MarkerKey(prefix, at, id)
-		if ms < 0 || ValidateID(id) != nil {
+		if ms < 0 || ms > MaxMarkerTime.UnixMilli() || ValidateID(id) != nil {
 			require.Error(t, err)
 			return
 		}

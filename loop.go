@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -85,8 +86,15 @@ func (l *loop) run(ctx context.Context) error {
 		} else {
 			failures = 0
 			wait = l.interval()
+			progress := false
 			for i, m := range l.members {
 				wait = min(wait, m.untilDue(stats[i]))
+				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried > 0
+			}
+			if !progress {
+				// Whatever the clock and the store say, a pass that changed
+				// nothing is not followed by another at once.
+				wait = max(wait, minIdleWait)
 			}
 		}
 		if err := sleep(ctx, l.jittered(wait)); err != nil {
@@ -177,12 +185,46 @@ func (l *loop) backoff(n int) time.Duration {
 	return min(time.Second<<min(n-1, 30), l.interval())
 }
 
-// jittered lengthens d by a random fraction of itself, below l.jitter.
+// jittered lengthens d by a random fraction of itself, below l.jitter,
+// saturating at the largest Duration.
 func (l *loop) jittered(d time.Duration) time.Duration {
 	if l.jitter == 0 || d <= 0 {
 		return d
 	}
-	return d + time.Duration(rand.Float64()*l.jitter*float64(d))
+	extra := rand.Float64() * l.jitter * float64(d)
+	if extra >= float64(maxDuration-d) {
+		return maxDuration
+	}
+	return d + time.Duration(extra)
+}
+
+// dueSlack is how long after a marker falls due Run wakes for it: a clock
+// with coarse resolution read exactly at the due time could still see the
+// marker as unexpired.
+const dueSlack = time.Millisecond
+
+// minIdleWait is the least Run waits after a round of passes that changed
+// nothing, so that no clock or store can make it spin.
+const minIdleWait = 5 * time.Millisecond
+
+const maxDuration = time.Duration(math.MaxInt64)
+
+// addSat is a+b for b >= 0, saturating at the largest Duration.
+func addSat(a, b time.Duration) time.Duration {
+	if a > maxDuration-b {
+		return maxDuration
+	}
+	return a + b
+}
+
+// untilDue is how long Run sleeps after a successful pass of s: until its
+// next marker falls due, at most its Interval.
+func (s *Sweep) untilDue(st Stats) time.Duration {
+	if st.NextDue.IsZero() {
+		return s.interval
+	}
+	// Sub saturates; the slack must not then wrap it negative.
+	return min(max(addSat(st.NextDue.Sub(s.clock.Now()), dueSlack), 0), s.interval)
 }
 
 // leaseContext is a pass's context under a lease. Err reads the lease's Lost

@@ -6,12 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"runtime/debug"
-	"sync/atomic"
 	"time"
-
-	"golang.org/x/sync/errgroup"
 )
 
 // Limits and defaults of Config fields.
@@ -19,20 +14,22 @@ const (
 	DefaultPageSize = 256
 	MaxPageSize     = 1 << 16
 	MaxConcurrency  = 1024
-)
 
-// dueSlack is how long after a marker falls due Run wakes for it: a clock
-// with coarse resolution read exactly at the due time could still see the
-// marker as unexpired and spin.
-const dueSlack = time.Millisecond
+	DefaultClearTimeout  = time.Minute
+	DefaultStoreTimeout  = 30 * time.Second
+	DefaultRetryDelay    = time.Second
+	DefaultMaxRetryDelay = 10 * time.Minute
+)
 
 // Config configures a Sweep. Prefix, Retention and Clear are required; every
 // other field has a usable zero value.
 type Config struct {
 	// Prefix is the key prefix of this sweep's markers, such as "runs/done/".
-	// Required. A sweep reads and deletes only keys that continue the prefix
-	// with a digit; other keys under the prefix are never touched. No other
-	// sweep or data may use keys of that shape under the same prefix.
+	// Required. It must end in a byte that is not an id byte (A-Z a-z 0-9 _
+	// -), such as '/' or ':', so that "job" + "123" is never mistaken for a
+	// marker's timestamp. A sweep deletes only marker-shaped keys: the
+	// prefix, 20 digits, '/' and an id. Other keys under the prefix are
+	// foreign: counted and logged, never deleted nor passed to Clear.
 	Prefix string
 
 	// Retention is how long an entity's state is kept after it finished. A
@@ -46,9 +43,39 @@ type Config struct {
 	// returned nil, so a crash or failed delete in between makes the next
 	// pass clear the same id again. Return nil when there is nothing left to
 	// clear. Return an error wrapping ErrLiveAgain to drop the marker without
-	// clearing (the entity was resumed). Any other error, or a panic, keeps
-	// the marker for a later pass. ctx is the pass's context.
+	// clearing (the entity was resumed). Any other error, a panic, a timeout
+	// (ClearTimeout) or a call of runtime.Goexit keeps the marker, which is
+	// tried again after RetryDelay (doubling up to MaxRetryDelay). ctx is
+	// done when ClearTimeout runs out or the pass is cancelled; a Clear that
+	// ignores ctx cannot be stopped and holds up its page until it returns.
 	Clear func(ctx context.Context, id string) error
+
+	// ClearTimeout bounds each call of Clear. Zero means
+	// DefaultClearTimeout; a negative value means no limit.
+	ClearTimeout time.Duration
+
+	// StoreTimeout bounds each call to the KV (Scan, Delete, Put). A call
+	// that runs out fails the pass, which Run retries after its backoff.
+	// Zero means DefaultStoreTimeout; a negative value means no limit.
+	StoreTimeout time.Duration
+
+	// RetryDelay is how long a marker whose Clear failed waits before it is
+	// tried again; each further failure doubles the wait, with up to a
+	// fifth of it added at random, up to MaxRetryDelay. Zero means
+	// DefaultRetryDelay and MaxRetryDelay zero means DefaultMaxRetryDelay;
+	// otherwise 1ms <= RetryDelay <= MaxRetryDelay.
+	//
+	// On a KV that is a Putter, the sweep reschedules the marker: it writes
+	// the marker again with a time that makes it fall due after the wait,
+	// then deletes the old one, so passes in between do not read it again
+	// (a crash in between leaves both, and the id is cleared twice, never
+	// lost). The rescheduled marker no longer records the entity's finish
+	// time. On any other KV the wait is kept in memory and the marker is
+	// skipped, unread by Clear, until it is over. The count of failures
+	// behind a wait lives in memory: after a restart an id starts again at
+	// RetryDelay.
+	RetryDelay    time.Duration
+	MaxRetryDelay time.Duration
 
 	// Clock tells the time. Nil means SystemClock.
 	Clock Clock
@@ -73,11 +100,15 @@ type Config struct {
 	Interval time.Duration
 
 	// Logger receives failed clears and passes (Error), malformed markers
-	// (Warn) and per-pass summaries (Debug). Nil means nothing is logged.
+	// and foreign keys (Warn) and per-pass summaries (Debug). A pass logs
+	// at most one line per kind with a count and a few examples, however
+	// many markers failed. Nil means slog.Default(); to silence it, pass
+	// slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
 	// ValidateID checks the id of every marker before Clear sees it. A
-	// marker whose id it refuses is deleted as malformed, without Clear.
+	// marker-shaped key whose id it refuses is deleted as malformed, without
+	// Clear.
 	// Nil means the package's ValidateID. An empty id is refused whatever
 	// this function says.
 	ValidateID func(id string) error
@@ -109,11 +140,15 @@ type Config struct {
 type Stats struct {
 	Scanned     int // keys read by Scan, including the one read past the expired range
 	Cleared     int // markers whose Clear returned nil
-	Failed      int // markers whose Clear returned an error or panicked; they stay
-	Malformed   int // malformed markers, deleted without Clear
+	Failed      int // markers whose Clear failed (error, panic, timeout, Goexit); they stay
+	Retried     int // failed markers put off until their retry delay is over
+	Deferred    int // markers skipped because their retry delay is not over (KVs without Put)
+	Malformed   int // marker-shaped keys with a refused id or time, deleted without Clear
+	Foreign     int // keys under the prefix that are not marker-shaped, left alone
 	LiveAgain   int // markers whose Clear returned ErrLiveAgain, deleted without clearing
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
+	PutCalls    int // calls to Putter.Put, rescheduling failed markers
 
 	// Duration is how long the pass took by the sweep's Clock.
 	Duration time.Duration
@@ -122,8 +157,9 @@ type Stats struct {
 	// was when the pass started. Zero when nothing was cleared.
 	MaxLag time.Duration
 
-	// NextDue is when the oldest marker left unexpired falls due: the first
-	// pass started after it clears that marker. Zero when there is none.
+	// NextDue is when a pass will next find work: the oldest marker left
+	// unexpired falls due, or the first marker kept in memory for a retry
+	// (on a KV without Put) may be tried again. Zero when there is none.
 	NextDue time.Time
 }
 
@@ -132,91 +168,94 @@ type Stats struct {
 // one sweep (in tests, or driven by your own scheduler). A Sweep is safe for
 // concurrent use; its passes never overlap.
 type Sweep struct {
-	kv          KV
-	prefix      string
-	retention   time.Duration
-	clear       func(context.Context, string) error
-	clock       Clock
-	pageSize    int
-	concurrency int
-	interval    time.Duration
-	log         *slog.Logger
-	validate    func(string) error // nil: ValidateID
-	onPass      func(Stats, error)
-	lease       Locker
-	jitter      float64
-	startJitter time.Duration
+	kv           KV
+	prefix       string
+	retention    time.Duration
+	clear        func(context.Context, string) error
+	clock        Clock
+	pageSize     int
+	concurrency  int
+	interval     time.Duration
+	clearTimeout time.Duration // <= 0: none
+	storeTimeout time.Duration // <= 0: none
+	log          *slog.Logger
+	validate     func(string) error // nil: ValidateID
+	onPass       func(Stats, error)
+	lease        Locker
+	jitter       float64
+	startJitter  time.Duration
 
 	// lower and upper bound the marker space: the prefix followed by a digit.
 	lower, upper []byte
 
-	// busy serialises passes and guards the buffers below, which passes reuse.
-	busy  chan struct{}
-	items []item
-	ids   []byte
-	del   [][]byte
-	from  []byte
-}
-
-// item is one marker of a page on its way through a pass; items[i] stands
-// for the page's keys[i].
-type item struct {
-	id     string
-	ms     int64
-	err    error // parse or Clear error
-	lo, hi int32 // the id's bounds in the page's id buffer
-	bad    bool  // malformed
+	// busy serialises passes and guards what follows, which passes reuse.
+	busy    chan struct{}
+	retries retries
+	items   []item
+	ids     []byte
+	del     [][]byte
+	from    []byte
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
 // ErrInvalidConfig and names the field at fault.
 func New(kv KV, cfg Config) (*Sweep, error) {
-	switch {
-	case kv == nil:
-		return nil, invalidConfig("kv must not be nil")
-	case cfg.Prefix == "":
-		return nil, invalidConfig("Config.Prefix must not be empty")
-	case cfg.Clear == nil:
-		return nil, invalidConfig("Config.Clear must not be nil")
-	case cfg.Retention < time.Millisecond:
-		return nil, invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
-	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
-		return nil, invalidConfig("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
-	case cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency:
-		return nil, invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
-	case cfg.Interval < 0:
-		return nil, invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
-	}
-	if err := checkJitter("Config", cfg.Jitter, cfg.StartJitter); err != nil {
+	if err := checkConfig(kv, &cfg); err != nil {
 		return nil, err
 	}
 	s := &Sweep{
-		kv:          kv,
-		prefix:      cfg.Prefix,
-		retention:   cfg.Retention,
-		clear:       cfg.Clear,
-		clock:       cmp.Or(cfg.Clock, SystemClock),
-		pageSize:    cmp.Or(cfg.PageSize, DefaultPageSize),
-		concurrency: cmp.Or(cfg.Concurrency, 1),
-		interval:    cfg.Interval,
-		log:         cfg.Logger,
-		validate:    cfg.ValidateID,
-		onPass:      cfg.OnPass,
-		lease:       cfg.Lease,
-		jitter:      cfg.Jitter,
-		startJitter: cfg.StartJitter,
-		lower:       append([]byte(cfg.Prefix), '0'),
-		upper:       append([]byte(cfg.Prefix), '9'+1),
-		busy:        make(chan struct{}, 1),
+		kv:           kv,
+		prefix:       cfg.Prefix,
+		retention:    cfg.Retention,
+		clear:        cfg.Clear,
+		clock:        cmp.Or(cfg.Clock, SystemClock),
+		pageSize:     cmp.Or(cfg.PageSize, DefaultPageSize),
+		concurrency:  cmp.Or(cfg.Concurrency, 1),
+		interval:     cfg.Interval,
+		clearTimeout: cmp.Or(cfg.ClearTimeout, DefaultClearTimeout),
+		storeTimeout: cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout),
+		log:          cmp.Or(cfg.Logger, slog.Default()).With("prefix", cfg.Prefix),
+		validate:     cfg.ValidateID,
+		onPass:       cfg.OnPass,
+		lease:        cfg.Lease,
+		jitter:       cfg.Jitter,
+		startJitter:  cfg.StartJitter,
+		lower:        append([]byte(cfg.Prefix), '0'),
+		upper:        append([]byte(cfg.Prefix), '9'+1),
+		busy:         make(chan struct{}, 1),
+		retries:      newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay)),
 	}
 	if s.interval == 0 {
 		s.interval = min(s.retention, time.Minute)
 	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
-	s.log = s.log.With("prefix", s.prefix)
 	return s, nil
+}
+
+// checkConfig checks what New cannot default.
+func checkConfig(kv KV, cfg *Config) error {
+	switch {
+	case kv == nil:
+		return invalidConfig("kv must not be nil")
+	case cfg.Prefix == "":
+		return invalidConfig("Config.Prefix must not be empty")
+	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
+		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
+			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
+	case cfg.Clear == nil:
+		return invalidConfig("Config.Clear must not be nil")
+	case cfg.Retention < time.Millisecond:
+		return invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
+	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
+		return invalidConfig("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
+	case cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency:
+		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
+	case cfg.Interval < 0:
+		return invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
+	}
+	if err := checkRetryDelays(cfg.RetryDelay, cfg.MaxRetryDelay); err != nil {
+		return err
+	}
+	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
 }
 
 // invalidConfig returns an error matching ErrInvalidConfig with the message
@@ -264,17 +303,18 @@ func (s *Sweep) checkID(id string) error {
 }
 
 // Pass makes one sweep: every expired marker is handled, oldest first, then
-// Pass returns. Per marker it parses the key, calls Clear and, only once
-// Clear returned nil (or ErrLiveAgain), deletes the marker; markers of one
-// page are deleted in one KV.Delete call. Malformed markers are deleted
-// without Clear. A failed or panicking Clear is counted and logged, and the
-// pass goes on with the next marker.
+// Pass returns. Per marker it calls Clear and, only once Clear returned nil
+// (or ErrLiveAgain), deletes the marker; markers of one page are deleted in
+// one KV.Delete call. A marker whose Clear failed stays, put off until its
+// retry delay is over (see Config.RetryDelay); the pass goes on with the
+// next one. Malformed markers are deleted without Clear; foreign keys are
+// left alone.
 //
 // Pass reads only the expired range of keys, plus one key past it to learn
 // Stats.NextDue, so a pass with nothing expired costs two Scan calls however
-// many markers wait. It returns an error when the KV fails, and ctx.Err()
-// when ctx is done; in both cases no marker whose Clear did not succeed has
-// been deleted.
+// many markers wait. It returns an error when the KV fails or does not
+// answer within StoreTimeout, and ctx.Err() when ctx is done; in every case
+// no marker whose Clear did not succeed has been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 	return s.pass(ctx, s.kv)
 }
@@ -292,20 +332,22 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	defer func() { <-s.busy }()
 
 	start := s.clock.Now()
-	defer func() { st.Duration = s.clock.Now().Sub(start) }()
-	cutoff := start.Add(-s.retention)
-	cutoffMs := cutoffMillis(cutoff)
-	cutoffKey := appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMs))
+	p := &passState{kv: kv, st: &st, cutoff: start.Add(-s.retention)}
+	p.putter, _ = kv.(Putter)
+	p.cutoffMs = cutoffMillis(p.cutoff)
+	p.cutoffKey = appendTimestamp(append([]byte(nil), s.prefix...), uint64(p.cutoffMs))
+	defer func() {
+		st.Duration = s.clock.Now().Sub(start)
+		s.logPass(p)
+	}()
 
 	from := s.lower
 	for {
-		keys, err := kv.Scan(ctx, from, cutoffKey, s.pageSize)
-		st.ScanCalls++
+		keys, err := s.scan(ctx, p, from, p.cutoffKey, s.pageSize)
 		if err != nil {
-			return st, s.kvErr(ctx, "scan markers", err)
+			return st, err
 		}
-		st.Scanned += len(keys)
-		if err := s.page(ctx, kv, keys, cutoff, cutoffMs, &st); err != nil {
+		if err := s.page(ctx, p, keys); err != nil {
 			return st, err
 		}
 		if len(keys) < s.pageSize {
@@ -316,12 +358,22 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 		s.from = append(append(s.from[:0], keys[len(keys)-1]...), 0)
 		from = s.from
 	}
-	if err := s.peek(ctx, kv, cutoffKey, &st); err != nil {
+	if err := s.peek(ctx, p); err != nil {
 		return st, err
 	}
-	s.log.Debug("retention pass", "cleared", st.Cleared, "failed", st.Failed, "malformed", st.Malformed,
-		"live_again", st.LiveAgain, "max_lag", st.MaxLag, "next_due", st.NextDue)
+	s.retries.prune(s.clock.Now())
 	return st, nil
+}
+
+// passState is what one pass carries from page to page.
+type passState struct {
+	kv        KV
+	putter    Putter // kv as a Putter, or nil
+	st        *Stats
+	cutoff    time.Time
+	cutoffMs  int64
+	cutoffKey []byte
+	notes     passNotes
 }
 
 // cutoffMillis returns the smallest whole millisecond not before cutoff: a
@@ -330,8 +382,8 @@ func cutoffMillis(cutoff time.Time) int64 {
 	switch {
 	case cutoff.Before(epoch):
 		return 0
-	case cutoff.After(maxMarkerTime):
-		return math.MaxInt64
+	case cutoff.After(MaxMarkerTime):
+		return maxMarkerMs + 1
 	}
 	ms := cutoff.UnixMilli()
 	if time.UnixMilli(ms).Before(cutoff) {
@@ -340,48 +392,37 @@ func cutoffMillis(cutoff time.Time) int64 {
 	return ms
 }
 
-// page handles one page of the expired range.
-func (s *Sweep) page(ctx context.Context, kv KV, keys [][]byte, cutoff time.Time, cutoffMs int64, st *Stats) error {
-	items := s.items[:0]
-	ids := s.ids[:0]
-	for _, key := range keys {
-		ms, id, err := parseKey(s.prefix, key)
-		if err == nil && ms >= cutoffMs {
-			// Only a KV that breaks its end bound gets here; clearing this
-			// marker would delete state before its retention ran out.
-			break
-		}
-		if err == nil && s.validate == nil {
-			// The default rule runs on the bytes, before any string exists.
-			if verr := validateIDBytes(id); verr != nil {
-				err = malformed(key, "id", verr)
-			}
-		}
-		items = append(items, item{})
-		it := &items[len(items)-1]
-		it.ms, it.err, it.bad, it.lo = ms, err, err != nil, int32(len(ids))
-		ids = append(ids, id...)
-		it.hi = int32(len(ids))
-	}
-	s.ids = ids
-	// One string holds the page's ids and Clear gets substrings of it: one
-	// allocation per page rather than per marker.
-	all := string(ids)
-	for i := range items {
-		it := &items[i]
-		if it.bad {
-			continue
-		}
-		it.id = all[it.lo:it.hi]
-		if s.validate == nil {
-			continue
-		}
-		if err := s.checkID(it.id); err != nil {
-			it.err, it.bad = malformed(keys[i], "id", err), true
-		}
-	}
-	s.items = items
+// outcome is what became of one key of a page.
+type outcome uint8
 
+const (
+	pending   outcome = iota // Clear has not returned (yet): the marker stays
+	cleared                  // Clear returned nil
+	liveAgain                // Clear returned ErrLiveAgain
+	failed                   // Clear failed; the marker stays, put off for a retry
+	bad                      // malformed: deleted without Clear
+	foreign                  // not marker-shaped: left alone
+	deferred                 // in its retry delay: left for later
+)
+
+// item is one key of a page on its way through a pass; items[i] stands for
+// the page's keys[i].
+type item struct {
+	id     string
+	ms     int64
+	err    error // why the key is malformed, or how Clear failed
+	lo, hi int32 // the id's bounds in the page's id buffer
+	out    outcome
+}
+
+// page handles one page of the expired range.
+func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
+	items, now := s.parsePage(p, keys), s.clock.Now()
+	for i := range items {
+		if it := &items[i]; it.out == pending && s.retries.waiting(it.id, now) {
+			it.out = deferred
+		}
+	}
 	if err := s.clearAll(ctx, items); err != nil {
 		return err
 	}
@@ -390,156 +431,190 @@ func (s *Sweep) page(ctx context.Context, kv KV, keys [][]byte, cutoff time.Time
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	return s.settle(ctx, p, keys, items)
+}
 
-	del := s.del[:0]
-	oldest := int64(-1) // ms of the oldest cleared marker: it has the largest lag
+// parsePage sorts the keys of a page into items: markers to clear (pending),
+// malformed and foreign keys. It stops at a marker that is not expired,
+// which only a KV that breaks Scan's end bound returns.
+func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
+	items := s.items[:0]
+	ids := s.ids[:0]
+	for _, key := range keys {
+		ms, id, isForeign, err := parseKey(s.prefix, key)
+		if err == nil && ms >= p.cutoffMs {
+			// Clearing this marker would delete state before its retention
+			// ran out.
+			break
+		}
+		if err == nil && s.validate == nil {
+			// The default rule runs on the bytes, before any string exists.
+			if verr := validateIDBytes(id); verr != nil {
+				err = malformed(key, "id", verr)
+			}
+		}
+		out := pending
+		switch {
+		case isForeign:
+			out = foreign
+		case err != nil:
+			out = bad
+		}
+		items = append(items, item{ms: ms, err: err, out: out, lo: int32(len(ids))})
+		if out == pending {
+			ids = append(ids, id...)
+		}
+		items[len(items)-1].hi = int32(len(ids))
+	}
+	s.ids = ids
+	// One string holds the page's ids and Clear gets substrings of it: one
+	// allocation per page rather than per marker.
+	all := string(ids)
 	for i := range items {
 		it := &items[i]
-		switch {
-		case it.bad:
+		if it.out != pending {
+			continue
+		}
+		it.id = all[it.lo:it.hi]
+		if s.validate == nil {
+			continue
+		}
+		if err := s.checkID(it.id); err != nil {
+			it.err, it.out = malformed(keys[i], "id", err), bad
+		}
+	}
+	s.items = items
+	return items
+}
+
+// settle acts on a page's outcomes: failed markers are put off for a retry,
+// and the cleared, live-again and malformed ones are deleted in one call.
+func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
+	st := p.st
+	del := s.del[:0]
+	oldest := int64(-1) // ms of the oldest cleared marker: it has the largest lag
+	var putErr error
+	for i := range items {
+		it := &items[i]
+		switch it.out {
+		case foreign:
+			st.Foreign++
+			p.notes.foreign.add(keys[i], nil)
+			continue
+		case deferred:
+			st.Deferred++
+			s.noteRetry(p, s.retries.due(it.id))
+			continue
+		case pending:
+			continue // only a cancelled pass leaves one, and it returned before
+		case bad:
 			st.Malformed++
-			s.log.Warn("retention: deleting malformed marker", "key", string(keys[i]), "error", it.err)
-		case it.err == nil:
+			p.notes.malformed.add(keys[i], it.err)
+		case cleared:
 			st.Cleared++
+			s.retries.forget(it.id)
 			if oldest < 0 {
 				oldest = it.ms // items ascend, so the first cleared is the oldest
 			}
-		case errors.Is(it.err, ErrLiveAgain):
+		case liveAgain:
 			st.LiveAgain++
-		default:
+			s.retries.forget(it.id)
+		case failed:
 			st.Failed++
-			if errors.Is(it.err, ErrClearPanicked) {
-				s.log.Error("retention: clear panicked", "id", it.id, "error", it.err)
-			} else {
-				s.log.Error("retention: clear failed", "id", it.id, "error", it.err)
+			p.notes.failed.add([]byte(it.id), it.err)
+			if putErr != nil {
+				continue // the store just failed: the marker stays as it is
 			}
-			continue
+			moved, err := s.retry(ctx, p, it.id)
+			if err != nil {
+				putErr = err
+			}
+			if !moved {
+				continue
+			}
 		}
 		del = append(del, keys[i])
 	}
 	s.del = del
 	if oldest >= 0 {
-		st.MaxLag = max(st.MaxLag, cutoff.Sub(time.UnixMilli(oldest)))
+		st.MaxLag = max(st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
 	}
-	if len(del) == 0 {
-		return nil
+	if len(del) > 0 {
+		if err := s.delete(ctx, p, del); err != nil {
+			return err
+		}
 	}
-	st.DeleteCalls++
-	if err := kv.Delete(ctx, del...); err != nil {
-		return s.kvErr(ctx, fmt.Sprintf("delete %d markers", len(del)), err)
+	return putErr
+}
+
+// peek reads the first marker past the expired range to set st.NextDue. It
+// reads one key when that is a marker, as it nearly always is; foreign and
+// malformed keys there are stepped over a page at a time, and the malformed
+// ones deleted.
+func (s *Sweep) peek(ctx context.Context, p *passState) error {
+	st := p.st
+	from, limit := p.cutoffKey, 1
+	for {
+		keys, err := s.scan(ctx, p, from, s.upper, limit)
+		if err != nil {
+			return err
+		}
+		var del [][]byte
+		found := false
+		for _, key := range keys {
+			ms, id, isForeign, err := parseKey(s.prefix, key)
+			if err == nil {
+				err = s.checkIDBytes(key, id)
+			}
+			switch {
+			case isForeign:
+				st.Foreign++
+				p.notes.foreign.add(key, nil)
+				continue
+			case err != nil:
+				st.Malformed++
+				p.notes.malformed.add(key, err)
+				del = append(del, key)
+				continue
+			}
+			st.NextDue = earliest(st.NextDue, time.UnixMilli(ms).Add(s.retention))
+			found = true
+			break
+		}
+		if len(del) > 0 {
+			if err := s.delete(ctx, p, del); err != nil {
+				return err
+			}
+		}
+		if found || len(keys) < limit {
+			return nil
+		}
+		from = append(append([]byte(nil), keys[len(keys)-1]...), 0)
+		limit = s.pageSize
+	}
+}
+
+// checkIDBytes checks a marker's id by the sweep's rule, returning the
+// malformed-marker error for key.
+func (s *Sweep) checkIDBytes(key, id []byte) error {
+	var err error
+	if s.validate == nil {
+		err = validateIDBytes(id)
+	} else {
+		err = s.checkID(string(id))
+	}
+	if err != nil {
+		return malformed(key, "id", err)
 	}
 	return nil
 }
 
-// clearAll calls Clear for the well-formed items, recording each result in
-// the item. It returns ctx.Err() if ctx is done before every Clear started.
-func (s *Sweep) clearAll(ctx context.Context, items []item) error {
-	if s.concurrency == 1 {
-		for i := 0; i < len(items); {
-			var err error
-			if i, err = s.clearFrom(ctx, items, i); err != nil {
-				return err
-			}
-		}
-		return nil
+// earliest returns the earlier of a and b, where the zero time means none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
 	}
-	// A pool of workers rather than a goroutine per marker: with fast clears
-	// the goroutines would cost more than the clears.
-	var g errgroup.Group
-	g.SetLimit(s.concurrency) // the pool below never exceeds it; the limit says so
-	var next atomic.Int64
-	for range min(s.concurrency, len(items)) {
-		g.Go(func() error {
-			for ctx.Err() == nil {
-				i := int(next.Add(1)) - 1
-				if i >= len(items) {
-					break
-				}
-				if !items[i].bad {
-					items[i].err = s.callClear(ctx, items[i].id)
-				}
-			}
-			return nil
-		})
-	}
-	_ = g.Wait() // workers return nil; results are in the items
-	return ctx.Err()
-}
-
-// clearFrom clears items from index i on, one at a time, and returns where
-// it stopped. A panicking Clear ends it early, with the panic recorded as
-// that item's error: one deferred recover then serves a whole page rather
-// than each marker.
-func (s *Sweep) clearFrom(ctx context.Context, items []item, i int) (next int, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			items[i].err = panicked(r)
-			next = i + 1
-		}
-	}()
-	for ; i < len(items); i++ {
-		if items[i].bad {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return i, err
-		}
-		items[i].err = s.clear(ctx, items[i].id)
-	}
-	return i, nil
-}
-
-// callClear runs Clear, turning a panic into an error that carries the stack.
-func (s *Sweep) callClear(ctx context.Context, id string) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = panicked(r)
-		}
-	}()
-	return s.clear(ctx, id)
-}
-
-func panicked(r any) error {
-	return fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
-}
-
-// peek reads the first marker past the expired range to set st.NextDue.
-// Malformed keys found there are deleted; each round removes one, so the
-// loop ends, and with no malformed keys it reads at most one key.
-func (s *Sweep) peek(ctx context.Context, kv KV, cutoffKey []byte, st *Stats) error {
-	for {
-		keys, err := kv.Scan(ctx, cutoffKey, s.upper, 1)
-		st.ScanCalls++
-		if err != nil {
-			return s.kvErr(ctx, "scan markers", err)
-		}
-		st.Scanned += len(keys)
-		if len(keys) == 0 {
-			return nil
-		}
-		ms, id, err := parseKey(s.prefix, keys[0])
-		if err == nil {
-			if err = s.checkID(string(id)); err == nil {
-				st.NextDue = time.UnixMilli(ms).Add(s.retention)
-				return nil
-			}
-			err = malformed(keys[0], "id", err)
-		}
-		st.Malformed++
-		s.log.Warn("retention: deleting malformed marker", "key", string(keys[0]), "error", err)
-		st.DeleteCalls++
-		if err := kv.Delete(ctx, keys[0]); err != nil {
-			return s.kvErr(ctx, "delete malformed marker", err)
-		}
-	}
-}
-
-// kvErr wraps a KV error, returning ctx's own error when that is the cause.
-func (s *Sweep) kvErr(ctx context.Context, what string, err error) error {
-	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
-		return ctxErr
-	}
-	return fmt.Errorf("retention: %s: %w", what, err)
+	return a
 }
 
 // Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
@@ -554,7 +629,8 @@ func (s *Sweep) kvErr(ctx context.Context, what string, err error) error {
 // With Config.Lease set, Run passes only while it holds the lease: it tries
 // to take it before each pass and, once held, keeps it until ctx is done or
 // it is lost; a pass during which the lease is lost is cancelled before it
-// deletes another marker. A replica without the lease retries every
+// deletes another marker. A lease that is a Fencer also fences the pass's
+// deletes in the store. A replica without the lease retries every
 // Interval. Run releases a held lease and leaves no goroutine behind when it
 // returns.
 func (s *Sweep) Run(ctx context.Context) error {
@@ -566,12 +642,4 @@ func (s *Sweep) Run(ctx context.Context) error {
 		startJitter: s.startJitter,
 	}
 	return l.run(ctx)
-}
-
-// untilDue is how long Run sleeps after a successful pass.
-func (s *Sweep) untilDue(st Stats) time.Duration {
-	if st.NextDue.IsZero() {
-		return s.interval
-	}
-	return min(max(st.NextDue.Sub(s.clock.Now())+dueSlack, 0), s.interval)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,21 @@ func TestNewValidation(t *testing.T) {
 		{"jitter above 1", kv, func(c *Config) { c.Jitter = 1.01 }, "Config.Jitter must be between 0 and 1, got 1.01"},
 		{"NaN jitter", kv, func(c *Config) { c.Jitter = math.NaN() }, "Config.Jitter must be between 0 and 1, got NaN"},
 		{"negative start jitter", kv, func(c *Config) { c.StartJitter = -time.Second }, "Config.StartJitter must not be negative, got -1s"},
+		{"prefix ending in a letter", kv, func(c *Config) { c.Prefix = "job" }, `Config.Prefix "job" ends in 'b'`},
+		{"prefix ending in a digit", kv, func(c *Config) { c.Prefix = "runs1" }, "end it with a separator"},
+		{"prefix ending in an underscore", kv, func(c *Config) { c.Prefix = "runs_" }, "ends in '_'"},
+		{"prefix ending in a dash", kv, func(c *Config) { c.Prefix = "runs-" }, "ends in '-'"},
+		{"prefix ending in a colon", kv, func(c *Config) { c.Prefix = "runs:" }, ""},
+		{"prefix ending in a dot", kv, func(c *Config) { c.Prefix = "runs." }, ""},
+		{"timeouts and retries set", kv, func(c *Config) {
+			c.ClearTimeout, c.StoreTimeout, c.RetryDelay, c.MaxRetryDelay = time.Second, -1, time.Millisecond, time.Hour
+		}, ""},
+		{"sub-ms retry delay", kv, func(c *Config) { c.RetryDelay = time.Microsecond }, "Config.RetryDelay must be 0 (default 1s) or at least 1ms, got 1µs"},
+		{"negative retry delay", kv, func(c *Config) { c.RetryDelay = -time.Second }, "Config.RetryDelay must be 0"},
+		{"negative max retry delay", kv, func(c *Config) { c.MaxRetryDelay = -time.Second }, "Config.MaxRetryDelay must be 0"},
+		{"retry delay above max", kv, func(c *Config) { c.RetryDelay, c.MaxRetryDelay = time.Hour, time.Minute }, "Config.RetryDelay (1h0m0s) must not exceed Config.MaxRetryDelay (1m0s)"},
+		{"retry delay above default max", kv, func(c *Config) { c.RetryDelay = time.Hour }, "set Config.MaxRetryDelay too"},
+		{"max retry delay below default first", kv, func(c *Config) { c.MaxRetryDelay = 10 * time.Millisecond }, "set Config.RetryDelay too"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -193,14 +209,26 @@ func TestPassClearFailure(t *testing.T) {
 			require.NoError(t, err, "a failing clear is not a pass failure")
 			assert.Equal(t, 4, st.Cleared)
 			assert.Equal(t, 1, st.Failed)
-			assert.True(t, has(t, kv, keys["b"]), "the failed marker stays")
-			assert.Equal(t, 1, kv.Len())
+			assert.Equal(t, 1, st.Retried)
+			assert.False(t, has(t, kv, keys["b"]), "the failed marker is rescheduled")
+			assert.Equal(t, map[string]int{"b": 1}, markerIDs(t, kv, "runs/"), "the failed marker stays")
 			for _, id := range []string{"a", "c", "d", "e"} {
 				assert.Equal(t, 1, c.count(id), "clears of %s", id)
 			}
+			due := st.NextDue
+			assert.False(t, due.Before(clock.Now().Add(time.Second)), "retried after RetryDelay, not before: due %v", due)
+			assert.False(t, due.After(clock.Now().Add(1200*time.Millisecond)), "jitter adds at most a fifth: due %v", due)
 
-			// The next pass retries the failed one, and only it.
+			// Until its delay is over, passes do not even read it.
+			clock.Set(due)
+			st, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, st.Cleared+st.Failed)
+			assert.Equal(t, 1, c.count("b"))
+
+			// Once it is over, the next pass retries the failed one, and only it.
 			c.set("b", nil)
+			clock.Set(due.Add(time.Millisecond)) // like any marker's: the first pass after it
 			st, err = s.Pass(context.Background())
 			require.NoError(t, err)
 			assert.Equal(t, 1, st.Cleared)
@@ -259,27 +287,37 @@ func TestPassScanFailure(t *testing.T) {
 
 func TestPassMalformedAndNeighbours(t *testing.T) {
 	t.Parallel()
+	type want int
+	const (
+		deleted     want = iota // a malformed marker: deleted without Clear
+		foreignKept             // under the prefix but not marker-shaped: counted, kept
+		outsideKept             // outside the marker space: not even read
+	)
 	tests := []struct {
-		name        string
-		key         string
-		wantDeleted bool
+		name string
+		key  string
+		want want
 	}{
-		{"letter in timestamp", "runs/0000000000000000000x/a", true},
-		{"short timestamp inside the expired range", "runs/0000/a", true},
-		{"short timestamp past the expired range", "runs/123/a", true},
-		{"missing slash", "runs/00000000000000000001a", true},
-		{"nothing after timestamp", "runs/00000000000000000001", true},
-		{"empty id", "runs/00000000000000000001/", true},
-		{"invalid id characters", "runs/00000000000000000001/a b", true},
-		{"id with slash", "runs/00000000000000000001/a/b", true},
-		{"unexpired marker with invalid id", "runs/09000000000000000000/a$", true},
-		{"timestamp overflowing int64", "runs/99999999999999999999/a", true},
-		{"neighbouring prefix runs2/", "runs2/00000000000000000001/a", false},
-		{"shorter prefix run", "run", false},
-		{"sibling run/", "run/00000000000000000001/a", false},
-		{"the bare prefix", "runs/", false},
-		{"non-digit after prefix", "runs/x0000000000000000001/a", false},
-		{"byte below digits after prefix", "runs/-0000000000000000001/a", false},
+		{"empty id", "runs/00000000000000000001/", foreignKept},
+		{"invalid id characters", "runs/00000000000000000001/a b", deleted},
+		{"id with slash", "runs/00000000000000000001/a/b", deleted},
+		{"unexpired marker with invalid id", "runs/00000253402300799999/a$", deleted},
+		{"timestamp overflowing int64", "runs/99999999999999999999/a", deleted},
+		{"timestamp after the year 9999", "runs/00000253402300800000/a", deleted},
+		{"letter in timestamp", "runs/0000000000000000000x/a", foreignKept},
+		{"short timestamp inside the expired range", "runs/0000/a", foreignKept},
+		{"short timestamp past the expired range", "runs/123/a", foreignKept},
+		{"data key of a short id", "runs/123", foreignKept},
+		{"data key under a numeric id", "runs/0042/state", foreignKept},
+		{"missing slash", "runs/00000000000000000001a", foreignKept},
+		{"21 digits", "runs/000000000000000000012/a", foreignKept},
+		{"nothing after timestamp", "runs/00000000000000000001", foreignKept},
+		{"neighbouring prefix runs2/", "runs2/00000000000000000001/a", outsideKept},
+		{"shorter prefix run", "run", outsideKept},
+		{"sibling run/", "run/00000000000000000001/a", outsideKept},
+		{"the bare prefix", "runs/", outsideKept},
+		{"non-digit after prefix", "runs/x0000000000000000001/a", outsideKept},
+		{"byte below digits after prefix", "runs/-0000000000000000001/a", outsideKept},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -287,22 +325,34 @@ func TestPassMalformedAndNeighbours(t *testing.T) {
 			kv := NewMemKV()
 			c := newClears()
 			var logs bytes.Buffer
-			s, _ := newSweep(t, kv, Config{Clear: c.clear, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			s, clock := newSweep(t, kv, Config{Clear: c.clear, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			require.NoError(t, kv.Put(context.Background(), []byte(tt.key), nil))
-			st, err := s.Pass(context.Background())
-			require.NoError(t, err)
-			assert.Zero(t, c.total(), "clear must not be called for %q", tt.key)
-			assert.Zero(t, st.Cleared)
-			assert.True(t, st.NextDue.IsZero())
-			if tt.wantDeleted {
-				assert.Equal(t, 1, st.Malformed, "Pass().Malformed = %d, want 1", st.Malformed)
-				assert.Zero(t, kv.Len(), "malformed marker should be deleted")
-				assert.Contains(t, logs.String(), "level=WARN")
-				assert.Contains(t, logs.String(), "malformed marker")
-			} else {
-				assert.Zero(t, st.Malformed)
-				assert.Equal(t, 1, kv.Len(), "key outside the marker space must stay")
-				assert.Empty(t, logs.String())
+			for range 3 {
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Zero(t, c.total(), "clear must not be called for %q", tt.key)
+				assert.Zero(t, st.Cleared)
+				assert.True(t, st.NextDue.IsZero())
+				switch tt.want {
+				case deleted:
+					assert.Equal(t, 1, st.Malformed, "Pass().Malformed")
+					assert.Zero(t, kv.Len(), "malformed marker should be deleted")
+					assert.Contains(t, logs.String(), "level=WARN")
+					assert.Contains(t, logs.String(), "malformed marker")
+					return // gone: later passes have nothing to say
+				case foreignKept:
+					assert.Zero(t, st.Malformed)
+					assert.Equal(t, 1, st.Foreign)
+					assert.Equal(t, 1, kv.Len(), "a foreign key must stay")
+					assert.Contains(t, logs.String(), "not markers; left alone")
+					assert.Contains(t, logs.String(), strconv.Quote(strconv.Quote(tt.key)), "the log names the key")
+				case outsideKept:
+					assert.Zero(t, st.Malformed)
+					assert.Zero(t, st.Foreign)
+					assert.Equal(t, 1, kv.Len(), "key outside the marker space must stay")
+					assert.Empty(t, logs.String())
+				}
+				clock.Advance(1000 * time.Hour) // whatever its time, it stays
 			}
 		})
 	}
@@ -316,7 +366,7 @@ func TestPassMalformedPastCutoffThenValid(t *testing.T) {
 	future := t0.Add(time.Minute)
 	bad, err := MarkerKey("runs/", future, "x")
 	require.NoError(t, err)
-	bad = append(bad[:len(bad)-2], "!x"...) // same timestamp, no slash
+	bad = append(bad, '!') // same timestamp, an id with a refused byte
 	require.NoError(t, kv.Put(context.Background(), bad, nil))
 	good := mark(t, kv, "runs/", "y", future.Add(time.Millisecond))
 	st, err := s.Pass(context.Background())
@@ -352,9 +402,10 @@ func TestPassCustomValidateID(t *testing.T) {
 	st, err := s.Pass(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Cleared)
-	assert.Equal(t, 2, st.Malformed)
+	assert.Equal(t, 1, st.Malformed, "the marker of id B")
+	assert.Equal(t, 1, st.Foreign, "a marker-like key with no id is not a marker")
 	assert.Equal(t, 1, c.count("a.b"))
-	assert.Zero(t, kv.Len())
+	assert.Equal(t, 1, kv.Len())
 }
 
 func TestPassClearPanics(t *testing.T) {
@@ -383,8 +434,8 @@ func TestPassClearPanics(t *testing.T) {
 	assert.Equal(t, 2, st.Failed)
 	assert.Equal(t, 2, st.Cleared, "markers after a panicking one are still cleared")
 	assert.Equal(t, int32(4), calls.Load())
-	assert.True(t, has(t, kv, panicky))
-	assert.Equal(t, 2, kv.Len())
+	assert.False(t, has(t, kv, panicky), "the marker was rescheduled")
+	assert.Equal(t, map[string]int{"p": 1, "r": 1}, markerIDs(t, kv, "runs/"), "the failed markers stay, rescheduled")
 	assert.Contains(t, logs.String(), "clear exploded")
 	assert.Contains(t, logs.String(), "level=ERROR")
 	assert.Contains(t, logs.String(), "sweep_test.go", "the log should carry the stack")
@@ -393,9 +444,12 @@ func TestPassClearPanics(t *testing.T) {
 func TestCallClearPanicError(t *testing.T) {
 	t.Parallel()
 	s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { panic(errBoom) }})
-	err := s.callClear(context.Background(), "x")
-	require.ErrorIs(t, err, ErrClearPanicked)
-	assert.Contains(t, err.Error(), "boom")
+	c := &clearing{s: s, ctx: context.Background()}
+	it := &item{id: "x"}
+	c.clearOne(it)
+	assert.Equal(t, failed, it.out)
+	require.ErrorIs(t, it.err, ErrClearPanicked)
+	assert.Contains(t, it.err.Error(), "boom")
 }
 
 func TestPassLiveAgain(t *testing.T) {

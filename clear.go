@@ -1,0 +1,102 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+)
+
+// errClearExited records a Clear that ended its goroutine with
+// runtime.Goexit (as t.FailNow does) instead of returning.
+var errClearExited = errors.New("retention: clear did not return: it called runtime.Goexit")
+
+// clearAll calls Clear for the page's pending items, at most Concurrency at
+// a time, oldest first, recording each outcome in its item. It returns
+// ctx.Err() if ctx is done before every Clear started.
+//
+// Clears run on worker goroutines, even one at a time: a Clear that calls
+// runtime.Goexit then ends a worker, not the caller, and a new worker takes
+// over the rest of the page. A pool rather than a goroutine per marker:
+// with fast clears the goroutines would cost more than the clears.
+func (s *Sweep) clearAll(ctx context.Context, items []item) error {
+	n := 0
+	for i := range items {
+		if items[i].out == pending {
+			n++
+		}
+	}
+	if n == 0 {
+		return ctx.Err()
+	}
+	c := &clearing{s: s, ctx: ctx, items: items}
+	for range min(s.concurrency, n) {
+		c.wg.Add(1)
+		go c.work()
+	}
+	c.wg.Wait()
+	return ctx.Err()
+}
+
+// clearing is one page's clears in flight.
+type clearing struct {
+	s     *Sweep
+	ctx   context.Context
+	items []item
+	next  atomic.Int64 // index of the next item to take
+	wg    sync.WaitGroup
+}
+
+func (c *clearing) work() {
+	defer c.wg.Done()
+	for c.ctx.Err() == nil {
+		i := int(c.next.Add(1)) - 1
+		if i >= len(c.items) {
+			return
+		}
+		if c.items[i].out == pending {
+			c.clearOne(&c.items[i])
+		}
+	}
+}
+
+// clearOne calls Clear for one item under ClearTimeout and records the
+// outcome. Only a Clear that returned nil or ErrLiveAgain is recorded as
+// such; one that returned another error, panicked or never returned
+// (runtime.Goexit) is recorded as failed.
+func (c *clearing) clearOne(it *item) {
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		it.out = failed
+		if r := recover(); r != nil {
+			it.err = fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
+			return // the worker goes on
+		}
+		// runtime.Goexit: this goroutine ends once the deferred calls ran.
+		// Another worker takes its place.
+		it.err = errClearExited
+		c.wg.Add(1)
+		go c.work()
+	}()
+	ctx, cancel := withTimeout(c.ctx, c.s.clearTimeout)
+	defer cancel()
+	err := c.s.clear(ctx, it.id)
+	switch {
+	case err == nil:
+		it.out = cleared
+	case errors.Is(err, ErrLiveAgain):
+		it.out = liveAgain
+	default:
+		it.out = failed
+		if c.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("retention: clear timed out after ClearTimeout (%v): %w", c.s.clearTimeout, err)
+		}
+		it.err = err
+	}
+	returned = true
+}

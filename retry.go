@@ -1,0 +1,136 @@
+package retention
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// retries remembers, per id, how often its Clear failed in a row and when
+// it may be tried again. It lives in memory: a restart forgets it, and an id
+// then starts again at the first delay. Passes are serialised, so it needs
+// no lock.
+type retries struct {
+	first, most time.Duration
+	byID        map[string]retry
+	passes      int
+}
+
+type retry struct {
+	failures  int
+	notBefore time.Time
+}
+
+func newRetries(first, most time.Duration) retries {
+	return retries{first: first, most: most}
+}
+
+// checkRetryDelays validates Config.RetryDelay and Config.MaxRetryDelay.
+func checkRetryDelays(first, most time.Duration) error {
+	switch {
+	case first < 0 || (first > 0 && first < time.Millisecond):
+		return invalidConfig("Config.RetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultRetryDelay, first)
+	case most < 0 || (most > 0 && most < time.Millisecond):
+		return invalidConfig("Config.MaxRetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultMaxRetryDelay, most)
+	case first > 0 && most > 0 && first > most:
+		return invalidConfig("Config.RetryDelay (%v) must not exceed Config.MaxRetryDelay (%v)", first, most)
+	case first > DefaultMaxRetryDelay && most == 0:
+		return invalidConfig("Config.RetryDelay (%v) exceeds the default MaxRetryDelay (%v): set Config.MaxRetryDelay too", first, DefaultMaxRetryDelay)
+	case most > 0 && most < DefaultRetryDelay && first == 0:
+		return invalidConfig("Config.MaxRetryDelay (%v) is below the default RetryDelay (%v): set Config.RetryDelay too", most, DefaultRetryDelay)
+	}
+	return nil
+}
+
+// delay is the wait after the n-th failure in a row: the first delay
+// doubled n-1 times, plus up to a fifth of that at random, at most the
+// largest delay. It saturates rather than overflows.
+func (r *retries) delay(n int) time.Duration {
+	d := r.first
+	for i := 1; i < n && d < r.most; i++ {
+		d *= 2 // r.most < maxDuration/2 is not guaranteed, but d < r.most is
+		if d <= 0 {
+			d = r.most
+		}
+	}
+	d = min(d, r.most)
+	return min(addSat(d, rand.N(d/5+1)), r.most)
+}
+
+// failed records one more failure of id at now and returns when it may be
+// tried again.
+func (r *retries) failed(id string, now time.Time) time.Time {
+	if r.byID == nil {
+		r.byID = map[string]retry{}
+	}
+	e := r.byID[id]
+	e.failures++
+	e.notBefore = now.Add(r.delay(e.failures))
+	r.byID[id] = e
+	return e.notBefore
+}
+
+// waiting reports whether id is in its retry delay at now.
+func (r *retries) waiting(id string, now time.Time) bool {
+	if len(r.byID) == 0 {
+		return false
+	}
+	e, ok := r.byID[id]
+	return ok && now.Before(e.notBefore)
+}
+
+// due returns when id may be tried again, or the zero time.
+func (r *retries) due(id string) time.Time {
+	return r.byID[id].notBefore
+}
+
+// forget drops id, whose Clear succeeded.
+func (r *retries) forget(id string) {
+	if len(r.byID) != 0 {
+		delete(r.byID, id)
+	}
+}
+
+// prune drops, every few passes, ids whose retry has been due for longer
+// than the largest delay: their markers are gone (cleared elsewhere) or
+// will be tried at the next pass anyway, so forgetting costs at most a
+// shorter next delay.
+func (r *retries) prune(now time.Time) {
+	r.passes++
+	if len(r.byID) == 0 || r.passes%64 != 0 {
+		return
+	}
+	for id, e := range r.byID {
+		if e.notBefore.Add(r.most).Before(now) {
+			delete(r.byID, id)
+		}
+	}
+}
+
+// retry puts off the marker of id, whose Clear just failed, until its
+// retry delay is over. On a KV that can write it writes the marker again
+// with a time that makes it fall due then, and reports moved: the caller
+// deletes the old key. Otherwise the delay is kept in memory, and the pass
+// skips the marker until it is over. The error is the KV's when the write
+// failed; the marker then stays as it was, and the delay in memory.
+func (s *Sweep) retry(ctx context.Context, p *passState, id string) (moved bool, err error) {
+	due := s.retries.failed(id, s.clock.Now())
+	p.st.Retried++
+	if p.putter != nil {
+		if key, err := appendKey(nil, s.prefix, due.Add(-s.retention), id); err == nil {
+			if err := s.put(ctx, p, key); err != nil {
+				s.noteRetry(p, due)
+				return false, err
+			}
+			return true, nil
+		}
+	}
+	s.noteRetry(p, due)
+	return false, nil
+}
+
+// noteRetry makes the pass's NextDue no later than due, when a marker kept
+// in memory for a retry may be tried again.
+func (s *Sweep) noteRetry(p *passState, due time.Time) {
+	p.st.NextDue = earliest(p.st.NextDue, due)
+}
