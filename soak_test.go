@@ -50,6 +50,7 @@ var soakForeign = []string{
 	soakPrefix + "0000000000000000004/x",        // 19 digits and an id
 	soakPrefix + "00000000000000000042",         // 20 digits, no separator
 	soakPrefix + "000000000000000000420/x",      // 21 digits
+	soakPrefix + "00000000000000000042/",        // 20 digits, '/', no id
 	soakPrefix + "99999999999999999999-state/x", // 20 digits, then not '/'
 }
 
@@ -100,10 +101,6 @@ func newSoakState(t testing.TB, mem *MemKV) *soakState {
 // finish records entity id as finished at at and writes its marker, as a
 // service would when the entity reaches its terminal state.
 func (s *soakState) finish(id string, at time.Time) {
-	// TODO(trust-merge): drop the truncation once MarkerKey rounds up to the
-	// next millisecond (issue 7, point 7); today's truncation would let the
-	// early-clear check fire by design.
-	at = at.Truncate(time.Millisecond)
 	s.mu.Lock()
 	s.entities[id] = soakEntity{finish: at}
 	s.mu.Unlock()
@@ -206,13 +203,11 @@ func (s *soakState) check() {
 			s.problemLocked("key "+key, "unknown key %q in the store", key)
 		}
 	}
-	// TODO(trust-merge): foreign keys are deleted as malformed until the
-	// core lands; then every one of them must survive every pass.
-	// for _, key := range soakForeign {
-	// 	if !foreign[key] {
-	// 		s.problemLocked("foreign "+key, "foreign key %q deleted", key)
-	// 	}
-	// }
+	for _, key := range soakForeign {
+		if !foreign[key] {
+			s.problemLocked("foreign "+key, "foreign key %q deleted", key)
+		}
+	}
 }
 
 // overdue returns the ids that fell due before cutoff-Retention but have a
@@ -235,10 +230,9 @@ func (s *soakState) overdue(cutoff time.Time) []string {
 
 // soakPasses sums what Run's OnPass reports.
 type soakPasses struct {
-	mu                  sync.Mutex
-	n, failed           int
-	sum                 Stats
-	retried, foreignMax int
+	mu        sync.Mutex
+	n, failed int
+	sum       Stats
 }
 
 func (p *soakPasses) onPass(st Stats, err error) {
@@ -254,14 +248,17 @@ func (p *soakPasses) onPass(st Stats, err error) {
 	p.sum.LiveAgain += st.LiveAgain
 	p.sum.ScanCalls += st.ScanCalls
 	p.sum.DeleteCalls += st.DeleteCalls
-	// TODO(trust-merge): p.retried += st.Retried; p.foreignMax = max(p.foreignMax, st.Foreign)
+	p.sum.Retried += st.Retried
+	p.sum.Foreign += st.Foreign
+	p.sum.PutCalls += st.PutCalls
 }
 
 func (p *soakPasses) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, malformed %d, live again %d, most foreign keys in a pass %d, %d scans, %d deletes",
-		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.retried, p.sum.Malformed, p.sum.LiveAgain, p.foreignMax, p.sum.ScanCalls, p.sum.DeleteCalls)
+	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, malformed %d, live again %d, foreign keys seen %d; %d scans, %d deletes, %d puts",
+		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.sum.Retried, p.sum.Malformed, p.sum.LiveAgain, p.sum.Foreign,
+		p.sum.ScanCalls, p.sum.DeleteCalls, p.sum.PutCalls)
 }
 
 // countHandler is a slog.Handler that counts records by level.
@@ -312,18 +309,15 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 		fkv.set(op, storeErr, 0.02)
 		fkv.set(op, storeSlow, 0.05)
 		fkv.set(op, storeLost, 0.02)
-		// TODO(trust-merge): hangs need StoreTimeout.
-		// fkv.set(op, storeHang, 0.005)
+		fkv.set(op, storeHang, 0.005)
 	}
 	fkv.set(opDelete, storePartial, 0.02)
 	fkv.enable(true)
 	fc := newFaultClear(state.done, rnd, 150*time.Millisecond)
 	fc.set(clearErr, 0.04)
 	fc.set(clearPanic, 0.02)
-	// TODO(trust-merge): hangs need ClearTimeout, and a Goexit kills Run or
-	// drops markers before the core lands.
-	// fc.set(clearHang, 0.01)
-	// fc.set(clearGoexit, 0.01)
+	fc.set(clearHang, 0.01)
+	fc.set(clearGoexit, 0.01)
 	fc.set(clearStall, 0.01)
 	fc.enable(true)
 
@@ -339,20 +333,19 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 	logs := newCountHandler()
 	var passes soakPasses
 	s, err := New(fkv, Config{
-		Prefix:      soakPrefix,
-		Retention:   soakRetention,
-		Clear:       func(ctx context.Context, id string) error { state.called(id); return fc.clear(ctx, id) },
-		PageSize:    16,
-		Concurrency: concurrency,
-		Interval:    soakInterval,
-		Jitter:      0.1,
-		Logger:      slog.New(logs),
-		OnPass:      passes.onPass,
-		// TODO(trust-merge):
-		// ClearTimeout:  50 * time.Millisecond,
-		// StoreTimeout:  50 * time.Millisecond,
-		// RetryDelay:    10 * time.Millisecond,
-		// MaxRetryDelay: soakMaxRetry,
+		Prefix:        soakPrefix,
+		Retention:     soakRetention,
+		Clear:         func(ctx context.Context, id string) error { state.called(id); return fc.clear(ctx, id) },
+		PageSize:      16,
+		Concurrency:   concurrency,
+		Interval:      soakInterval,
+		Jitter:        0.1,
+		Logger:        slog.New(logs),
+		OnPass:        passes.onPass,
+		ClearTimeout:  50 * time.Millisecond,
+		StoreTimeout:  50 * time.Millisecond,
+		RetryDelay:    10 * time.Millisecond,
+		MaxRetryDelay: soakMaxRetry,
 	})
 	require.NoError(t, err)
 
@@ -459,8 +452,7 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 		}
 		maxCalls = max(maxCalls, state.calls[id])
 	}
-	// TODO(trust-merge): assert.Len(t, foreign, len(soakForeign))
-	_ = foreign
+	assert.Len(t, foreign, len(soakForeign), "foreign keys left")
 	assert.Greater(t, unexpired, 1000, "the soak must end with unexpired markers to check")
 
 	t.Logf("end: %d entities, %d unexpired, %d cleared more than once, most Clear calls of one id %d, %d invariant checks",

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -272,6 +273,8 @@ func crashClear(db *bbolt.DB, logf *os.File, faults func() string) func(context.
 				return errors.New("injected clear error")
 			case "panic":
 				panic("injected clear panic")
+			case "goexit":
+				runtime.Goexit()
 			}
 		}
 		err := db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(crashEntities).Delete([]byte(id)) })
@@ -313,19 +316,22 @@ func crashChild(t *testing.T, dir string) {
 			return "error"
 		case x < 7:
 			return "panic"
+		case x < 8:
+			return "goexit"
 		}
 		return "ok"
 	}
 	sweep, err := retention.New(kv, retention.Config{
-		Prefix:      crashPrefix,
-		Retention:   crashRetention,
-		Clock:       crashClock{start: time.Unix(0, startNs)},
-		Clear:       crashClear(db, logf, fault),
-		PageSize:    8,
-		Concurrency: conc,
-		Interval:    20 * time.Millisecond,
-		Logger:      slog.New(slog.DiscardHandler),
-		// TODO(trust-merge): RetryDelay: 5 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond,
+		Prefix:        crashPrefix,
+		Retention:     crashRetention,
+		Clock:         crashClock{start: time.Unix(0, startNs)},
+		Clear:         crashClear(db, logf, fault),
+		PageSize:      8,
+		Concurrency:   conc,
+		Interval:      20 * time.Millisecond,
+		Logger:        slog.New(slog.DiscardHandler),
+		RetryDelay:    5 * time.Millisecond,
+		MaxRetryDelay: 50 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	err = sweep.Run(context.Background())
