@@ -28,7 +28,7 @@ const (
 	soakBacklog   = 2000            // expired markers waiting when Run starts
 	soakInterval  = 100 * time.Millisecond
 	soakMaxRetry  = 200 * time.Millisecond
-	soakCheckStep = 10 * time.Millisecond
+	soakCheckStep = 20 * time.Millisecond
 
 	// soakLag is how far past its due time an expired entity may still be
 	// waiting once faults are off: Run sleeps at most Interval (lengthened by
@@ -165,7 +165,7 @@ func (s *soakState) snapshot() (ids map[string]int, foreign map[string]bool) {
 		s.problem("snapshot scan: %v", err)
 		return nil, nil
 	}
-	ids, foreign = map[string]int{}, map[string]bool{}
+	ids, foreign = make(map[string]int, len(keys)), map[string]bool{}
 	for _, key := range keys {
 		if _, id, err := ParseMarkerKey(soakPrefix, key); err == nil {
 			ids[string(id)]++
