@@ -79,6 +79,12 @@ func (r *faultRand) duration(d time.Duration) time.Duration {
 	return time.Duration(r.rng.Int64N(int64(d))) + 1
 }
 
+func (r *faultRand) perm(n int) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rng.Perm(n)
+}
+
 // pick returns the index of the fault that rates select, or 0 (no fault):
 // rates[i] is the probability of fault i, and rates[0] is ignored.
 func (r *faultRand) pick(rates []float64) int {
@@ -125,6 +131,13 @@ func (f *faultKV) set(op faultOp, fault storeFault, rate float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rates[op][fault] = rate
+}
+
+// reset sets every rate to zero.
+func (f *faultKV) reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rates = [numFaultOps][numStoreFaults]float64{}
 }
 
 // enable turns every fault on or off at once, keeping the rates.
@@ -275,6 +288,14 @@ func (c *faultClear) set(f clearFault, rate float64) {
 	c.rates[f] = rate
 }
 
+// reset sets every rate to zero.
+func (c *faultClear) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rates = [numClearFaults]float64{}
+}
+
+// enable turns every fault on or off at once, keeping the rates.
 func (c *faultClear) enable(on bool) { c.enabled.Store(on) }
 
 func (c *faultClear) clear(ctx context.Context, id string) error {

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,6 +31,7 @@ const (
 	soakInterval  = 100 * time.Millisecond
 	soakMaxRetry  = 200 * time.Millisecond
 	soakCheckStep = 20 * time.Millisecond
+	soakStep      = 250 * time.Millisecond // how long one fault scenario lasts
 
 	// soakLag is how far past its due time an expired entity may still be
 	// waiting once faults are off: Run sleeps at most Interval (lengthened by
@@ -52,6 +55,52 @@ var soakForeign = []string{
 	soakPrefix + "000000000000000000420/x",      // 21 digits
 	soakPrefix + "00000000000000000042/",        // 20 digits, '/', no id
 	soakPrefix + "99999999999999999999-state/x", // 20 digits, then not '/'
+}
+
+// soakScenarios are the fault mixes the soak switches between, one every
+// soakStep.
+var soakScenarios = []struct {
+	name string
+	set  func(*faultKV, *faultClear)
+}{
+	{"calm", func(*faultKV, *faultClear) {}},
+	{"mixed", func(kv *faultKV, c *faultClear) {
+		for op := range numFaultOps {
+			kv.set(op, storeErr, 0.01)
+			kv.set(op, storeSlow, 0.05)
+			kv.set(op, storeHang, 0.003)
+			kv.set(op, storeLost, 0.01)
+		}
+		kv.set(opDelete, storePartial, 0.01)
+		c.set(clearErr, 0.04)
+		c.set(clearPanic, 0.02)
+		c.set(clearHang, 0.01)
+		c.set(clearStall, 0.01)
+		c.set(clearGoexit, 0.01)
+	}},
+	{"store down", func(kv *faultKV, _ *faultClear) {
+		for op := range numFaultOps {
+			kv.set(op, storeHang, 0.5)
+			kv.set(op, storeErr, 0.5)
+		}
+	}},
+	{"store flaky", func(kv *faultKV, _ *faultClear) {
+		for op := range numFaultOps {
+			kv.set(op, storeErr, 0.05)
+			kv.set(op, storeSlow, 0.3) // up to 20ms, below StoreTimeout
+			kv.set(op, storeLost, 0.05)
+		}
+		kv.set(opDelete, storePartial, 0.1)
+	}},
+	{"downstream down", func(_ *faultKV, c *faultClear) { c.set(clearErr, 1) }},
+	{"downstream slow", func(_ *faultKV, c *faultClear) {
+		c.set(clearHang, 0.2)
+		c.set(clearStall, 0.1)
+	}},
+	{"buggy clears", func(_ *faultKV, c *faultClear) {
+		c.set(clearPanic, 0.1)
+		c.set(clearGoexit, 0.1)
+	}},
 }
 
 // soakEntity is one finished entity of the soak.
@@ -295,7 +344,13 @@ func TestSoakFaults(t *testing.T) {
 	for _, concurrency := range []int{1, 8} {
 		t.Run(fmt.Sprintf("concurrency=%d", concurrency), func(t *testing.T) {
 			t.Parallel()
-			synctest.Test(t, func(t *testing.T) { soak(t, concurrency, rand.Uint64()) })
+			seed := rand.Uint64()
+			if env := os.Getenv("RETENTION_SOAK_SEED"); env != "" {
+				var err error
+				seed, err = strconv.ParseUint(env, 10, 64)
+				require.NoError(t, err, "RETENTION_SOAK_SEED")
+			}
+			synctest.Test(t, func(t *testing.T) { soak(t, concurrency, seed) })
 		})
 	}
 }
@@ -305,20 +360,8 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 	mem := NewMemKV()
 	state := newSoakState(t, mem)
 	fkv := newFaultKV(mem, rnd, 20*time.Millisecond)
-	for op := range numFaultOps {
-		fkv.set(op, storeErr, 0.02)
-		fkv.set(op, storeSlow, 0.05)
-		fkv.set(op, storeLost, 0.02)
-		fkv.set(op, storeHang, 0.005)
-	}
-	fkv.set(opDelete, storePartial, 0.02)
 	fkv.enable(true)
 	fc := newFaultClear(state.done, rnd, 150*time.Millisecond)
-	fc.set(clearErr, 0.04)
-	fc.set(clearPanic, 0.02)
-	fc.set(clearHang, 0.01)
-	fc.set(clearGoexit, 0.01)
-	fc.set(clearStall, 0.01)
 	fc.enable(true)
 
 	ctx := context.Background()
@@ -397,12 +440,27 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 		}
 	})
 
-	time.Sleep(soakFaulty)
+	// Every scenario comes up in each round of len(soakScenarios) steps, in
+	// a random order.
+	steps := map[string]int{}
+	var order []int
+	for end := time.Now().Add(soakFaulty); time.Now().Before(end); time.Sleep(soakStep) {
+		if len(order) == 0 {
+			order = rnd.perm(len(soakScenarios))
+		}
+		sc := soakScenarios[order[0]]
+		order = order[1:]
+		steps[sc.name]++
+		fkv.reset()
+		fc.reset()
+		sc.set(fkv, fc)
+	}
 	state.stopWriting()
 	fkv.enable(false)
 	fc.enable(false)
 	faultsOff := time.Now()
-	t.Logf("faults on for %v: %d entities written, %d in the backlog", soakFaulty, written.Load(), soakBacklog)
+	t.Logf("faults on for %v: %d entities written, %d in the backlog; %v-steps of each scenario: %v",
+		soakFaulty, written.Load(), soakBacklog, soakStep, steps)
 	t.Logf("faults off; store: %s", fkv.report())
 	t.Logf("faults off; clears: %s", fc.report())
 	t.Logf("faults off; %s", &passes)
