@@ -97,6 +97,16 @@ var soakScenarios = []struct {
 		c.set(clearHang, 0.2)
 		c.set(clearStall, 0.1)
 	}},
+	{"outage", func(kv *faultKV, c *faultClear) { // both down, or nearly
+		for op := range numFaultOps {
+			kv.set(op, storeErr, 0.2)
+			kv.set(op, storeHang, 0.05)
+			kv.set(op, storeLost, 0.05)
+		}
+		kv.set(opDelete, storePartial, 0.1)
+		c.set(clearErr, 0.5)
+		c.set(clearHang, 0.1)
+	}},
 	{"buggy clears", func(_ *faultKV, c *faultClear) {
 		c.set(clearPanic, 0.1)
 		c.set(clearGoexit, 0.1)
