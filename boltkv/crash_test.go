@@ -149,7 +149,7 @@ func TestCrashSIGKILL(t *testing.T) {
 			case size != lastSize:
 				lastGrowth, lastSize = time.Now(), size
 			case time.Since(lastGrowth) > 300*time.Millisecond:
-				idle++ // nothing left to clear, or only markers waiting on a retry
+				idle++ // the log stands still: nothing left to clear, or a slow start
 				break wait
 			}
 		}
