@@ -2,6 +2,7 @@ package retention
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 )
@@ -13,7 +14,7 @@ const maxExamples = 3
 // passNotes gathers what a pass logs at its end: one line per kind of
 // trouble, with a count and a few examples.
 type passNotes struct {
-	failed, malformed, foreign tally
+	failed, panicked, malformed, foreign tally
 }
 
 // tally counts occurrences and keeps the first few as examples.
@@ -22,16 +23,32 @@ type tally struct {
 	examples []string
 }
 
-func (t *tally) add(key []byte, err error) {
+// add counts one occurrence; example builds its description, only when it
+// is kept.
+func (t *tally) add(example func() string) {
 	t.n++
-	if len(t.examples) >= maxExamples {
-		return
+	if len(t.examples) < maxExamples {
+		t.examples = append(t.examples, example())
 	}
-	ex := strconv.Quote(string(key))
-	if err != nil {
-		ex += ": " + err.Error()
+}
+
+// noteFailed records a failed Clear of id.
+func (n *passNotes) noteFailed(id string, err error) {
+	t := &n.failed
+	if errors.Is(err, ErrClearPanicked) {
+		t = &n.panicked // with their stacks, apart, so they are never crowded out
 	}
-	t.examples = append(t.examples, ex)
+	t.add(func() string { return strconv.Quote(id) + ": " + err.Error() })
+}
+
+// noteMalformed records a malformed marker; err names the key.
+func (n *passNotes) noteMalformed(err error) {
+	n.malformed.add(err.Error)
+}
+
+// noteForeign records a foreign key.
+func (n *passNotes) noteForeign(key []byte) {
+	n.foreign.add(func() string { return strconv.Quote(string(key)) })
 }
 
 // logPass logs a pass's troubles (Error for failed clears, Warn for
@@ -42,6 +59,10 @@ func (s *Sweep) logPass(p *passState) {
 	if n.failed.n > 0 {
 		s.log.Error("retention: clears failed; their markers stay and are retried later",
 			"failed", n.failed.n, "retried", st.Retried, "examples", n.failed.examples)
+	}
+	if n.panicked.n > 0 {
+		s.log.Error("retention: clears panicked; their markers stay and are retried later",
+			"panicked", n.panicked.n, "examples", n.panicked.examples)
 	}
 	if n.malformed.n > 0 {
 		s.log.Warn("retention: deleted malformed markers without clearing them",

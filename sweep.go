@@ -499,7 +499,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		switch it.out {
 		case foreign:
 			st.Foreign++
-			p.notes.foreign.add(keys[i], nil)
+			p.notes.noteForeign(keys[i])
 			continue
 		case deferred:
 			st.Deferred++
@@ -509,7 +509,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			continue // only a cancelled pass leaves one, and it returned before
 		case bad:
 			st.Malformed++
-			p.notes.malformed.add(keys[i], it.err)
+			p.notes.noteMalformed(it.err)
 		case cleared:
 			st.Cleared++
 			s.retries.forget(it.id)
@@ -521,7 +521,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			s.retries.forget(it.id)
 		case failed:
 			st.Failed++
-			p.notes.failed.add([]byte(it.id), it.err)
+			p.notes.noteFailed(it.id, it.err)
 			if putErr != nil {
 				continue // the store just failed: the marker stays as it is
 			}
@@ -569,11 +569,11 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 			switch {
 			case isForeign:
 				st.Foreign++
-				p.notes.foreign.add(key, nil)
+				p.notes.noteForeign(key)
 				continue
 			case err != nil:
 				st.Malformed++
-				p.notes.malformed.add(key, err)
+				p.notes.noteMalformed(err)
 				del = append(del, key)
 				continue
 			}

@@ -1,0 +1,208 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPoisonMarkerBacksOff runs a sweep whose Clear always fails for one id
+// while other markers keep falling due every 2ms, so Run passes hundreds of
+// times a second: the poison id is still tried only as its backoff allows.
+func TestPoisonMarkerBacksOff(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		kv   func(*MemKV) KV
+	}{
+		{"rescheduled on a Putter", func(m *MemKV) KV { return m }},
+		{"in memory without Put", func(m *MemKV) KV { return readOnlyKV{m} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const retention = time.Second
+				mem := NewMemKV()
+				var mu sync.Mutex
+				var poisonCalls []time.Duration
+				start := time.Now()
+				mark(t, mem, "runs/", "poison", start.Add(-2*retention))
+				s, err := New(tt.kv(mem), Config{Prefix: "runs/", Retention: retention,
+					Clear: func(_ context.Context, id string) error {
+						if id != "poison" {
+							return nil
+						}
+						mu.Lock()
+						defer mu.Unlock()
+						poisonCalls = append(poisonCalls, time.Since(start))
+						return errors.New("downstream down")
+					}})
+				require.NoError(t, err)
+				ctx, cancel := context.WithCancel(t.Context())
+				var wg sync.WaitGroup
+				wg.Go(func() { // a marker falls due every 2ms
+					for i := 0; ctx.Err() == nil; i++ {
+						mark(t, mem, "runs/", fmt.Sprintf("e%06d", i), time.Now().Add(-retention))
+						time.Sleep(2 * time.Millisecond)
+					}
+				})
+				done := make(chan error, 1)
+				go func() { done <- s.Run(ctx) }()
+				time.Sleep(40 * time.Second)
+				cancel()
+				require.ErrorIs(t, <-done, context.Canceled)
+				wg.Wait()
+				// Markers written already due wait at most Interval (1s
+				// here) for Run to wake, as documented; one more pass then
+				// clears everything but the poison, whose retry is not due.
+				assert.LessOrEqual(t, mem.Len(), 1+int(time.Second/(2*time.Millisecond))+1, "backlog when Run stopped")
+				_, err = s.Pass(t.Context())
+				require.NoError(t, err)
+
+				// Tries at 0, then after 1s, 2s, 4s, 8s, 16s (each up to a
+				// fifth longer): 6 in 40s, where a pass per marker would
+				// have made 20,000.
+				mu.Lock()
+				defer mu.Unlock()
+				require.Len(t, poisonCalls, 6, "poison tried at %v", poisonCalls)
+				wantGap := time.Second
+				for i := 1; i < len(poisonCalls); i++ {
+					gap := poisonCalls[i] - poisonCalls[i-1]
+					assert.GreaterOrEqual(t, gap, wantGap, "gap %d", i)
+					assert.LessOrEqual(t, gap, wantGap*6/5+5*time.Millisecond, "gap %d", i)
+					wantGap *= 2
+				}
+				assert.Equal(t, map[string]int{"poison": 1}, markerIDs(t, mem, "runs/"), "the poison marker stays; the rest was cleared")
+			})
+		})
+	}
+}
+
+// TestRetryDelayCapped checks that the delay doubles up to MaxRetryDelay and
+// stays there, and that success forgets the failures.
+func TestRetryDelayCapped(t *testing.T) {
+	t.Parallel()
+	r := newRetries(time.Second, 10*time.Second)
+	now := t0
+	for i, base := range []time.Duration{1, 2, 4, 8, 10, 10, 10, 10} {
+		base *= time.Second
+		d := r.failed("x", now).Sub(now)
+		assert.GreaterOrEqual(t, d, base, "failure %d", i+1)
+		assert.LessOrEqual(t, d, min(base*6/5, 10*time.Second), "failure %d", i+1)
+	}
+	r.forget("x")
+	assert.Equal(t, time.Second, r.failed("x", now).Sub(now).Truncate(time.Second))
+
+	// Huge delays saturate instead of wrapping negative.
+	big := newRetries(maxDuration/3, maxDuration)
+	for n := 1; n < 70; n++ {
+		d := big.delay(n)
+		require.Positive(t, d, "delay(%d)", n)
+	}
+	assert.Equal(t, maxDuration, big.delay(69))
+}
+
+// TestFailingBacklogIdlePass: 10,000 markers whose Clear always fails. After
+// one pass puts them off, a pass before their retry is as cheap as any idle
+// pass on a Putter, and calls no Clear on any KV.
+func TestFailingBacklogIdlePass(t *testing.T) {
+	t.Parallel()
+	const n = 10_000
+	for _, putter := range []bool{true, false} {
+		t.Run(fmt.Sprint("putter=", putter), func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			counting := &countingKV{KV: mem}
+			var kv KV = counting
+			if !putter {
+				kv = readOnlyKV{counting}
+			}
+			c := newClears()
+			s, clock := newSweep(t, kv, Config{Clear: func(ctx context.Context, id string) error {
+				_ = c.clear(ctx, id)
+				return errBoom
+			}})
+			for i := range n {
+				mark(t, mem, "runs/", fmt.Sprintf("f%05d", i), t0.Add(-2*time.Hour))
+			}
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, n, st.Failed)
+			assert.Equal(t, n, st.Retried)
+			assert.Equal(t, n, c.total())
+			assert.Equal(t, n, mem.Len(), "every failed marker stays")
+
+			clock.Advance(500 * time.Millisecond) // within every retry delay
+			counting.reset()
+			st, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, n, c.total(), "no Clear before the retry delay is over")
+			assert.Zero(t, counting.deletes.Load()+counting.puts.Load(), "an idle pass writes nothing")
+			if putter {
+				assert.LessOrEqual(t, counting.scans.Load(), int64(2), "Scan calls")
+				assert.LessOrEqual(t, counting.keys.Load(), int64(1), "keys read")
+				assert.Zero(t, st.Deferred)
+			} else {
+				// Without Put the markers stay where they are: they are read
+				// again, a page at a time, but not cleared.
+				assert.Equal(t, n, st.Deferred)
+				assert.Equal(t, int64(n/DefaultPageSize+2), counting.scans.Load())
+			}
+			assert.False(t, st.NextDue.Before(t0.Add(time.Second)), "next due %v", st.NextDue)
+			assert.False(t, st.NextDue.After(t0.Add(1200*time.Millisecond)), "next due %v", st.NextDue)
+
+			// Once the delays are over, all are tried again, once.
+			clock.Set(t0.Add(1300 * time.Millisecond))
+			st, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, n, st.Failed)
+			assert.Equal(t, 2*n, c.total())
+		})
+	}
+}
+
+// TestRescheduleWriteFails: when the rewrite of a failed marker fails, the
+// marker stays as it was, the pass reports the store's error, and the retry
+// delay still holds in memory.
+func TestRescheduleWriteFails(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := &failingPutKV{countingKV: countingKV{KV: mem}}
+	c := newClears()
+	c.set("bad", errBoom)
+	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	badKey := mark(t, mem, "runs/", "bad", t0)
+	mark(t, mem, "runs/", "good", t0.Add(time.Millisecond))
+	clock.Set(t0.Add(2 * time.Hour))
+
+	kv.fail = true
+	st, err := s.Pass(context.Background())
+	require.ErrorIs(t, err, errBoom)
+	assert.Contains(t, err.Error(), "retention: reschedule marker")
+	assert.Equal(t, 1, st.Cleared, "the rest of the page is still deleted")
+	assert.True(t, has(t, mem, badKey), "the failed marker stays as it was")
+	assert.Equal(t, 1, mem.Len())
+
+	kv.fail = false
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Deferred, "the retry delay holds in memory")
+	assert.Equal(t, 1, c.count("bad"))
+}
+
+type failingPutKV struct {
+	countingKV
+	fail bool
+}
+
+func (f *failingPutKV) Put(ctx context.Context, key, value []byte) error {
+	if f.fail {
+		return errBoom
+	}
+	return f.countingKV.Put(ctx, key, value)
+}

@@ -1,0 +1,151 @@
+package retention
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestStuckClearTimesOut: a Clear that waits on a dead dependency, which
+// nothing else would ever cancel, is cut off by ClearTimeout; the rest of
+// the backlog is cleared and Run keeps passing.
+func TestStuckClearTimesOut(t *testing.T) {
+	for _, conc := range []int{1, 16} {
+		t.Run(fmt.Sprint("concurrency", conc), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				kv := NewMemKV()
+				for i := range 1000 {
+					mark(t, kv, "runs/", fmt.Sprintf("m%04d", i), time.Now().Add(-2*time.Hour))
+				}
+				var stuckCalls atomic.Int32
+				var log passLog
+				s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Concurrency: conc, PageSize: 100,
+					ClearTimeout: 5 * time.Second, OnPass: log.onPass,
+					Clear: func(ctx context.Context, id string) error {
+						if id == "m0150" || id == "m0777" {
+							stuckCalls.Add(1)
+							<-ctx.Done() // the dependency never answers
+							return ctx.Err()
+						}
+						return nil
+					}})
+				require.NoError(t, err)
+				stop := runInBackground(t.Context(), s)
+				time.Sleep(30 * time.Second)
+				synctest.Wait()
+
+				require.GreaterOrEqual(t, log.len(), 1, "passes complete")
+				st := log.stat(0)
+				require.NoError(t, log.err(0))
+				assert.Equal(t, 998, st.Cleared)
+				assert.Equal(t, 2, st.Failed)
+				assert.Equal(t, map[string]int{"m0150": 1, "m0777": 1}, markerIDs(t, kv, "runs/"))
+				// Every try ends after 5s; retries come after 1s, 2s, 4s... so
+				// 30s hold 3 to 5 tries of each.
+				assert.GreaterOrEqual(t, stuckCalls.Load(), int32(6))
+				assert.LessOrEqual(t, stuckCalls.Load(), int32(10))
+				assert.GreaterOrEqual(t, log.len(), 3, "OnPass keeps being called")
+				require.ErrorIs(t, stop(), context.Canceled)
+			})
+		})
+	}
+}
+
+// hangingKV hangs Scan, Delete and Put until ctx is done while hang is set,
+// as a store that stopped answering would.
+type hangingKV struct {
+	*MemKV
+	hang atomic.Bool
+}
+
+func (h *hangingKV) wait(ctx context.Context) error {
+	if h.hang.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (h *hangingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := h.wait(ctx); err != nil {
+		return nil, err
+	}
+	return h.MemKV.Scan(ctx, start, end, limit)
+}
+
+func (h *hangingKV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := h.wait(ctx); err != nil {
+		return err
+	}
+	return h.MemKV.Delete(ctx, keys...)
+}
+
+// TestHungStoreTimesOut: a store that stops answering fails each pass after
+// StoreTimeout instead of wedging Run; once it answers again, Run clears
+// the backlog.
+func TestHungStoreTimesOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := &hangingKV{MemKV: NewMemKV()}
+		for i := range 50 {
+			mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
+		}
+		var log passLog
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: 10 * time.Second,
+			StoreTimeout: 2 * time.Second, OnPass: log.onPass, Clear: func(context.Context, string) error { return nil }})
+		require.NoError(t, err)
+		kv.hang.Store(true)
+		stop := runInBackground(t.Context(), s)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		n := log.len()
+		require.GreaterOrEqual(t, n, 4, "each hung pass ends after StoreTimeout and is retried")
+		for i := range n {
+			require.ErrorIs(t, log.err(i), context.DeadlineExceeded)
+			assert.Contains(t, log.err(i).Error(), "no answer within StoreTimeout (2s)")
+		}
+		assert.Equal(t, 50, kv.Len())
+
+		kv.hang.Store(false) // the store recovers
+		time.Sleep(15 * time.Second)
+		synctest.Wait()
+		assert.Zero(t, kv.Len())
+		require.Greater(t, log.len(), n)
+		assert.NoError(t, log.err(log.len()-1))
+		require.ErrorIs(t, stop(), context.Canceled)
+	})
+}
+
+// TestTimeoutsCanBeOff: negative timeouts mean none, and a parent deadline
+// still reaches the store and Clear.
+func TestTimeoutsCanBeOff(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	var hadDeadline atomic.Bool
+	s, clock := newSweep(t, kv, Config{ClearTimeout: -1, StoreTimeout: -1, Clear: func(ctx context.Context, _ string) error {
+		_, ok := ctx.Deadline()
+		hadDeadline.Store(ok)
+		return nil
+	}})
+	mark(t, kv, "runs/", "a", t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.False(t, hadDeadline.Load(), "no ClearTimeout: no deadline")
+
+	s2, clock2 := newSweep(t, kv, Config{Clear: func(ctx context.Context, _ string) error {
+		d, ok := ctx.Deadline()
+		hadDeadline.Store(ok && time.Until(d) <= DefaultClearTimeout)
+		return nil
+	}})
+	mark(t, kv, "runs/", "b", t0)
+	clock2.Set(t0.Add(2 * time.Hour))
+	_, err = s2.Pass(context.Background())
+	require.NoError(t, err)
+	assert.True(t, hadDeadline.Load(), "the default ClearTimeout applies")
+}
