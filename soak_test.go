@@ -27,7 +27,7 @@ const (
 	soakPrefix    = "runs/"
 	soakRetention = 10 * time.Second
 	soakFaulty    = 5 * time.Second // how long faults are on and the writer writes
-	soakBacklog   = 2000            // expired markers waiting when Run starts
+	soakBacklog   = 1500            // expired markers waiting when Run starts
 	soakInterval  = 100 * time.Millisecond
 	soakMaxRetry  = 200 * time.Millisecond
 	soakCheckStep = 20 * time.Millisecond
@@ -420,7 +420,7 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 	defer stop()
 	go func() { runDone <- s.Run(runCtx) }()
 
-	// The writer finishes an entity every millisecond or so; some are
+	// The writer finishes an entity every 1.5ms on average; some are
 	// expired already (a service catching up), most expire during the soak
 	// or after it.
 	var written atomic.Int64
@@ -429,7 +429,7 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 			select {
 			case <-stopWriter:
 				return
-			case <-time.After(rnd.duration(2 * time.Millisecond)):
+			case <-time.After(rnd.duration(3 * time.Millisecond)):
 			}
 			if !state.writing() {
 				continue
