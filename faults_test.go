@@ -99,7 +99,8 @@ func (r *faultRand) pick(rates []float64) int {
 }
 
 // faultKV is a KV (and Putter) over a MemKV whose calls fail as the test
-// says. The zero rates and a cleared enabled switch make it a plain MemKV.
+// says. With every rate zero, or the enabled switch off, it is a plain
+// MemKV.
 type faultKV struct {
 	mem     *MemKV
 	rnd     *faultRand

@@ -318,13 +318,14 @@ func (p *soakPasses) onPass(st Stats, err error) {
 	p.sum.Retried += st.Retried
 	p.sum.Foreign += st.Foreign
 	p.sum.PutCalls += st.PutCalls
+	p.sum.Deferred += st.Deferred
 }
 
 func (p *soakPasses) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, malformed %d, live again %d, foreign keys seen %d; %d scans, %d deletes, %d puts",
-		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.sum.Retried, p.sum.Malformed, p.sum.LiveAgain, p.sum.Foreign,
+	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, deferred %d, malformed %d, live again %d, foreign keys seen %d; %d scans, %d deletes, %d puts",
+		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.sum.Retried, p.sum.Deferred, p.sum.Malformed, p.sum.LiveAgain, p.sum.Foreign,
 		p.sum.ScanCalls, p.sum.DeleteCalls, p.sum.PutCalls)
 }
 
@@ -363,8 +364,16 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 // no foreign key is deleted; then, once the faults stop, (c) every expired
 // entity is cleared within a bounded time and only unexpired markers stay.
 func TestSoakFaults(t *testing.T) {
-	for _, concurrency := range []int{1, 8} {
-		t.Run(fmt.Sprintf("concurrency=%d", concurrency), func(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		concurrency int
+		noPut       bool // hide Put: retry delays are then kept in memory
+	}{
+		{"concurrency=1", 1, false},
+		{"concurrency=8", 8, false},
+		{"no-put/concurrency=4", 4, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			seed := rand.Uint64()
 			if env := os.Getenv("RETENTION_SOAK_SEED"); env != "" {
@@ -372,12 +381,12 @@ func TestSoakFaults(t *testing.T) {
 				seed, err = strconv.ParseUint(env, 10, 64)
 				require.NoError(t, err, "RETENTION_SOAK_SEED")
 			}
-			synctest.Test(t, func(t *testing.T) { soak(t, concurrency, seed) })
+			synctest.Test(t, func(t *testing.T) { soak(t, tt.concurrency, tt.noPut, seed) })
 		})
 	}
 }
 
-func soak(t *testing.T, concurrency int, seed uint64) {
+func soak(t *testing.T, concurrency int, noPut bool, seed uint64) {
 	rnd := newFaultRand(t, seed)
 	mem := NewMemKV()
 	state := newSoakState(t, mem)
@@ -397,7 +406,11 @@ func soak(t *testing.T, concurrency int, seed uint64) {
 
 	logs := newCountHandler()
 	passes := soakPasses{logs: logs}
-	s, err := New(fkv, Config{
+	var kv KV = fkv
+	if noPut {
+		kv = readOnlyKV{fkv}
+	}
+	s, err := New(kv, Config{
 		Prefix:        soakPrefix,
 		Retention:     soakRetention,
 		Clear:         func(ctx context.Context, id string) error { state.called(id); return fc.clear(ctx, id) },
