@@ -22,26 +22,34 @@
 //
 // # Guarantees
 //
-//   - At least once: a marker is deleted only after Clear returned nil for
-//     it, so every expired entity is cleared at least once, and again after
-//     a crash or failed delete between the two steps. Clear must therefore
-//     be idempotent.
-//   - Strict cutoff: a marker exactly Retention old is kept; Clear never
-//     sees an entity before its retention ran out.
-//   - A failed or panicking Clear keeps its marker for a later pass; the
-//     pass and the loop go on.
+//   - At least once: a marker is deleted only after Clear returned nil (or
+//     ErrLiveAgain) for it, so every expired entity is cleared at least
+//     once, and again after a crash or failed delete between the two steps.
+//     Clear must therefore be idempotent.
+//   - Never early: a marker exactly Retention old is kept, and MarkerKey
+//     rounds the finish time up to a whole millisecond, so Clear never sees
+//     an entity before its retention ran out.
+//   - A Clear that fails, panics, times out (Config.ClearTimeout) or calls
+//     runtime.Goexit keeps its marker, which is tried again after a delay
+//     that doubles from Config.RetryDelay to Config.MaxRetryDelay; the pass
+//     and the loop go on.
+//   - A store call that hangs fails its pass after Config.StoreTimeout, and
+//     Run retries; no wait of Run overflows or drops to zero in a loop.
 //   - Cancelling the context stops a pass promptly and deletes no marker of
 //     the page in flight.
 //
 // # Caveats
 //
-//   - A sweep owns every key that continues its prefix with a digit. Keys
-//     there that are not well-formed markers are deleted as malformed,
-//     without Clear. Two sweeps must not share a prefix, nor use prefixes
-//     where one extends the other with a digit.
+//   - A sweep owns the marker-shaped keys under its prefix: the prefix, 20
+//     digits, '/' and an id. Those with a refused id or a time past the year
+//     9999 are deleted as malformed, without Clear. Other keys under the
+//     prefix are foreign and left alone, but a pass steps over them, so keep
+//     markers under a prefix of their own.
 //   - Ids follow ValidateID unless Config.ValidateID says otherwise; an
 //     empty id is always refused, since clearing "<entity-prefix>" + "" is
 //     rarely what anyone wants.
+//   - A Clear that ignores its context cannot be stopped: Go cannot
+//     pre-empt a goroutine, and the page waits for it.
 //   - Without coordination, several processes running the same sweep over
 //     one shared store may clear an entity more than once. Set
 //     Config.Lease (adapters provide Lockers) so that one replica sweeps at
