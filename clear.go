@@ -48,7 +48,7 @@ type clearing struct {
 	s     *Sweep
 	ctx   context.Context
 	items []item
-	ctxs  []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout
+	ctxs  []clearCtx   // ctxs[i] is items[i]'s, under ClearTimeout
 	next  atomic.Int64 // index of the next item to take
 	wg    sync.WaitGroup
 }

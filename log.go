@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // maxExamples is how many examples of each kind of trouble a pass logs:
@@ -34,11 +36,20 @@ func (t *tally) add(example func() string) {
 
 // noteFailed records a failed Clear of id.
 func (n *passNotes) noteFailed(id string, err error) {
-	t := &n.failed
-	if errors.Is(err, ErrClearPanicked) {
-		t = &n.panicked // with their stacks, apart, so they are never crowded out
+	if !errors.Is(err, ErrClearPanicked) {
+		n.failed.add(func() string { return strconv.Quote(id) + ": " + err.Error() })
+		return
 	}
-	t.add(func() string { return strconv.Quote(id) + ": " + err.Error() })
+	// Panics go apart, so they are never crowded out; the first keeps its
+	// stack, the others only their value.
+	first := n.panicked.n == 0
+	n.panicked.add(func() string {
+		msg := err.Error()
+		if i := strings.IndexByte(msg, '\n'); i >= 0 && !first {
+			msg = msg[:i]
+		}
+		return strconv.Quote(id) + ": " + msg
+	})
 }
 
 // noteMalformed records a malformed marker; err names the key.
@@ -69,7 +80,13 @@ func (s *Sweep) logPass(p *passState) {
 			"malformed", n.malformed.n, "examples", n.malformed.examples)
 	}
 	if n.foreign.n > 0 {
-		s.log.Warn("retention: keys under the prefix are not markers; left alone",
+		// Foreign keys stay, so a Warn at every pass would repeat itself:
+		// warn when their number changes, and once an hour.
+		level, now := slog.LevelDebug, s.clock.Now()
+		if n.foreign.n != s.foreignSeen || now.Sub(s.foreignWarned) >= time.Hour || now.Before(s.foreignWarned) {
+			level, s.foreignSeen, s.foreignWarned = slog.LevelWarn, n.foreign.n, now
+		}
+		s.log.Log(context.Background(), level, "retention: keys under the prefix are not markers; left alone",
 			"foreign", n.foreign.n, "example", n.foreign.examples[0])
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {

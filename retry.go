@@ -112,11 +112,12 @@ func (r *retries) prune(now time.Time) {
 // with a time that makes it fall due then, and reports moved: the caller
 // deletes the old key. Otherwise the delay is kept in memory, and the pass
 // skips the marker until it is over. The error is the KV's when the write
-// failed; the marker then stays as it was, and the delay in memory.
-func (s *Sweep) retry(ctx context.Context, p *passState, id string) (moved bool, err error) {
+// failed; the marker then stays as it was, and the delay in memory. With
+// write false it keeps the delay in memory whatever the KV.
+func (s *Sweep) retry(ctx context.Context, p *passState, id string, write bool) (moved bool, err error) {
 	due := s.retries.failed(id, s.clock.Now())
 	p.st.Retried++
-	if p.putter != nil {
+	if write && p.putter != nil {
 		if key, err := appendKey(nil, s.prefix, due.Add(-s.retention), id); err == nil {
 			if err := s.put(ctx, p, key); err != nil {
 				s.noteRetry(p, due)

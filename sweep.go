@@ -100,10 +100,11 @@ type Config struct {
 	Interval time.Duration
 
 	// Logger receives failed clears and passes (Error), malformed markers
-	// and foreign keys (Warn) and per-pass summaries (Debug). A pass logs
+	// and foreign keys (Warn; foreign keys again only when their number
+	// changes, or after an hour) and per-pass summaries (Debug). A pass logs
 	// at most one line per kind with a count and a few examples, however
-	// many markers failed. Nil means slog.Default(); to silence it, pass
-	// slog.New(slog.DiscardHandler).
+	// many markers failed. Nil means slog.Default() as it is when New runs;
+	// to silence it, pass slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
 	// ValidateID checks the id of every marker before Clear sees it. A
@@ -189,12 +190,14 @@ type Sweep struct {
 	lower, upper []byte
 
 	// busy serialises passes and guards what follows, which passes reuse.
-	busy    chan struct{}
-	retries retries
-	items   []item
-	ids     []byte
-	del     [][]byte
-	from    []byte
+	busy          chan struct{}
+	retries       retries
+	foreignSeen   int       // foreign keys of the last pass that had any
+	foreignWarned time.Time // when they were last logged at Warn
+	items         []item
+	ids           []byte
+	del           [][]byte
+	from          []byte
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -522,10 +525,9 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case failed:
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
-			if putErr != nil {
-				continue // the store just failed: the marker stays as it is
-			}
-			moved, err := s.retry(ctx, p, it.id)
+			// Once a rewrite failed, the store is in trouble: the rest keep
+			// their markers as they are, with their delays in memory.
+			moved, err := s.retry(ctx, p, it.id, putErr == nil)
 			if err != nil {
 				putErr = err
 			}

@@ -82,6 +82,7 @@ type clearCtx struct {
 // clearState is a consulted clearCtx's state.
 type clearState struct {
 	deadline time.Time
+	own      bool // the deadline is ClearTimeout's, not the parent's
 	mu       sync.Mutex
 	done     chan struct{} // nil until Done is called
 	err      error         // set once ended, cancelled or past the deadline
@@ -102,9 +103,9 @@ func (c *clearCtx) get() *clearState {
 	if st := c.state.Load(); st != nil {
 		return st
 	}
-	st := &clearState{deadline: time.Now().Add(c.c.s.clearTimeout)}
-	if d, ok := c.c.ctx.Deadline(); ok && d.Before(st.deadline) {
-		st.deadline = d
+	st := &clearState{deadline: time.Now().Add(c.c.s.clearTimeout), own: true}
+	if d, ok := c.c.ctx.Deadline(); ok && !st.deadline.Before(d) {
+		st.deadline, st.own = d, false
 	}
 	if !c.state.CompareAndSwap(nil, st) {
 		return c.state.Load()
@@ -194,5 +195,5 @@ func (c *clearCtx) timedOut() bool {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.err == context.DeadlineExceeded && c.c.ctx.Err() == nil
+	return st.err == context.DeadlineExceeded && st.own
 }

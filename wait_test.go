@@ -240,3 +240,35 @@ func (b *syncBuffer) String() string {
 	defer func() { <-b.mu }()
 	return b.buf.String()
 }
+
+// TestForeignWarnedOnChange: a foreign key that stays is not warned about
+// at every pass, only when the count changes and once an hour.
+func TestForeignWarnedOnChange(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	kv := NewMemKV()
+	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil },
+		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	require.NoError(t, kv.Put(t.Context(), []byte("runs/0042/state"), nil))
+	warns := func() int { return strings.Count(buf.String(), "level=WARN") }
+	steps := []struct {
+		advance time.Duration
+		add     string
+		want    int
+	}{
+		{0, "", 1},                          // first sight
+		{time.Minute, "", 1},                // same count: quiet
+		{time.Minute, "runs/0043/state", 2}, // count changed
+		{time.Minute, "", 2},                // quiet again
+		{time.Hour, "", 3},                  // an hour on: reminded
+	}
+	for i, step := range steps {
+		clock.Advance(step.advance)
+		if step.add != "" {
+			require.NoError(t, kv.Put(t.Context(), []byte(step.add), nil))
+		}
+		_, err := s.Pass(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, step.want, warns(), "step %d", i)
+	}
+}
