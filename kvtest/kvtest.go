@@ -2,9 +2,11 @@
 // contract a Sweep relies on. Adapter authors call Run from a test:
 //
 //	func TestConformance(t *testing.T) {
-//		kvtest.Run(t, func(t *testing.T) kvtest.Store {
+//		kvtest.Run(t, func(t testing.TB) kvtest.Store {
 //			kv := newEmptyStore(t)
-//			return kvtest.Store{KV: kv, Put: kv.PutKey}
+//			return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error {
+//				return kv.Put(ctx, key, nil)
+//			}}
 //		})
 //	}
 //
@@ -18,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sort"
@@ -74,6 +77,7 @@ var behaviours = []struct {
 	{"ConcurrentScanAndDelete", testConcurrent},
 	{"CancelledContext", testCancelled},
 	{"SweepClearsExactlyExpired", testSweep},
+	{"SweepRetriesFailedClears", testSweepRetries},
 }
 
 // opTimeout bounds each store call so a hung store fails instead of stalling.
@@ -426,6 +430,96 @@ func testSweep(t *testing.T, s Store) {
 	}
 	want(t, "keys of other prefixes", scan(t, s, "sweep2", "sweep3", 10), []string{"sweep2/00000000000000000001/other"})
 	want(t, "keys of other prefixes", scan(t, s, "swee", "swee\x00", 10), []string{"swee"})
+}
+
+// testSweepRetries runs a sweep whose Clear fails for some ids: on a KV
+// that is a retention.Putter their markers are rewritten past the cutoff,
+// so the next pass does not read them; after their retry delay they are
+// cleared. Foreign keys under the prefix are left alone throughout.
+func testSweepRetries(t *testing.T, s Store) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	const prefix = "retry/"
+	failing := map[string]bool{}
+	for i := range 40 {
+		id := fmt.Sprintf("r%02d", i)
+		if i%4 == 0 {
+			failing[id] = true
+		}
+		key, err := retention.MarkerKey(prefix, now.Add(-2*time.Hour+time.Duration(i)*time.Millisecond), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		put(t, s, string(key))
+	}
+	foreign := []string{"retry/0042/state", "retry/00000000000000000001/", "retry/99999999999999999999x"}
+	put(t, s, foreign...)
+	clock := retention.NewManualClock(now)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	sw, err := retention.New(s.KV, retention.Config{
+		Prefix: prefix, Retention: time.Hour, PageSize: 8, Clock: clock, RetryDelay: time.Minute, MaxRetryDelay: time.Hour,
+		Logger: slog.New(slog.DiscardHandler),
+		Clear: func(_ context.Context, id string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls[id]++
+			if failing[id] && calls[id] == 1 {
+				return errors.New("kvtest: downstream down")
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sw.Pass(ctxFor(t))
+	if err != nil {
+		t.Fatalf("first Pass() error = %v", err)
+	}
+	if st.Cleared != 30 || st.Failed != 10 || st.Retried != 10 {
+		t.Errorf("first Pass() = %+v, want 30 cleared, 10 failed and retried", st)
+	}
+	_, isPutter := s.KV.(retention.Putter)
+	left := scanAll(t, s, prefix, "retry0", 100)
+	if len(left) != 10+len(foreign) {
+		t.Errorf("keys left after the first pass = %q, want the 10 failed markers and the foreign keys", left)
+	}
+	if isPutter && st.PutCalls != 10 {
+		t.Errorf("first Pass().PutCalls = %d, want 10: a Putter reschedules each failed marker", st.PutCalls)
+	}
+
+	clock.Set(now.Add(30 * time.Second)) // within every retry delay
+	if st, err = sw.Pass(ctxFor(t)); err != nil {
+		t.Fatalf("second Pass() error = %v", err)
+	}
+	if st.Cleared+st.Failed != 0 {
+		t.Errorf("second Pass() = %+v, want no Clear before the retry delay", st)
+	}
+	if isPutter && st.Scanned > 1+len(foreign) {
+		t.Errorf("second Pass() read %d keys: rescheduled markers must be past the cutoff", st.Scanned)
+	}
+
+	clock.Set(now.Add(2 * time.Minute)) // past every retry delay (1m + a fifth)
+	if st, err = sw.Pass(ctxFor(t)); err != nil {
+		t.Fatalf("third Pass() error = %v", err)
+	}
+	if st.Cleared != 10 || st.Foreign != len(foreign) {
+		t.Errorf("third Pass() = %+v, want the 10 retried cleared and %d foreign keys seen", st, len(foreign))
+	}
+	mu.Lock()
+	for id := range failing {
+		if calls[id] != 2 {
+			t.Errorf("Clear(%q) called %d times, want 2", id, calls[id])
+		}
+	}
+	mu.Unlock()
+	want(t, "keys left at the end", scanAll(t, s, prefix, "retry0", 100), sortedCopy(foreign))
+}
+
+func sortedCopy(keys []string) []string {
+	keys = slices.Clone(keys)
+	sort.Strings(keys)
+	return keys
 }
 
 // RequireServersEnv names the environment variable that, when set, turns a
