@@ -132,6 +132,8 @@ func TestMarkTxCommitsWithState(t *testing.T) {
 
 	err = db.Update(func(tx *bbolt.Tx) error { return kv.MarkTx(tx, "runs/", "", now) })
 	require.ErrorIs(t, err, retention.ErrInvalidID)
+	err = db.Update(func(tx *bbolt.Tx) error { return kv.MarkTx(tx, "runs/", "r1", time.Unix(now.UnixMilli(), 0)) })
+	require.ErrorIs(t, err, retention.ErrInvalidTime, "seconds taken for milliseconds")
 	err = db.Update(func(tx *bbolt.Tx) error { return kv.MarkTx(tx, "runs/", "r1", now) })
 	require.NoError(t, err)
 	keys, err = kv.Scan(context.Background(), []byte("runs/"), []byte("runs0"), 10)

@@ -159,6 +159,8 @@ func TestMarkOpCommitsWithState(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, keys)
 
+	_, err = kv.MarkOp("runs/", "r1", time.Unix(now.UnixMilli(), 0))
+	require.ErrorIs(t, err, retention.ErrInvalidTime, "seconds taken for milliseconds")
 	_, err = kv.MarkOp("runs/", "has space", now)
 	require.ErrorIs(t, err, retention.ErrInvalidID)
 

@@ -194,6 +194,7 @@ func TestMarkTxCommitsWithState(t *testing.T) {
 
 	// Refused before anything is written.
 	require.ErrorIs(t, kv.MarkTx(ctx, pool, "runs/", "bad id", now), retention.ErrInvalidID)
+	require.ErrorIs(t, kv.MarkTx(ctx, pool, "runs/", "r1", time.Unix(now.UnixMilli(), 0)), retention.ErrInvalidTime)
 
 	// Committed, and marking twice is harmless.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

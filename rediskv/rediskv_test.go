@@ -135,6 +135,10 @@ func TestMarkTxCommitsWithState(t *testing.T) {
 		return kv.MarkTx(ctx, pipe, "runs/", "", now)
 	})
 	require.ErrorIs(t, err, retention.ErrInvalidID)
+	_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		return kv.MarkTx(ctx, pipe, "runs/", "r1", time.Unix(now.UnixMilli(), 0))
+	})
+	require.ErrorIs(t, err, retention.ErrInvalidTime, "seconds taken for milliseconds")
 
 	_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Set(ctx, state, "succeeded", 0)
