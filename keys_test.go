@@ -199,3 +199,46 @@ func TestParse8(t *testing.T) {
 		assert.False(t, ok, "parse8(%q) accepted", bad)
 	}
 }
+
+// markerShaped is the marker rule written plainly: the prefix, exactly 20
+// ASCII digits, '/', and at least one byte.
+func markerShaped(prefix string, key []byte) bool {
+	rest, ok := bytes.CutPrefix(key, []byte(prefix))
+	if !ok || len(rest) < TimestampWidth+2 || rest[TimestampWidth] != '/' {
+		return false
+	}
+	for _, c := range rest[:TimestampWidth] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// FuzzClassifyKey checks the sweep's sorting of keys into markers,
+// malformed markers (deleted) and foreign keys (never touched) against the
+// rule written plainly: nothing that is not marker-shaped may ever be
+// classed as deletable.
+func FuzzClassifyKey(f *testing.F) {
+	for _, k := range []string{"runs/00000001764000000123/a", "runs/0042/state", "runs/00000001764000000123/", "runs/99999999999999999999/a",
+		"runs/00000253402300800000/x", "runs/0000000176400000012x/a", "runs/000000017640000001234/a", "runs/00000001764000000123/a b"} {
+		f.Add("runs/", []byte(k))
+	}
+	f.Fuzz(func(t *testing.T, prefix string, key []byte) {
+		ms, id, foreign, err := parseKey(prefix, key)
+		shaped := markerShaped(prefix, key)
+		require.Equal(t, !shaped, foreign, "key %q: foreign = %v, err = %v", key, foreign, err)
+		if !shaped {
+			require.Error(t, err)
+			return
+		}
+		digits := string(key[len(prefix) : len(prefix)+TimestampWidth])
+		v, perr := strconv.ParseUint(digits, 10, 64)
+		inRange := perr == nil && v <= uint64(MaxMarkerTime.UnixMilli())
+		require.Equal(t, inRange, err == nil, "key %q: err = %v", key, err)
+		if err == nil {
+			require.Equal(t, int64(v), ms)
+			require.Equal(t, key[len(prefix)+TimestampWidth+1:], id)
+		}
+	})
+}
