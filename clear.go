@@ -21,7 +21,9 @@ var errClearExited = errors.New("retention: clear did not return: it called runt
 // runtime.Goexit then ends a worker, not the caller, and a new worker takes
 // over the rest of the page. A pool rather than a goroutine per marker:
 // with fast clears the goroutines would cost more than the clears.
-func (s *Sweep) clearAll(ctx context.Context, items []item) error {
+//
+// It returns how many calls of Clear (or ClearBatch) it made.
+func (s *Sweep) clearAll(ctx context.Context, items []item) (calls int, err error) {
 	n := 0
 	for i := range items {
 		if items[i].out == pending {
@@ -29,7 +31,10 @@ func (s *Sweep) clearAll(ctx context.Context, items []item) error {
 		}
 	}
 	if n == 0 {
-		return ctx.Err()
+		return 0, ctx.Err()
+	}
+	if s.clearBatch != nil {
+		return s.clearBatches(ctx, items)
 	}
 	c := &clearing{s: s, ctx: ctx, items: items}
 	if s.clearTimeout > 0 {
@@ -40,7 +45,12 @@ func (s *Sweep) clearAll(ctx context.Context, items []item) error {
 		go c.work()
 	}
 	c.wg.Wait()
-	return ctx.Err()
+	return n, ctx.Err()
+}
+
+// panicked is the error of a Clear that panicked with r, with its stack.
+func panicked(r any) error {
+	return fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
 }
 
 // clearing is one page's clears in flight.
@@ -79,7 +89,7 @@ func (c *clearing) clearOne(i int) {
 		}
 		it.out = failed
 		if r := recover(); r != nil {
-			it.err = fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
+			it.err = panicked(r)
 			return // the worker goes on
 		}
 		// runtime.Goexit: this goroutine ends once the deferred calls ran.

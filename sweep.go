@@ -50,6 +50,28 @@ type Config struct {
 	// ignores ctx cannot be stopped and holds up its page until it returns.
 	Clear func(ctx context.Context, id string) error
 
+	// ClearBatch, set instead of Clear, clears the entities of many ids in
+	// one call: up to BatchSize ids of one page, oldest first. It returns
+	// nil when every id is cleared, and a BatchError to report ids one by
+	// one (ids not in it were cleared). Every rule of Clear holds per id:
+	// idempotent, a marker deleted only once its id is cleared, failures
+	// retried after RetryDelay. Any other error, a panic, a timeout or a
+	// runtime.Goexit fails the call as a whole: the sweep then tries each
+	// half of the batch and splits further the half that fails, so one id
+	// that always fails costs about 2·log2(BatchSize) more calls and keeps
+	// no other id from being cleared. Where both halves fail, the fault is
+	// taken to be no one id's (a dependency is down): every id of the
+	// batch waits out its retry delay instead of being called one by one.
+	// An error wrapping ErrLiveAgain for the whole call drops every marker
+	// of the batch. ClearTimeout bounds each call; Concurrency is the
+	// number of batches in flight.
+	ClearBatch func(ctx context.Context, ids []string) error
+
+	// BatchSize is the most ids a ClearBatch call gets; a page (PageSize)
+	// is cut into batches of it. Zero means DefaultBatchSize; otherwise 1
+	// to MaxPageSize. Only with ClearBatch.
+	BatchSize int
+
 	// ClearTimeout bounds each call of Clear. Zero means
 	// DefaultClearTimeout; a negative value means no limit.
 	ClearTimeout time.Duration
@@ -150,6 +172,7 @@ type Stats struct {
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
 	PutCalls    int // calls to Putter.Put, rescheduling failed markers
+	ClearCalls  int // calls of Config.Clear or Config.ClearBatch
 
 	// Duration is how long the pass took by the sweep's Clock.
 	Duration time.Duration
@@ -173,6 +196,8 @@ type Sweep struct {
 	prefix       string
 	retention    time.Duration
 	clear        func(context.Context, string) error
+	clearBatch   func(context.Context, []string) error
+	batchSize    int
 	clock        Clock
 	pageSize     int
 	concurrency  int
@@ -211,6 +236,8 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		prefix:       cfg.Prefix,
 		retention:    cfg.Retention,
 		clear:        cfg.Clear,
+		clearBatch:   cfg.ClearBatch,
+		batchSize:    cmp.Or(cfg.BatchSize, DefaultBatchSize),
 		clock:        cmp.Or(cfg.Clock, SystemClock),
 		pageSize:     cmp.Or(cfg.PageSize, DefaultPageSize),
 		concurrency:  cmp.Or(cfg.Concurrency, 1),
@@ -244,8 +271,14 @@ func checkConfig(kv KV, cfg *Config) error {
 	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
 		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
 			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
-	case cfg.Clear == nil:
-		return invalidConfig("Config.Clear must not be nil")
+	case cfg.Clear == nil && cfg.ClearBatch == nil:
+		return invalidConfig("Config.Clear or Config.ClearBatch must be set")
+	case cfg.Clear != nil && cfg.ClearBatch != nil:
+		return invalidConfig("set one of Config.Clear and Config.ClearBatch, not both")
+	case cfg.BatchSize < 0 || cfg.BatchSize > MaxPageSize:
+		return invalidConfig("Config.BatchSize must be 0 (default %d) or 1 to %d, got %d", DefaultBatchSize, MaxPageSize, cfg.BatchSize)
+	case cfg.BatchSize != 0 && cfg.ClearBatch == nil:
+		return invalidConfig("Config.BatchSize is set but Config.ClearBatch is not")
 	case cfg.Retention < time.Millisecond:
 		return invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
 	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
@@ -426,7 +459,9 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 			it.out = deferred
 		}
 	}
-	if err := s.clearAll(ctx, items); err != nil {
+	calls, err := s.clearAll(ctx, items)
+	p.st.ClearCalls += calls
+	if err != nil {
 		return err
 	}
 	// Deleting now would drop markers of clears that the cancellation cut

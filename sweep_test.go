@@ -36,7 +36,15 @@ func TestNewValidation(t *testing.T) {
 		{"retention of 1ms", kv, func(c *Config) { c.Retention = time.Millisecond }, ""},
 		{"nil kv", nil, func(*Config) {}, "kv must not be nil"},
 		{"empty prefix", kv, func(c *Config) { c.Prefix = "" }, "Config.Prefix must not be empty"},
-		{"nil clear", kv, func(c *Config) { c.Clear = nil }, "Config.Clear must not be nil"},
+		{"nil clear", kv, func(c *Config) { c.Clear = nil }, "Config.Clear or Config.ClearBatch must be set"},
+		{"batch clear instead", kv, func(c *Config) {
+			c.Clear, c.ClearBatch, c.BatchSize = nil, func(context.Context, []string) error { return nil }, MaxPageSize
+		}, ""},
+		{"both clears", kv, func(c *Config) { c.ClearBatch = func(context.Context, []string) error { return nil } }, "set one of Config.Clear and Config.ClearBatch, not both"},
+		{"batch size without batch clear", kv, func(c *Config) { c.BatchSize = 10 }, "Config.BatchSize is set but Config.ClearBatch is not"},
+		{"negative batch size", kv, func(c *Config) {
+			c.Clear, c.ClearBatch, c.BatchSize = nil, func(context.Context, []string) error { return nil }, -1
+		}, "Config.BatchSize must be 0 (default 100) or 1 to 65536, got -1"},
 		{"zero retention", kv, func(c *Config) { c.Retention = 0 }, "Config.Retention must be at least 1ms, got 0s"},
 		{"sub-ms retention", kv, func(c *Config) { c.Retention = 999 * time.Microsecond }, "Config.Retention must be at least 1ms, got 999µs"},
 		{"negative retention", kv, func(c *Config) { c.Retention = -time.Hour }, "Config.Retention must be at least 1ms, got -1h0m0s"},

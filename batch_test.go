@@ -1,0 +1,242 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// batchRecorder is a ClearBatch that records its calls and fails as a
+// whole when a batch holds a poison id.
+type batchRecorder struct {
+	mu      sync.Mutex
+	calls   [][]string
+	cleared map[string]int
+	poison  map[string]bool
+	down    bool // every call fails
+}
+
+func newBatchRecorder(poison ...string) *batchRecorder {
+	r := &batchRecorder{cleared: map[string]int{}, poison: map[string]bool{}}
+	for _, id := range poison {
+		r.poison[id] = true
+	}
+	return r
+}
+
+func (r *batchRecorder) clear(_ context.Context, ids []string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, slices.Clone(ids))
+	if r.down {
+		return errors.New("downstream down")
+	}
+	for _, id := range ids {
+		if r.poison[id] {
+			return fmt.Errorf("foreign key violation on %s", id)
+		}
+	}
+	for _, id := range ids {
+		r.cleared[id]++
+	}
+	return nil
+}
+
+func markN(t testing.TB, kv *MemKV, n int, at time.Time) []string {
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("b%04d", i)
+		mark(t, kv, "runs/", id, at.Add(time.Duration(i)*time.Millisecond))
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// TestBatchPoisonIsolated: one id whose batch always fails as a whole costs
+// about 2·log2(BatchSize) extra calls, and every other id is cleared once.
+func TestBatchPoisonIsolated(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		batch, conc int
+	}{{100, 1}, {64, 4}, {7, 2}, {1, 1}} {
+		t.Run(fmt.Sprintf("batch%d/conc%d", tt.batch, tt.conc), func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			r := newBatchRecorder("b0137")
+			s, clock := newSweep(t, kv, Config{ClearBatch: r.clear, BatchSize: tt.batch, Concurrency: tt.conc, PageSize: 256})
+			ids := markN(t, kv, 1000, t0)
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 999, st.Cleared)
+			assert.Equal(t, 1, st.Failed)
+			assert.Equal(t, 1, st.Retried)
+			assert.Equal(t, map[string]int{"b0137": 1}, markerIDs(t, kv, "runs/"))
+			for _, id := range ids {
+				if id != "b0137" {
+					require.Equal(t, 1, r.cleared[id], "id %s cleared once", id)
+				}
+			}
+			batches := (1000 + tt.batch - 1) / tt.batch // pages of 256 cut the last batch of each page short
+			if tt.batch < 256 {
+				batches = 0
+				for page := 1000; page > 0; page -= 256 {
+					batches += (min(page, 256) + tt.batch - 1) / tt.batch
+				}
+			}
+			extra := 2 * bits.Len(uint(tt.batch))
+			assert.LessOrEqual(t, len(r.calls), batches+extra, "calls")
+			assert.Equal(t, len(r.calls), st.ClearCalls)
+			for _, c := range r.calls {
+				assert.LessOrEqual(t, len(c), tt.batch)
+				assert.True(t, slices.IsSorted(c), "a batch goes oldest first")
+			}
+		})
+	}
+}
+
+// TestBatchOutage: with the dependency down, a batch costs three calls (the
+// batch and its two halves), not one per id, and every id backs off.
+func TestBatchOutage(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	r := newBatchRecorder()
+	r.down = true
+	s, clock := newSweep(t, kv, Config{ClearBatch: r.clear, BatchSize: 100})
+	markN(t, kv, 1000, t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1000, st.Failed)
+	assert.Equal(t, 1000, st.Retried)
+	assert.Equal(t, 4*3*3, st.ClearCalls, "4 pages of 3 batches (100, 100, the rest), 3 calls each")
+	assert.Len(t, markerIDs(t, kv, "runs/"), 1000)
+
+	// Within the retry delay: nothing is called.
+	clock.Advance(500 * time.Millisecond)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, st.ClearCalls)
+
+	// The dependency is back: after the delay everything is cleared.
+	r.mu.Lock()
+	r.down = false
+	r.mu.Unlock()
+	clock.Advance(time.Second)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1000, st.Cleared)
+	assert.Zero(t, kv.Len())
+}
+
+// TestBatchErrorPerID: ids reported one by one in a BatchError keep their
+// markers (or drop them, for ErrLiveAgain); the rest are cleared, with no
+// bisection.
+func TestBatchErrorPerID(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	var calls int
+	s, clock := newSweep(t, kv, Config{BatchSize: 50, ClearBatch: func(_ context.Context, ids []string) error {
+		calls++
+		return fmt.Errorf("partly: %w", BatchError{
+			"b0003": errors.New("locked"),
+			"b0004": fmt.Errorf("resumed: %w", ErrLiveAgain),
+			"zzz":   errors.New("an id not in the batch is ignored"),
+		})
+	}})
+	markN(t, kv, 10, t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, calls)
+	assert.Equal(t, 8, st.Cleared)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, 1, st.LiveAgain)
+	assert.Equal(t, map[string]int{"b0003": 1}, markerIDs(t, kv, "runs/"))
+	assert.Contains(t, BatchError{"a": errBoom, "b": errBoom}.Error(), `2 ids of the batch not cleared; "a": boom; "b": boom`)
+}
+
+// TestBatchNeverReturnsNormally: a ClearBatch that panics or calls
+// runtime.Goexit for a batch holding a poison id fails that call only.
+func TestBatchNeverReturnsNormally(t *testing.T) {
+	t.Parallel()
+	for name, die := range map[string]func(){
+		"panic":  func() { panic("kaboom") },
+		"goexit": runtime.Goexit,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			s, clock := newSweep(t, kv, Config{BatchSize: 16, Concurrency: 3, ClearBatch: func(_ context.Context, ids []string) error {
+				if slices.Contains(ids, "b0042") {
+					die()
+				}
+				return nil
+			}})
+			markN(t, kv, 100, t0)
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 99, st.Cleared)
+			assert.Equal(t, 1, st.Failed)
+			assert.Equal(t, map[string]int{"b0042": 1}, markerIDs(t, kv, "runs/"))
+		})
+	}
+}
+
+// TestBatchTimeoutAndLiveAgain: a batch call that hangs is cut off by
+// ClearTimeout; a whole-call ErrLiveAgain drops every marker of the batch.
+func TestBatchTimeoutAndLiveAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := NewMemKV()
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, BatchSize: 5, ClearTimeout: time.Second,
+			ClearBatch: func(ctx context.Context, ids []string) error {
+				switch {
+				case slices.Contains(ids, "b0002"):
+					<-ctx.Done()
+					return ctx.Err()
+				case slices.Contains(ids, "b0007"):
+					return fmt.Errorf("resumed: %w", ErrLiveAgain)
+				}
+				return nil
+			}})
+		require.NoError(t, err)
+		markN(t, kv, 15, time.Now().Add(-2*time.Hour))
+		st, err := s.Pass(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, 1, st.Failed, "the hanging id, isolated")
+		assert.Equal(t, 5, st.LiveAgain)
+		assert.Equal(t, 9, st.Cleared)
+		assert.Equal(t, map[string]int{"b0002": 1}, markerIDs(t, kv, "runs/"))
+	})
+}
+
+// TestBatchCancelled: cancelling the pass mid-batch deletes nothing of the
+// page in flight.
+func TestBatchCancelled(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	ctx, cancel := context.WithCancel(context.Background())
+	s, clock := newSweep(t, kv, Config{BatchSize: 4, PageSize: 16, ClearBatch: func(_ context.Context, ids []string) error {
+		if slices.Contains(ids, "b0021") {
+			cancel()
+			return context.Canceled
+		}
+		return nil
+	}})
+	markN(t, kv, 40, t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, 40-16, kv.Len(), "the first page was deleted, the page in flight was not")
+}
