@@ -1,0 +1,170 @@
+// Package bench measures how fast retention clears a backlog of expired
+// entities against the cleaners of River (PostgreSQL) and asynq (Redis),
+// on the same servers, in one run.
+//
+// Every way of deleting the backlog is a Contender: it writes its own fresh
+// data (not timed), deletes it (timed) and checks that nothing is left (not
+// timed). Run alternates the contenders, rotating their order every round,
+// so that a machine that slows down mid-run slows every contender alike,
+// and Table prints medians and ratios taken within each round. The
+// command bench/cmd/peers runs the whole comparison; the tests of this
+// package only check, on a small backlog, that every contender clears what
+// it should.
+//
+// The module is a module of its own so that no adapter depends on River or
+// asynq.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+)
+
+// A Contender is one way of deleting a backlog of expired entities.
+// Adding a contender is writing one function that returns one.
+type Contender struct {
+	// Name labels the contender in results and tables.
+	Name string
+
+	// Setup writes n expired entities (state and, where the contender
+	// uses them, markers) and leaves the server quiet. It is not timed.
+	Setup func(ctx context.Context, n int) error
+
+	// Clear deletes every expired entity Setup wrote and returns how
+	// many it deleted. It is timed.
+	Clear func(ctx context.Context) (int, error)
+
+	// Check returns an error when anything Setup wrote is left. It is
+	// not timed.
+	Check func(ctx context.Context) error
+}
+
+// Result holds one contender's throughput, in entities per second, for
+// every round, in round order.
+type Result struct {
+	Name  string
+	Rates []float64
+}
+
+// Median returns the median of r.Rates, 0 for none.
+func (r Result) Median() float64 { return median(r.Rates) }
+
+// Once runs c on a fresh backlog of n entities: Setup, a timed Clear, and
+// Check. It returns the throughput in entities per second, and an error
+// when any step fails or Clear deleted another number than n.
+func Once(ctx context.Context, c Contender, n int) (float64, error) {
+	if err := c.Setup(ctx, n); err != nil {
+		return 0, fmt.Errorf("%s: setup: %w", c.Name, err)
+	}
+	start := time.Now()
+	got, err := c.Clear(ctx)
+	elapsed := time.Since(start)
+	if err != nil {
+		return 0, fmt.Errorf("%s: clear: %w", c.Name, err)
+	}
+	if got != n {
+		return 0, fmt.Errorf("%s: cleared %d entities, want %d", c.Name, got, n)
+	}
+	if err := c.Check(ctx); err != nil {
+		return 0, fmt.Errorf("%s: check: %w", c.Name, err)
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+// Run runs every contender once per round on a fresh backlog of n
+// entities. Round r starts with contender r mod len(cs) and goes on in
+// order, so every contender runs early and late alike. progress, when not
+// nil, is called after every run. Run stops at the first error.
+func Run(ctx context.Context, cs []Contender, n, rounds int, progress func(round int, name string, rate float64)) ([]Result, error) {
+	res := make([]Result, len(cs))
+	for i, c := range cs {
+		res[i].Name = c.Name
+	}
+	for r := range rounds {
+		for k := range cs {
+			i := (r + k) % len(cs)
+			rate, err := Once(ctx, cs[i], n)
+			if err != nil {
+				return res, fmt.Errorf("round %d: %w", r+1, err)
+			}
+			res[i].Rates = append(res[i].Rates, rate)
+			if progress != nil {
+				progress(r+1, cs[i].Name, rate)
+			}
+		}
+	}
+	return res, nil
+}
+
+// Ratio returns the median, over rounds, of a's throughput divided by b's
+// in the same round: pairing runs of one round cancels much of the drift
+// of a noisy machine. It returns 0 when the two have no round in common.
+func Ratio(a, b Result) float64 {
+	var rs []float64
+	for i := range min(len(a.Rates), len(b.Rates)) {
+		if b.Rates[i] > 0 {
+			rs = append(rs, a.Rates[i]/b.Rates[i])
+		}
+	}
+	return median(rs)
+}
+
+// A Baseline names a contender whose throughput Table divides every
+// other's by, and the label of that column.
+type Baseline struct {
+	Label, Name string
+}
+
+// Table writes results as a Markdown table: the median throughput, the
+// slowest and fastest round, and the ratio to each baseline (the median
+// of Ratio). A baseline not among results gets no column.
+func Table(w io.Writer, results []Result, baselines ...Baseline) error {
+	var base []Result
+	head, rule := "| contender | entities/s (median) | rounds: min – max |", "| --- | ---: | ---: |"
+	for _, b := range baselines {
+		if i := slices.IndexFunc(results, func(r Result) bool { return r.Name == b.Name }); i >= 0 {
+			base = append(base, results[i])
+			head += " vs " + b.Label + " |"
+			rule += " ---: |"
+		}
+	}
+	if _, err := fmt.Fprintf(w, "%s\n%s\n", head, rule); err != nil {
+		return err
+	}
+	for _, r := range results {
+		line := fmt.Sprintf("| %s | %s | %s – %s |", r.Name, Rate(r.Median()), Rate(slices.Min(r.Rates)), Rate(slices.Max(r.Rates)))
+		for _, b := range base {
+			line += fmt.Sprintf(" %.2f× |", Ratio(r, b))
+		}
+		if _, err := fmt.Fprintln(w, line); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Rate formats entities per second as 3.9 M, 830 k or 950.
+func Rate(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2f M", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.0f k", v/1e3)
+	default:
+		return fmt.Sprintf("%.0f", v)
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -1,0 +1,256 @@
+// Command peers measures how fast retention clears a backlog of expired
+// entities against River's and asynq's cleaners on the same servers, and
+// prints Markdown tables of medians and ratios. Run it through the test
+// script, which starts the servers:
+//
+//	./scripts/test --exec ./scripts/bench peers
+//
+// It reads RETENTION_POSTGRES_DSN and RETENTION_REDIS_ADDR, and
+// RETENTION_POSTGRES_FSYNC_DSN for a second PostgreSQL server that runs
+// with fsync on (scripts/bench peers starts one). Without it, it tries
+// ALTER SYSTEM SET fsync = on on the first server, which works only when
+// fsync was not set on the server's command line.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/marksweep/retention/bench"
+)
+
+func main() {
+	n := flag.Int("n", 100_000, "expired entities per run")
+	rounds := flag.Int("rounds", 5, "rounds; every contender runs once per round")
+	only := flag.String("only", "pg,pg-fsync,redis", "comma-separated suites to run: pg, pg-fsync, redis")
+	profile := flag.String("profile", "", "after the rounds, run the contenders whose name contains this once more, breaking down their time and writing a CPU profile to <suite>-<k>.pprof")
+	flag.Parse()
+	log.SetFlags(0)
+	if err := run(context.Background(), *n, *rounds, strings.Split(*only, ","), *profile); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, n, rounds int, suites []string, profile string) error {
+	fmt.Printf("%d expired entities per run, %d rounds, contenders alternated (order rotated every round); %d CPUs, %s\n\n",
+		n, rounds, runtime.NumCPU(), runtime.Version())
+	for _, s := range suites {
+		var err error
+		switch s {
+		case "pg":
+			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, profile)
+		case "pg-fsync":
+			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_FSYNC_DSN"), true, n, rounds, profile)
+		case "redis":
+			err = runRedis(ctx, n, rounds, profile)
+		default:
+			err = fmt.Errorf("unknown suite %q", s)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	return nil
+}
+
+func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, profile string) error {
+	restore := func() error { return nil }
+	if dsn == "" && fsync {
+		// No second server: turn fsync on in the first one, if it lets us.
+		var err error
+		dsn = os.Getenv("RETENTION_POSTGRES_DSN")
+		if restore, err = fsyncOn(ctx, dsn); err != nil {
+			fmt.Printf("## PostgreSQL, fsync on\n\nskipped: %v\n\n", err)
+			return nil
+		}
+	}
+	if dsn == "" {
+		return fmt.Errorf("RETENTION_POSTGRES_DSN is not set: run through ./scripts/test --exec")
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = 72 // concurrency 64, plus the sweep's own scans and deletes
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var version, fsyncSetting string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync')`).Scan(&version, &fsyncSetting); err != nil {
+		return err
+	}
+	if fsync != (fsyncSetting == "on") {
+		return fmt.Errorf("server %s runs with fsync %s", cfg.ConnConfig.Host, fsyncSetting)
+	}
+	p, err := bench.NewPG(ctx, pool, fmt.Sprintf("bench_peers_%d", rand.Uint32()))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := p.Close(ctx); err != nil {
+			log.Printf("dropping the bench schema: %v", err)
+		}
+		if err := restore(); err != nil {
+			log.Printf("turning fsync off again: %v", err)
+		}
+	}()
+	title := fmt.Sprintf("PostgreSQL %s, fsync %s", version, fsyncSetting)
+	cs := p.Contenders()
+	err = report(ctx, title, cs, n, rounds, bench.Baseline{Label: "floor", Name: cs[0].Name}, bench.Baseline{Label: "River", Name: cs[1].Name})
+	if err != nil || profile == "" {
+		return err
+	}
+	suite := "pg"
+	if fsync {
+		suite = "pg-fsync"
+	}
+	return profileRuns(ctx, suite, cs, n, profile, func(t *bench.Timing) { p.Timing = t })
+}
+
+// fsyncOn turns fsync on with ALTER SYSTEM and returns how to turn it off.
+func fsyncOn(ctx context.Context, dsn string) (func() error, error) {
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	set := func(ctx context.Context, v string) (string, error) {
+		if _, err := pool.Exec(ctx, `ALTER SYSTEM SET fsync = `+v); err != nil {
+			return "", err
+		}
+		if _, err := pool.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+			return "", err
+		}
+		time.Sleep(500 * time.Millisecond) // the reload is asynchronous
+		var got, source string
+		err := pool.QueryRow(ctx, `SELECT setting, source FROM pg_settings WHERE name = 'fsync'`).Scan(&got, &source)
+		if got != v {
+			err = fmt.Errorf("fsync still %s after ALTER SYSTEM (set on the %s, which ALTER SYSTEM does not override; set RETENTION_POSTGRES_FSYNC_DSN or run ./scripts/bench peers)", got, source)
+		}
+		return got, err
+	}
+	reset := func() error {
+		defer pool.Close()
+		_, err := pool.Exec(context.Background(), `ALTER SYSTEM RESET fsync`)
+		if err == nil {
+			_, err = pool.Exec(context.Background(), `SELECT pg_reload_conf()`)
+		}
+		return err
+	}
+	if _, err := set(ctx, "on"); err != nil {
+		return nil, fmt.Errorf("%w%s", err, errString(reset()))
+	}
+	return reset, nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return "; and resetting: " + err.Error()
+}
+
+func runRedis(ctx context.Context, n, rounds int, profile string) error {
+	addr := os.Getenv("RETENTION_REDIS_ADDR")
+	if addr == "" {
+		return fmt.Errorf("RETENTION_REDIS_ADDR is not set: run through ./scripts/test --exec")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 72})
+	defer func() {
+		if err := rdb.Close(); err != nil {
+			log.Print(err)
+		}
+	}()
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	version := "?"
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			version = v
+		}
+	}
+	r, err := bench.NewRedis(rdb, fmt.Sprintf("bench:peers:%d:", rand.Uint32()))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := r.Close(ctx); err != nil {
+			log.Printf("deleting the bench keys: %v", err)
+		}
+	}()
+	cs := r.Contenders(n)
+	if err := report(ctx, "Redis "+version, cs, n, rounds, bench.Baseline{Label: "floor", Name: cs[0].Name}, bench.Baseline{Label: "asynq-style", Name: cs[1].Name}); err != nil || profile == "" {
+		return err
+	}
+	return profileRuns(ctx, "redis", cs, n, profile, func(t *bench.Timing) { r.Timing = t })
+}
+
+func report(ctx context.Context, title string, cs []bench.Contender, n, rounds int, baselines ...bench.Baseline) error {
+	start := time.Now()
+	res, err := bench.Run(ctx, cs, n, rounds, func(round int, name string, rate float64) {
+		log.Printf("%s: round %d: %s: %s entities/s", title, round, name, bench.Rate(rate))
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("## %s\n\n", title)
+	if err := bench.Table(os.Stdout, res, baselines...); err != nil {
+		return err
+	}
+	fmt.Printf("\n(%d rounds in %v, setup included)\n\n", rounds, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// profileRuns runs once more every contender whose name contains match,
+// with a Timing set through setTiming and a CPU profile of this process.
+func profileRuns(ctx context.Context, suite string, cs []bench.Contender, n int, match string, setTiming func(*bench.Timing)) error {
+	defer setTiming(nil)
+	for k, c := range cs {
+		if !strings.Contains(c.Name, match) {
+			continue
+		}
+		if err := c.Setup(ctx, n); err != nil {
+			return err
+		}
+		t := &bench.Timing{}
+		setTiming(t)
+		file := fmt.Sprintf("%s-%d.pprof", suite, k)
+		f, err := os.Create(file)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		start := time.Now()
+		cleared, err := c.Clear(ctx)
+		elapsed := time.Since(start)
+		pprof.StopCPUProfile()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = c.Check(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		rate := float64(cleared) / elapsed.Seconds()
+		fmt.Printf("profile %s: %s: %s entities/s in %v: %s; CPU profile in %s\n\n", suite, c.Name, bench.Rate(rate), elapsed.Round(time.Millisecond), t, file)
+	}
+	return nil
+}

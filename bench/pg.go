@@ -1,0 +1,324 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/pgkv"
+)
+
+// Prefix is the marker prefix of every retention contender.
+const Prefix = "jobs/done/"
+
+// Retention is the retention of every contender: every entity Setup
+// writes finished two days before it, far past it.
+const Retention = time.Hour
+
+// RiverBatch is the batch size River's JobCleaner gives JobDeleteBefore
+// (riversharedmaintenance.BatchSizeDefault in River v0.51).
+const RiverBatch = 10_000
+
+// PG holds the tables of the PostgreSQL contenders, all in one schema of
+// their own: jobs (an entity's state, one row per job), markers (the pgkv
+// marker table) and River's tables, migrated by rivermigrate. Create it
+// with NewPG and drop it with Close.
+type PG struct {
+	pool   *pgxpool.Pool
+	schema string // unquoted
+	jobs   string // quoted and schema-qualified
+	kv     *pgkv.KV
+	river  riverdriver.Executor
+
+	// Timing, when not nil, adds up the calls of the retention contenders.
+	Timing *Timing
+}
+
+// NewPG creates schema (which must not exist), the jobs table, the marker
+// table and River's schema in it. The pool must allow the largest
+// Concurrency of the contenders plus a few connections.
+func NewPG(ctx context.Context, pool *pgxpool.Pool, schema string) (*PG, error) {
+	q := pgx.Identifier{schema}.Sanitize()
+	p := &PG{pool: pool, schema: schema, jobs: q + ".jobs"}
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	// Shaped like a job table of a service: a text id as the markers
+	// carry it, and an index on the finish time for the floor's DELETE.
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+p.jobs+` (
+		id text PRIMARY KEY,
+		kind text NOT NULL,
+		state text NOT NULL,
+		finished_at timestamptz NOT NULL,
+		args jsonb NOT NULL)`); err != nil {
+		return nil, fmt.Errorf("create jobs: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE INDEX ON `+p.jobs+` (finished_at)`); err != nil {
+		return nil, fmt.Errorf("create jobs index: %w", err)
+	}
+	if err := pgkv.Migrate(ctx, pool, schema+".markers"); err != nil {
+		return nil, err
+	}
+	kv, err := pgkv.New(pool, schema+".markers")
+	if err != nil {
+		return nil, err
+	}
+	p.kv = kv
+	driver := riverpgxv5.New(pool)
+	m, err := rivermigrate.New(driver, &rivermigrate.Config{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, fmt.Errorf("river migrator: %w", err)
+	}
+	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return nil, fmt.Errorf("river migrate: %w", err)
+	}
+	p.river = driver.GetExecutor()
+	return p, nil
+}
+
+// Close drops the schema and everything in it.
+func (p *PG) Close(ctx context.Context) error {
+	_, err := p.pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{p.schema}.Sanitize()+` CASCADE`)
+	return err
+}
+
+// finishedAt is when every entity of a backlog finished: far enough back
+// that all are expired, and 1ms apart so markers sort in id order.
+func finishedAt() time.Time { return time.Now().Add(-48 * time.Hour).Truncate(time.Millisecond) }
+
+// SetupJobs writes n expired jobs and their markers, each id's row and
+// marker as MarkTx would write them, in set-based statements for speed,
+// then vacuums and checkpoints so that every contender starts alike.
+func (p *PG) SetupJobs(ctx context.Context, n int) error {
+	base := finishedAt()
+	stmts := []struct {
+		sql  string
+		args []any
+	}{
+		{`TRUNCATE ` + p.jobs + `, ` + p.markers() + `, ` + p.riverJob(), nil},
+		{`INSERT INTO ` + p.jobs + ` (id, kind, state, finished_at, args)
+			SELECT 'j' || lpad(i::text, 9, '0'), 'bench', 'completed', $1::timestamptz + i * interval '1 ms', '{"n": 1}'
+			FROM generate_series(1, $2) AS i`, []any{base, n}},
+		{`INSERT INTO ` + p.markers() + ` (key)
+			SELECT convert_to($1 || lpad(($2::bigint + i)::text, 20, '0') || '/j' || lpad(i::text, 9, '0'), 'UTF8')
+			FROM generate_series(1, $3) AS i`, []any{Prefix, base.UnixMilli(), n}},
+		{`VACUUM ANALYZE ` + p.jobs, nil},
+		{`VACUUM ANALYZE ` + p.markers(), nil},
+		{`CHECKPOINT`, nil},
+	}
+	for _, s := range stmts {
+		if _, err := p.pool.Exec(ctx, s.sql, s.args...); err != nil {
+			return fmt.Errorf("%.40s...: %w", s.sql, err)
+		}
+	}
+	return nil
+}
+
+// SetupRiver writes n completed River jobs finalized two days ago into
+// River's river_job, then vacuums and checkpoints.
+func (p *PG) SetupRiver(ctx context.Context, n int) error {
+	stmts := []struct {
+		sql  string
+		args []any
+	}{
+		{`TRUNCATE ` + p.jobs + `, ` + p.markers() + `, ` + p.riverJob(), nil},
+		{`INSERT INTO ` + p.riverJob() + ` (args, attempt, attempted_at, created_at, finalized_at, kind, max_attempts, metadata, priority, queue, scheduled_at, state)
+			SELECT '{"n": 1}', 1, t, t, t, 'bench', 25, '{}', 1, 'default', t, 'completed'
+			FROM (SELECT $1::timestamptz + i * interval '1 ms' AS t FROM generate_series(1, $2) AS i) AS s`, []any{finishedAt(), n}},
+		{`VACUUM ANALYZE ` + p.riverJob(), nil},
+		{`CHECKPOINT`, nil},
+	}
+	for _, s := range stmts {
+		if _, err := p.pool.Exec(ctx, s.sql, s.args...); err != nil {
+			return fmt.Errorf("%.40s...: %w", s.sql, err)
+		}
+	}
+	return nil
+}
+
+func (p *PG) markers() string  { return pgx.Identifier{p.schema, "markers"}.Sanitize() }
+func (p *PG) riverJob() string { return pgx.Identifier{p.schema, "river_job"}.Sanitize() }
+
+// checkEmpty returns an error naming every table of tables with rows left.
+func (p *PG) checkEmpty(ctx context.Context, tables ...string) error {
+	var errs []error
+	for _, t := range tables {
+		var left int
+		if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM `+t).Scan(&left); err != nil {
+			return err
+		}
+		if left != 0 {
+			errs = append(errs, fmt.Errorf("%s: %d rows left", t, left))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Floor is the fastest way to delete the backlog's state, one DELETE of
+// every expired row, with nothing else: no markers, no batches.
+func (p *PG) Floor() Contender {
+	return Contender{
+		Name:  "floor: one DELETE ... WHERE finished_at < cutoff",
+		Setup: p.SetupJobs,
+		Clear: func(ctx context.Context) (int, error) {
+			tag, err := p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE finished_at < $1`, time.Now().Add(-Retention))
+			return int(tag.RowsAffected()), err
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs) },
+	}
+}
+
+// River deletes the backlog the way River's JobCleaner does: JobDeleteBefore
+// through riverpgxv5 with batches of RiverBatch, each under the cleaner's
+// 30s timeout, until a batch comes back short. The cleaner sleeps 50ms to
+// 1s between batches to spare the database; that pause is left out here,
+// so this is River's query at full speed.
+func (p *PG) River() Contender {
+	return Contender{
+		Name:  "River JobDeleteBefore (10k batches)",
+		Setup: p.SetupRiver,
+		Clear: func(ctx context.Context) (int, error) {
+			total := 0
+			for {
+				horizon := time.Now().Add(-Retention)
+				bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				n, err := p.river.JobDeleteBefore(bctx, &riverdriver.JobDeleteBeforeParams{
+					CancelledDoDelete:           true,
+					CancelledFinalizedAtHorizon: horizon,
+					CompletedDoDelete:           true,
+					CompletedFinalizedAtHorizon: horizon,
+					DiscardedDoDelete:           true,
+					DiscardedFinalizedAtHorizon: horizon,
+					Max:                         RiverBatch,
+					Schema:                      p.schema,
+				})
+				cancel()
+				total += n
+				if err != nil || n < RiverBatch {
+					return total, err
+				}
+			}
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.riverJob()) },
+	}
+}
+
+// Retention sweeps the backlog with one retention Pass. cfg gets Prefix,
+// Retention and a silent Logger; set Clear or ClearBatch (ClearByID and
+// ClearBatchByID here delete jobs), PageSize, BatchSize and Concurrency.
+func (p *PG) Retention(name string, cfg retention.Config) Contender {
+	return Contender{
+		Name:  name,
+		Setup: p.SetupJobs,
+		Clear: func(ctx context.Context) (int, error) {
+			return sweep(ctx, p.Timing.kv(p.kv), cfg, p.Timing)
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.markers()) },
+	}
+}
+
+// ClearByID is a Config.Clear that deletes one job: one round trip per id.
+func (p *PG) ClearByID(ctx context.Context, id string) error {
+	_, err := p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE id = $1`, id)
+	return err
+}
+
+// ClearBatchByID is a Config.ClearBatch that deletes the batch's jobs in
+// one statement.
+func (p *PG) ClearBatchByID(ctx context.Context, ids []string) error {
+	_, err := p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, ids)
+	return err
+}
+
+// HandLoop is what a one-round-trip atomic clear could reach, written by
+// hand without the sweep: read a page of expired markers, then delete the
+// page's jobs and its markers in one transaction sent as one pgx batch.
+// It skips what the sweep adds (validation, retries, per-id results), so
+// it bounds from above what a pgkv atomic clear can give.
+func (p *PG) HandLoop(page int) Contender {
+	return Contender{
+		Name:  fmt.Sprintf("hand loop: scan %d, jobs+markers DELETE in one round trip", page),
+		Setup: p.SetupJobs,
+		Clear: func(ctx context.Context) (int, error) {
+			start := []byte(Prefix)
+			// Markers sort by time: every key below the cutoff's is expired.
+			end := fmt.Appendf(nil, "%s%020d/", Prefix, time.Now().Add(-Retention).UnixMilli())
+			total := 0
+			for {
+				keys, err := p.kv.Scan(ctx, start, end, page)
+				if err != nil {
+					return total, err
+				}
+				if len(keys) == 0 {
+					return total, nil
+				}
+				ids := make([]string, len(keys))
+				for i, k := range keys {
+					ids[i] = string(k[len(Prefix)+21:])
+				}
+				b := &pgx.Batch{}
+				b.Queue(`BEGIN`)
+				b.Queue(`DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, ids)
+				b.Queue(`DELETE FROM `+p.markers()+` WHERE key = ANY($1)`, keys)
+				b.Queue(`COMMIT`)
+				if err := p.pool.SendBatch(ctx, b).Close(); err != nil {
+					return total, err
+				}
+				total += len(keys)
+				start = append(keys[len(keys)-1], 0)
+			}
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.markers()) },
+	}
+}
+
+// sweep runs one Pass of a sweep over kv with cfg and returns how many
+// markers it cleared; any marker not cleared is an error.
+func sweep(ctx context.Context, kv retention.KV, cfg retention.Config, t *Timing) (int, error) {
+	cfg.Prefix = Prefix
+	cfg.Retention = Retention
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Clear != nil {
+		cfg.Clear = t.clearFn(cfg.Clear)
+	}
+	if cfg.ClearBatch != nil {
+		cfg.ClearBatch = t.batchFn(cfg.ClearBatch)
+	}
+	s, err := retention.New(kv, cfg)
+	if err != nil {
+		return 0, err
+	}
+	st, err := s.Pass(ctx)
+	if err != nil {
+		return st.Cleared, err
+	}
+	if st.Failed != 0 || st.Malformed != 0 || st.Foreign != 0 {
+		return st.Cleared, fmt.Errorf("pass: %+v", st)
+	}
+	return st.Cleared, nil
+}
+
+// Contenders returns every PostgreSQL contender, the floor first and River
+// second: the two baselines of the table.
+func (p *PG) Contenders() []Contender {
+	perID := func(conc int) Contender {
+		return p.Retention(fmt.Sprintf("retention per-id, concurrency %d", conc), retention.Config{
+			Clear: p.ClearByID, PageSize: 1000, Concurrency: conc,
+		})
+	}
+	batched := func(conc int) Contender {
+		return p.Retention(fmt.Sprintf("retention batched 1000, page 1000, concurrency %d", conc), retention.Config{
+			ClearBatch: p.ClearBatchByID, BatchSize: 1000, PageSize: 1000, Concurrency: conc,
+		})
+	}
+	return []Contender{p.Floor(), p.River(), perID(1), perID(16), perID(64), batched(1), batched(4), p.HandLoop(1000)}
+}
