@@ -19,6 +19,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strings"
@@ -32,9 +33,9 @@ import (
 
 func main() {
 	n := flag.Int("n", 100_000, "expired entities per run")
-	rounds := flag.Int("rounds", 5, "rounds; every contender runs once per round")
+	rounds := flag.Int("rounds", 3, "rounds; every contender runs once per round")
 	only := flag.String("only", "pg,pg-fsync,redis", "comma-separated suites to run: pg, pg-fsync, redis")
-	profile := flag.String("profile", "", "after the rounds, run the contenders whose name contains this once more, breaking down their time and writing a CPU profile to <suite>-<k>.pprof")
+	profile := flag.String("profile", "", "after the rounds, run the contenders whose name contains this once more, breaking down their time and writing a CPU profile of this process to <tmp>/peers-<suite>-<k>.pprof")
 	flag.Parse()
 	log.SetFlags(0)
 	if err := run(context.Background(), *n, *rounds, strings.Split(*only, ","), *profile); err != nil {
@@ -228,7 +229,7 @@ func profileRuns(ctx context.Context, suite string, cs []bench.Contender, n int,
 		}
 		t := &bench.Timing{}
 		setTiming(t)
-		file := fmt.Sprintf("%s-%d.pprof", suite, k)
+		file := filepath.Join(os.TempDir(), fmt.Sprintf("peers-%s-%d.pprof", suite, k))
 		f, err := os.Create(file)
 		if err != nil {
 			return err
