@@ -315,10 +315,15 @@ func (p *PG) Contenders() []Contender {
 			Clear: p.ClearByID, PageSize: 1000, Concurrency: conc,
 		})
 	}
-	batched := func(conc int) Contender {
-		return p.Retention(fmt.Sprintf("retention batched 1000, page 1000, concurrency %d", conc), retention.Config{
-			ClearBatch: p.ClearBatchByID, BatchSize: 1000, PageSize: 1000, Concurrency: conc,
+	batched := func(size, conc int) Contender {
+		return p.Retention(fmt.Sprintf("retention batched %d, page %d, concurrency %d", size, size, conc), retention.Config{
+			ClearBatch: p.ClearBatchByID, BatchSize: size, PageSize: size, Concurrency: conc,
 		})
 	}
-	return []Contender{p.Floor(), p.River(), perID(1), perID(16), perID(64), batched(1), batched(4), p.HandLoop(1000)}
+	return []Contender{
+		p.Floor(), p.River(),
+		perID(1), perID(16), perID(64),
+		batched(1000, 1), batched(1000, 4), batched(10_000, 1),
+		p.HandLoop(1000), p.HandLoop(10_000),
+	}
 }

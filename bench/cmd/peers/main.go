@@ -35,26 +35,42 @@ func main() {
 	n := flag.Int("n", 100_000, "expired entities per run")
 	rounds := flag.Int("rounds", 3, "rounds; every contender runs once per round")
 	only := flag.String("only", "pg,pg-fsync,redis", "comma-separated suites to run: pg, pg-fsync, redis")
+	match := flag.String("match", "", "run only the contenders whose name contains one of these comma-separated strings, besides the two baselines of each table")
 	profile := flag.String("profile", "", "after the rounds, run the contenders whose name contains this once more, breaking down their time and writing a CPU profile of this process to <tmp>/peers-<suite>-<k>.pprof")
 	flag.Parse()
 	log.SetFlags(0)
-	if err := run(context.Background(), *n, *rounds, strings.Split(*only, ","), *profile); err != nil {
+	if err := run(context.Background(), *n, *rounds, strings.Split(*only, ","), *match, *profile); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, n, rounds int, suites []string, profile string) error {
+func run(ctx context.Context, n, rounds int, suites []string, match, profile string) error {
+	keep := func(cs []bench.Contender) []bench.Contender {
+		if match == "" {
+			return cs
+		}
+		out := cs[:2:2] // the baselines
+		for _, c := range cs[2:] {
+			for m := range strings.SplitSeq(match, ",") {
+				if strings.Contains(c.Name, m) {
+					out = append(out, c)
+					break
+				}
+			}
+		}
+		return out
+	}
 	fmt.Printf("%d expired entities per run, %d rounds, contenders alternated (order rotated every round); %d CPUs, %s\n\n",
 		n, rounds, runtime.NumCPU(), runtime.Version())
 	for _, s := range suites {
 		var err error
 		switch s {
 		case "pg":
-			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, profile)
+			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, keep, profile)
 		case "pg-fsync":
-			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_FSYNC_DSN"), true, n, rounds, profile)
+			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_FSYNC_DSN"), true, n, rounds, keep, profile)
 		case "redis":
-			err = runRedis(ctx, n, rounds, profile)
+			err = runRedis(ctx, n, rounds, keep, profile)
 		default:
 			err = fmt.Errorf("unknown suite %q", s)
 		}
@@ -65,7 +81,7 @@ func run(ctx context.Context, n, rounds int, suites []string, profile string) er
 	return nil
 }
 
-func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, profile string) error {
+func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, keep func([]bench.Contender) []bench.Contender, profile string) error {
 	restore := func() error { return nil }
 	if dsn == "" && fsync {
 		// No second server: turn fsync on in the first one, if it lets us.
@@ -109,7 +125,7 @@ func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, profile s
 		}
 	}()
 	title := fmt.Sprintf("PostgreSQL %s, fsync %s", version, fsyncSetting)
-	cs := p.Contenders()
+	cs := keep(p.Contenders())
 	err = report(ctx, title, cs, n, rounds, bench.Baseline{Label: "floor", Name: cs[0].Name}, bench.Baseline{Label: "River", Name: cs[1].Name})
 	if err != nil || profile == "" {
 		return err
@@ -163,7 +179,7 @@ func errString(err error) string {
 	return "; and resetting: " + err.Error()
 }
 
-func runRedis(ctx context.Context, n, rounds int, profile string) error {
+func runRedis(ctx context.Context, n, rounds int, keep func([]bench.Contender) []bench.Contender, profile string) error {
 	addr := os.Getenv("RETENTION_REDIS_ADDR")
 	if addr == "" {
 		return fmt.Errorf("RETENTION_REDIS_ADDR is not set: run through ./scripts/test --exec")
@@ -193,7 +209,7 @@ func runRedis(ctx context.Context, n, rounds int, profile string) error {
 			log.Printf("deleting the bench keys: %v", err)
 		}
 	}()
-	cs := r.Contenders(n)
+	cs := keep(r.Contenders(n))
 	if err := report(ctx, "Redis "+version, cs, n, rounds, bench.Baseline{Label: "floor", Name: cs[0].Name}, bench.Baseline{Label: "asynq-style", Name: cs[1].Name}); err != nil || profile == "" {
 		return err
 	}
