@@ -103,15 +103,17 @@ type Config struct {
 	Clock Clock
 
 	// PageSize is how many markers one Scan reads. Zero means
-	// DefaultPageSize; otherwise 1 to MaxPageSize.
+	// DefaultPageSize; otherwise 1 to MaxPageSize. While a full page is
+	// cleared, the next one is read.
 	PageSize int
 
-	// Concurrency is how many Clear calls of one page may run at once. Zero
-	// means 1: markers are cleared one at a time, oldest first. Otherwise 1
-	// to MaxConcurrency. Above 1, the clears of a page start oldest first
-	// but may finish in any order; pages still go in order, every clear of a
-	// page ends before its markers are deleted and the next page is read,
-	// and a marker is still deleted only after its own Clear succeeded.
+	// Concurrency is how many Clear calls (or ClearBatch calls) of one page
+	// may run at once. Zero means 1: markers are cleared one at a time,
+	// oldest first. Otherwise 1 to MaxConcurrency. Above 1, the clears of a
+	// page start oldest first but may finish in any order; pages still go
+	// in order: every clear of a page ends before its markers are deleted
+	// and the next page's clears start, and a marker is still deleted only
+	// after its own Clear succeeded.
 	Concurrency int
 
 	// Interval is the longest Run sleeps between passes. Run usually wakes
@@ -222,7 +224,6 @@ type Sweep struct {
 	items         []item
 	ids           []byte
 	del           [][]byte
-	from          []byte
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -377,22 +378,23 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 		s.logPass(p)
 	}()
 
-	from := s.lower
-	for {
-		keys, err := s.scan(ctx, p, from, p.cutoffKey, s.pageSize)
-		if err != nil {
-			return st, err
+	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
+	for err == nil {
+		// A full page may have a next one: read it while this one is
+		// cleared. It starts just after this page's last key, so markers
+		// that stay (failed clears) are not read again in this pass.
+		var next *prefetch
+		if len(keys) == s.pageSize {
+			next = s.prefetch(ctx, p, append(append([]byte(nil), keys[len(keys)-1]...), 0))
 		}
-		if err := s.page(ctx, p, keys); err != nil {
-			return st, err
-		}
-		if len(keys) < s.pageSize {
+		err = s.page(ctx, p, keys)
+		if next == nil {
 			break
 		}
-		// Resume just after the last key: markers that stay (failed clears)
-		// must not be read again in this pass.
-		s.from = append(append(s.from[:0], keys[len(keys)-1]...), 0)
-		from = s.from
+		keys, err = next.wait(p, err)
+	}
+	if err != nil {
+		return st, err
 	}
 	if err := s.peek(ctx, p); err != nil {
 		return st, err
