@@ -87,16 +87,21 @@ func newHarness(t testing.TB) leasetest.Harness {
 			return present, nil
 		},
 		// Revoke the holder's etcd lease from outside, as its expiry would.
-		Expire: func(t testing.TB) {
-			ctx := context.Background()
-			resp, err := admin.Get(ctx, lockName+"/", clientv3.WithPrefix(),
-				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
-			require.NoError(t, err)
-			require.Len(t, resp.Kvs, 1, "nobody holds the lease")
-			_, err = admin.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
-			require.NoError(t, err)
-		},
+		Expire: func(t testing.TB) { revokeHolder(t, admin, lockName) },
 	}
+}
+
+// revokeHolder revokes the etcd lease of the holder of the lock lockName
+// from outside, as its expiry would, without telling the holder.
+func revokeHolder(t testing.TB, admin *clientv3.Client, lockName string) {
+	t.Helper()
+	ctx := context.Background()
+	resp, err := admin.Get(ctx, lockName+"/", clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "nobody holds the lease")
+	_, err = admin.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	require.NoError(t, err)
 }
 
 func TestFleet(t *testing.T) {

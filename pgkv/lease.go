@@ -76,6 +76,13 @@ type LockerOptions struct {
 // keeps the session, and an advisory lock, until TCP keepalive gives up,
 // hours by default) blocks the fleet for one TTL at most. A clean Release
 // expires the row at once.
+//
+// Every statement that locks the lease row goes out in the simple query
+// protocol: one message, run and committed only once it has arrived whole.
+// In the extended protocol a holder cut off between Execute and Sync would
+// leave the server holding the row lock in an open implicit transaction
+// until TCP keepalive ends the session, and every takeover would wait for
+// it.
 type Locker struct {
 	pool  *pgxpool.Pool
 	name  string
@@ -166,7 +173,7 @@ func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 	holder := newHolder()
 	sent := time.Now()
 	var fence int64
-	err := l.pool.QueryRow(ctx, l.acquireSQL, l.name, holder, l.ttl.Microseconds()).Scan(&fence)
+	err := l.pool.QueryRow(ctx, l.acquireSQL, pgx.QueryExecModeSimpleProtocol, l.name, holder, l.ttl.Microseconds()).Scan(&fence)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("pgkv: lease %q: %w", l.name, retention.ErrLeaseHeld)
@@ -238,7 +245,7 @@ func (p *pgLease) keepAlive(validUntil time.Time) {
 		// A renewal may not outlast the lease it renews.
 		ctx, cancel := context.WithDeadline(context.Background(), validUntil)
 		sent := time.Now()
-		tag, err := p.l.pool.Exec(ctx, p.l.renewSQL, p.l.name, p.holder, p.l.ttl.Microseconds(), p.fence)
+		tag, err := p.l.pool.Exec(ctx, p.l.renewSQL, pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.l.ttl.Microseconds(), p.fence)
 		cancel()
 		switch {
 		case err == nil && tag.RowsAffected() == 1:
@@ -256,7 +263,7 @@ func (p *pgLease) keepAlive(validUntil time.Time) {
 func (p *pgLease) Release(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stop) })
 	p.wg.Wait() // keepAlive has marked the lease lost on its way out
-	if _, err := p.l.pool.Exec(ctx, p.l.releaseSQL, p.l.name, p.holder, p.fence); err != nil {
+	if _, err := p.l.pool.Exec(ctx, p.l.releaseSQL, pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence); err != nil {
 		return wrap(ctx, "release lease "+p.l.name, err)
 	}
 	return nil
@@ -325,7 +332,7 @@ func (f *fencedKV) write(ctx context.Context, op, sql string, arg any) error {
 	if p.isLost() {
 		return p.refused(op)
 	}
-	rows, err := f.kv.db.Query(ctx, sql, p.l.name, p.holder, p.fence, arg)
+	rows, err := f.kv.db.Query(ctx, sql, pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence, arg)
 	if err != nil {
 		return wrap(ctx, op, err)
 	}
