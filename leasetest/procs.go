@@ -62,6 +62,7 @@ const (
 	envStore    = "LEASETEST_REPLICA_STORE"
 	envTTL      = "LEASETEST_REPLICA_TTL"
 	envInterval = "LEASETEST_REPLICA_INTERVAL"
+	envFreeze   = "LEASETEST_REPLICA_FREEZE" // a flag file: the first replica to create it stops itself
 )
 
 // Replica timing: a busy holder deletes a page of 10 markers about every
@@ -72,6 +73,7 @@ const (
 	procClear    = 2 * time.Millisecond
 	procInterval = 250 * time.Millisecond
 	procMarkers  = 20_000
+	freezeAfter  = 5 // successful Deletes before a replica of Frozen stops itself
 )
 
 // ReplicaMain runs this process as a replica of the process proofs when the
@@ -112,7 +114,7 @@ func runReplica(connect ConnectFunc, logPath string) error {
 		return err
 	}
 	defer closeStore()
-	ll := &loggingLocker{Locker: locker, log: log}
+	ll := &loggingLocker{Locker: locker, log: log, freeze: os.Getenv(envFreeze)}
 	sweep, err := retention.New(&loggingKV{KV: kv, locker: ll}, retention.Config{
 		Prefix:    procPrefix,
 		Retention: time.Millisecond, // every marker is long expired
@@ -169,6 +171,9 @@ type loggingLocker struct {
 	retention.Locker
 	log *eventLog
 	seq atomic.Int64 // the number of the last lease handed out
+
+	freeze  string // see envFreeze
+	deletes atomic.Int64
 }
 
 func (l *loggingLocker) TryAcquire(ctx context.Context) (retention.Lease, error) {
@@ -234,6 +239,7 @@ func (k *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
 	}
 	op := deleteSeq.Add(1)
 	k.locker.log.add("delete-start", op, lease, len(keys))
+	k.locker.maybeFreeze()
 	err := k.KV.Delete(ctx, keys...)
 	switch {
 	case err == nil:
@@ -244,6 +250,23 @@ func (k *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
 		k.locker.log.add("delete-err", op, lease, err)
 	}
 	return err
+}
+
+// maybeFreeze stops this process with SIGSTOP, once per fleet, after a few
+// Deletes: between the pass's last look at Lost and the store's write, where
+// only a fence can stop a write of a holder that has been replaced.
+func (l *loggingLocker) maybeFreeze() {
+	if l.freeze == "" || l.deletes.Add(1) <= freezeAfter {
+		return
+	}
+	f, err := os.OpenFile(l.freeze, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return // another replica froze, or will
+	}
+	f.Close()
+	l.log.add("freeze")
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	l.log.add("resume")
 }
 
 // RunProcesses runs the proofs with replicas as separate processes against
@@ -260,9 +283,10 @@ func (k *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
 //     through) and the holder is then SIGKILLed; another replica must take
 //     the lease within TTL plus one retry interval (plus slack for loaded
 //     machines) and go on deleting.
-//   - Frozen: two replicas; the holder is stopped with SIGSTOP past its TTL,
-//     another takes over, and the holder is resumed with SIGCONT; no Delete
-//     of the resumed holder's old lease may succeed.
+//   - Frozen: two replicas; the holder stops itself with SIGSTOP just as it
+//     calls Delete (after the pass checked its lease), another takes over
+//     after the TTL, and the holder is resumed with SIGCONT: no Delete of
+//     the resumed holder's old lease may succeed once the other holds it.
 //
 // The test binary's TestMain must call ReplicaMain first.
 func RunProcesses(t *testing.T, e Engine) {
@@ -300,8 +324,9 @@ func newProcFleet(t testing.TB, e Engine) *procFleet {
 	return &procFleet{t: t, e: e, store: e.Setup(t, keys), dir: t.TempDir()}
 }
 
-// start starts a replica process connected through a proxy of its own.
-func (f *procFleet) start() {
+// start starts a replica process connected through a proxy of its own,
+// with extra environment variables.
+func (f *procFleet) start(env ...string) {
 	t := f.t
 	i := len(f.procs)
 	p := newProxy(t, f.e.Addr)
@@ -318,6 +343,7 @@ func (f *procFleet) start() {
 		envTTL+"="+f.e.TTL.String(),
 		envInterval+"="+procInterval.String(),
 	)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -626,12 +652,33 @@ func testHostCrash(t *testing.T, e Engine) {
 
 func testFrozen(t *testing.T, e Engine) {
 	f := newProcFleet(t, e)
-	f.start()
-	f.start()
-	old, lease := f.holder(startLimit)
-	frozenAt := time.Now()
-	if err := f.procs[old].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	freeze := envFreeze + "=" + filepath.Join(f.dir, "frozen")
+	f.start(freeze)
+	f.start(freeze)
+	var (
+		old      = -1
+		lease    int64
+		frozenAt time.Time
+	)
+	deadline := time.Now().Add(startLimit)
+	for old < 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no replica froze within %v", startLimit)
+		}
+		time.Sleep(10 * time.Millisecond)
+		for i := range f.procs {
+			for _, ev := range f.events(i) {
+				switch ev.name {
+				case "delete-start":
+					lease = ev.int(1)
+				case "freeze":
+					old, frozenAt = i, ev.at
+				}
+			}
+			if old >= 0 {
+				break
+			}
+		}
 	}
 	bound := e.TTL + procInterval + 5*time.Second
 	next, acquired, ok := f.takeover(old, lease, frozenAt, bound)
@@ -646,13 +693,31 @@ func testFrozen(t *testing.T, e Engine) {
 	time.Sleep(e.TTL)
 	f.stopAll()
 
+	// The Delete the holder froze in started before the takeover and runs
+	// after it: count by when Deletes returned. None of the old lease's was
+	// on the wire while the holder was frozen, so any that returned after
+	// the takeover also reached the store after it.
+	var succeeded, refused, failed int
+	for _, ev := range f.events(old) {
+		if !strings.HasPrefix(ev.name, "delete-") || ev.name == "delete-start" || ev.int(1) != lease || !ev.at.After(acquired) {
+			continue
+		}
+		switch ev.name {
+		case "delete-ok":
+			succeeded++
+		case "delete-refused":
+			refused++
+		default:
+			failed++
+		}
+	}
 	o := f.overlap(old, lease, acquired)
-	t.Logf("holder (replica %d) frozen for %v; replica %d took over %v after the freeze; the resumed holder noticed %v after resuming",
+	t.Logf("holder (replica %d) froze in a Delete for %v; replica %d took over %v after the freeze; the resumed holder noticed %v after resuming",
 		old, resumedAt.Sub(frozenAt).Round(time.Millisecond), next, acquired.Sub(frozenAt).Round(time.Millisecond), since(o.lost, resumedAt))
-	t.Logf("resumed holder's Deletes started after the takeover: %d succeeded, %d refused by the fence, %d failed otherwise",
-		o.succeeded, o.refused, o.failed)
-	if o.succeeded != 0 {
-		t.Errorf("%d Deletes of the resumed holder succeeded after another replica acquired the lease, want 0", o.succeeded)
+	t.Logf("resumed holder's Deletes that returned after the takeover: %d succeeded, %d refused by the fence, %d failed otherwise",
+		succeeded, refused, failed)
+	if succeeded != 0 {
+		t.Errorf("%d Deletes of the resumed holder succeeded after another replica acquired the lease, want 0", succeeded)
 	}
 }
 
