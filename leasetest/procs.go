@@ -698,6 +698,7 @@ func testFrozen(t *testing.T, e Engine) {
 	// on the wire while the holder was frozen, so any that returned after
 	// the takeover also reached the store after it.
 	var succeeded, refused, failed int
+	var failures []string
 	for _, ev := range f.events(old) {
 		if !strings.HasPrefix(ev.name, "delete-") || ev.name == "delete-start" || ev.int(1) != lease || !ev.at.After(acquired) {
 			continue
@@ -709,13 +710,14 @@ func testFrozen(t *testing.T, e Engine) {
 			refused++
 		default:
 			failed++
+			failures = append(failures, strings.Join(ev.fields[2:], " "))
 		}
 	}
 	o := f.overlap(old, lease, acquired)
 	t.Logf("holder (replica %d) froze in a Delete for %v; replica %d took over %v after the freeze; the resumed holder noticed %v after resuming",
 		old, resumedAt.Sub(frozenAt).Round(time.Millisecond), next, acquired.Sub(frozenAt).Round(time.Millisecond), since(o.lost, resumedAt))
-	t.Logf("resumed holder's Deletes that returned after the takeover: %d succeeded, %d refused by the fence, %d failed otherwise",
-		succeeded, refused, failed)
+	t.Logf("resumed holder's Deletes that returned after the takeover: %d succeeded, %d refused by the fence, %d failed otherwise %q",
+		succeeded, refused, failed, failures)
 	if succeeded != 0 {
 		t.Errorf("%d Deletes of the resumed holder succeeded after another replica acquired the lease, want 0", succeeded)
 	}
