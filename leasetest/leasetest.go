@@ -2,10 +2,16 @@
 // proves, against a real shared store, that a fleet of replicas running
 // Sweep.Run behaves as one careful sweeper: with a lease every expired
 // entity is cleared exactly once, a dead holder is replaced within the
-// lease's TTL, and a holder that loses its lease deletes nothing more.
+// lease's TTL, a holder that loses its lease deletes nothing more, and a
+// lease that implements retention.Fencer has its store refuse the writes of
+// a holder it no longer names.
 //
 // An adapter's test calls Run with a function that sets up a fresh store
-// and returns a Harness over it.
+// and returns a Harness over it. RunProcesses proves the same with
+// replicas as separate processes (re-executions of the test binary, which
+// must call ReplicaMain from TestMain) against the engine's real server:
+// the lease taken away from outside, the holder's host crashing behind a
+// black-holed proxy, and the holder frozen with SIGSTOP.
 package leasetest
 
 import (

@@ -6,6 +6,11 @@
 // it with Migrate. Write a marker with MarkTx inside the transaction that
 // records the entity's terminal state.
 //
+// Replicas that share the table take turns with a Locker: a lease row with
+// a TTL in a table created by MigrateLeases. Its leases fence the KV: a
+// holder's marker deletes take effect only while it holds the lease,
+// checked in the same statement (see Locker).
+//
 // The caller owns the pool (or connection) and closes it; a KV never does.
 package pgkv
 
