@@ -605,9 +605,16 @@ func testTakenAway(t *testing.T, e Engine) {
 		}
 		// The old holder noticed and took the lease back first; try again.
 	}
+	released := false
+	defer func() {
+		if !released {
+			_ = stolen.Release(ctx)
+		}
+	}()
 	// Hold it past the old holder's next renewal: with or without a fence,
 	// it finds out by then.
 	time.Sleep(e.TTL)
+	released = true
 	if err := stolen.Release(ctx); err != nil {
 		t.Errorf("the thief's Release = %v", err)
 	}
