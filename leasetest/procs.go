@@ -266,6 +266,15 @@ func (l *loggingLocker) maybeFreeze() {
 	f.Close()
 	l.log.add("freeze")
 	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	// The stop lands on all threads a moment later, not necessarily before
+	// Kill returns: wait for the test's word that it resumed us, so that the
+	// Delete cannot be on the wire while the process is stopped.
+	for {
+		if _, err := os.Stat(l.freeze + ".resumed"); err == nil {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	l.log.add("resume")
 }
 
@@ -659,9 +668,9 @@ func testHostCrash(t *testing.T, e Engine) {
 
 func testFrozen(t *testing.T, e Engine) {
 	f := newProcFleet(t, e)
-	freeze := envFreeze + "=" + filepath.Join(f.dir, "frozen")
-	f.start(freeze)
-	f.start(freeze)
+	flag := filepath.Join(f.dir, "frozen")
+	f.start(envFreeze + "=" + flag)
+	f.start(envFreeze + "=" + flag)
 	var (
 		old      = -1
 		lease    int64
@@ -694,6 +703,9 @@ func testFrozen(t *testing.T, e Engine) {
 	}
 	f.waitDeletes(next, acquired, 5, 10*time.Second)
 	resumedAt := time.Now()
+	if err := os.WriteFile(flag+".resumed", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := f.procs[old].cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -727,7 +739,21 @@ func testFrozen(t *testing.T, e Engine) {
 		succeeded, refused, failed, failures)
 	if succeeded != 0 {
 		t.Errorf("%d Deletes of the resumed holder succeeded after another replica acquired the lease, want 0", succeeded)
+		f.dump(old, frozenAt.Add(-time.Second))
+		f.dump(next, frozenAt.Add(-time.Second))
 	}
+}
+
+// dump logs replica i's events from t on, for a failure's post-mortem.
+func (f *procFleet) dump(i int, from time.Time) {
+	var b strings.Builder
+	for _, ev := range f.events(i) {
+		if ev.at.Before(from) {
+			continue
+		}
+		fmt.Fprintf(&b, "%s %s %s\n", ev.at.Format("15:04:05.000000"), ev.name, strings.Join(ev.fields, " "))
+	}
+	f.t.Logf("replica %d's log from %s:\n%s", i, from.Format("15:04:05.000000"), b.String())
 }
 
 func since(t, ref time.Time) string {
