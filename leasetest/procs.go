@@ -239,7 +239,12 @@ func (k *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
 	}
 	op := deleteSeq.Add(1)
 	k.locker.log.add("delete-start", op, lease, len(keys))
-	k.locker.maybeFreeze()
+	if k.locker.maybeFreeze() {
+		// Stopped as if past every client-side look at the lease, the
+		// adapter's own ctx check included, with the request about to go
+		// out: only the store can refuse it now.
+		ctx = context.WithoutCancel(ctx)
+	}
 	err := k.KV.Delete(ctx, keys...)
 	switch {
 	case err == nil:
@@ -253,15 +258,16 @@ func (k *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // maybeFreeze stops this process with SIGSTOP, once per fleet, after a few
-// Deletes: between the pass's last look at Lost and the store's write, where
-// only a fence can stop a write of a holder that has been replaced.
-func (l *loggingLocker) maybeFreeze() {
+// Deletes, and reports whether it did: between the pass's last look at Lost
+// and the store's write, where only a fence can stop a write of a holder
+// that has been replaced.
+func (l *loggingLocker) maybeFreeze() bool {
 	if l.freeze == "" || l.deletes.Add(1) <= freezeAfter {
-		return
+		return false
 	}
 	f, err := os.OpenFile(l.freeze, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
-		return // another replica froze, or will
+		return false // another replica froze, or will
 	}
 	f.Close()
 	l.log.add("freeze")
@@ -276,6 +282,7 @@ func (l *loggingLocker) maybeFreeze() {
 		time.Sleep(time.Millisecond)
 	}
 	l.log.add("resume")
+	return true
 }
 
 // RunProcesses runs the proofs with replicas as separate processes against
@@ -292,10 +299,12 @@ func (l *loggingLocker) maybeFreeze() {
 //     through) and the holder is then SIGKILLed; another replica must take
 //     the lease within TTL plus one retry interval (plus slack for loaded
 //     machines) and go on deleting.
-//   - Frozen: two replicas; the holder stops itself with SIGSTOP just as it
-//     calls Delete (after the pass checked its lease), another takes over
-//     after the TTL, and the holder is resumed with SIGCONT: no Delete of
-//     the resumed holder's old lease may succeed once the other holds it.
+//   - Frozen: two replicas; the holder stops itself with SIGSTOP inside a
+//     Delete, past every client-side look at its lease (as a GC pause or a
+//     descheduled thread can stop it just before the request goes out),
+//     another takes over after the TTL, and the holder is resumed with
+//     SIGCONT: no Delete of the resumed holder's old lease may succeed once
+//     the other holds it.
 //
 // The test binary's TestMain must call ReplicaMain first.
 func RunProcesses(t *testing.T, e Engine) {
