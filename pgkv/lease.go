@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/marksweep/retention"
@@ -29,10 +30,6 @@ const MinLeaseTTL = 100 * time.Millisecond
 // DefaultLeaseTable is the lease table of a Locker when LockerOptions.Table
 // is empty.
 const DefaultLeaseTable = "retention_leases"
-
-// ErrNoLeaseTable is returned by TryAcquire when the lease table does not
-// exist: run MigrateLeases.
-var ErrNoLeaseTable = errors.New("pgkv: lease table does not exist (run MigrateLeases)")
 
 // LockerOptions tune a Locker. A nil *LockerOptions means the defaults.
 type LockerOptions struct {
@@ -178,11 +175,11 @@ func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("pgkv: lease %q: %w", l.name, retention.ErrLeaseHeld)
 	case err != nil:
-		err = wrap(ctx, "acquire lease "+l.name, err)
-		if errors.Is(err, ErrNoTable) {
-			err = fmt.Errorf("%w: %w", ErrNoLeaseTable, err)
+		var pgErr *pgconn.PgError
+		if ctx.Err() == nil && errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+			return nil, fmt.Errorf("%w: %s: %w", ErrNoLeaseTable, l.table, err)
 		}
-		return nil, err
+		return nil, wrap(ctx, "acquire lease "+l.name, err)
 	}
 	lease := &pgLease{l: l, holder: holder, fence: fence, lost: make(chan struct{}), stop: make(chan struct{})}
 	lease.wg.Go(func() { lease.keepAlive(sent.Add(l.ttl - l.safetyMargin())) })

@@ -155,7 +155,7 @@ func TestAcquireWithoutLeaseTable(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.TryAcquire(context.Background())
 	require.ErrorIs(t, err, pgkv.ErrNoLeaseTable)
-	assert.ErrorIs(t, err, pgkv.ErrNoTable)
+	assert.NotErrorIs(t, err, pgkv.ErrNoTable, "the marker table is not the one missing")
 }
 
 // TestLeaseRenewedPastTTL holds a lease for several TTLs: renewals keep it,

@@ -38,6 +38,10 @@ type DB interface {
 // ErrNoTable is returned when the marker table does not exist: run Migrate.
 var ErrNoTable = errors.New("pgkv: marker table does not exist (run Migrate)")
 
+// ErrNoLeaseTable is returned by Locker.TryAcquire when the lease table
+// does not exist: run MigrateLeases.
+var ErrNoLeaseTable = errors.New("pgkv: lease table does not exist (run MigrateLeases)")
+
 // ErrInvalidTable is returned by New and Migrate for a table name that is
 // empty, too long or holds a NUL byte.
 var ErrInvalidTable = errors.New("pgkv: invalid table name")
