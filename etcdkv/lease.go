@@ -18,13 +18,17 @@ import (
 // most this long.
 const DefaultLeaseTTL = 10 * time.Second
 
+// MinLeaseTTL is the shortest TTL a Locker accepts: etcd leases have a
+// granularity of one second.
+const MinLeaseTTL = time.Second
+
 // LockerOptions tune a Locker. A nil *LockerOptions means the defaults.
 type LockerOptions struct {
 	// TTL is the TTL of the etcd lease behind the lock: how long it
 	// outlives a holder whose keep-alives stop. It is rounded up to whole
-	// seconds, etcd's granularity, and must be at least a second; etcd may
-	// raise very short TTLs to its own minimum. Zero means
-	// DefaultLeaseTTL.
+	// seconds, etcd's granularity, and must be at least MinLeaseTTL; etcd
+	// may raise very short TTLs to its own minimum (1.5 times its election
+	// timeout). Zero means DefaultLeaseTTL.
 	TTL time.Duration
 }
 
@@ -58,8 +62,8 @@ func NewLocker(cli *clientv3.Client, name string, opts *LockerOptions) (*Locker,
 		return nil, errors.New("etcdkv: client must not be nil")
 	case name == "":
 		return nil, errors.New("etcdkv: lease name must not be empty")
-	case ttl < time.Second:
-		return nil, fmt.Errorf("etcdkv: LockerOptions.TTL must be at least 1s, got %v", ttl)
+	case ttl < MinLeaseTTL:
+		return nil, fmt.Errorf("etcdkv: LockerOptions.TTL must be at least %v, got %v", MinLeaseTTL, ttl)
 	}
 	return &Locker{cli: cli, name: name, ttl: int((ttl + time.Second - 1) / time.Second)}, nil
 }

@@ -92,7 +92,10 @@ type Locker struct {
 var _ retention.Locker = (*Locker)(nil)
 
 // NewLocker returns a Locker for the lease called name; replicas that use
-// the same name and table share one lease.
+// the same name and table share one lease. The holder renews its lease on a
+// connection of pool every third of the TTL: leave the pool room for it
+// (MaxConns above Config.Concurrency when Clear uses the same pool), or
+// a renewal that waits for a connection may cost the lease.
 func NewLocker(pool *pgxpool.Pool, name string, opts *LockerOptions) (*Locker, error) {
 	if pool == nil {
 		return nil, errors.New("pgkv: pool must not be nil")

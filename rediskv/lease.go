@@ -53,6 +53,12 @@ return 0`)
 // lease lost once the TTL has run out since its last successful renewal was
 // sent, which is no later than Redis expires the key. Create one with
 // NewLocker.
+//
+// Its leases are retention.Fencers for a *KV: a fenced Delete or Put is a
+// script that writes the marker set only while the lease key still holds
+// the holder's token, so that no marker write of an old holder takes effect
+// after another took the key, whatever the old holder's clock or
+// scheduling did.
 type Locker struct {
 	rdb redis.Cmdable
 	key string
