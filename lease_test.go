@@ -240,6 +240,7 @@ func TestLeaseLostMidPass(t *testing.T) {
 		synctest.Wait()
 
 		require.Equal(t, int64(2), deletesAtLoss.Load(), "two pages were deleted before the loss")
+		assert.Equal(t, 1, locker.attempts(), "no try to take the lease straight back after losing it")
 		assert.Equal(t, deletesAtLoss.Load(), kv.deletes.Load(), "no delete after the loss was learned")
 		assert.Equal(t, 12, mem.Len(), "the page in flight and the rest stay")
 		require.Equal(t, 1, log.len())

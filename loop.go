@@ -45,6 +45,12 @@ func (l *loop) run(ctx context.Context) error {
 			if lease != nil {
 				l.log.Warn("retention: lease lost")
 				l.release(ctx, lease)
+				lease = nil
+				// Do not take it straight back: whoever took it, or an
+				// operator who revoked it, gets one interval first.
+				if err := sleep(ctx, l.jittered(l.interval())); err != nil {
+					return err
+				}
 			}
 			var err error
 			lease, err = l.locker.TryAcquire(ctx)
