@@ -67,9 +67,9 @@ type Config struct {
 	// number of batches in flight.
 	ClearBatch func(ctx context.Context, ids []string) error
 
-	// BatchSize is the most ids a ClearBatch call gets; a page (PageSize)
-	// is cut into batches of it. Zero means DefaultBatchSize; otherwise 1
-	// to MaxPageSize. Only with ClearBatch.
+	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets; a
+	// page (PageSize) is cut into batches of it. Zero means
+	// DefaultBatchSize; otherwise 1 to MaxPageSize. Not with Clear.
 	BatchSize int
 
 	// ClearTimeout bounds each call of Clear. Zero means
@@ -272,14 +272,16 @@ func checkConfig(kv KV, cfg *Config) error {
 	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
 		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
 			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
-	case cfg.Clear == nil && cfg.ClearBatch == nil:
-		return invalidConfig("Config.Clear or Config.ClearBatch must be set")
+	case cfg.Clear == nil && cfg.ClearBatch == nil && !isClearDeleter(kv):
+		return invalidConfig("Config.Clear or Config.ClearBatch must be set (or kv must be a ClearDeleter)")
 	case cfg.Clear != nil && cfg.ClearBatch != nil:
 		return invalidConfig("set one of Config.Clear and Config.ClearBatch, not both")
+	case (cfg.Clear != nil || cfg.ClearBatch != nil) && isClearDeleter(kv):
+		return invalidConfig("kv is a ClearDeleter, which clears in the transaction that deletes the markers: leave Config.Clear and Config.ClearBatch nil")
 	case cfg.BatchSize < 0 || cfg.BatchSize > MaxPageSize:
 		return invalidConfig("Config.BatchSize must be 0 (default %d) or 1 to %d, got %d", DefaultBatchSize, MaxPageSize, cfg.BatchSize)
-	case cfg.BatchSize != 0 && cfg.ClearBatch == nil:
-		return invalidConfig("Config.BatchSize is set but Config.ClearBatch is not")
+	case cfg.BatchSize != 0 && cfg.Clear != nil:
+		return invalidConfig("Config.BatchSize is set but Config.Clear clears one id at a time: use Config.ClearBatch")
 	case cfg.Retention < time.Millisecond:
 		return invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
 	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
@@ -293,6 +295,11 @@ func checkConfig(kv KV, cfg *Config) error {
 		return err
 	}
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
+}
+
+func isClearDeleter(kv KV) bool {
+	_, ok := kv.(ClearDeleter)
+	return ok
 }
 
 // invalidConfig returns an error matching ErrInvalidConfig with the message
@@ -436,6 +443,7 @@ type outcome uint8
 const (
 	pending   outcome = iota // Clear has not returned (yet): the marker stays
 	cleared                  // Clear returned nil
+	clearedGone              // cleared with its marker deleted, by a ClearDeleter
 	liveAgain                // Clear returned ErrLiveAgain
 	failed                   // Clear failed; the marker stays, put off for a retry
 	bad                      // malformed: deleted without Clear
@@ -461,7 +469,7 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 			it.out = deferred
 		}
 	}
-	calls, err := s.clearAll(ctx, items)
+	calls, err := s.clearAll(ctx, p, keys, items)
 	p.st.ClearCalls += calls
 	if err != nil {
 		return err
@@ -550,11 +558,14 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case bad:
 			st.Malformed++
 			p.notes.noteMalformed(it.err)
-		case cleared:
+		case cleared, clearedGone:
 			st.Cleared++
 			s.retries.forget(it.id)
 			if oldest < 0 {
 				oldest = it.ms // items ascend, so the first cleared is the oldest
+			}
+			if it.out == clearedGone {
+				continue
 			}
 		case liveAgain:
 			st.LiveAgain++

@@ -110,7 +110,7 @@ func TestRunIdleFloor(t *testing.T) {
 		stop := runInBackground(t.Context(), s)
 		time.Sleep(time.Second)
 		require.ErrorIs(t, stop(), context.Canceled)
-		assert.LessOrEqual(t, passes.Load(), int64(time.Second/minIdleWait)+1)
+		assert.LessOrEqual(t, passes.Load(), int64(time.Second/minWait)+1)
 		assert.Greater(t, passes.Load(), int64(10), "and it does keep looking")
 	})
 }
