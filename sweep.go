@@ -441,14 +441,14 @@ func cutoffMillis(cutoff time.Time) int64 {
 type outcome uint8
 
 const (
-	pending   outcome = iota // Clear has not returned (yet): the marker stays
-	cleared                  // Clear returned nil
-	clearedGone              // cleared with its marker deleted, by a ClearDeleter
-	liveAgain                // Clear returned ErrLiveAgain
-	failed                   // Clear failed; the marker stays, put off for a retry
-	bad                      // malformed: deleted without Clear
-	foreign                  // not marker-shaped: left alone
-	deferred                 // in its retry delay: left for later
+	pending     outcome = iota // Clear has not returned (yet): the marker stays
+	cleared                    // Clear returned nil
+	clearedGone                // cleared with its marker deleted, by a ClearDeleter
+	liveAgain                  // Clear returned ErrLiveAgain
+	failed                     // Clear failed; the marker stays, put off for a retry
+	bad                        // malformed: deleted without Clear
+	foreign                    // not marker-shaped: left alone
+	deferred                   // in its retry delay: left for later
 )
 
 // item is one key of a page on its way through a pass; items[i] stands for
