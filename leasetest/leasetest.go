@@ -151,17 +151,18 @@ func testLocker(t *testing.T, h Harness) {
 
 // fleet is a set of replicas running Sweep.Run over one store.
 type fleet struct {
-	t      testing.TB
-	clock  *retention.ManualClock
-	mu     sync.Mutex
-	clears map[string]int // id: successful clears across replicas
-	passes map[int]int    // replica: passes with at least one marker cleared
-	losses int            // passes cut short by a lost lease
-	stops  []func()
+	t         testing.TB
+	clock     *retention.ManualClock
+	mu        sync.Mutex
+	clears    map[string]int // id: successful clears across replicas
+	passes    map[int]int    // replica: passes with at least one marker cleared
+	clearedBy map[int]int    // replica: entities it cleared
+	losses    int            // passes cut short by a lost lease
+	stops     []func()
 }
 
 func newFleet(t testing.TB) *fleet {
-	return &fleet{t: t, clock: retention.NewManualClock(start), clears: map[string]int{}, passes: map[int]int{}}
+	return &fleet{t: t, clock: retention.NewManualClock(start), clears: map[string]int{}, passes: map[int]int{}, clearedBy: map[int]int{}}
 }
 
 // start runs replica i with the given lease (nil for none).
@@ -182,6 +183,7 @@ func (f *fleet) start(i int, r Replica, lease retention.Locker, kv retention.KV,
 			}
 			f.mu.Lock()
 			f.clears[id]++
+			f.clearedBy[i]++
 			f.mu.Unlock()
 			return nil
 		},
@@ -333,9 +335,11 @@ func testTakeover(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	waitGone(t, h, first, waitLimit)
+	// Who cleared them: counted in Clear itself, since a pass reports to
+	// OnPass only after its entities are gone.
 	holder := -1
 	f.mu.Lock()
-	for i, n := range f.passes {
+	for i, n := range f.clearedBy {
 		if n > 0 {
 			holder = i
 		}
