@@ -222,6 +222,11 @@ func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) e
 		done <- err
 	}()
 	err := <-done
+	if err != nil {
+		if _, perr := errorPanics(err); perr != nil {
+			err = perr
+		}
+	}
 	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.As(err, new(BatchError)) {
 		err = fmt.Errorf("retention: clear of a batch timed out after ClearTimeout (%v): %w", s.clearTimeout, err)
 	}

@@ -72,13 +72,17 @@ type Config struct {
 	// DefaultBatchSize; otherwise 1 to MaxPageSize. Not with Clear.
 	BatchSize int
 
-	// ClearTimeout bounds each call of Clear. Zero means
-	// DefaultClearTimeout; a negative value means no limit.
+	// ClearTimeout bounds each call of Clear (or ClearBatch): Clear's ctx
+	// is done this long after Clear first consults it (Done, Err or
+	// Deadline), which for a Clear that waits on I/O is when it starts; a
+	// ClearBatch's ctx, from the call. Zero means DefaultClearTimeout; a
+	// negative value means no limit; otherwise at least 1ms.
 	ClearTimeout time.Duration
 
 	// StoreTimeout bounds each call to the KV (Scan, Delete, Put). A call
 	// that runs out fails the pass, which Run retries after its backoff.
-	// Zero means DefaultStoreTimeout; a negative value means no limit.
+	// Zero means DefaultStoreTimeout; a negative value means no limit;
+	// otherwise at least 1ms.
 	StoreTimeout time.Duration
 
 	// RetryDelay is how long a marker whose Clear failed waits before it is
@@ -290,6 +294,10 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.Interval < 0:
 		return invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
+	case cfg.ClearTimeout > 0 && cfg.ClearTimeout < time.Millisecond:
+		return invalidConfig("Config.ClearTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultClearTimeout, cfg.ClearTimeout)
+	case cfg.StoreTimeout > 0 && cfg.StoreTimeout < time.Millisecond:
+		return invalidConfig("Config.StoreTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultStoreTimeout, cfg.StoreTimeout)
 	}
 	if err := checkRetryDelays(cfg.RetryDelay, cfg.MaxRetryDelay); err != nil {
 		return err
@@ -337,13 +345,29 @@ func (s *Sweep) checkID(id string) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidID)
 	}
-	if err := s.validate(id); err != nil {
+	if err := s.callValidate(id); err != nil {
+		if errors.Is(err, errValidatePanicked) {
+			return err // says nothing of the id
+		}
 		if !errors.Is(err, ErrInvalidID) {
-			err = fmt.Errorf("%w: %w", ErrInvalidID, err)
+			err = fmt.Errorf("%w: %s", ErrInvalidID, errString(err))
 		}
 		return err
 	}
 	return nil
+}
+
+// errValidatePanicked is the error of a Config.ValidateID that panicked: it
+// says nothing of the id, so the marker is neither cleared nor deleted.
+var errValidatePanicked = errors.New("retention: Config.ValidateID panicked")
+
+func (s *Sweep) callValidate(id string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w on %q: %v", errValidatePanicked, id, r)
+		}
+	}()
+	return s.validate(id)
 }
 
 // Pass makes one sweep: every expired marker is handled, oldest first, then
@@ -381,7 +405,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	p.cutoffKey = appendTimestamp(append([]byte(nil), s.prefix...), uint64(p.cutoffMs))
 	defer func() {
-		st.Duration = s.clock.Now().Sub(start)
+		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		s.logPass(p)
 	}()
 
@@ -412,13 +436,15 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 
 // passState is what one pass carries from page to page.
 type passState struct {
-	kv        KV
-	putter    Putter // kv as a Putter, or nil
-	st        *Stats
-	cutoff    time.Time
-	cutoffMs  int64
-	cutoffKey []byte
-	notes     passNotes
+	kv         KV
+	putter     Putter // kv as a Putter, or nil
+	noPut      bool   // a rewrite failed this pass: keep retry delays in memory
+	putChecked bool   // a rewrite was read back this pass
+	st         *Stats
+	cutoff     time.Time
+	cutoffMs   int64
+	cutoffKey  []byte
+	notes      passNotes
 }
 
 // cutoffMillis returns the smallest whole millisecond not before cutoff: a
@@ -527,7 +553,10 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		if s.validate == nil {
 			continue
 		}
-		if err := s.checkID(it.id); err != nil {
+		switch err := s.checkID(it.id); {
+		case errors.Is(err, errValidatePanicked):
+			it.err, it.out = err, failed // kept, and tried again after its delay
+		case err != nil:
 			it.err, it.out = malformed(keys[i], "id", err), bad
 		}
 	}
@@ -541,7 +570,6 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	st := p.st
 	del := s.del[:0]
 	oldest := int64(-1) // ms of the oldest cleared marker: it has the largest lag
-	var putErr error
 	for i := range items {
 		it := &items[i]
 		switch it.out {
@@ -573,13 +601,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case failed:
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
-			// Once a rewrite failed, the store is in trouble: the rest keep
-			// their markers as they are, with their delays in memory.
-			moved, err := s.retry(ctx, p, it.id, putErr == nil)
-			if err != nil {
-				putErr = err
-			}
-			if !moved {
+			if !s.retry(ctx, p, it.id, keys[i]) {
 				continue
 			}
 		}
@@ -590,11 +612,9 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		st.MaxLag = max(st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
 	}
 	if len(del) > 0 {
-		if err := s.delete(ctx, p, del); err != nil {
-			return err
-		}
+		return s.delete(ctx, p, del)
 	}
-	return putErr
+	return nil
 }
 
 // peek reads the first marker past the expired range to set st.NextDue. It
@@ -614,7 +634,9 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 		for _, key := range keys {
 			ms, id, isForeign, err := parseKey(s.prefix, key)
 			if err == nil {
-				err = s.checkIDBytes(key, id)
+				if err = s.checkIDBytes(key, id); errors.Is(err, errValidatePanicked) {
+					err = nil // not known to be malformed: it counts as a marker
+				}
 			}
 			switch {
 			case isForeign:
@@ -653,10 +675,10 @@ func (s *Sweep) checkIDBytes(key, id []byte) error {
 	} else {
 		err = s.checkID(string(id))
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, errValidatePanicked) {
 		return malformed(key, "id", err)
 	}
-	return nil
+	return err
 }
 
 // earliest returns the earlier of a and b, where the zero time means none.
