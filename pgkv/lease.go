@@ -272,10 +272,17 @@ func (p *pgLease) Release(ctx context.Context) error {
 // Fence implements retention.Fencer for a *KV whose table is in the
 // database of the lease table. Its writes run on the KV's own DB.
 func (p *pgLease) Fence(kv retention.KV) (retention.KV, bool) {
-	k, ok := kv.(*KV)
-	if !ok {
-		return nil, false
+	switch k := kv.(type) {
+	case *KV:
+		return p.fenceKV(k), true
+	case *AtomicKV:
+		return p.fenceAtomic(k), true
 	}
+	return nil, false
+}
+
+// fenceKV returns the fenced view of k.
+func (p *pgLease) fenceKV(k *KV) *fencedKV {
 	// The lease check is a materialized CTE evaluated once: the write runs
 	// only when it found the row, and the query reports whether it did, so
 	// that a refusal is told apart from keys that were already gone.
@@ -286,7 +293,7 @@ func (p *pgLease) Fence(kv retention.KV) (retention.KV, bool) {
 SELECT EXISTS (SELECT 1 FROM l)`,
 		insertSQL: with + `w AS (INSERT INTO ` + k.table + ` (key) SELECT $4::bytea WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)
 SELECT EXISTS (SELECT 1 FROM l)`,
-	}, true
+	}
 }
 
 // fencedKV is a KV whose writes take effect only while its lease holds.
