@@ -50,6 +50,13 @@ type Engine struct {
 
 	// Remaining, run in the test process, counts the markers left in store.
 	Remaining func(ctx context.Context, store string) (int, error)
+
+	// Duplicates, when set, run in the test process, counts the entities of
+	// store that were cleared more than once, as the store recorded it in
+	// the transactions that cleared them. Set it for an engine whose KV is
+	// a retention.ClearDeleter under a fencing lease: the proofs then
+	// require none, even when the lease is taken away mid-pass.
+	Duplicates func(ctx context.Context, store string) (int, error)
 }
 
 // ConnectFunc connects a replica process to a store; see Engine.Connect.
@@ -115,7 +122,7 @@ func runReplica(connect ConnectFunc, logPath string) error {
 	}
 	defer closeStore()
 	ll := &loggingLocker{Locker: locker, log: log, freeze: os.Getenv(envFreeze)}
-	sweep, err := retention.New(&loggingKV{KV: kv, locker: ll}, retention.Config{
+	cfg := retention.Config{
 		Prefix:    procPrefix,
 		Retention: time.Millisecond, // every marker is long expired
 		Interval:  interval,
@@ -124,7 +131,11 @@ func runReplica(connect ConnectFunc, logPath string) error {
 		Clear: func(ctx context.Context, id string) error {
 			return sleepCtx(ctx, procClear)
 		},
-	})
+	}
+	if _, ok := kv.(retention.ClearDeleter); ok {
+		cfg.Clear, cfg.BatchSize = nil, procPageSize // the store clears, a page at a time
+	}
+	sweep, err := retention.New(logKV(kv, ll, 0), cfg)
 	if err != nil {
 		return err
 	}
@@ -212,6 +223,9 @@ type fencingLoggingLease struct {
 }
 
 func (l fencingLoggingLease) Fence(kv retention.KV) (retention.KV, bool) {
+	if cd, ok := kv.(*loggingClearDeleter); ok {
+		kv = cd.loggingKV
+	}
 	lkv, ok := kv.(*loggingKV)
 	if !ok {
 		return l.f.Fence(kv)
@@ -220,7 +234,26 @@ func (l fencingLoggingLease) Fence(kv retention.KV) (retention.KV, bool) {
 	if !ok {
 		return nil, false
 	}
-	return &loggingKV{KV: fenced, locker: lkv.locker, lease: l.n}, true
+	return logKV(fenced, lkv.locker, l.n), true
+}
+
+// logKV wraps kv in a loggingKV, keeping it a ClearDeleter if it is one.
+func logKV(kv retention.KV, l *loggingLocker, lease int64) retention.KV {
+	lkv := &loggingKV{KV: kv, locker: l, lease: lease}
+	if cd, ok := kv.(retention.ClearDeleter); ok {
+		return &loggingClearDeleter{loggingKV: lkv, cd: cd}
+	}
+	return lkv
+}
+
+// loggingClearDeleter logs a ClearAndDelete as the Delete of its markers.
+type loggingClearDeleter struct {
+	*loggingKV
+	cd retention.ClearDeleter
+}
+
+func (k *loggingClearDeleter) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	return k.logged(ctx, len(keys), func(ctx context.Context) error { return k.cd.ClearAndDelete(ctx, ids, keys) })
 }
 
 // loggingKV logs every Delete: its start, and its outcome when it returns.
@@ -233,19 +266,24 @@ type loggingKV struct {
 var deleteSeq atomic.Int64
 
 func (k *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
+	return k.logged(ctx, len(keys), func(ctx context.Context) error { return k.KV.Delete(ctx, keys...) })
+}
+
+// logged runs del, a deletion of n markers, between its log lines.
+func (k *loggingKV) logged(ctx context.Context, n int, del func(context.Context) error) error {
 	lease := k.lease
 	if lease == 0 {
 		lease = k.locker.seq.Load()
 	}
 	op := deleteSeq.Add(1)
-	k.locker.log.add("delete-start", op, lease, len(keys))
+	k.locker.log.add("delete-start", op, lease, n)
 	if k.locker.maybeFreeze() {
 		// Stopped as if past every client-side look at the lease, the
 		// adapter's own ctx check included, with the request about to go
 		// out: only the store can refuse it now.
 		ctx = context.WithoutCancel(ctx)
 	}
-	err := k.KV.Delete(ctx, keys...)
+	err := del(ctx)
 	switch {
 	case err == nil:
 		k.locker.log.add("delete-ok", op, lease)
@@ -645,6 +683,23 @@ func testTakenAway(t *testing.T, e Engine) {
 	if left := f.remaining(); left >= procMarkers {
 		t.Errorf("%d markers left of %d: nobody deleted anything", left, procMarkers)
 	}
+	f.checkDuplicates()
+}
+
+// checkDuplicates requires, when the engine can count them, that no entity
+// was cleared twice.
+func (f *procFleet) checkDuplicates() {
+	if f.e.Duplicates == nil {
+		return
+	}
+	n, err := f.e.Duplicates(context.Background(), f.store)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Logf("entities cleared more than once, as the store recorded them: %d", n)
+	if n != 0 {
+		f.t.Errorf("%d entities were cleared more than once, want 0", n)
+	}
 }
 
 func testHostCrash(t *testing.T, e Engine) {
@@ -668,6 +723,7 @@ func testHostCrash(t *testing.T, e Engine) {
 	f.stopAll()
 	t.Logf("holder's host crashed (replica %d); replica %d took over %v later (TTL %v, retry interval %v)",
 		old, next, took.Round(time.Millisecond), e.TTL, procInterval)
+	f.checkDuplicates()
 }
 
 func testFrozen(t *testing.T, e Engine) {
@@ -741,6 +797,7 @@ func testFrozen(t *testing.T, e Engine) {
 		old, resumedAt.Sub(frozenAt).Round(time.Millisecond), next, acquired.Sub(frozenAt).Round(time.Millisecond), since(o.lost, resumedAt))
 	t.Logf("resumed holder's Deletes that returned after the takeover: %d succeeded, %d refused by the fence, %d failed otherwise %q",
 		succeeded, refused, failed, failures)
+	f.checkDuplicates()
 	if succeeded != 0 {
 		t.Errorf("%d Deletes of the resumed holder succeeded after another replica acquired the lease, want 0", succeeded)
 		f.dump(old, frozenAt.Add(-time.Second))
