@@ -42,7 +42,19 @@ func (e BatchError) Error() string {
 // clearBatches is clearAll for Config.ClearBatch: the page's pending items,
 // oldest first, go in batches of BatchSize, at most Concurrency batches at
 // a time. It returns how many ClearBatch calls it made.
-func (s *Sweep) clearBatches(ctx context.Context, items []item) (int, error) {
+//
+// Without ClearBatch the pass's KV must be a ClearDeleter: each batch is
+// then cleared and its markers deleted in one call.
+func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, items []item) (int, error) {
+	var cd ClearDeleter
+	if s.clearBatch == nil {
+		var ok bool
+		if cd, ok = p.kv.(ClearDeleter); !ok {
+			// New checked the sweep's KV: only a fence can lose it.
+			return 0, errors.New("retention: the lease's fenced view of the KV is no ClearDeleter: " +
+				"it cannot clear and delete in one transaction, and the sweep will not do it in two")
+		}
+	}
 	var todo []int
 	for i := range items {
 		if items[i].out == pending {
@@ -54,7 +66,7 @@ func (s *Sweep) clearBatches(ctx context.Context, items []item) (int, error) {
 		n := min(len(todo), s.batchSize)
 		batches, todo = append(batches, todo[:n:n]), todo[n:]
 	}
-	b := &batching{s: s, ctx: ctx, items: items}
+	b := &batching{s: s, ctx: ctx, items: items, keys: keys, atomic: cd}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(s.concurrency, len(batches)) {
@@ -77,10 +89,12 @@ func (s *Sweep) clearBatches(ctx context.Context, items []item) (int, error) {
 // batching is one page's batch clears in flight. Each item is written by
 // the one worker that holds its batch.
 type batching struct {
-	s     *Sweep
-	ctx   context.Context
-	items []item
-	calls atomic.Int64
+	s      *Sweep
+	ctx    context.Context
+	items  []item
+	keys   [][]byte     // the page's keys: keys[i] is items[i]'s
+	atomic ClearDeleter // nil: ClearBatch, then the sweep deletes
+	calls  atomic.Int64
 }
 
 // try calls ClearBatch for the items at idx and records what it learns: all
@@ -93,12 +107,22 @@ func (b *batching) try(idx []int) error {
 		ids[j] = b.items[i].id
 	}
 	b.calls.Add(1)
-	err := b.s.callBatch(b.ctx, ids)
+	var err error
+	done := cleared
+	if b.atomic != nil {
+		keys := make([][]byte, len(idx))
+		for j, i := range idx {
+			keys[j] = b.keys[i]
+		}
+		err, done = b.s.callAtomic(b.ctx, b.atomic, ids, keys), clearedGone
+	} else {
+		err = b.s.callBatch(b.ctx, ids)
+	}
 	var perID BatchError
 	switch {
 	case err == nil:
 		for _, i := range idx {
-			b.items[i].out = cleared
+			b.items[i].out = done
 		}
 	case errors.As(err, &perID):
 		for _, i := range idx {
@@ -166,6 +190,18 @@ func (b *batching) fail(idx []int, err error) {
 // callBatch runs ClearBatch under ClearTimeout on a goroutine of its own,
 // so that a panic or a runtime.Goexit in it becomes an error of the call.
 func (s *Sweep) callBatch(ctx context.Context, ids []string) error {
+	return s.guarded(ctx, func(ctx context.Context) error { return s.clearBatch(ctx, ids) })
+}
+
+// callAtomic runs a ClearDeleter's ClearAndDelete as callBatch runs
+// ClearBatch; its own clear may panic too.
+func (s *Sweep) callAtomic(ctx context.Context, kv ClearDeleter, ids []string, keys [][]byte) error {
+	return s.guarded(ctx, func(ctx context.Context) error { return kv.ClearAndDelete(ctx, ids, keys) })
+}
+
+// guarded runs call under ClearTimeout on a goroutine of its own, turning
+// a panic or a runtime.Goexit into an error.
+func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) error {
 	cctx, cancel := withTimeout(ctx, s.clearTimeout)
 	defer cancel()
 	done := make(chan error, 1)
@@ -181,11 +217,16 @@ func (s *Sweep) callBatch(ctx context.Context, ids []string) error {
 			}
 			done <- errClearExited
 		}()
-		err := s.clearBatch(cctx, ids)
+		err := call(cctx)
 		returned = true
 		done <- err
 	}()
 	err := <-done
+	if err != nil {
+		if _, perr := errorPanics(err); perr != nil {
+			err = perr
+		}
+	}
 	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.As(err, new(BatchError)) {
 		err = fmt.Errorf("retention: clear of a batch timed out after ClearTimeout (%v): %w", s.clearTimeout, err)
 	}

@@ -240,3 +240,82 @@ func TestBatchCancelled(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, 40-16, kv.Len(), "the first page was deleted, the page in flight was not")
 }
+
+// atomicKV is a ClearDeleter over a MemKV: entities live in a map, and a
+// ClearAndDelete removes entities and markers under one lock, or neither.
+type atomicKV struct {
+	*MemKV
+	mu       sync.Mutex
+	entities map[string]bool
+	cleared  map[string]int
+	poison   map[string]bool
+	calls    int
+}
+
+func (a *atomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls++
+	for i, id := range ids {
+		if a.poison[id] {
+			return fmt.Errorf("constraint violated by %s", id)
+		}
+		_, gotID, err := ParseMarkerKey("runs/", keys[i])
+		if err != nil || string(gotID) != id {
+			return fmt.Errorf("key %q is not the marker of %s", keys[i], id)
+		}
+	}
+	for _, id := range ids {
+		delete(a.entities, id)
+		a.cleared[id]++
+	}
+	return a.MemKV.Delete(ctx, keys...)
+}
+
+// TestClearDeleter: a KV that clears and deletes in one transaction is
+// called once per batch, the sweep deletes nothing itself, and a poison id
+// is isolated by bisection with nothing half done.
+func TestClearDeleter(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{"b0077": true}}
+	s, clock := newSweep(t, kv, Config{BatchSize: 50, PageSize: 200})
+	for _, id := range markN(t, mem, 500, t0) {
+		kv.entities[id] = true
+	}
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 499, st.Cleared)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, 1, st.DeleteCalls, "the store deleted the markers with the entities; the sweep only moved the failed one")
+	assert.Equal(t, map[string]bool{"b0077": true}, kv.entities)
+	assert.Equal(t, map[string]int{"b0077": 1}, markerIDs(t, mem, "runs/"))
+	for id, n := range kv.cleared {
+		require.Equal(t, 1, n, "%s cleared once", id)
+	}
+	assert.Equal(t, st.ClearCalls, kv.calls)
+	assert.LessOrEqual(t, kv.calls, 10+2*6, "10 batches and the bisection of one")
+}
+
+// TestClearDeleterNeedsFencedView: under a lease whose fence cannot give a
+// ClearDeleter view, the pass fails instead of clearing in one transaction
+// and deleting in another.
+func TestClearDeleterNeedsFencedView(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+		markN(t, mem, 10, time.Now().Add(-2*time.Hour))
+		var log passLog
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Lease: &fencingLocker{}, OnPass: log.onPass})
+		require.NoError(t, err)
+		stop := runInBackground(t.Context(), s)
+		synctest.Wait()
+		require.GreaterOrEqual(t, log.len(), 1)
+		require.Error(t, log.err(0))
+		assert.Contains(t, log.err(0).Error(), "no ClearDeleter")
+		assert.Equal(t, 10, mem.Len())
+		assert.Empty(t, kv.cleared)
+		require.ErrorIs(t, stop(), context.Canceled)
+	})
+}

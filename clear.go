@@ -23,7 +23,7 @@ var errClearExited = errors.New("retention: clear did not return: it called runt
 // with fast clears the goroutines would cost more than the clears.
 //
 // It returns how many calls of Clear (or ClearBatch) it made.
-func (s *Sweep) clearAll(ctx context.Context, items []item) (calls int, err error) {
+func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item) (calls int, err error) {
 	n := 0
 	for i := range items {
 		if items[i].out == pending {
@@ -33,8 +33,8 @@ func (s *Sweep) clearAll(ctx context.Context, items []item) (calls int, err erro
 	if n == 0 {
 		return 0, ctx.Err()
 	}
-	if s.clearBatch != nil {
-		return s.clearBatches(ctx, items)
+	if s.clearBatch != nil || s.clear == nil {
+		return s.clearBatches(ctx, p, keys, items)
 	}
 	c := &clearing{s: s, ctx: ctx, items: items}
 	if s.clearTimeout > 0 {

@@ -17,8 +17,10 @@ var ErrMalformedMarker = errors.New("retention: malformed marker")
 // id match both ErrInvalidID and ErrMalformedMarker.
 var ErrInvalidID = errors.New("retention: invalid marker id")
 
-// ErrInvalidTime is returned when a marker would be written for a time before
-// the Unix epoch, which the 20-digit millisecond timestamp cannot represent.
+// ErrInvalidTime is returned when a marker would be written for a time the
+// 20-digit millisecond timestamp does not take: before the Unix epoch or
+// after MaxMarkerTime (the year 9999, most often seconds taken for
+// milliseconds).
 var ErrInvalidTime = errors.New("retention: invalid marker time")
 
 // ErrLiveAgain is returned by a Config.Clear function to say that the entity

@@ -33,9 +33,10 @@ type Group struct {
 	loop loop
 }
 
-// NewGroup returns a Group of the given sweeps. It refuses sweeps whose
-// prefixes overlap (one is a prefix of the other): the sweep with the
-// shorter prefix would take the other's markers for its own. It refuses a
+// NewGroup returns a Group of the given sweeps. It refuses sweeps with the
+// same prefix, and sweeps whose prefixes overlap: one continues the other
+// with a digit ("runs/" and "runs/2024/"), so that the sweep of the shorter
+// one would read the other's markers, as foreign keys, at every pass. It refuses a
 // member with its own Config.Lease: the group's lease covers all of them.
 // The error matches ErrInvalidConfig.
 func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
@@ -53,8 +54,9 @@ func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 			return nil, invalidConfig("the sweep of prefix %q has its own Config.Lease; set GroupConfig.Lease instead", s.prefix)
 		}
 		for _, o := range sweeps[:i] {
-			if strings.HasPrefix(s.prefix, o.prefix) || strings.HasPrefix(o.prefix, s.prefix) {
-				return nil, invalidConfig("prefixes %q and %q overlap: one sweep would delete the other's markers as malformed", o.prefix, s.prefix)
+			if s.prefix == o.prefix || inScanRange(s.prefix, o.prefix) || inScanRange(o.prefix, s.prefix) {
+				return nil, invalidConfig("prefixes %q and %q overlap: the markers of one lie where the other "+
+					"sweeps, so it would read them at every pass (as foreign keys)", o.prefix, s.prefix)
 			}
 		}
 	}
@@ -65,6 +67,12 @@ func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 		jitter:      cfg.Jitter,
 		startJitter: cfg.StartJitter,
 	}}, nil
+}
+
+// inScanRange reports whether the keys under long lie in the range a sweep
+// of short scans: short followed by a digit.
+func inScanRange(long, short string) bool {
+	return len(long) > len(short) && strings.HasPrefix(long, short) && long[len(short)] >= '0' && long[len(short)] <= '9'
 }
 
 // Pass passes every sweep of the group once, in order, and returns their

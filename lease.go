@@ -23,8 +23,11 @@ type Lease interface {
 	// Lost returns a channel that is closed once the lease is no longer
 	// held for certain: it expired, was taken or revoked from outside, its
 	// session or connection ended, or Release was called. A holder must
-	// consider the lease gone when the channel is closed; implementations
-	// close it before the lease could have passed to another replica.
+	// consider the lease gone when the channel is closed. Implementations
+	// close it as soon as they learn of the loss, and by their own timer
+	// before the lease's TTL could run out; but a lease taken from outside,
+	// or a holder frozen past its TTL, learns of it late. Only a Fencer
+	// makes sure that no marker is deleted after the lease passed on.
 	Lost() <-chan struct{}
 
 	// Release gives the lease up, if still held, so another replica can

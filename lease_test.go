@@ -240,6 +240,7 @@ func TestLeaseLostMidPass(t *testing.T) {
 		synctest.Wait()
 
 		require.Equal(t, int64(2), deletesAtLoss.Load(), "two pages were deleted before the loss")
+		assert.Equal(t, 1, locker.attempts(), "no try to take the lease straight back after losing it")
 		assert.Equal(t, deletesAtLoss.Load(), kv.deletes.Load(), "no delete after the loss was learned")
 		assert.Equal(t, 12, mem.Len(), "the page in flight and the rest stay")
 		require.Equal(t, 1, log.len())
@@ -337,9 +338,10 @@ func TestNewGroupValidation(t *testing.T) {
 		{"no sweeps", GroupConfig{}, nil, "a Group needs at least one Sweep"},
 		{"nil sweep", GroupConfig{}, []*Sweep{sweep("runs/", nil), nil}, "sweep 1 is nil"},
 		{"same prefix", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/", nil)}, `prefixes "runs/" and "runs/" overlap`},
-		{"one extends the other", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/old/", nil)}, `prefixes "runs/" and "runs/old/" overlap`},
+		{"one extends the other with a letter", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/old/", nil)}, ""},
+		{"one extends the other with a digit", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/2024/", nil)}, `prefixes "runs/" and "runs/2024/" overlap`},
 		{"shorter second", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("run:", nil)}, ""},
-		{"shorter second, a prefix of the first", GroupConfig{}, []*Sweep{sweep("runs/x/", nil), sweep("runs/", nil)}, `prefixes "runs/x/" and "runs/" overlap`},
+		{"shorter second, a prefix of the first", GroupConfig{}, []*Sweep{sweep("runs/0x/", nil), sweep("runs/", nil)}, `prefixes "runs/0x/" and "runs/" overlap`},
 		{"member with its own lease", GroupConfig{}, []*Sweep{sweep("runs/", &fakeLocker{})}, "has its own Config.Lease"},
 		{"jitter above 1", GroupConfig{Jitter: 1.5}, []*Sweep{sweep("runs/", nil)}, "GroupConfig.Jitter must be between 0 and 1, got 1.5"},
 		{"negative start jitter", GroupConfig{StartJitter: -time.Second}, []*Sweep{sweep("runs/", nil)}, "GroupConfig.StartJitter must not be negative"},

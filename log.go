@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ const maxExamples = 3
 // trouble, with a count and a few examples.
 type passNotes struct {
 	failed, panicked, malformed, foreign tally
+	rescheduleErr                        error // why failed markers could not be rewritten
 }
 
 // tally counts occurrences and keeps the first few as examples.
@@ -37,14 +39,14 @@ func (t *tally) add(example func() string) {
 // noteFailed records a failed Clear of id.
 func (n *passNotes) noteFailed(id string, err error) {
 	if !errors.Is(err, ErrClearPanicked) {
-		n.failed.add(func() string { return strconv.Quote(id) + ": " + err.Error() })
+		n.failed.add(func() string { return strconv.Quote(id) + ": " + errString(err) })
 		return
 	}
 	// Panics go apart, so they are never crowded out; the first keeps its
 	// stack, the others only their value.
 	first := n.panicked.n == 0
 	n.panicked.add(func() string {
-		msg := err.Error()
+		msg := errString(err)
 		if i := strings.IndexByte(msg, '\n'); i >= 0 && !first {
 			msg = msg[:i]
 		}
@@ -54,7 +56,7 @@ func (n *passNotes) noteFailed(id string, err error) {
 
 // noteMalformed records a malformed marker; err names the key.
 func (n *passNotes) noteMalformed(err error) {
-	n.malformed.add(err.Error)
+	n.malformed.add(func() string { return errString(err) })
 }
 
 // noteForeign records a foreign key.
@@ -75,6 +77,10 @@ func (s *Sweep) logPass(p *passState) {
 		s.log.Error("retention: clears panicked; their markers stay and are retried later",
 			"panicked", n.panicked.n, "examples", n.panicked.examples)
 	}
+	if n.rescheduleErr != nil {
+		s.log.Error("retention: could not reschedule failed markers; their retry delays are kept in memory",
+			"error", errString(n.rescheduleErr))
+	}
 	if n.malformed.n > 0 {
 		s.log.Warn("retention: deleted malformed markers without clearing them",
 			"malformed", n.malformed.n, "examples", n.malformed.examples)
@@ -94,4 +100,25 @@ func (s *Sweep) logPass(p *passState) {
 			"deferred", st.Deferred, "malformed", st.Malformed, "foreign", st.Foreign, "live_again", st.LiveAgain,
 			"max_lag", st.MaxLag, "next_due", st.NextDue, "duration", st.Duration)
 	}
+}
+
+// errString is err.Error(), which a caller's error type may make panic (a
+// typed nil pointer, say): the sweep must not.
+func errString(err error) string {
+	msg, perr := errorPanics(err)
+	if perr != nil {
+		return perr.Error()
+	}
+	return msg
+}
+
+// errorPanics calls err.Error(); when that panics it returns an error that
+// says so instead.
+func errorPanics(err error) (msg string, perr error) {
+	defer func() {
+		if r := recover(); r != nil {
+			perr = fmt.Errorf("retention: an error of type %T whose Error method panics: %v", err, r)
+		}
+	}()
+	return err.Error(), nil
 }

@@ -41,11 +41,7 @@ func (l *loop) run(ctx context.Context) error {
 	}
 	failures := 0
 	for {
-		if l.locker != nil && (lease == nil || isLost(lease)) {
-			if lease != nil {
-				l.log.Warn("retention: lease lost")
-				l.release(ctx, lease)
-			}
+		if l.locker != nil && lease == nil {
 			var err error
 			lease, err = l.locker.TryAcquire(ctx)
 			switch {
@@ -55,16 +51,16 @@ func (l *loop) run(ctx context.Context) error {
 				return ctx.Err()
 			case errors.Is(err, ErrLeaseHeld):
 				lease = nil
-				if err := sleep(ctx, l.jittered(l.interval())); err != nil {
+				if err := l.sleep(ctx, l.interval()); err != nil {
 					return err
 				}
 				continue
 			default:
 				lease = nil
 				failures++
-				wait := l.jittered(l.backoff(failures))
+				wait := l.backoff(failures)
 				l.log.Error("retention: acquire lease", "error", err, "retry_in", wait)
-				if err := sleep(ctx, wait); err != nil {
+				if err := l.sleep(ctx, wait); err != nil {
 					return err
 				}
 				continue
@@ -75,8 +71,16 @@ func (l *loop) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if lost {
-			continue // the top of the loop takes note and tries to get the lease back
+		if lost || (lease != nil && isLost(lease)) {
+			l.log.Warn("retention: lease lost")
+			l.release(ctx, lease)
+			lease = nil
+			// Do not take it straight back: whoever took it, or an
+			// operator who revoked it, gets one interval first.
+			if err := l.sleep(ctx, l.interval()); err != nil {
+				return err
+			}
+			continue
 		}
 		var wait time.Duration
 		if err != nil {
@@ -91,16 +95,26 @@ func (l *loop) run(ctx context.Context) error {
 				wait = min(wait, m.untilDue(stats[i]))
 				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried > 0
 			}
-			if !progress {
-				// Whatever the clock and the store say, a pass that changed
-				// nothing is not followed by another at once.
-				wait = max(wait, minIdleWait)
+			if wait <= 0 && !progress {
+				// Due, yet the pass found nothing to do: the store or the
+				// clock disagrees with the sweep. Do not spin on it.
+				wait = minWait
 			}
+			if err := sleep(ctx, l.jittered(wait)); err != nil {
+				return err
+			}
+			continue
 		}
-		if err := sleep(ctx, l.jittered(wait)); err != nil {
+		if err := l.sleep(ctx, wait); err != nil {
 			return err
 		}
 	}
+}
+
+// sleep waits d lengthened by the jitter, but at least minWait: whatever
+// the clock, the store and the configuration say, Run never spins.
+func (l *loop) sleep(ctx context.Context, d time.Duration) error {
+	return sleep(ctx, max(l.jittered(d), minWait))
 }
 
 // passAll passes every member once, in order. With a lease, the passes run
@@ -203,9 +217,11 @@ func (l *loop) jittered(d time.Duration) time.Duration {
 // marker as unexpired.
 const dueSlack = time.Millisecond
 
-// minIdleWait is the least Run waits after a round of passes that changed
-// nothing, so that no clock or store can make it spin.
-const minIdleWait = 5 * time.Millisecond
+// minWait is the least Run waits after a failed pass, around a lease, and
+// after a pass that found nothing to do although something was due: no
+// clock, store or setting can make it spin. After a successful pass it
+// waits until the next marker falls due, which a pass then clears.
+const minWait = 5 * time.Millisecond
 
 const maxDuration = time.Duration(math.MaxInt64)
 

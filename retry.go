@@ -1,7 +1,9 @@
 package retention
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"time"
 )
@@ -43,8 +45,8 @@ func checkRetryDelays(first, most time.Duration) error {
 }
 
 // delay is the wait after the n-th failure in a row: the first delay
-// doubled n-1 times, plus up to a fifth of that at random, at most the
-// largest delay. It saturates rather than overflows.
+// doubled n-1 times, plus up to a fifth of that at random; at the largest
+// delay, up to a fifth below it. It saturates rather than overflows.
 func (r *retries) delay(n int) time.Duration {
 	d := r.first
 	for i := 1; i < n && d < r.most; i++ {
@@ -54,7 +56,13 @@ func (r *retries) delay(n int) time.Duration {
 		}
 	}
 	d = min(d, r.most)
-	return min(addSat(d, rand.N(d/5+1)), r.most)
+	if j := rand.N(d/5 + 1); d <= r.most-j {
+		return d + j
+	} else {
+		// At the cap, the jitter goes below it, so that markers that
+		// failed together do not keep coming back together.
+		return r.most - j
+	}
 }
 
 // failed records one more failure of id at now and returns when it may be
@@ -110,24 +118,43 @@ func (r *retries) prune(now time.Time) {
 // retry puts off the marker of id, whose Clear just failed, until its
 // retry delay is over. On a KV that can write it writes the marker again
 // with a time that makes it fall due then, and reports moved: the caller
-// deletes the old key. Otherwise the delay is kept in memory, and the pass
-// skips the marker until it is over. The error is the KV's when the write
-// failed; the marker then stays as it was, and the delay in memory. With
-// write false it keeps the delay in memory whatever the KV.
-func (s *Sweep) retry(ctx context.Context, p *passState, id string, write bool) (moved bool, err error) {
+// deletes the old key. Otherwise, or when the write fails, the delay is
+// kept in memory and the pass skips the marker until it is over.
+//
+// The first rewrite of a pass is read back before the old key may go: a
+// Put that writes where Scan does not read (a wrapper that inherited Put
+// from the store it wraps) must not cost the marker. A rewrite that
+// lands on the old key itself (the clock stepped back) moves nothing.
+func (s *Sweep) retry(ctx context.Context, p *passState, id string, old []byte) (moved bool) {
 	due := s.retries.failed(id, s.clock.Now())
 	p.st.Retried++
-	if write && p.putter != nil {
-		if key, err := appendKey(nil, s.prefix, due.Add(-s.retention), id); err == nil {
-			if err := s.put(ctx, p, key); err != nil {
-				s.noteRetry(p, due)
-				return false, err
-			}
-			return true, nil
+	s.noteRetry(p, due)
+	if p.putter == nil || p.noPut {
+		return false
+	}
+	key, err := appendKey(nil, s.prefix, due.Add(-s.retention), id)
+	if err != nil || bytes.Equal(key, old) {
+		return false
+	}
+	if err := s.put(ctx, p, key); err != nil {
+		p.noPut = true
+		p.notes.rescheduleErr = err
+		return false
+	}
+	if !p.putChecked {
+		p.putChecked = true
+		got, err := s.scan(ctx, p, key, append(key[:len(key):len(key)], 0), 1)
+		if err == nil && (len(got) != 1 || !bytes.Equal(got[0], key)) {
+			err = fmt.Errorf("retention: the KV's Put of %q is not seen by its Scan: "+
+				"its Put must write where Scan reads (does a wrapper inherit Put from the store it wraps?)", key)
+		}
+		if err != nil {
+			p.noPut = true
+			p.notes.rescheduleErr = err
+			return false
 		}
 	}
-	s.noteRetry(p, due)
-	return false, nil
+	return true
 }
 
 // noteRetry makes the pass's NextDue no later than due, when a marker kept

@@ -37,6 +37,22 @@ type KV interface {
 	Delete(ctx context.Context, keys ...[]byte) error
 }
 
+// ClearDeleter is a KV that clears entities itself, in the same transaction
+// that deletes their markers: pgkv.KV.WithClear makes one. A Sweep over a
+// ClearDeleter, with neither Config.Clear nor Config.ClearBatch set, calls
+// ClearAndDelete for each batch of a page (Config.BatchSize ids) instead of
+// clearing and then deleting: a crash can then never leave an entity
+// cleared with its marker still there, so each entity is cleared exactly
+// once. A call that fails changes nothing; the sweep bisects the batch as it
+// does a failing ClearBatch.
+type ClearDeleter interface {
+	KV
+	// ClearAndDelete clears the entities of ids and deletes keys, their
+	// markers (keys[i] is the marker of ids[i]), in one transaction: both
+	// happen or neither does.
+	ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error
+}
+
 // Putter is a store that can write a key. Mark uses it.
 type Putter interface {
 	Put(ctx context.Context, key, value []byte) error

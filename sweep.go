@@ -67,18 +67,22 @@ type Config struct {
 	// number of batches in flight.
 	ClearBatch func(ctx context.Context, ids []string) error
 
-	// BatchSize is the most ids a ClearBatch call gets; a page (PageSize)
-	// is cut into batches of it. Zero means DefaultBatchSize; otherwise 1
-	// to MaxPageSize. Only with ClearBatch.
+	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets; a
+	// page (PageSize) is cut into batches of it. Zero means
+	// DefaultBatchSize; otherwise 1 to MaxPageSize. Not with Clear.
 	BatchSize int
 
-	// ClearTimeout bounds each call of Clear. Zero means
-	// DefaultClearTimeout; a negative value means no limit.
+	// ClearTimeout bounds each call of Clear (or ClearBatch): Clear's ctx
+	// is done this long after Clear first consults it (Done, Err or
+	// Deadline), which for a Clear that waits on I/O is when it starts; a
+	// ClearBatch's ctx, from the call. Zero means DefaultClearTimeout; a
+	// negative value means no limit; otherwise at least 1ms.
 	ClearTimeout time.Duration
 
 	// StoreTimeout bounds each call to the KV (Scan, Delete, Put). A call
 	// that runs out fails the pass, which Run retries after its backoff.
-	// Zero means DefaultStoreTimeout; a negative value means no limit.
+	// Zero means DefaultStoreTimeout; a negative value means no limit;
+	// otherwise at least 1ms.
 	StoreTimeout time.Duration
 
 	// RetryDelay is how long a marker whose Clear failed waits before it is
@@ -103,15 +107,17 @@ type Config struct {
 	Clock Clock
 
 	// PageSize is how many markers one Scan reads. Zero means
-	// DefaultPageSize; otherwise 1 to MaxPageSize.
+	// DefaultPageSize; otherwise 1 to MaxPageSize. While a full page is
+	// cleared, the next one is read.
 	PageSize int
 
-	// Concurrency is how many Clear calls of one page may run at once. Zero
-	// means 1: markers are cleared one at a time, oldest first. Otherwise 1
-	// to MaxConcurrency. Above 1, the clears of a page start oldest first
-	// but may finish in any order; pages still go in order, every clear of a
-	// page ends before its markers are deleted and the next page is read,
-	// and a marker is still deleted only after its own Clear succeeded.
+	// Concurrency is how many Clear calls (or ClearBatch calls) of one page
+	// may run at once. Zero means 1: markers are cleared one at a time,
+	// oldest first. Otherwise 1 to MaxConcurrency. Above 1, the clears of a
+	// page start oldest first but may finish in any order; pages still go
+	// in order: every clear of a page ends before its markers are deleted
+	// and the next page's clears start, and a marker is still deleted only
+	// after its own Clear succeeded.
 	Concurrency int
 
 	// Interval is the longest Run sleeps between passes. Run usually wakes
@@ -222,7 +228,6 @@ type Sweep struct {
 	items         []item
 	ids           []byte
 	del           [][]byte
-	from          []byte
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -271,14 +276,16 @@ func checkConfig(kv KV, cfg *Config) error {
 	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
 		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
 			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
-	case cfg.Clear == nil && cfg.ClearBatch == nil:
-		return invalidConfig("Config.Clear or Config.ClearBatch must be set")
+	case cfg.Clear == nil && cfg.ClearBatch == nil && !isClearDeleter(kv):
+		return invalidConfig("Config.Clear or Config.ClearBatch must be set (or kv must be a ClearDeleter)")
 	case cfg.Clear != nil && cfg.ClearBatch != nil:
 		return invalidConfig("set one of Config.Clear and Config.ClearBatch, not both")
+	case (cfg.Clear != nil || cfg.ClearBatch != nil) && isClearDeleter(kv):
+		return invalidConfig("kv is a ClearDeleter, which clears in the transaction that deletes the markers: leave Config.Clear and Config.ClearBatch nil")
 	case cfg.BatchSize < 0 || cfg.BatchSize > MaxPageSize:
 		return invalidConfig("Config.BatchSize must be 0 (default %d) or 1 to %d, got %d", DefaultBatchSize, MaxPageSize, cfg.BatchSize)
-	case cfg.BatchSize != 0 && cfg.ClearBatch == nil:
-		return invalidConfig("Config.BatchSize is set but Config.ClearBatch is not")
+	case cfg.BatchSize != 0 && cfg.Clear != nil:
+		return invalidConfig("Config.BatchSize is set but Config.Clear clears one id at a time: use Config.ClearBatch")
 	case cfg.Retention < time.Millisecond:
 		return invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
 	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
@@ -287,11 +294,20 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.Interval < 0:
 		return invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
+	case cfg.ClearTimeout > 0 && cfg.ClearTimeout < time.Millisecond:
+		return invalidConfig("Config.ClearTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultClearTimeout, cfg.ClearTimeout)
+	case cfg.StoreTimeout > 0 && cfg.StoreTimeout < time.Millisecond:
+		return invalidConfig("Config.StoreTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultStoreTimeout, cfg.StoreTimeout)
 	}
 	if err := checkRetryDelays(cfg.RetryDelay, cfg.MaxRetryDelay); err != nil {
 		return err
 	}
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
+}
+
+func isClearDeleter(kv KV) bool {
+	_, ok := kv.(ClearDeleter)
+	return ok
 }
 
 // invalidConfig returns an error matching ErrInvalidConfig with the message
@@ -329,13 +345,29 @@ func (s *Sweep) checkID(id string) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidID)
 	}
-	if err := s.validate(id); err != nil {
+	if err := s.callValidate(id); err != nil {
+		if errors.Is(err, errValidatePanicked) {
+			return err // says nothing of the id
+		}
 		if !errors.Is(err, ErrInvalidID) {
-			err = fmt.Errorf("%w: %w", ErrInvalidID, err)
+			err = fmt.Errorf("%w: %s", ErrInvalidID, errString(err))
 		}
 		return err
 	}
 	return nil
+}
+
+// errValidatePanicked is the error of a Config.ValidateID that panicked: it
+// says nothing of the id, so the marker is neither cleared nor deleted.
+var errValidatePanicked = errors.New("retention: Config.ValidateID panicked")
+
+func (s *Sweep) callValidate(id string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w on %q: %v", errValidatePanicked, id, r)
+		}
+	}()
+	return s.validate(id)
 }
 
 // Pass makes one sweep: every expired marker is handled, oldest first, then
@@ -373,26 +405,27 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	p.cutoffKey = appendTimestamp(append([]byte(nil), s.prefix...), uint64(p.cutoffMs))
 	defer func() {
-		st.Duration = s.clock.Now().Sub(start)
+		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		s.logPass(p)
 	}()
 
-	from := s.lower
-	for {
-		keys, err := s.scan(ctx, p, from, p.cutoffKey, s.pageSize)
-		if err != nil {
-			return st, err
+	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
+	for err == nil {
+		// A full page may have a next one: read it while this one is
+		// cleared. It starts just after this page's last key, so markers
+		// that stay (failed clears) are not read again in this pass.
+		var next *prefetch
+		if len(keys) == s.pageSize {
+			next = s.prefetch(ctx, p, append(append([]byte(nil), keys[len(keys)-1]...), 0))
 		}
-		if err := s.page(ctx, p, keys); err != nil {
-			return st, err
-		}
-		if len(keys) < s.pageSize {
+		err = s.page(ctx, p, keys)
+		if next == nil {
 			break
 		}
-		// Resume just after the last key: markers that stay (failed clears)
-		// must not be read again in this pass.
-		s.from = append(append(s.from[:0], keys[len(keys)-1]...), 0)
-		from = s.from
+		keys, err = next.wait(p, err)
+	}
+	if err != nil {
+		return st, err
 	}
 	if err := s.peek(ctx, p); err != nil {
 		return st, err
@@ -403,13 +436,15 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 
 // passState is what one pass carries from page to page.
 type passState struct {
-	kv        KV
-	putter    Putter // kv as a Putter, or nil
-	st        *Stats
-	cutoff    time.Time
-	cutoffMs  int64
-	cutoffKey []byte
-	notes     passNotes
+	kv         KV
+	putter     Putter // kv as a Putter, or nil
+	noPut      bool   // a rewrite failed this pass: keep retry delays in memory
+	putChecked bool   // a rewrite was read back this pass
+	st         *Stats
+	cutoff     time.Time
+	cutoffMs   int64
+	cutoffKey  []byte
+	notes      passNotes
 }
 
 // cutoffMillis returns the smallest whole millisecond not before cutoff: a
@@ -432,13 +467,14 @@ func cutoffMillis(cutoff time.Time) int64 {
 type outcome uint8
 
 const (
-	pending   outcome = iota // Clear has not returned (yet): the marker stays
-	cleared                  // Clear returned nil
-	liveAgain                // Clear returned ErrLiveAgain
-	failed                   // Clear failed; the marker stays, put off for a retry
-	bad                      // malformed: deleted without Clear
-	foreign                  // not marker-shaped: left alone
-	deferred                 // in its retry delay: left for later
+	pending     outcome = iota // Clear has not returned (yet): the marker stays
+	cleared                    // Clear returned nil
+	clearedGone                // cleared with its marker deleted, by a ClearDeleter
+	liveAgain                  // Clear returned ErrLiveAgain
+	failed                     // Clear failed; the marker stays, put off for a retry
+	bad                        // malformed: deleted without Clear
+	foreign                    // not marker-shaped: left alone
+	deferred                   // in its retry delay: left for later
 )
 
 // item is one key of a page on its way through a pass; items[i] stands for
@@ -459,7 +495,7 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 			it.out = deferred
 		}
 	}
-	calls, err := s.clearAll(ctx, items)
+	calls, err := s.clearAll(ctx, p, keys, items)
 	p.st.ClearCalls += calls
 	if err != nil {
 		return err
@@ -517,7 +553,10 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		if s.validate == nil {
 			continue
 		}
-		if err := s.checkID(it.id); err != nil {
+		switch err := s.checkID(it.id); {
+		case errors.Is(err, errValidatePanicked):
+			it.err, it.out = err, failed // kept, and tried again after its delay
+		case err != nil:
 			it.err, it.out = malformed(keys[i], "id", err), bad
 		}
 	}
@@ -531,7 +570,6 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	st := p.st
 	del := s.del[:0]
 	oldest := int64(-1) // ms of the oldest cleared marker: it has the largest lag
-	var putErr error
 	for i := range items {
 		it := &items[i]
 		switch it.out {
@@ -548,11 +586,14 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case bad:
 			st.Malformed++
 			p.notes.noteMalformed(it.err)
-		case cleared:
+		case cleared, clearedGone:
 			st.Cleared++
 			s.retries.forget(it.id)
 			if oldest < 0 {
 				oldest = it.ms // items ascend, so the first cleared is the oldest
+			}
+			if it.out == clearedGone {
+				continue
 			}
 		case liveAgain:
 			st.LiveAgain++
@@ -560,13 +601,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case failed:
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
-			// Once a rewrite failed, the store is in trouble: the rest keep
-			// their markers as they are, with their delays in memory.
-			moved, err := s.retry(ctx, p, it.id, putErr == nil)
-			if err != nil {
-				putErr = err
-			}
-			if !moved {
+			if !s.retry(ctx, p, it.id, keys[i]) {
 				continue
 			}
 		}
@@ -577,11 +612,9 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		st.MaxLag = max(st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
 	}
 	if len(del) > 0 {
-		if err := s.delete(ctx, p, del); err != nil {
-			return err
-		}
+		return s.delete(ctx, p, del)
 	}
-	return putErr
+	return nil
 }
 
 // peek reads the first marker past the expired range to set st.NextDue. It
@@ -601,7 +634,9 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 		for _, key := range keys {
 			ms, id, isForeign, err := parseKey(s.prefix, key)
 			if err == nil {
-				err = s.checkIDBytes(key, id)
+				if err = s.checkIDBytes(key, id); errors.Is(err, errValidatePanicked) {
+					err = nil // not known to be malformed: it counts as a marker
+				}
 			}
 			switch {
 			case isForeign:
@@ -640,10 +675,10 @@ func (s *Sweep) checkIDBytes(key, id []byte) error {
 	} else {
 		err = s.checkID(string(id))
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, errValidatePanicked) {
 		return malformed(key, "id", err)
 	}
-	return nil
+	return err
 }
 
 // earliest returns the earlier of a and b, where the zero time means none.

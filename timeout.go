@@ -13,15 +13,52 @@ import (
 // (Config.StoreTimeout), count it and name it in errors.
 
 func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit int) ([][]byte, error) {
+	keys, err := s.scanKV(ctx, p.kv, start, end, limit)
+	p.st.ScanCalls++
+	p.st.Scanned += len(keys)
+	return keys, err
+}
+
+// scanKV is scan without the counting, for a goroutine of its own.
+func (s *Sweep) scanKV(ctx context.Context, kv KV, start, end []byte, limit int) ([][]byte, error) {
 	cctx, cancel := withTimeout(ctx, s.storeTimeout)
 	defer cancel()
-	p.st.ScanCalls++
-	keys, err := p.kv.Scan(cctx, start, end, limit)
+	keys, err := kv.Scan(cctx, start, end, limit)
 	if err != nil {
 		return nil, s.storeErr(ctx, cctx, "scan markers", err)
 	}
-	p.st.Scanned += len(keys)
 	return keys, nil
+}
+
+// prefetch is a Scan of the next page of the expired range in flight.
+type prefetch struct {
+	done chan struct{}
+	keys [][]byte
+	err  error
+}
+
+// prefetch starts reading the page of the expired range from start.
+func (s *Sweep) prefetch(ctx context.Context, p *passState, start []byte) *prefetch {
+	f := &prefetch{done: make(chan struct{})}
+	kv, end := p.kv, p.cutoffKey
+	go func() {
+		defer close(f.done)
+		f.keys, f.err = s.scanKV(ctx, kv, start, end, s.pageSize)
+	}()
+	return f
+}
+
+// wait returns the prefetched page, counted in the pass's Stats, once the
+// current page is done with err; a failure of the current page comes
+// first. It always waits, so that no Scan outlives the pass.
+func (f *prefetch) wait(p *passState, err error) ([][]byte, error) {
+	<-f.done
+	p.st.ScanCalls++
+	p.st.Scanned += len(f.keys)
+	if err != nil {
+		return nil, err
+	}
+	return f.keys, f.err
 }
 
 func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {

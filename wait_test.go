@@ -110,7 +110,7 @@ func TestRunIdleFloor(t *testing.T) {
 		stop := runInBackground(t.Context(), s)
 		time.Sleep(time.Second)
 		require.ErrorIs(t, stop(), context.Canceled)
-		assert.LessOrEqual(t, passes.Load(), int64(time.Second/minIdleWait)+1)
+		assert.LessOrEqual(t, passes.Load(), int64(time.Second/minWait)+1)
 		assert.Greater(t, passes.Load(), int64(10), "and it does keep looking")
 	})
 }
@@ -270,5 +270,68 @@ func TestForeignWarnedOnChange(t *testing.T) {
 		_, err := s.Pass(t.Context())
 		require.NoError(t, err)
 		assert.Equal(t, step.want, warns(), "step %d", i)
+	}
+}
+
+type instantLostLease struct{ lost chan struct{} }
+
+func (l instantLostLease) Lost() <-chan struct{}         { return l.lost }
+func (l instantLostLease) Release(context.Context) error { return nil }
+
+// instantLostLocker hands out leases that are lost at once, as a TTL
+// shorter than the round trip that takes them would.
+type instantLostLocker struct{ n atomic.Int64 }
+
+func (f *instantLostLocker) TryAcquire(context.Context) (Lease, error) {
+	f.n.Add(1)
+	c := make(chan struct{})
+	close(c)
+	return instantLostLease{c}, nil
+}
+
+type heldLocker struct{ n atomic.Int64 }
+
+func (h *heldLocker) TryAcquire(context.Context) (Lease, error) {
+	h.n.Add(1)
+	return nil, ErrLeaseHeld
+}
+
+// TestRunNeverSpinsOnFailures: failed passes, a lease held elsewhere and a
+// lease lost as soon as it is taken make Run wait at least minWait, even
+// with an Interval of a nanosecond.
+func TestRunNeverSpinsOnFailures(t *testing.T) {
+	const most = int64(time.Second/minWait) + 1
+	tests := []struct {
+		name  string
+		kv    func() KV
+		lease func() (Locker, *atomic.Int64)
+	}{
+		{"failing store", func() KV { return &countingKV{KV: NewMemKV(), scanErr: func(int64) error { return errBoom }} }, nil},
+		{"lease held elsewhere", func() KV { return NewMemKV() }, func() (Locker, *atomic.Int64) { l := &heldLocker{}; return l, &l.n }},
+		{"lease lost at once", func() KV { return NewMemKV() }, func() (Locker, *atomic.Int64) { l := &instantLostLocker{}; return l, &l.n }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var passes atomic.Int64
+				cfg := Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Nanosecond,
+					Clear:  func(context.Context, string) error { return nil },
+					OnPass: func(Stats, error) { passes.Add(1) }}
+				var acquires *atomic.Int64
+				if tt.lease != nil {
+					cfg.Lease, acquires = tt.lease()
+				}
+				s, err := New(tt.kv(), cfg)
+				require.NoError(t, err)
+				stop := runInBackground(t.Context(), s)
+				time.Sleep(time.Second)
+				require.ErrorIs(t, stop(), context.Canceled)
+				assert.LessOrEqual(t, passes.Load(), most)
+				if acquires != nil {
+					assert.LessOrEqual(t, acquires.Load(), most)
+					assert.Greater(t, acquires.Load(), int64(1))
+				}
+			})
+		})
 	}
 }

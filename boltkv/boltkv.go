@@ -99,7 +99,9 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // Put writes key with value in its own write transaction. It makes KV a
-// retention.Putter, for tests and for retention.Mark.
+// retention.Putter: retention.Mark uses it, and a Sweep reschedules a
+// marker whose Clear failed with it (one write transaction per failed
+// marker).
 func (k *KV) Put(ctx context.Context, key, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err

@@ -5,7 +5,9 @@
 // batches the keys into transactions of at most Options.MaxTxnOps
 // operations each, the server's per-transaction limit. Write a marker by
 // adding MarkOp's operation to the Txn that records the entity's terminal
-// state.
+// state. Replicas that share the keys take turns with a Locker, whose
+// leases fence the KV: a holder's deletes are transactions that apply only
+// while its lock key still exists.
 //
 // The caller owns the client and closes it; a KV never does.
 package etcdkv

@@ -17,9 +17,11 @@ import (
 	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/etcdkv"
 	"github.com/marksweep/retention/kvtest"
+	"github.com/marksweep/retention/leasetest"
 )
 
 func TestMain(m *testing.M) {
+	leasetest.ReplicaMain(connectReplica) // returns unless this process is a replica of TestProcesses
 	goleak.VerifyTestMain(m)
 }
 

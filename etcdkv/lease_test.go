@@ -2,6 +2,7 @@ package etcdkv_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/etcdkv"
 	"github.com/marksweep/retention/kvtest"
 	"github.com/marksweep/retention/leasetest"
@@ -38,7 +40,7 @@ func newHarness(t testing.TB) leasetest.Harness {
 			})
 			kv, err := etcdkv.New(cli, ns, nil)
 			require.NoError(t, err)
-			locker, err := etcdkv.NewLocker(cli, lockName, leaseTTL)
+			locker, err := etcdkv.NewLocker(cli, lockName, &etcdkv.LockerOptions{TTL: leaseTTL})
 			require.NoError(t, err)
 			return leasetest.Replica{
 				KV:     kv,
@@ -85,16 +87,21 @@ func newHarness(t testing.TB) leasetest.Harness {
 			return present, nil
 		},
 		// Revoke the holder's etcd lease from outside, as its expiry would.
-		Expire: func(t testing.TB) {
-			ctx := context.Background()
-			resp, err := admin.Get(ctx, lockName+"/", clientv3.WithPrefix(),
-				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
-			require.NoError(t, err)
-			require.Len(t, resp.Kvs, 1, "nobody holds the lease")
-			_, err = admin.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
-			require.NoError(t, err)
-		},
+		Expire: func(t testing.TB) { revokeHolder(t, admin, lockName) },
 	}
+}
+
+// revokeHolder revokes the etcd lease of the holder of the lock lockName
+// from outside, as its expiry would, without telling the holder.
+func revokeHolder(t testing.TB, admin *clientv3.Client, lockName string) {
+	t.Helper()
+	ctx := context.Background()
+	resp, err := admin.Get(ctx, lockName+"/", clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "nobody holds the lease")
+	_, err = admin.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	require.NoError(t, err)
 }
 
 func TestFleet(t *testing.T) {
@@ -112,18 +119,19 @@ func TestNewLocker(t *testing.T) {
 		name    string
 		cli     *clientv3.Client
 		lease   string
-		ttl     time.Duration
+		opts    *etcdkv.LockerOptions
 		wantErr string
 	}{
-		{"valid", cli, "svc/lease", 2 * time.Second, ""},
-		{"rounded up", cli, "svc/lease", 1500 * time.Millisecond, ""},
-		{"nil client", nil, "svc/lease", time.Second, "etcdkv: client must not be nil"},
-		{"empty name", cli, "", time.Second, "etcdkv: lease name must not be empty"},
-		{"short ttl", cli, "svc/lease", 500 * time.Millisecond, "etcdkv: lease TTL must be at least 1s, got 500ms"},
+		{"defaults", cli, "svc/lease", nil, ""},
+		{"ttl", cli, "svc/lease", &etcdkv.LockerOptions{TTL: 2 * time.Second}, ""},
+		{"rounded up", cli, "svc/lease", &etcdkv.LockerOptions{TTL: 1500 * time.Millisecond}, ""},
+		{"nil client", nil, "svc/lease", nil, "etcdkv: client must not be nil"},
+		{"empty name", cli, "", nil, "etcdkv: lease name must not be empty"},
+		{"short ttl", cli, "svc/lease", &etcdkv.LockerOptions{TTL: 500 * time.Millisecond}, "etcdkv: LockerOptions.TTL must be at least 1s, got 500ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l, err := etcdkv.NewLocker(tt.cli, tt.lease, tt.ttl)
+			l, err := etcdkv.NewLocker(tt.cli, tt.lease, tt.opts)
 			if tt.wantErr != "" {
 				require.EqualError(t, err, tt.wantErr)
 				assert.Nil(t, l)
@@ -132,4 +140,31 @@ func TestNewLocker(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
+}
+
+// TestFencedDeleteBatches deletes more markers in one fenced call than one
+// transaction may hold: the compare does not count against the deletes.
+func TestFencedDeleteBatches(t *testing.T) {
+	cli := connect(t)
+	ns := freshNamespace(t, cli)
+	ctx := context.Background()
+	kv, err := etcdkv.New(cli, ns, nil)
+	require.NoError(t, err)
+	l, err := etcdkv.NewLocker(cli, ns+"lease", &etcdkv.LockerOptions{TTL: leaseTTL})
+	require.NoError(t, err)
+	lease, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	const n = 2*etcdkv.DefaultMaxTxnOps + 1
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "m/%04d", i)
+		require.NoError(t, kv.Put(ctx, keys[i], nil))
+	}
+	fenced, ok := lease.(retention.Fencer).Fence(kv)
+	require.True(t, ok)
+	require.NoError(t, fenced.Delete(ctx, keys...))
+	left, err := kv.Scan(ctx, []byte("m/"), []byte("m0"), n)
+	require.NoError(t, err)
+	assert.Empty(t, left)
 }

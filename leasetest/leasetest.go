@@ -2,10 +2,16 @@
 // proves, against a real shared store, that a fleet of replicas running
 // Sweep.Run behaves as one careful sweeper: with a lease every expired
 // entity is cleared exactly once, a dead holder is replaced within the
-// lease's TTL, and a holder that loses its lease deletes nothing more.
+// lease's TTL, a holder that loses its lease deletes nothing more, and a
+// lease that implements retention.Fencer has its store refuse the writes of
+// a holder it no longer names.
 //
 // An adapter's test calls Run with a function that sets up a fresh store
-// and returns a Harness over it.
+// and returns a Harness over it. RunProcesses proves the same with
+// replicas as separate processes (re-executions of the test binary, which
+// must call ReplicaMain from TestMain) against the engine's real server:
+// the lease taken away from outside, the holder's host crashing behind a
+// black-holed proxy, and the holder frozen with SIGSTOP.
 package leasetest
 
 import (
@@ -53,6 +59,11 @@ type Harness struct {
 
 	// TTL is how long a lease outlives a dead holder.
 	TTL time.Duration
+
+	// Unfenced says that the Locker's leases do not implement
+	// retention.Fencer; FencedWrites is then skipped. Leave it false for a
+	// Locker that fences: the suite then fails if a lease does not.
+	Unfenced bool
 }
 
 // Run runs the fleet proofs against the harness, each as a subtest:
@@ -67,7 +78,12 @@ type Harness struct {
 //   - TakeoverAfterKill: the holder is killed; another replica takes over
 //     within TTL plus one interval and clears what fell due meanwhile;
 //   - NoDeleteAfterLoss: the holder loses its lease mid-pass; no delete of
-//     it succeeds once it knows, and another replica finishes the work.
+//     it succeeds once it knows, and another replica finishes the work;
+//   - FencedWrites: a lease fences the replica's KV (and not a wrapped
+//     one): fenced Delete and Put work while it is held, and once the lease
+//     was taken away from outside and another replica acquired it, before
+//     the old holder noticed, they are refused with retention.ErrLeaseLost,
+//     change nothing, and Lost is closed.
 //
 // Each subtest gets a fresh Harness from newHarness.
 func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
@@ -76,6 +92,7 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("AtLeastOnceWithoutLease", func(t *testing.T) { testFleet(t, newHarness(t), false) })
 	t.Run("TakeoverAfterKill", func(t *testing.T) { testTakeover(t, newHarness(t)) })
 	t.Run("NoDeleteAfterLoss", func(t *testing.T) { testLoss(t, newHarness(t)) })
+	t.Run("FencedWrites", func(t *testing.T) { testFence(t, newHarness(t)) })
 }
 
 // Entities is how many entities the fleet proofs finish.
@@ -134,17 +151,18 @@ func testLocker(t *testing.T, h Harness) {
 
 // fleet is a set of replicas running Sweep.Run over one store.
 type fleet struct {
-	t      testing.TB
-	clock  *retention.ManualClock
-	mu     sync.Mutex
-	clears map[string]int // id: successful clears across replicas
-	passes map[int]int    // replica: passes with at least one marker cleared
-	losses int            // passes cut short by a lost lease
-	stops  []func()
+	t         testing.TB
+	clock     *retention.ManualClock
+	mu        sync.Mutex
+	clears    map[string]int // id: successful clears across replicas
+	passes    map[int]int    // replica: passes with at least one marker cleared
+	clearedBy map[int]int    // replica: entities it cleared
+	losses    int            // passes cut short by a lost lease
+	stops     []func()
 }
 
 func newFleet(t testing.TB) *fleet {
-	return &fleet{t: t, clock: retention.NewManualClock(start), clears: map[string]int{}, passes: map[int]int{}}
+	return &fleet{t: t, clock: retention.NewManualClock(start), clears: map[string]int{}, passes: map[int]int{}, clearedBy: map[int]int{}}
 }
 
 // start runs replica i with the given lease (nil for none).
@@ -165,6 +183,7 @@ func (f *fleet) start(i int, r Replica, lease retention.Locker, kv retention.KV,
 			}
 			f.mu.Lock()
 			f.clears[id]++
+			f.clearedBy[i]++
 			f.mu.Unlock()
 			return nil
 		},
@@ -316,9 +335,11 @@ func testTakeover(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	waitGone(t, h, first, waitLimit)
+	// Who cleared them: counted in Clear itself, since a pass reports to
+	// OnPass only after its entities are gone.
 	holder := -1
 	f.mu.Lock()
-	for i, n := range f.passes {
+	for i, n := range f.clearedBy {
 		if n > 0 {
 			holder = i
 		}
@@ -355,7 +376,11 @@ func testTakeover(t *testing.T, h Harness) {
 // the replica's lease was already lost when the call began.
 type watchedKV struct {
 	retention.KV
-	lease   *watchedLocker
+	lease *watchedLocker
+	stats *deleteStats
+}
+
+type deleteStats struct {
 	deletes atomic.Int64
 	late    atomic.Int64
 }
@@ -364,9 +389,9 @@ func (w *watchedKV) Delete(ctx context.Context, keys ...[]byte) error {
 	lostBefore := w.lease.lost()
 	err := w.KV.Delete(ctx, keys...)
 	if err == nil {
-		w.deletes.Add(1)
+		w.stats.deletes.Add(1)
 		if lostBefore {
-			w.late.Add(1)
+			w.stats.late.Add(1)
 		}
 	}
 	return err
@@ -381,12 +406,35 @@ type watchedLocker struct {
 
 func (w *watchedLocker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 	l, err := w.Locker.TryAcquire(ctx)
-	if err == nil {
-		w.mu.Lock()
-		w.last = l
-		w.mu.Unlock()
+	if err != nil {
+		return l, err
 	}
-	return l, err
+	w.mu.Lock()
+	w.last = l
+	w.mu.Unlock()
+	if f, ok := l.(retention.Fencer); ok {
+		return watchedFencer{Lease: l, f: f}, nil
+	}
+	return l, nil
+}
+
+// watchedFencer lets a fencing lease fence the KV inside a watchedKV, so
+// that the fleet runs with the fence the Locker offers.
+type watchedFencer struct {
+	retention.Lease
+	f retention.Fencer
+}
+
+func (w watchedFencer) Fence(kv retention.KV) (retention.KV, bool) {
+	wkv, ok := kv.(*watchedKV)
+	if !ok {
+		return w.f.Fence(kv)
+	}
+	fenced, ok := w.f.Fence(wkv.KV)
+	if !ok {
+		return nil, false
+	}
+	return &watchedKV{KV: fenced, lease: wkv.lease, stats: wkv.stats}, true
 }
 
 func (w *watchedLocker) lost() bool {
@@ -420,7 +468,7 @@ func testLoss(t *testing.T, h Harness) {
 	for i := range 2 {
 		r := h.NewReplica(t)
 		locker := &watchedLocker{Locker: r.Locker}
-		kv := &watchedKV{KV: r.KV, lease: locker}
+		kv := &watchedKV{KV: r.KV, lease: locker, stats: &deleteStats{}}
 		kvs = append(kvs, kv)
 		clear := r.Clear
 		r.Clear = func(ctx context.Context, id string) error {
@@ -437,9 +485,9 @@ func testLoss(t *testing.T, h Harness) {
 	f.stopAll()
 	var late, deletes int64
 	for i, kv := range kvs {
-		late += kv.late.Load()
-		deletes += kv.deletes.Load()
-		t.Logf("replica %d: %d successful Delete calls", i, kv.deletes.Load())
+		late += kv.stats.late.Load()
+		deletes += kv.stats.deletes.Load()
+		t.Logf("replica %d: %d successful Delete calls", i, kv.stats.deletes.Load())
 	}
 	if late != 0 {
 		t.Errorf("%d Delete calls succeeded after their replica knew its lease was lost", late)
@@ -459,4 +507,142 @@ func testLoss(t *testing.T, h Harness) {
 		dups += max(c-1, 0)
 	}
 	t.Logf("lease expired mid-pass: %d markers, %d Delete calls, %d duplicate clears at the hand-over", n, deletes, dups)
+}
+
+// foreignKV hides a KV behind a type no Fencer knows.
+type foreignKV struct{ retention.KV }
+
+func testFence(t *testing.T, h Harness) {
+	ctx := context.Background()
+	a, b := h.NewReplica(t), h.NewReplica(t)
+	la, err := a.Locker.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire on a free lease = %v", err)
+	}
+	defer func() { _ = la.Release(ctx) }()
+	f, ok := la.(retention.Fencer)
+	if !ok {
+		if h.Unfenced {
+			t.Skip("the harness says its leases cannot fence")
+		}
+		t.Fatalf("the lease (%T) is not a retention.Fencer; set Harness.Unfenced if that is intended", la)
+	}
+	if _, ok := f.Fence(foreignKV{a.KV}); ok {
+		t.Error("Fence of a wrapped KV: ok = true, want false")
+	}
+	fa, ok := f.Fence(a.KV)
+	if !ok || fa == nil {
+		t.Fatalf("Fence of the replica's own KV: ok = %v, want true", ok)
+	}
+	_, canPut := a.KV.(retention.Putter)
+	putA, fencedPut := fa.(retention.Putter)
+	if canPut && !fencedPut {
+		t.Errorf("the fenced KV (%T) is not a retention.Putter although the KV (%T) is", fa, a.KV)
+	}
+
+	const prefix = "fence/"
+	at := start.Add(-time.Hour)
+	if err := h.Finish(ctx, prefix, []string{"held", "taken", "kept"}, at); err != nil {
+		t.Fatalf("Finish = %v", err)
+	}
+	key := func(id string) []byte {
+		k, err := retention.MarkerKey(prefix, at, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	present := func(id string) bool {
+		t.Helper()
+		k := key(id)
+		keys, err := a.KV.Scan(ctx, k, append(k, 0), 1)
+		if err != nil {
+			t.Fatalf("Scan = %v", err)
+		}
+		return len(keys) == 1
+	}
+	if keys, err := fa.Scan(ctx, []byte(prefix), []byte(prefix+"\xff"), 10); err != nil || len(keys) != 3 {
+		t.Errorf("fenced Scan = %d keys, %v; want the 3 markers", len(keys), err)
+	}
+
+	// While the lease is held, fenced writes go through.
+	if err := fa.Delete(ctx, key("held")); err != nil {
+		t.Fatalf("fenced Delete while held = %v", err)
+	}
+	if present("held") {
+		t.Error("fenced Delete while held left the marker")
+	}
+	if fencedPut {
+		if err := putA.Put(ctx, key("put-held"), nil); err != nil {
+			t.Fatalf("fenced Put while held = %v", err)
+		}
+		if !present("put-held") {
+			t.Error("fenced Put while held wrote nothing")
+		}
+	}
+
+	// Taken away from outside, and taken by another replica, before the old
+	// holder can notice.
+	h.Expire(t)
+	var lb retention.Lease
+	deadline := time.Now().Add(h.TTL + 10*time.Second)
+	for {
+		lb, err = b.Locker.TryAcquire(ctx)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, retention.ErrLeaseHeld) || time.Now().After(deadline) {
+			t.Fatalf("TryAcquire after Expire = %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer func() { _ = lb.Release(ctx) }()
+	noticed := isClosed(la.Lost())
+
+	err = fa.Delete(ctx, key("taken"))
+	if !errors.Is(err, retention.ErrLeaseLost) {
+		t.Errorf("fenced Delete by the old holder = %v, want ErrLeaseLost", err)
+	}
+	if !present("taken") {
+		t.Error("fenced Delete by the old holder removed the marker")
+	}
+	if !isClosed(la.Lost()) {
+		t.Error("Lost is open after the fence refused a Delete")
+	}
+	if fencedPut {
+		if err := putA.Put(ctx, key("put-taken"), nil); !errors.Is(err, retention.ErrLeaseLost) {
+			t.Errorf("fenced Put by the old holder = %v, want ErrLeaseLost", err)
+		}
+		if present("put-taken") {
+			t.Error("fenced Put by the old holder wrote the marker")
+		}
+	}
+	if noticed {
+		t.Log("note: the old holder noticed the loss before its writes; the store-side check was not reached")
+	}
+
+	// The new holder's fence lets its writes through.
+	fb, ok := lb.(retention.Fencer)
+	if !ok {
+		t.Fatalf("the new lease (%T) is not a retention.Fencer", lb)
+	}
+	fkb, ok := fb.Fence(b.KV)
+	if !ok {
+		t.Fatal("Fence by the new holder: ok = false")
+	}
+	if err := fkb.Delete(ctx, key("taken"), key("kept")); err != nil {
+		t.Fatalf("fenced Delete by the new holder = %v", err)
+	}
+	if present("taken") || present("kept") {
+		t.Error("fenced Delete by the new holder left markers")
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }

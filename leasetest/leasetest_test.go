@@ -39,6 +39,7 @@ func (m *memLeases) expire() {
 // memLocker is one replica's view of memLeases; killed stops its renewals.
 type memLocker struct {
 	m      *memLeases
+	kv     *retention.MemKV // the store its leases fence
 	ttl    time.Duration
 	killed *atomic.Bool
 }
@@ -63,6 +64,7 @@ type memLease struct {
 	l        *memLocker
 	token    string
 	lost     chan struct{}
+	lostOnce sync.Once
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -70,8 +72,44 @@ type memLease struct {
 
 func (e *memLease) Lost() <-chan struct{} { return e.lost }
 
+func (e *memLease) markLost() { e.lostOnce.Do(func() { close(e.lost) }) }
+
+// Fence fences the MemKV of its harness: memLeases' mutex stands for the
+// store's atomicity, held across the check and the write.
+func (e *memLease) Fence(kv retention.KV) (retention.KV, bool) {
+	if m, ok := kv.(*retention.MemKV); !ok || m != e.l.kv {
+		return nil, false
+	}
+	return memFenced{e}, true
+}
+
+type memFenced struct{ e *memLease }
+
+func (f memFenced) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return f.e.l.kv.Scan(ctx, start, end, limit)
+}
+
+func (f memFenced) Delete(ctx context.Context, keys ...[]byte) error {
+	return f.write(func() error { return f.e.l.kv.Delete(ctx, keys...) })
+}
+
+func (f memFenced) Put(ctx context.Context, key, value []byte) error {
+	return f.write(func() error { return f.e.l.kv.Put(ctx, key, value) })
+}
+
+func (f memFenced) write(do func() error) error {
+	m := f.e.l.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.token != f.e.token || !time.Now().Before(m.expires) {
+		f.e.markLost()
+		return fmt.Errorf("memFenced: %w", retention.ErrLeaseLost)
+	}
+	return do()
+}
+
 func (e *memLease) renew(validUntil time.Time) {
-	defer close(e.lost)
+	defer e.markLost()
 	tick := time.NewTicker(e.l.ttl / 3)
 	defer tick.Stop()
 	deadline := time.NewTimer(time.Until(validUntil))
@@ -126,7 +164,7 @@ func memHarness(testing.TB) leasetest.Harness {
 			killed := &atomic.Bool{}
 			return leasetest.Replica{
 				KV:     kv,
-				Locker: &memLocker{m: leases, ttl: ttl, killed: killed},
+				Locker: &memLocker{m: leases, kv: kv, ttl: ttl, killed: killed},
 				Clear: func(context.Context, string) error {
 					return nil
 				},
@@ -175,6 +213,7 @@ var broken = map[string]struct {
 }{
 	"grants everyone": {func(retention.Locker) retention.Locker { return grantsAll{} }, "LockerContract"},
 	"never loses":     {func(l retention.Locker) retention.Locker { return neverLoses{l} }, "NoDeleteAfterLoss"},
+	"fences by timer": {func(l retention.Locker) retention.Locker { return timerFence{l} }, "FencedWrites"},
 }
 
 // grantsAll hands a lease to every caller: no mutual exclusion.
@@ -210,6 +249,55 @@ func (n neverLoses) TryAcquire(ctx context.Context) (retention.Lease, error) {
 }
 
 func (blindLease) Lost() <-chan struct{} { return make(chan struct{}) }
+
+// timerFence offers a fence that the store never checks: it refuses writes
+// only once the holder's Lost is closed, a timer in the client.
+type timerFence struct{ retention.Locker }
+
+type timerFenceLease struct{ retention.Lease }
+
+type timerFenced struct {
+	retention.KV
+	lost <-chan struct{}
+}
+
+func (f timerFence) TryAcquire(ctx context.Context) (retention.Lease, error) {
+	l, err := f.Locker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return timerFenceLease{l}, nil
+}
+
+func (l timerFenceLease) Fence(kv retention.KV) (retention.KV, bool) {
+	if _, ok := kv.(*retention.MemKV); !ok {
+		return nil, false
+	}
+	return timerFenced{KV: kv, lost: l.Lost()}, true
+}
+
+func (f timerFenced) check() error {
+	select {
+	case <-f.lost:
+		return retention.ErrLeaseLost
+	default:
+		return nil
+	}
+}
+
+func (f timerFenced) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := f.check(); err != nil {
+		return err
+	}
+	return f.KV.Delete(ctx, keys...)
+}
+
+func (f timerFenced) Put(ctx context.Context, key, value []byte) error {
+	if err := f.check(); err != nil {
+		return err
+	}
+	return f.KV.(retention.Putter).Put(ctx, key, value)
+}
 
 func TestBrokenLockersAreCaught(t *testing.T) {
 	if os.Getenv("LEASETEST_BROKEN") != "" {

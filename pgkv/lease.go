@@ -2,46 +2,100 @@ package pgkv
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/marksweep/retention"
 )
 
-// DefaultCheckInterval is how often a held lease checks its connection.
-const DefaultCheckInterval = time.Second
+// DefaultLeaseTTL is the TTL of a Locker's lease when LockerOptions.TTL is
+// zero: a holder that dies, freezes or is cut off blocks sweeping for at
+// most this long.
+const DefaultLeaseTTL = 10 * time.Second
+
+// MinLeaseTTL is the shortest TTL a Locker accepts: renewals go out every
+// third of it and must have time to make the round trip.
+const MinLeaseTTL = 100 * time.Millisecond
+
+// DefaultLeaseTable is the lease table of a Locker when LockerOptions.Table
+// is empty.
+const DefaultLeaseTable = "retention_leases"
 
 // LockerOptions tune a Locker. A nil *LockerOptions means the defaults.
 type LockerOptions struct {
-	// CheckInterval is how often the holder pings the connection that holds
-	// the lock; a ping that fails, or takes longer than twice the interval
-	// (at least a second), marks the lease lost. Zero means
-	// DefaultCheckInterval.
-	CheckInterval time.Duration
+	// TTL is how long the lease outlives a holder that stops renewing it.
+	// The holder renews it every third of the TTL and considers it lost
+	// once a tenth of the TTL short of it has passed since the last renewal
+	// that got through was sent. Zero means DefaultLeaseTTL; otherwise at
+	// least MinLeaseTTL.
+	TTL time.Duration
+
+	// Table is the lease table, "table" or "schema.table", created by
+	// MigrateLeases. It must live in the database of the marker tables the
+	// lease fences. Empty means DefaultLeaseTable.
+	Table string
 }
 
-// Locker is a retention.Locker built on a session-level advisory lock. The
-// holder keeps the lock on a connection of its own, taken out of the pool,
-// so the lock dies with that connection: when the holder's process dies or
-// its connection breaks, PostgreSQL frees the lock as soon as it notices the
-// session is gone. Create one with NewLocker.
+// Locker is a retention.Locker built on a row of a lease table: the row
+// names the holder, a fencing counter that grows with every acquisition, and
+// an expiry set from the server's clock. Create one with NewLocker and the
+// table with MigrateLeases.
+//
+// TryAcquire takes the row when it is missing or expired, in one INSERT
+// ... ON CONFLICT DO UPDATE ... WHERE expired; the holder renews it every
+// third of the TTL with an UPDATE that only extends an unexpired row that
+// still names it. Every expiry is computed by PostgreSQL (clock_timestamp()),
+// so replicas' clocks do not matter; the holder's own monotonic clock only
+// makes it give up early: it closes Lost a tenth of the TTL before the
+// server could expire the row.
+//
+// Its leases are retention.Fencers for a *KV in the same database: a fenced
+// Delete or Put is one statement that locks the lease row FOR SHARE, checks
+// that it still names this holder and is unexpired, and writes only then. A
+// takeover updates that row, so it waits for the fenced statement to
+// commit: no marker write of an old holder can commit after a new holder's
+// TryAcquire returned, whatever the old holder's clock or scheduling did.
+//
+// Compared with a session advisory lock, which PostgreSQL frees the moment
+// it sees the holder's session end, a lease row is not freed by a crash: the
+// fleet waits out the TTL. In exchange a holder that is frozen, partitioned
+// or whose host vanished without closing its connection (where the server
+// keeps the session, and an advisory lock, until TCP keepalive gives up,
+// hours by default) blocks the fleet for one TTL at most. A clean Release
+// expires the row at once.
+//
+// Every statement that locks the lease row goes out in the simple query
+// protocol: one message, run and committed only once it has arrived whole.
+// In the extended protocol a holder cut off between Execute and Sync would
+// leave the server holding the row lock in an open implicit transaction
+// until TCP keepalive ends the session, and every takeover would wait for
+// it.
 type Locker struct {
 	pool  *pgxpool.Pool
 	name  string
-	key   int64
-	check time.Duration
+	table string // quoted
+	ttl   time.Duration
+
+	acquireSQL, renewSQL, releaseSQL, fenceSQL string
 }
 
 var _ retention.Locker = (*Locker)(nil)
 
 // NewLocker returns a Locker for the lease called name; replicas that use
-// the same name share one lease. The advisory lock key is derived from name.
+// the same name and table share one lease. The holder renews its lease on a
+// connection of pool every third of the TTL: leave the pool room for it
+// (MaxConns above Config.Concurrency when Clear uses the same pool), or
+// a renewal that waits for a connection may cost the lease.
 func NewLocker(pool *pgxpool.Pool, name string, opts *LockerOptions) (*Locker, error) {
 	if pool == nil {
 		return nil, errors.New("pgkv: pool must not be nil")
@@ -49,54 +103,105 @@ func NewLocker(pool *pgxpool.Pool, name string, opts *LockerOptions) (*Locker, e
 	if name == "" {
 		return nil, errors.New("pgkv: lease name must not be empty")
 	}
-	l := &Locker{pool: pool, name: name, key: LockKey(name), check: DefaultCheckInterval}
-	if opts != nil && opts.CheckInterval != 0 {
-		if opts.CheckInterval < 0 {
-			return nil, fmt.Errorf("pgkv: LockerOptions.CheckInterval must not be negative, got %v", opts.CheckInterval)
-		}
-		l.check = opts.CheckInterval
+	var o LockerOptions
+	if opts != nil {
+		o = *opts
 	}
-	return l, nil
+	if o.TTL == 0 {
+		o.TTL = DefaultLeaseTTL
+	}
+	if o.TTL < MinLeaseTTL {
+		return nil, fmt.Errorf("pgkv: LockerOptions.TTL must be at least %v, got %v", MinLeaseTTL, o.TTL)
+	}
+	if o.Table == "" {
+		o.Table = DefaultLeaseTable
+	}
+	table, err := quoteTable(o.Table)
+	if err != nil {
+		return nil, fmt.Errorf("pgkv: LockerOptions.Table: %w", err)
+	}
+	const expiry = `clock_timestamp() + $3::bigint * interval '1 microsecond'`
+	return &Locker{
+		pool: pool, name: name, table: table, ttl: o.TTL,
+		// The expiry is computed in SET, not VALUES: the statement may have
+		// waited for a fenced write of the old holder to commit.
+		acquireSQL: `INSERT INTO ` + table + ` AS l (name, holder, fence, expires_at) VALUES ($1, $2, 1, ` + expiry + `)
+ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, fence = l.fence + 1, expires_at = ` + expiry + `
+WHERE l.expires_at <= clock_timestamp()
+RETURNING fence`,
+		renewSQL: `UPDATE ` + table + ` SET expires_at = ` + expiry + `
+WHERE name = $1 AND holder = $2 AND fence = $4 AND expires_at > clock_timestamp()`,
+		releaseSQL: `UPDATE ` + table + ` SET expires_at = clock_timestamp() WHERE name = $1 AND holder = $2 AND fence = $3`,
+		// FOR SHARE, not FOR KEY SHARE: a takeover changes no key column,
+		// so it would not wait for a KEY SHARE lock.
+		fenceSQL: `SELECT 1 FROM ` + table + ` WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() FOR SHARE`,
+	}, nil
 }
 
-// LockKey returns the advisory lock key of the lease called name, for
-// looking it up in pg_locks (objid holds its low 32 bits, classid its high).
-func LockKey(name string) int64 {
+// MigrateLeases creates the lease table of Lockers if it does not exist. It
+// is idempotent and safe to run from several replicas at once.
+func MigrateLeases(ctx context.Context, db DB, table string) error {
+	quoted, err := quoteTable(table)
+	if err != nil {
+		return err
+	}
 	h := fnv.New64a()
-	h.Write([]byte("retention/pgkv lease " + name))
-	return int64(h.Sum64())
+	h.Write([]byte("retention/pgkv migrate " + quoted))
+	sql := fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d); CREATE TABLE IF NOT EXISTS %s (
+	name text PRIMARY KEY,
+	holder text NOT NULL,
+	fence bigint NOT NULL,
+	expires_at timestamptz NOT NULL
+)`, int64(h.Sum64()), quoted)
+	if _, err := db.Exec(ctx, sql); err != nil {
+		return wrap(ctx, "migrate "+quoted, err)
+	}
+	return nil
 }
 
-// TryAcquire implements retention.Locker with pg_try_advisory_lock.
+// safetyMargin is how much earlier than the server the holder gives its
+// lease up: room for the latency of the statement that set the expiry and
+// for clock rate drift between holder and server.
+func (l *Locker) safetyMargin() time.Duration { return l.ttl / 10 }
+
+// TryAcquire implements retention.Locker. It returns an error matching
+// ErrNoLeaseTable when MigrateLeases has not run.
 func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	conn, err := l.pool.Acquire(ctx)
-	if err != nil {
-		return nil, wrap(ctx, "acquire lease "+l.name, err)
-	}
-	var ok bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", l.key).Scan(&ok); err != nil {
-		conn.Release()
-		return nil, wrap(ctx, "acquire lease "+l.name, err)
-	}
-	if !ok {
-		conn.Release()
+	holder := newHolder()
+	sent := time.Now()
+	var fence int64
+	err := l.pool.QueryRow(ctx, l.acquireSQL, pgx.QueryExecModeSimpleProtocol, l.name, holder, l.ttl.Microseconds()).Scan(&fence)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("pgkv: lease %q: %w", l.name, retention.ErrLeaseHeld)
+	case err != nil:
+		var pgErr *pgconn.PgError
+		if ctx.Err() == nil && errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+			return nil, fmt.Errorf("%w: %s: %w", ErrNoLeaseTable, l.table, err)
+		}
+		return nil, wrap(ctx, "acquire lease "+l.name, err)
 	}
-	// The connection now carries the lock: it leaves the pool for good, so
-	// that no other query can ever run on it and it is closed, not reused,
-	// when the lease ends.
-	lease := &pgLease{conn: conn.Hijack(), key: l.key, lost: make(chan struct{}), stop: make(chan struct{})}
-	lease.wg.Go(func() { lease.watch(l.check) })
+	lease := &pgLease{l: l, holder: holder, fence: fence, lost: make(chan struct{}), stop: make(chan struct{})}
+	lease.wg.Go(func() { lease.keepAlive(sent.Add(l.ttl - l.safetyMargin())) })
 	return lease, nil
 }
 
+// newHolder names one acquisition: where it runs, for operators reading the
+// table, and a random part that makes it unique.
+func newHolder() string {
+	host, _ := os.Hostname()
+	var raw [12]byte
+	_, _ = rand.Read(raw[:]) // never fails
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(raw[:]))
+}
+
 type pgLease struct {
-	mu   sync.Mutex // serialises use of conn
-	conn *pgx.Conn
-	key  int64
+	l      *Locker
+	holder string
+	fence  int64
 
 	lost     chan struct{}
 	lostOnce sync.Once
@@ -105,64 +210,150 @@ type pgLease struct {
 	wg       sync.WaitGroup
 }
 
+var _ retention.Fencer = (*pgLease)(nil)
+
 func (p *pgLease) Lost() <-chan struct{} { return p.lost }
 
 func (p *pgLease) markLost() { p.lostOnce.Do(func() { close(p.lost) }) }
 
-// watch pings the lock's connection until the lease ends; the lock lives
-// exactly as long as the session, so a failed ping means it may be gone.
-func (p *pgLease) watch(every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
+func (p *pgLease) isLost() bool {
+	select {
+	case <-p.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// keepAlive renews the row every third of the TTL. validUntil is when the
+// holder stops trusting its lease if no renewal gets through; the row
+// expires a safety margin later on the server.
+func (p *pgLease) keepAlive(validUntil time.Time) {
+	defer p.markLost()
+	tick := time.NewTicker(p.l.ttl / 3)
+	defer tick.Stop()
+	expiry := time.NewTimer(time.Until(validUntil))
+	defer expiry.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout(every))
-		p.mu.Lock()
-		err := p.conn.Ping(ctx)
-		p.mu.Unlock()
-		cancel()
-		if err != nil {
-			p.markLost()
+		case <-expiry.C:
 			return
+		case <-tick.C:
 		}
+		// A renewal may not outlast the lease it renews.
+		ctx, cancel := context.WithDeadline(context.Background(), validUntil)
+		sent := time.Now()
+		tag, err := p.l.pool.Exec(ctx, p.l.renewSQL, pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.l.ttl.Microseconds(), p.fence)
+		cancel()
+		switch {
+		case err == nil && tag.RowsAffected() == 1:
+			validUntil = sent.Add(p.l.ttl - p.l.safetyMargin())
+			expiry.Reset(time.Until(validUntil))
+		case err == nil:
+			return // expired, or taken over
+		}
+		// On an error, try again at the next tick until validUntil.
 	}
 }
 
-// pingTimeout is how long a check may take before the lease counts as lost:
-// long enough that a busy server does not cost the lease, short enough that
-// a holder cut off from the server stops soon. pgx closes a connection whose
-// query is cancelled, which frees the lock on the server as well.
-func pingTimeout(every time.Duration) time.Duration {
-	return max(2*every, time.Second)
-}
-
-// Release unlocks and closes the lock's connection. Closing alone would free
-// the lock too; the explicit unlock frees it at once even where the close
-// is slow to reach the server.
+// Release stops renewing and expires the row if it still names this
+// holder, so that another replica can take it at once.
 func (p *pgLease) Release(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stop) })
-	p.wg.Wait()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	defer p.markLost()
-	if p.conn.IsClosed() {
+	p.wg.Wait() // keepAlive has marked the lease lost on its way out
+	if _, err := p.l.pool.Exec(ctx, p.l.releaseSQL, pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence); err != nil {
+		return wrap(ctx, "release lease "+p.l.name, err)
+	}
+	return nil
+}
+
+// Fence implements retention.Fencer for a *KV whose table is in the
+// database of the lease table. Its writes run on the KV's own DB.
+func (p *pgLease) Fence(kv retention.KV) (retention.KV, bool) {
+	switch k := kv.(type) {
+	case *KV:
+		return p.fenceKV(k), true
+	case *AtomicKV:
+		return p.fenceAtomic(k), true
+	}
+	return nil, false
+}
+
+// fenceKV returns the fenced view of k.
+func (p *pgLease) fenceKV(k *KV) *fencedKV {
+	// The lease check is a materialized CTE evaluated once: the write runs
+	// only when it found the row, and the query reports whether it did, so
+	// that a refusal is told apart from keys that were already gone.
+	with := `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `), `
+	return &fencedKV{
+		kv: k, lease: p,
+		deleteSQL: with + `w AS (DELETE FROM ` + k.table + ` WHERE key = ANY($4) AND EXISTS (SELECT 1 FROM l))
+SELECT EXISTS (SELECT 1 FROM l)`,
+		insertSQL: with + `w AS (INSERT INTO ` + k.table + ` (key) SELECT $4::bytea WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)
+SELECT EXISTS (SELECT 1 FROM l)`,
+	}
+}
+
+// fencedKV is a KV whose writes take effect only while its lease holds.
+type fencedKV struct {
+	kv                   *KV
+	lease                *pgLease
+	deleteSQL, insertSQL string
+}
+
+var (
+	_ retention.KV     = (*fencedKV)(nil)
+	_ retention.Putter = (*fencedKV)(nil)
+)
+
+func (f *fencedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return f.kv.Scan(ctx, start, end, limit)
+}
+
+func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
 		return nil
 	}
-	var err error
-	select {
-	case <-p.lost:
-		// The session is suspect; closing it is the release.
-	default:
-		if _, uerr := p.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", p.key); uerr != nil {
-			err = wrap(ctx, "release lease", uerr)
-		}
+	return f.write(ctx, "delete from", f.deleteSQL, keys)
+}
+
+func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	if cerr := p.conn.Close(ctx); cerr != nil && err == nil {
-		err = wrap(ctx, "release lease", cerr)
+	if len(value) != 0 {
+		return fmt.Errorf("pgkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
 	}
-	return err
+	return f.write(ctx, "insert into", f.insertSQL, key)
+}
+
+// write runs one fenced statement; arg is its $4.
+func (f *fencedKV) write(ctx context.Context, op, sql string, arg any) error {
+	p := f.lease
+	op += " " + f.kv.table
+	if p.isLost() {
+		return p.refused(op)
+	}
+	rows, err := f.kv.db.Query(ctx, sql, pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence, arg)
+	if err != nil {
+		return wrap(ctx, op, err)
+	}
+	held, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return wrap(ctx, op, err)
+	}
+	if !held {
+		p.markLost()
+		return p.refused(op)
+	}
+	return nil
+}
+
+func (p *pgLease) refused(op string) error {
+	return fmt.Errorf("pgkv: %s refused: lease %q is no longer held by %s: %w", op, p.l.name, p.holder, retention.ErrLeaseLost)
 }

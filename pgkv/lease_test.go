@@ -2,6 +2,7 @@ package pgkv_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -11,18 +12,29 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/leasetest"
 	"github.com/marksweep/retention/pgkv"
 )
 
-// terminateHolder ends the session that holds the advisory lock of the
-// lease called name, as a crash of the holder would.
-func terminateHolder(t testing.TB, admin *pgxpool.Pool, name string) {
+const leaseTTL = 1500 * time.Millisecond
+
+// freshLeaseTable returns the name of a new, migrated lease table that is
+// dropped when t ends.
+func freshLeaseTable(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
-	key := uint64(pgkv.LockKey(name))
-	_, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_locks
-		WHERE locktype = 'advisory' AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1`,
-		int64(key>>32), int64(key&0xffffffff))
+	name := fmt.Sprintf("leases_%d_%d", os.Getpid(), tableSeq.Add(1))
+	ctx := context.Background()
+	require.NoError(t, pgkv.MigrateLeases(ctx, pool, name))
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+name) })
+	return name
+}
+
+// expireLease ends the lease called name from outside, as an operator would,
+// without telling its holder.
+func expireLease(t testing.TB, admin *pgxpool.Pool, table, name string) {
+	t.Helper()
+	_, err := admin.Exec(context.Background(), "UPDATE "+table+" SET expires_at = clock_timestamp() WHERE name = $1", name)
 	require.NoError(t, err)
 }
 
@@ -35,11 +47,12 @@ func newHarness(t testing.TB) leasetest.Harness {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+state) })
 	lease := "lease-" + markers
+	leases := freshLeaseTable(t, admin)
 	writer, err := pgkv.New(admin, markers)
 	require.NoError(t, err)
 
 	return leasetest.Harness{
-		TTL: time.Second, // the lock goes with the session; the holder checks it every 200ms
+		TTL: leaseTTL,
 		NewReplica: func(t testing.TB) leasetest.Replica {
 			cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
 			require.NoError(t, err)
@@ -49,7 +62,7 @@ func newHarness(t testing.TB) leasetest.Harness {
 			t.Cleanup(pool.Close)
 			kv, err := pgkv.New(pool, markers)
 			require.NoError(t, err)
-			locker, err := pgkv.NewLocker(pool, lease, &pgkv.LockerOptions{CheckInterval: 200 * time.Millisecond})
+			locker, err := pgkv.NewLocker(pool, lease, &pgkv.LockerOptions{TTL: leaseTTL, Table: leases})
 			require.NoError(t, err)
 			return leasetest.Replica{
 				KV:     kv,
@@ -58,7 +71,9 @@ func newHarness(t testing.TB) leasetest.Harness {
 					_, err := pool.Exec(ctx, "DELETE FROM "+state+" WHERE id = $1", id)
 					return err
 				},
-				Kill: func() { terminateHolder(t, admin, lease) },
+				// The process dies: its connections close, renewals stop,
+				// and nothing is released.
+				Kill: pool.Close,
 			}
 		},
 		Finish: func(ctx context.Context, prefix string, ids []string, at time.Time) error {
@@ -86,7 +101,7 @@ func newHarness(t testing.TB) leasetest.Harness {
 			}
 			return present, err
 		},
-		Expire: func(t testing.TB) { terminateHolder(t, admin, lease) },
+		Expire: func(t testing.TB) { expireLease(t, admin, leases, lease) },
 	}
 }
 
@@ -112,11 +127,14 @@ func TestNewLocker(t *testing.T) {
 		opts    *pgkv.LockerOptions
 		wantErr string
 	}{
-		{"valid", pool, "sweeper", nil, ""},
-		{"check interval", pool, "sweeper", &pgkv.LockerOptions{CheckInterval: time.Second}, ""},
+		{"defaults", pool, "sweeper", nil, ""},
+		{"zero options", pool, "sweeper", &pgkv.LockerOptions{}, ""},
+		{"ttl and table", pool, "sweeper", &pgkv.LockerOptions{TTL: time.Second, Table: "app.leases"}, ""},
 		{"nil pool", nil, "sweeper", nil, "pgkv: pool must not be nil"},
 		{"empty name", pool, "", nil, "pgkv: lease name must not be empty"},
-		{"negative check", pool, "sweeper", &pgkv.LockerOptions{CheckInterval: -1}, "pgkv: LockerOptions.CheckInterval must not be negative, got -1ns"},
+		{"short ttl", pool, "sweeper", &pgkv.LockerOptions{TTL: time.Millisecond}, "pgkv: LockerOptions.TTL must be at least 100ms, got 1ms"},
+		{"negative ttl", pool, "sweeper", &pgkv.LockerOptions{TTL: -time.Second}, "pgkv: LockerOptions.TTL must be at least 100ms, got -1s"},
+		{"bad table", pool, "sweeper", &pgkv.LockerOptions{Table: "a."}, `pgkv: LockerOptions.Table: pgkv: invalid table name "a.": empty name or schema`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +147,96 @@ func TestNewLocker(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
-	assert.NotEqual(t, pgkv.LockKey("a"), pgkv.LockKey("b"))
-	assert.Equal(t, pgkv.LockKey("a"), pgkv.LockKey("a"))
+}
+
+func TestAcquireWithoutLeaseTable(t *testing.T) {
+	pool := connect(t)
+	l, err := pgkv.NewLocker(pool, "sweeper", &pgkv.LockerOptions{Table: fmt.Sprintf("missing_leases_%d", os.Getpid())})
+	require.NoError(t, err)
+	_, err = l.TryAcquire(context.Background())
+	require.ErrorIs(t, err, pgkv.ErrNoLeaseTable)
+	assert.NotErrorIs(t, err, pgkv.ErrNoTable, "the marker table is not the one missing")
+}
+
+// TestLeaseRenewedPastTTL holds a lease for several TTLs: renewals keep it,
+// and Release frees it at once.
+func TestLeaseRenewedPastTTL(t *testing.T) {
+	pool := connect(t)
+	table := freshLeaseTable(t, pool)
+	ctx := context.Background()
+	a, err := pgkv.NewLocker(pool, "renewed", &pgkv.LockerOptions{TTL: 300 * time.Millisecond, Table: table})
+	require.NoError(t, err)
+	lease, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	select {
+	case <-lease.Lost():
+		t.Fatal("the lease was lost while its holder renewed it")
+	default:
+	}
+	_, err = a.TryAcquire(ctx)
+	require.ErrorIs(t, err, retention.ErrLeaseHeld)
+	require.NoError(t, lease.Release(ctx))
+	again, err := a.TryAcquire(ctx)
+	require.NoError(t, err, "TryAcquire right after Release")
+	var fence int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT fence FROM "+table+" WHERE name = 'renewed'").Scan(&fence))
+	assert.Equal(t, int64(2), fence, "the fencing counter grows with every acquisition")
+	require.NoError(t, again.Release(ctx))
+}
+
+// TestTakeoverWaitsForFencedDelete: a takeover updates the lease row, so it
+// waits for a fenced delete that locked it to commit, and the old holder's
+// later writes are refused.
+func TestTakeoverWaitsForFencedDelete(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	leases := freshLeaseTable(t, pool)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	a, err := pgkv.NewLocker(pool, "fenced", &pgkv.LockerOptions{TTL: 5 * time.Second, Table: leases})
+	require.NoError(t, err)
+	lease, err := a.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	fenced, ok := lease.(retention.Fencer).Fence(kv)
+	require.True(t, ok)
+	require.NoError(t, kv.Put(ctx, []byte("k1"), nil))
+	require.NoError(t, kv.Put(ctx, []byte("k2"), nil))
+
+	// A transaction that holds the row lock a fenced delete takes stands
+	// for a fenced delete in flight.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT 1 FROM "+leases+" WHERE name = 'fenced' FOR SHARE")
+	require.NoError(t, err)
+
+	// A takeover (here forced by an operator) must wait for that lock.
+	done := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, "UPDATE "+leases+" SET holder = 'thief', fence = fence + 1 WHERE name = 'fenced'")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the takeover did not wait for the row lock: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+
+	err = fenced.Delete(ctx, []byte("k1"))
+	require.ErrorIs(t, err, retention.ErrLeaseLost)
+	err = fenced.(retention.Putter).Put(ctx, []byte("k3"), nil)
+	require.ErrorIs(t, err, retention.ErrLeaseLost)
+	keys, err := kv.Scan(ctx, []byte("k"), []byte("l"), 10)
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{[]byte("k1"), []byte("k2")}, keys, "refused writes change nothing")
+	select {
+	case <-lease.Lost():
+	default:
+		t.Error("Lost is open after a refused write")
+	}
 }

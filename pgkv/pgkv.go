@@ -6,6 +6,11 @@
 // it with Migrate. Write a marker with MarkTx inside the transaction that
 // records the entity's terminal state.
 //
+// Replicas that share the table take turns with a Locker: a lease row with
+// a TTL in a table created by MigrateLeases. Its leases fence the KV: a
+// holder's marker deletes take effect only while it holds the lease,
+// checked in the same statement (see Locker).
+//
 // The caller owns the pool (or connection) and closes it; a KV never does.
 package pgkv
 
@@ -32,6 +37,10 @@ type DB interface {
 
 // ErrNoTable is returned when the marker table does not exist: run Migrate.
 var ErrNoTable = errors.New("pgkv: marker table does not exist (run Migrate)")
+
+// ErrNoLeaseTable is returned by Locker.TryAcquire when the lease table
+// does not exist: run MigrateLeases.
+var ErrNoLeaseTable = errors.New("pgkv: lease table does not exist (run MigrateLeases)")
 
 // ErrInvalidTable is returned by New and Migrate for a table name that is
 // empty, too long or holds a NUL byte.

@@ -19,10 +19,12 @@ import (
 
 	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/kvtest"
+	"github.com/marksweep/retention/leasetest"
 	"github.com/marksweep/retention/pgkv"
 )
 
 func TestMain(m *testing.M) {
+	leasetest.ReplicaMain(connectReplica) // returns unless this process is a replica of TestProcesses
 	goleak.VerifyTestMain(m)
 }
 

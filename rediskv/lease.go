@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,19 @@ import (
 // MinLeaseTTL is the shortest TTL a Locker accepts: renewals go out every
 // third of it and must have time to make the round trip.
 const MinLeaseTTL = 30 * time.Millisecond
+
+// DefaultLeaseTTL is the TTL of a Locker's lease when LockerOptions.TTL is
+// zero: a holder that dies, freezes or is cut off blocks sweeping for at
+// most this long.
+const DefaultLeaseTTL = 10 * time.Second
+
+// LockerOptions tune a Locker. A nil *LockerOptions means the defaults.
+type LockerOptions struct {
+	// TTL is how long the lease key outlives a holder that stops renewing
+	// it; the holder renews it every third of the TTL. Zero means
+	// DefaultLeaseTTL; otherwise at least MinLeaseTTL.
+	TTL time.Duration
+}
 
 // Scripts that act on the lease key only while it still holds this holder's
 // token, so that a holder whose lease expired and passed to another can
@@ -39,6 +53,12 @@ return 0`)
 // lease lost once the TTL has run out since its last successful renewal was
 // sent, which is no later than Redis expires the key. Create one with
 // NewLocker.
+//
+// Its leases are retention.Fencers for a *KV: a fenced Delete or Put is a
+// script that writes the marker set only while the lease key still holds
+// the holder's token, so that no marker write of an old holder takes effect
+// after another took the key, whatever the old holder's clock or
+// scheduling did.
 type Locker struct {
 	rdb redis.Cmdable
 	key string
@@ -47,16 +67,19 @@ type Locker struct {
 
 var _ retention.Locker = (*Locker)(nil)
 
-// NewLocker returns a Locker for the lease stored at key, expiring ttl after
-// its holder stops renewing it.
-func NewLocker(rdb redis.Cmdable, key string, ttl time.Duration) (*Locker, error) {
+// NewLocker returns a Locker for the lease stored at key.
+func NewLocker(rdb redis.Cmdable, key string, opts *LockerOptions) (*Locker, error) {
+	ttl := DefaultLeaseTTL
+	if opts != nil && opts.TTL != 0 {
+		ttl = opts.TTL
+	}
 	switch {
 	case rdb == nil:
 		return nil, errors.New("rediskv: client must not be nil")
 	case key == "":
 		return nil, errors.New("rediskv: lease key must not be empty")
 	case ttl < MinLeaseTTL:
-		return nil, fmt.Errorf("rediskv: lease TTL must be at least %v, got %v", MinLeaseTTL, ttl)
+		return nil, fmt.Errorf("rediskv: LockerOptions.TTL must be at least %v, got %v", MinLeaseTTL, ttl)
 	}
 	return &Locker{rdb: rdb, key: key, ttl: ttl}, nil
 }
@@ -139,4 +162,164 @@ func (r *redisLease) Release(ctx context.Context) error {
 		return fmt.Errorf("rediskv: release lease %q: %w", r.l.key, err)
 	}
 	return nil
+}
+
+// ErrCrossSlot is returned by the writes of a fenced KV whose marker set and
+// lease key would live on different Redis Cluster slots (or Ring shards):
+// the fencing script must read the one and write the other in one step.
+// Give both keys one hash tag, e.g. "{runs}:done" and "{runs}:lease".
+var ErrCrossSlot = errors.New("rediskv: the marker set and the lease key hash to different slots")
+
+// unpackChunk bounds the arguments a script passes to one ZREM: Lua's
+// unpack fails beyond its C stack (8000 values in Redis).
+const unpackChunk = 4000
+
+// Scripts that write markers only while the lease key still holds the
+// holder's token. They return -1 when it does not, and write nothing then.
+var (
+	fencedDeleteScript = redis.NewScript(`if redis.call("get", KEYS[1]) ~= ARGV[1] then
+	return -1
+end
+local n = 0
+for i = 2, #ARGV, ` + fmt.Sprint(unpackChunk) + ` do
+	n = n + redis.call("zrem", KEYS[2], unpack(ARGV, i, math.min(i + ` + fmt.Sprint(unpackChunk-1) + `, #ARGV)))
+end
+return n`)
+	fencedPutScript = redis.NewScript(`if redis.call("get", KEYS[1]) ~= ARGV[1] then
+	return -1
+end
+return redis.call("zadd", KEYS[2], 0, ARGV[2])`)
+)
+
+var _ retention.Fencer = (*redisLease)(nil)
+
+// Fence implements retention.Fencer for a *KV: its Delete and Put are
+// scripts that check the lease key's token and write the marker set in one
+// atomic step, run through the KV's own client. On Redis Cluster (or a
+// Ring) both keys must hash to one slot (shard): writes return ErrCrossSlot
+// otherwise, rather than going out unfenced.
+func (r *redisLease) Fence(kv retention.KV) (retention.KV, bool) {
+	k, ok := kv.(*KV)
+	if !ok {
+		return nil, false
+	}
+	f := &fencedKV{kv: k, lease: r}
+	if !sameSlot(k.rdb, k.key, r.l.key) {
+		f.err = fmt.Errorf("%w: marker set %q, lease key %q (give them one hash tag, e.g. {runs})", ErrCrossSlot, k.key, r.l.key)
+	}
+	return f, true
+}
+
+// fencedKV is a KV whose writes take effect only while its lease holds.
+type fencedKV struct {
+	kv    *KV
+	lease *redisLease
+	err   error // set when the keys cannot be fenced together
+}
+
+var (
+	_ retention.KV     = (*fencedKV)(nil)
+	_ retention.Putter = (*fencedKV)(nil)
+)
+
+func (f *fencedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return f.kv.Scan(ctx, start, end, limit)
+}
+
+func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	args := make([]any, 1, 1+len(keys))
+	args[0] = f.lease.token
+	for _, key := range keys {
+		args = append(args, string(key))
+	}
+	return f.run(ctx, "delete", fencedDeleteScript, args)
+}
+
+func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(value) != 0 {
+		return fmt.Errorf("rediskv: Put of %q with a %d-byte value: the sorted set stores keys only", key, len(value))
+	}
+	return f.run(ctx, "put", fencedPutScript, []any{f.lease.token, string(key)})
+}
+
+func (f *fencedKV) run(ctx context.Context, op string, script *redis.Script, args []any) error {
+	if f.err != nil {
+		return fmt.Errorf("rediskv: fenced %s: %w", op, f.err)
+	}
+	if f.lease.isLost() {
+		return f.refused(op)
+	}
+	n, err := script.Run(ctx, f.kv.rdb, []string{f.lease.l.key, f.kv.key}, args...).Int64()
+	if err != nil {
+		return f.kv.wrap(ctx, "fenced "+op, err)
+	}
+	if n < 0 {
+		f.lease.markLost()
+		return f.refused(op)
+	}
+	return nil
+}
+
+func (f *fencedKV) refused(op string) error {
+	return fmt.Errorf("rediskv: %s %q refused: lease key %q no longer holds this holder's token: %w", op, f.kv.key, f.lease.l.key, retention.ErrLeaseLost)
+}
+
+func (r *redisLease) isLost() bool {
+	select {
+	case <-r.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// sameSlot reports whether a script may name both keys on rdb: always on a
+// single server; on a cluster when they hash to one slot; on a ring when
+// they share what the ring hashes (the hash tag, or the whole key).
+func sameSlot(rdb redis.Cmdable, a, b string) bool {
+	switch rdb.(type) {
+	case *redis.ClusterClient:
+		return slot(a) == slot(b)
+	case *redis.Ring:
+		return hashPart(a) == hashPart(b)
+	default:
+		return true
+	}
+}
+
+// hashPart is the part of a key Redis Cluster hashes: the content of the
+// first {...} when it is not empty, else the whole key.
+func hashPart(key string) string {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			return key[open+1 : open+1+n]
+		}
+	}
+	return key
+}
+
+// slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash
+// part, modulo 16384.
+func slot(key string) int {
+	var crc uint16
+	for _, c := range []byte(hashPart(key)) {
+		crc ^= uint16(c) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
 }

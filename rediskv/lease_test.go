@@ -3,6 +3,7 @@ package rediskv_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/kvtest"
 	"github.com/marksweep/retention/leasetest"
 	"github.com/marksweep/retention/rediskv"
@@ -44,7 +46,7 @@ func newHarness(t testing.TB) leasetest.Harness {
 			})
 			kv, err := rediskv.New(rdb, markers)
 			require.NoError(t, err)
-			locker, err := rediskv.NewLocker(rdb, leaseKey, leaseTTL)
+			locker, err := rediskv.NewLocker(rdb, leaseKey, &rediskv.LockerOptions{TTL: leaseTTL})
 			require.NoError(t, err)
 			return leasetest.Replica{
 				KV:     kv,
@@ -103,17 +105,18 @@ func TestNewLocker(t *testing.T) {
 		name    string
 		rdb     redis.Cmdable
 		key     string
-		ttl     time.Duration
+		opts    *rediskv.LockerOptions
 		wantErr string
 	}{
-		{"valid", rdb, "lease", time.Second, ""},
-		{"nil client", nil, "lease", time.Second, "rediskv: client must not be nil"},
-		{"empty key", rdb, "", time.Second, "rediskv: lease key must not be empty"},
-		{"short ttl", rdb, "lease", time.Millisecond, "rediskv: lease TTL must be at least 30ms, got 1ms"},
+		{"defaults", rdb, "lease", nil, ""},
+		{"ttl", rdb, "lease", &rediskv.LockerOptions{TTL: time.Second}, ""},
+		{"nil client", nil, "lease", nil, "rediskv: client must not be nil"},
+		{"empty key", rdb, "", nil, "rediskv: lease key must not be empty"},
+		{"short ttl", rdb, "lease", &rediskv.LockerOptions{TTL: time.Millisecond}, "rediskv: LockerOptions.TTL must be at least 30ms, got 1ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l, err := rediskv.NewLocker(tt.rdb, tt.key, tt.ttl)
+			l, err := rediskv.NewLocker(tt.rdb, tt.key, tt.opts)
 			if tt.wantErr != "" {
 				require.EqualError(t, err, tt.wantErr)
 				assert.Nil(t, l)
@@ -124,11 +127,81 @@ func TestNewLocker(t *testing.T) {
 	}
 }
 
+// TestFencedDeleteChunks deletes more markers in one fenced call than Lua's
+// unpack takes at once.
+func TestFencedDeleteChunks(t *testing.T) {
+	rdb := connect(t)
+	markers := freshKey(t, rdb)
+	ctx := context.Background()
+	kv, err := rediskv.New(rdb, markers)
+	require.NoError(t, err)
+	l, err := rediskv.NewLocker(rdb, markers+":lease", nil)
+	require.NoError(t, err)
+	lease, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	t.Cleanup(func() { rdb.Del(context.Background(), markers+":lease") })
+	const n = 10_001
+	keys := make([][]byte, n)
+	members := make([]redis.Z, n)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "k%06d", i)
+		members[i] = redis.Z{Member: string(keys[i])}
+	}
+	require.NoError(t, rdb.ZAdd(ctx, markers, members...).Err())
+	fenced, ok := lease.(retention.Fencer).Fence(kv)
+	require.True(t, ok)
+	require.NoError(t, fenced.Delete(ctx, keys...))
+	assert.Zero(t, rdb.ZCard(ctx, markers).Val())
+}
+
+// TestFenceCrossSlot: on a cluster, a fenced write whose keys hash to two
+// slots fails with ErrCrossSlot instead of going out unfenced.
+func TestFenceCrossSlot(t *testing.T) {
+	rdb := connect(t)
+	ctx := context.Background()
+	key := freshKey(t, rdb)
+	l, err := rediskv.NewLocker(rdb, key+":lease", nil)
+	require.NoError(t, err)
+	lease, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	t.Cleanup(func() { rdb.Del(context.Background(), key+":lease") })
+
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cluster.Close()
+	tests := []struct {
+		name    string
+		markers string
+		wantErr error
+	}{
+		{"different slots", "runs:done", rediskv.ErrCrossSlot},
+		{"one hash tag", key[:strings.IndexByte(key, '}')+1] + ":done", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			kv, err := rediskv.New(cluster, tt.markers)
+			require.NoError(t, err)
+			fenced, ok := lease.(retention.Fencer).Fence(kv)
+			require.True(t, ok)
+			cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer cancel()
+			err = fenced.Delete(cctx, []byte("k"))
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				require.ErrorIs(t, fenced.(retention.Putter).Put(cctx, []byte("k"), nil), tt.wantErr)
+				return
+			}
+			assert.NotErrorIs(t, err, rediskv.ErrCrossSlot) // the unreachable cluster fails it otherwise
+		})
+	}
+}
+
 // TestLeaseRenewedPastTTL holds a lease for several TTLs: renewals keep it.
 func TestLeaseRenewedPastTTL(t *testing.T) {
 	rdb := connect(t)
 	key := freshKey(t, rdb)
-	l, err := rediskv.NewLocker(rdb, key, 90*time.Millisecond)
+	l, err := rediskv.NewLocker(rdb, key, &rediskv.LockerOptions{TTL: 90 * time.Millisecond})
 	require.NoError(t, err)
 	ctx := context.Background()
 	lease, err := l.TryAcquire(ctx)
@@ -151,7 +224,7 @@ func TestLeaseRenewedPastTTL(t *testing.T) {
 func TestStaleHolderCannotRelease(t *testing.T) {
 	rdb := connect(t)
 	key := freshKey(t, rdb)
-	l, err := rediskv.NewLocker(rdb, key, time.Second)
+	l, err := rediskv.NewLocker(rdb, key, &rediskv.LockerOptions{TTL: time.Second})
 	require.NoError(t, err)
 	ctx := context.Background()
 	lease, err := l.TryAcquire(ctx)
@@ -164,4 +237,23 @@ func TestStaleHolderCannotRelease(t *testing.T) {
 	}
 	require.NoError(t, lease.Release(ctx))
 	assert.Equal(t, "someone else", rdb.Get(ctx, key).Val())
+}
+
+func TestSlot(t *testing.T) {
+	tests := []struct {
+		key  string
+		want int
+	}{
+		{"123456789", 0x31C3}, // the CRC16 check value of the cluster spec
+		{"{123456789}.anything", 0x31C3},
+		{"foo{}{bar}", rediskv.Slot("foo{}{bar}")},
+		{"{}", rediskv.Slot("{}")},
+	}
+	for _, tt := range tests {
+		if got := rediskv.Slot(tt.key); got != tt.want {
+			t.Errorf("Slot(%q) = %d, want %d", tt.key, got, tt.want)
+		}
+	}
+	assert.Equal(t, rediskv.Slot("{user1000}.following"), rediskv.Slot("{user1000}.followers"))
+	assert.NotEqual(t, rediskv.Slot("foo{}{bar}"), rediskv.Slot("bar"), "an empty first tag means the whole key")
 }

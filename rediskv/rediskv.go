@@ -4,7 +4,9 @@
 // Every marker is a member with score 0; members of equal score are ordered
 // bytewise, so Scan is one ZRANGE ... BYLEX ... LIMIT (Redis 6.2 or later)
 // and Delete one ZREM. Write a marker with MarkTx inside the MULTI (or
-// pipeline) that records the entity's terminal state.
+// pipeline) that records the entity's terminal state. Replicas that share
+// the set take turns with a Locker, whose leases fence the KV: a holder's
+// ZREM runs in a script only while the lease key still holds its token.
 //
 // # Redis Cluster
 //
@@ -13,7 +15,10 @@
 // must hash to the same slot: give them the set's hash tag, e.g. the set
 // "{runs}:done" with entity keys "{runs}:state:<id>". That puts the whole
 // family on one shard; shard by using several sweeps with different tags
-// when one shard is not enough.
+// when one shard is not enough. The lease key of a Locker that fences the
+// set must carry the same hash tag ("{runs}:lease"): the fencing script
+// reads the one and writes the other, and a fenced write returns
+// ErrCrossSlot otherwise.
 //
 // The caller owns the client and closes it; a KV never does.
 package rediskv

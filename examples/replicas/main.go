@@ -59,7 +59,7 @@ func main() {
 
 func runPostgres(dsn string) {
 	ctx := context.Background()
-	const jobs, markers = "retention_replicas_jobs", "retention_replicas_markers"
+	const jobs, markers, leases = "retention_replicas_jobs", "retention_replicas_markers", "retention_replicas_leases"
 	admin, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		log.Fatal(err)
@@ -71,7 +71,10 @@ func runPostgres(dsn string) {
 	if err := pgkv.Migrate(ctx, admin, markers); err != nil {
 		log.Fatal(err)
 	}
-	defer admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+", "+markers)
+	if err := pgkv.MigrateLeases(ctx, admin, leases); err != nil {
+		log.Fatal(err)
+	}
+	defer admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+", "+markers+", "+leases)
 
 	say("PostgreSQL: %d replicas, each with its own pool, share one lease", replicas)
 	services := make([]service, replicas)
@@ -85,7 +88,7 @@ func runPostgres(dsn string) {
 		if err != nil {
 			log.Fatal(err)
 		}
-		lease, err := pgkv.NewLocker(pool, "replicas-example", &pgkv.LockerOptions{CheckInterval: 200 * time.Millisecond})
+		lease, err := pgkv.NewLocker(pool, "replicas-example", &pgkv.LockerOptions{TTL: time.Second, Table: leases})
 		if err != nil {
 			log.Fatal(err)
 		}

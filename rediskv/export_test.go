@@ -1,0 +1,4 @@
+package rediskv
+
+// Slot exposes slot to the tests.
+var Slot = slot
