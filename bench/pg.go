@@ -216,11 +216,32 @@ func (p *PG) River() Contender {
 // Retention and a silent Logger; set Clear or ClearBatch (ClearByID and
 // ClearBatchByID here delete jobs), PageSize, BatchSize and Concurrency.
 func (p *PG) Retention(name string, cfg retention.Config) Contender {
+	return p.retention(name, p.kv, cfg)
+}
+
+// Atomic sweeps the backlog with one retention Pass over a pgkv.AtomicKV:
+// each batch's DELETE of jobs and of their markers go in one round trip
+// and one transaction, so each job is cleared exactly once. cfg is as for
+// Retention, with neither Clear nor ClearBatch.
+func (p *PG) Atomic(name string, cfg retention.Config) Contender {
+	kv, err := p.kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue(`DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, ids)
+		return nil
+	})
+	if err != nil {
+		// The pool can always send a batch: only a programming error
+		// gets here, and the contender reports it when run.
+		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
+	}
+	return p.retention(name, kv, cfg)
+}
+
+func (p *PG) retention(name string, kv retention.KV, cfg retention.Config) Contender {
 	return Contender{
 		Name:  name,
 		Setup: p.SetupJobs,
 		Clear: func(ctx context.Context) (int, error) {
-			return sweep(ctx, p.Timing.kv(p.kv), cfg, p.Timing)
+			return sweep(ctx, p.Timing.kv(kv), cfg, p.Timing)
 		},
 		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.markers()) },
 	}
@@ -237,48 +258,6 @@ func (p *PG) ClearByID(ctx context.Context, id string) error {
 func (p *PG) ClearBatchByID(ctx context.Context, ids []string) error {
 	_, err := p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, ids)
 	return err
-}
-
-// HandLoop is what a one-round-trip atomic clear could reach, written by
-// hand without the sweep: read a page of expired markers, then delete the
-// page's jobs and its markers in one transaction sent as one pgx batch.
-// It skips what the sweep adds (validation, retries, per-id results), so
-// it bounds from above what a pgkv atomic clear can give.
-func (p *PG) HandLoop(page int) Contender {
-	return Contender{
-		Name:  fmt.Sprintf("hand loop: scan %d, jobs+markers DELETE in one round trip", page),
-		Setup: p.SetupJobs,
-		Clear: func(ctx context.Context) (int, error) {
-			start := []byte(Prefix)
-			// Markers sort by time: every key below the cutoff's is expired.
-			end := fmt.Appendf(nil, "%s%020d/", Prefix, time.Now().Add(-Retention).UnixMilli())
-			total := 0
-			for {
-				keys, err := p.kv.Scan(ctx, start, end, page)
-				if err != nil {
-					return total, err
-				}
-				if len(keys) == 0 {
-					return total, nil
-				}
-				ids := make([]string, len(keys))
-				for i, k := range keys {
-					ids[i] = string(k[len(Prefix)+21:])
-				}
-				b := &pgx.Batch{}
-				b.Queue(`BEGIN`)
-				b.Queue(`DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, ids)
-				b.Queue(`DELETE FROM `+p.markers()+` WHERE key = ANY($1)`, keys)
-				b.Queue(`COMMIT`)
-				if err := p.pool.SendBatch(ctx, b).Close(); err != nil {
-					return total, err
-				}
-				total += len(keys)
-				start = append(keys[len(keys)-1], 0)
-			}
-		},
-		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.markers()) },
-	}
 }
 
 // sweep runs one Pass of a sweep over kv with cfg and returns how many
@@ -320,10 +299,15 @@ func (p *PG) Contenders() []Contender {
 			ClearBatch: p.ClearBatchByID, BatchSize: size, PageSize: size, Concurrency: conc,
 		})
 	}
+	atomic := func(size, conc int) Contender {
+		return p.Atomic(fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d", size, size, conc), retention.Config{
+			BatchSize: size, PageSize: size, Concurrency: conc,
+		})
+	}
 	return []Contender{
 		p.Floor(), p.River(),
 		perID(1), perID(16), perID(64),
 		batched(1000, 1), batched(1000, 4), batched(10_000, 1),
-		p.HandLoop(1000), p.HandLoop(10_000),
+		atomic(1000, 1), atomic(1000, 4), atomic(10_000, 1),
 	}
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // Timing adds up the time a retention contender spends in each kind of
-// call: KV.Scan, KV.Delete and Clear or ClearBatch. Set it on a PG or
+// call: KV.Scan, KV.Delete and Clear, ClearBatch or ClearAndDelete (which
+// deletes the markers too). Set it on a PG or
 // Redis to break a run down; with Concurrency above 1 clear calls overlap
 // and their sum exceeds the wall time. Its zero value is ready to use and
 // it is safe for concurrent use.
@@ -30,11 +31,15 @@ func (t *Timing) String() string {
 		f(&t.scan, &t.scanCalls), f(&t.del, &t.delCalls), f(&t.clear, &t.clearCalls))
 }
 
-// kv wraps kv so that its Scan and Delete calls are timed; a nil t
-// returns kv unchanged.
+// kv wraps kv so that its Scan and Delete calls are timed, and its
+// ClearAndDelete calls, counted as clears, when it is a
+// retention.ClearDeleter; a nil t returns kv unchanged.
 func (t *Timing) kv(kv retention.KV) retention.KV {
 	if t == nil {
 		return kv
+	}
+	if cd, ok := kv.(retention.ClearDeleter); ok {
+		return timedClearDeleter{timedKV{kv, t}, cd}
 	}
 	return timedKV{kv, t}
 }
@@ -79,4 +84,14 @@ func (k timedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]by
 func (k timedKV) Delete(ctx context.Context, keys ...[]byte) error {
 	defer k.t.add(&k.t.del, &k.t.delCalls, time.Now())
 	return k.KV.Delete(ctx, keys...)
+}
+
+type timedClearDeleter struct {
+	timedKV
+	cd retention.ClearDeleter
+}
+
+func (k timedClearDeleter) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	defer k.t.add(&k.t.clear, &k.t.clearCalls, time.Now())
+	return k.cd.ClearAndDelete(ctx, ids, keys)
 }
