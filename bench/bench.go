@@ -137,7 +137,7 @@ func Table(w io.Writer, results []Result, baselines ...Baseline) error {
 	for _, r := range results {
 		line := fmt.Sprintf("| %s | %s | %s – %s |", r.Name, Rate(r.Median()), Rate(slices.Min(r.Rates)), Rate(slices.Max(r.Rates)))
 		for _, b := range base {
-			line += fmt.Sprintf(" %.2f× |", Ratio(r, b))
+			line += " " + ratio(Ratio(r, b)) + " |"
 		}
 		if _, err := fmt.Fprintln(w, line); err != nil {
 			return err
@@ -156,6 +156,15 @@ func Rate(v float64) string {
 	default:
 		return fmt.Sprintf("%.0f", v)
 	}
+}
+
+// ratio formats a ratio with two decimals, or two significant digits
+// below 0.1 so that small ones do not all read 0.00×.
+func ratio(v float64) string {
+	if v < 0.1 {
+		return fmt.Sprintf("%.2g×", v)
+	}
+	return fmt.Sprintf("%.2f×", v)
 }
 
 func median(v []float64) float64 {

@@ -104,6 +104,11 @@ func TestRunRotatesAndTableRatios(t *testing.T) {
 	require.Len(t, lines, 4)
 	assert.Equal(t, "| contender | entities/s (median) | rounds: min – max | vs b |", lines[0])
 	assert.Equal(t, "| a | 200 | 100 – 300 | 2.00× |", lines[2])
+
+	buf.Reset()
+	slow := bench.Result{Name: "slow", Rates: []float64{1, 1, 1}}
+	require.NoError(t, bench.Table(&buf, []bench.Result{slow, b}, bench.Baseline{Label: "b", Name: "b"}))
+	assert.Contains(t, buf.String(), "| slow | 1 | 1 – 1 | 0.01× |", "small ratios keep two significant digits")
 }
 
 func TestRate(t *testing.T) {
