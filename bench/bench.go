@@ -161,7 +161,7 @@ func Rate(v float64) string {
 // ratio formats a ratio with two decimals, or two significant digits
 // below 0.1 so that small ones do not all read 0.00×.
 func ratio(v float64) string {
-	if v < 0.1 {
+	if v < 0.095 { // what %.2f would print as 0.09 or less
 		return fmt.Sprintf("%.2g×", v)
 	}
 	return fmt.Sprintf("%.2f×", v)
