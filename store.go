@@ -53,7 +53,9 @@ type ClearDeleter interface {
 	ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error
 }
 
-// Putter is a store that can write a key. Mark uses it.
+// Putter is a store that can write a key. Mark uses it, and a Sweep over a
+// KV that is a Putter rewrites the marker of a failed Clear to put it off
+// until its retry delay is over. Put must write where the KV's Scan reads.
 type Putter interface {
 	Put(ctx context.Context, key, value []byte) error
 }

@@ -199,15 +199,21 @@ var _ retention.Fencer = (*redisLease)(nil)
 // Ring) both keys must hash to one slot (shard): writes return ErrCrossSlot
 // otherwise, rather than going out unfenced.
 func (r *redisLease) Fence(kv retention.KV) (retention.KV, bool) {
-	k, ok := kv.(*KV)
-	if !ok {
-		return nil, false
+	switch k := kv.(type) {
+	case *KV:
+		return r.fenceKV(k), true
+	case *AtomicKV:
+		return &fencedAtomicKV{fencedKV: r.fenceKV(k.KV), atomic: k}, true
 	}
+	return nil, false
+}
+
+func (r *redisLease) fenceKV(k *KV) *fencedKV {
 	f := &fencedKV{kv: k, lease: r}
 	if !sameSlot(k.rdb, k.key, r.l.key) {
 		f.err = fmt.Errorf("%w: marker set %q, lease key %q (give them one hash tag, e.g. {runs})", ErrCrossSlot, k.key, r.l.key)
 	}
-	return f, true
+	return f
 }
 
 // fencedKV is a KV whose writes take effect only while its lease holds.
