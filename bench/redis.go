@@ -194,11 +194,34 @@ func (r *Redis) Janitor() Contender {
 // ClearBatchByID here delete state keys), PageSize, BatchSize and
 // Concurrency.
 func (r *Redis) Retention(name string, cfg retention.Config) Contender {
+	return r.retention(name, r.kv, cfg)
+}
+
+// Atomic sweeps the backlog with one retention Pass over a
+// rediskv.AtomicKV: each batch's state keys and markers go in one script,
+// so each entity is cleared exactly once. cfg is as for Retention, with
+// neither Clear nor ClearBatch.
+func (r *Redis) Atomic(name string, cfg retention.Config) Contender {
+	kv, err := r.kv.WithClear(func(ids []string) []string {
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = r.stateKey(id)
+		}
+		return keys
+	})
+	if err != nil {
+		// Only a nil function gets here; the contender reports it when run.
+		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
+	}
+	return r.retention(name, kv, cfg)
+}
+
+func (r *Redis) retention(name string, kv retention.KV, cfg retention.Config) Contender {
 	return Contender{
 		Name:  name,
 		Setup: r.Setup,
 		Clear: func(ctx context.Context) (int, error) {
-			return sweep(ctx, r.Timing.kv(r.kv), cfg, r.Timing)
+			return sweep(ctx, r.Timing.kv(kv), cfg, r.Timing)
 		},
 		Check: r.Check,
 	}
@@ -233,5 +256,15 @@ func (r *Redis) Contenders(n int) []Contender {
 			ClearBatch: r.ClearBatchByID, BatchSize: batch, PageSize: 1000, Concurrency: conc,
 		})
 	}
-	return []Contender{r.Floor(n), r.Janitor(), perID(1), perID(16), batched(1000, 1), batched(1000, 4), batched(100, 4)}
+	atomic := func(batch, conc int) Contender {
+		return r.Atomic(fmt.Sprintf("retention batched+atomic %d, page 1000, concurrency %d", batch, conc), retention.Config{
+			BatchSize: batch, PageSize: 1000, Concurrency: conc,
+		})
+	}
+	return []Contender{
+		r.Floor(n), r.Janitor(),
+		perID(1), perID(16),
+		batched(1000, 1), batched(1000, 4), batched(100, 4),
+		atomic(1000, 1), atomic(100, 4),
+	}
 }
