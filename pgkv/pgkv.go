@@ -74,9 +74,17 @@ func quoteTable(table string) (string, error) {
 	return pgx.Identifier(parts).Sanitize(), nil
 }
 
-// Migrate creates the marker table if it does not exist. It is idempotent
-// and safe to run from several replicas at once: a transaction-scoped
-// advisory lock serialises concurrent runs.
+// Migrate creates the marker table if it does not exist and gives it the
+// storage parameters of MarkerTableOptions, the autovacuum settings of a
+// queue-like table. It is idempotent and safe to run from several replicas
+// at once: a transaction-scoped advisory lock serialises concurrent runs.
+//
+// On a table that exists already (created by an older Migrate, or by hand)
+// it sets only the parameters the table does not set yet, so a value you
+// chose with ALTER TABLE ... SET is kept, and a Migrate that finds them all
+// set changes nothing: it takes no lock on the table and writes no catalog
+// row. When the role running Migrate does not own the table, Migrate leaves
+// its parameters alone rather than fail: run it once as the owner.
 func Migrate(ctx context.Context, db DB, table string) error {
 	quoted, err := quoteTable(table)
 	if err != nil {
@@ -84,15 +92,79 @@ func Migrate(ctx context.Context, db DB, table string) error {
 	}
 	h := fnv.New64a()
 	h.Write([]byte("retention/pgkv migrate " + quoted))
+	lock := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(h.Sum64()))
 	// Without arguments pgx sends this as one simple-protocol query, which
 	// PostgreSQL runs in one implicit transaction: the lock lasts until the
 	// table exists.
-	sql := fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d); CREATE TABLE IF NOT EXISTS %s (key bytea PRIMARY KEY)`,
-		int64(h.Sum64()), quoted)
+	sql := lock + "; CREATE TABLE IF NOT EXISTS " + quoted + " (key bytea PRIMARY KEY) WITH (" + MarkerTableOptions + ")"
 	if _, err := db.Exec(ctx, sql); err != nil {
 		return wrap(ctx, "migrate "+quoted, err)
 	}
+	missing, err := missingOptions(ctx, db, quoted)
+	if err != nil || missing == "" {
+		return err
+	}
+	// ALTER TABLE ... SET takes a SHARE UPDATE EXCLUSIVE lock, which waits
+	// for a running VACUUM: that is why it runs only when a parameter is
+	// missing, not at every start of every replica.
+	if _, err := db.Exec(ctx, lock+"; ALTER TABLE "+quoted+" SET ("+missing+")"); err != nil {
+		return wrap(ctx, "migrate "+quoted, err)
+	}
 	return nil
+}
+
+// MarkerTableOptions are the storage parameters Migrate gives the marker
+// table. Each marker is inserted once and deleted once, oldest first, so
+// the dead index entries a sweep leaves sit at the start of the range that
+// every later pass scans, and each pass walks them until VACUUM removes
+// them. PostgreSQL's default vacuums a table once a fifth of it is dead:
+// with 1,000,000 markers waiting, a sweep of 200,000 leaves every idle
+// pass walking 200,000 dead entries until then. So:
+//
+//   - autovacuum_vacuum_scale_factor = 0 and autovacuum_vacuum_threshold =
+//     2000: autovacuum vacuums the table once 2,000 rows are dead, however
+//     large the table (checked every autovacuum_naptime, 1 min by default);
+//   - autovacuum_vacuum_cost_delay = 0: that vacuum does not sleep to
+//     throttle its I/O; the table is small per row (one short key), and a
+//     throttled vacuum would leave the dead entries in place for longer.
+//
+// The fillfactor stays 100: markers are never updated, so there are no
+// in-place (HOT) updates to leave room for. All three parameters exist on
+// every PostgreSQL release pgx v5 supports.
+const MarkerTableOptions = "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000, autovacuum_vacuum_cost_delay = 0"
+
+// missingOptions returns the parameters of MarkerTableOptions that the
+// table does not set, as a list for ALTER TABLE ... SET, or "" when it sets
+// them all or the current role does not own it.
+func missingOptions(ctx context.Context, db DB, quoted string) (string, error) {
+	rows, err := db.Query(ctx, `SELECT coalesce(reloptions, '{}'), pg_has_role(relowner, 'USAGE')
+		FROM pg_class WHERE oid = $1::text::regclass`, quoted)
+	if err != nil {
+		return "", wrap(ctx, "migrate "+quoted, err)
+	}
+	type relation struct {
+		Options []string
+		Owner   bool
+	}
+	rel, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[relation])
+	if err != nil {
+		return "", wrap(ctx, "migrate "+quoted, err)
+	}
+	if !rel.Owner {
+		return "", nil
+	}
+	set := make(map[string]bool, len(rel.Options))
+	for _, o := range rel.Options {
+		name, _, _ := strings.Cut(o, "=")
+		set[name] = true
+	}
+	var missing []string
+	for _, o := range strings.Split(MarkerTableOptions, ", ") {
+		if name, _, _ := strings.Cut(o, " = "); !set[name] {
+			missing = append(missing, o)
+		}
+	}
+	return strings.Join(missing, ", "), nil
 }
 
 // New returns a KV over the marker table (created by Migrate), named as
