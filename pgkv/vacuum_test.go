@@ -252,11 +252,14 @@ func TestVacuumAfterSweep(t *testing.T) {
 }
 
 // BenchmarkIdleAfterSweep measures an idle pass before a sweep of 100,000
-// markers, right after it, after waiting up to 15s for autovacuum (with
-// autovacuum_naptime lowered to 1s for the cluster), and after a manual
-// VACUUM; on tables with Migrate's storage parameters and with PostgreSQL's
-// defaults, while 10,000 or 1,000,000 other markers wait. Each
-// sub-benchmark also reports the buffers its idle scan touches.
+// markers, right after it, after waiting up to 15s for autovacuum, and
+// after a manual VACUUM; on tables with Migrate's storage parameters and
+// with PostgreSQL's defaults, while 10,000 or 1,000,000 other markers wait.
+// Autovacuum is off for the table until the sweep is measured, then on,
+// with autovacuum_naptime lowered to 1s for the cluster. Each sub-benchmark
+// reports the buffers its idle scan touches (buffers/scan); after-sweep
+// also reports the first idle pass (first-pass-ms), which visits the dead
+// rows and marks their index entries dead.
 func BenchmarkIdleAfterSweep(b *testing.B) {
 	pool := connect(b)
 	lowerNaptime(b, pool)
@@ -265,48 +268,58 @@ func BenchmarkIdleAfterSweep(b *testing.B) {
 		for _, options := range []string{"defaults", "pgkv"} {
 			b.Run(fmt.Sprintf("waiting=%d/options=%s", waiting, options), func(b *testing.B) {
 				table := freshTable(b, pool)
-				if options == "defaults" {
-					_, err := pool.Exec(ctx, "ALTER TABLE "+table+" RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, autovacuum_vacuum_cost_delay)")
+				alter := func(set string) {
+					_, err := pool.Exec(ctx, "ALTER TABLE "+table+" "+set)
 					require.NoError(b, err)
 				}
+				if options == "defaults" {
+					alter("RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold, autovacuum_vacuum_cost_delay)")
+				}
+				alter("SET (autovacuum_enabled = off)")
 				fillVacuumTable(b, pool, table, waiting)
 				kv, err := pgkv.New(pool, table)
 				require.NoError(b, err)
 				clock := retention.NewManualClock(vacBefore)
 				sw := vacuumSweep(b, kv, clock)
-				idle := func(name string) {
+				idle := func(name string, metrics map[string]float64) {
 					b.Run(name, func(b *testing.B) {
+						buffers := idleScanBuffers(b, pool, table, clock.Now())
 						for b.Loop() {
 							if st, err := sw.Pass(ctx); err != nil || st.Cleared != 0 {
 								b.Fatalf("Pass() = %+v, %v; want nothing cleared", st, err)
 							}
 						}
-						b.ReportMetric(float64(idleScanBuffers(b, pool, table, clock.Now())), "buffers/scan")
+						b.ReportMetric(float64(buffers), "buffers/scan")
+						for unit, v := range metrics {
+							b.ReportMetric(v, unit)
+						}
 					})
 				}
-				idle("before")
+				idle("before", nil)
 
 				clock.Set(vacAfter)
 				st, err := sw.Pass(ctx)
 				require.NoError(b, err)
 				require.Equal(b, sweepN, st.Cleared)
-				swept := serverNow(b, pool)
 				start := time.Now()
 				if st, err := sw.Pass(ctx); err != nil || st.Cleared != 0 {
 					b.Fatalf("Pass() = %+v, %v; want nothing cleared", st, err)
 				}
-				b.Logf("first idle pass after the sweep: %v", time.Since(start))
-				idle("after-sweep")
+				first := time.Since(start)
+				idle("after-sweep", map[string]float64{"first-pass-ms": float64(first.Microseconds()) / 1000})
 
+				alter("RESET (autovacuum_enabled)")
+				since := serverNow(b, pool)
 				start = time.Now()
-				ran := waitAutovacuum(b, pool, table, swept, 15*time.Second)
+				ran := waitAutovacuum(b, pool, table, since, 15*time.Second)
+				waited := time.Since(start)
 				dead, _ := vacuumStats(b, pool, table)
-				b.Logf("autovacuum ran: %v (waited %v); dead rows: %d", ran, time.Since(start).Round(time.Millisecond), dead)
-				idle("after-wait")
+				b.Logf("autovacuum ran: %v (waited %v); dead rows: %d", ran, waited.Round(time.Millisecond), dead)
+				idle("after-wait", map[string]float64{"autovacuum-ran": map[bool]float64{false: 0, true: 1}[ran]})
 
 				_, err = pool.Exec(ctx, "VACUUM "+table)
 				require.NoError(b, err)
-				idle("after-VACUUM")
+				idle("after-VACUUM", nil)
 			})
 		}
 	}
