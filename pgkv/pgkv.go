@@ -11,6 +11,40 @@
 // holder's marker deletes take effect only while it holds the lease,
 // checked in the same statement (see Locker).
 //
+// # Vacuum after a big sweep
+//
+// A sweep deletes markers oldest first, so the dead index entries it leaves
+// sit at the start of the key range that every later pass scans, and each
+// pass walks them until VACUUM removes them: right after a sweep of 100,000
+// markers an idle pass reads 717 index pages instead of 3 (the first one
+// also visits the 100,000 dead rows, in 10 to 25 ms, and marks their index
+// entries dead; later ones skip the entries but still read their pages).
+// PostgreSQL's default autovacuum waits until a fifth of the table is dead
+// (or, since PostgreSQL 13, newly inserted): with 1,000,000 markers waiting,
+// passes stay slow after a sweep of 100,000 until 100,000 more die or
+// 200,000 more are written, a fifth of the retention period at a steady
+// rate.
+// Migrate therefore sets the table's autovacuum to vacuum it once 2,000 rows
+// are dead, whatever its size, without throttling (MarkerTableOptions);
+// autovacuum then comes within autovacuum_naptime (1 min by default).
+//
+// Run VACUUM on the marker table by hand after sweeping a large backlog (a
+// first deploy over years of finished entities) when a minute of slower
+// passes matters, when autovacuum is off, or when the table predates a
+// Migrate that could set its parameters (Migrate leaves them alone when
+// its role does not own the table: run it once as the owner). VACUUM (not
+// VACUUM FULL) blocks neither Scan, Delete nor MarkTx; it reads the table's
+// pages that hold dead rows and, once, the whole primary key index (about
+// 60 MB per million markers).
+//
+// Since PostgreSQL 14 a vacuum skips the index when dead rows sit on fewer
+// than 2% of the table's pages, so after a small sweep of a large table
+// the idle pass may keep reading up to about 2% of the index (with
+// 1,000,000 markers waiting, 145 pages after a sweep of 20,000) until a
+// later vacuum removes them. ALTER TABLE ... SET (vacuum_index_cleanup =
+// on) makes every vacuum remove them, at the cost of reading the whole
+// index each time (about 20 ms per million markers when it is cached).
+//
 // The caller owns the pool (or connection) and closes it; a KV never does.
 package pgkv
 
@@ -114,23 +148,26 @@ func Migrate(ctx context.Context, db DB, table string) error {
 }
 
 // MarkerTableOptions are the storage parameters Migrate gives the marker
-// table. Each marker is inserted once and deleted once, oldest first, so
-// the dead index entries a sweep leaves sit at the start of the range that
-// every later pass scans, and each pass walks them until VACUUM removes
-// them. PostgreSQL's default vacuums a table once a fifth of it is dead:
-// with 1,000,000 markers waiting, a sweep of 200,000 leaves every idle
-// pass walking 200,000 dead entries until then. So:
+// table, as a list for CREATE TABLE ... WITH (...) or ALTER TABLE ... SET
+// (...): use it when you create the table with your own migrations. Each
+// marker is inserted once and deleted once, oldest first, so the dead index
+// entries of a sweep sit where every later pass scans (see the package
+// documentation). So:
 //
 //   - autovacuum_vacuum_scale_factor = 0 and autovacuum_vacuum_threshold =
 //     2000: autovacuum vacuums the table once 2,000 rows are dead, however
-//     large the table (checked every autovacuum_naptime, 1 min by default);
+//     large it is, instead of once a fifth of it is; 2,000 dead entries cost
+//     an idle pass about 15 more index pages, and a busy table is still
+//     vacuumed at most once per autovacuum_naptime;
 //   - autovacuum_vacuum_cost_delay = 0: that vacuum does not sleep to
-//     throttle its I/O; the table is small per row (one short key), and a
-//     throttled vacuum would leave the dead entries in place for longer.
+//     throttle its I/O (2 ms every 200 cost units by default), so the
+//     dead entries go as soon as it starts; it is small when it runs often,
+//     but it reads the whole index whenever many rows died: on a table of
+//     tens of millions of markers, set a delay back if that I/O hurts.
 //
-// The fillfactor stays 100: markers are never updated, so there are no
-// in-place (HOT) updates to leave room for. All three parameters exist on
-// every PostgreSQL release pgx v5 supports.
+// The fillfactor stays 100: markers are never updated, so there is no
+// in-place (HOT) update to leave room for. The three parameters exist on
+// every PostgreSQL release still supported (13 and later) and long before.
 const MarkerTableOptions = "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000, autovacuum_vacuum_cost_delay = 0"
 
 // missingOptions returns the parameters of MarkerTableOptions that the
