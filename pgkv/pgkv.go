@@ -21,8 +21,8 @@
 // entries dead; later ones skip the entries but still read their pages).
 // PostgreSQL's default autovacuum waits until a fifth of the table is dead
 // (or, since PostgreSQL 13, newly inserted): with 1,000,000 markers waiting,
-// passes stay slow after a sweep of 100,000 until 100,000 more die or
-// 200,000 more are written, a fifth of the retention period at a steady
+// passes stay slow after a sweep of 100,000 until 120,000 more die or
+// 220,000 more are written, a fifth of the retention period at a steady
 // rate.
 // Migrate therefore sets the table's autovacuum to vacuum it once 2,000 rows
 // are dead, whatever its size, without throttling (MarkerTableOptions);
