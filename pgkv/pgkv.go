@@ -34,8 +34,8 @@
 // Migrate that could set its parameters (Migrate leaves them alone when
 // its role does not own the table: run it once as the owner). VACUUM (not
 // VACUUM FULL) blocks neither Scan, Delete nor MarkTx; it reads the table's
-// pages that hold dead rows and, once, the whole primary key index (about
-// 60 MB per million markers).
+// pages that hold dead rows and, once, the whole primary key index (62 MB
+// for 1,100,000 markers of 36 bytes).
 //
 // Since PostgreSQL 14 a vacuum skips the index when dead rows sit on fewer
 // than 2% of the table's pages, so after a small sweep of a large table
@@ -43,7 +43,7 @@
 // 1,000,000 markers waiting, 145 pages after a sweep of 20,000) until a
 // later vacuum removes them. ALTER TABLE ... SET (vacuum_index_cleanup =
 // on) makes every vacuum remove them, at the cost of reading the whole
-// index each time (about 20 ms per million markers when it is cached).
+// index each time (17 to 20 ms for those 62 MB when they are cached).
 //
 // The caller owns the pool (or connection) and closes it; a KV never does.
 package pgkv

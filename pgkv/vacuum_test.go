@@ -220,7 +220,7 @@ func TestMigrateSetsOptions(t *testing.T) {
 // lowers autovacuum_naptime to 1s for the test cluster while it runs.
 func TestVacuumAfterSweep(t *testing.T) {
 	if testing.Short() {
-		t.Skip("fills and sweeps 600,000 markers and waits for autovacuum")
+		t.Skip("fills 600,000 markers, sweeps 100,000 and waits for autovacuum")
 	}
 	pool := connect(t)
 	lowerNaptime(t, pool)
@@ -325,14 +325,14 @@ func BenchmarkIdleAfterSweep(b *testing.B) {
 	}
 }
 
-// TestVacuumIndexCleanup sweeps 5,000 of 1,005,000 markers and runs VACUUM
+// TestVacuumIndexCleanup sweeps 5,000 of 1,100,000 markers and runs VACUUM
 // with vacuum_index_cleanup at its default (auto) and on. Since PostgreSQL
 // 14, auto skips the index when the dead rows sit on fewer than 2% of the
 // table's pages, which leaves their entries in the range the idle pass
 // scans; on removes them. It logs how long each VACUUM took.
 func TestVacuumIndexCleanup(t *testing.T) {
 	if testing.Short() {
-		t.Skip("fills two tables of 1,005,000 markers")
+		t.Skip("fills two tables of 1,100,000 markers")
 	}
 	pool := connect(t)
 	ctx := context.Background()
