@@ -277,6 +277,9 @@ func BenchmarkIdleAfterSweep(b *testing.B) {
 				}
 				alter("SET (autovacuum_enabled = off)")
 				fillVacuumTable(b, pool, table, waiting)
+				// Written out now, not by a checkpoint while "before" is timed.
+				_, err := pool.Exec(ctx, "CHECKPOINT")
+				require.NoError(b, err)
 				kv, err := pgkv.New(pool, table)
 				require.NoError(b, err)
 				clock := retention.NewManualClock(vacBefore)
