@@ -17,7 +17,7 @@
 // sit at the start of the key range that every later pass scans, and each
 // pass walks them until VACUUM removes them: right after a sweep of 100,000
 // markers an idle pass reads 717 index pages instead of 3 (the first one
-// also visits the 100,000 dead rows, in 10 to 25 ms, and marks their index
+// also visits the 100,000 dead rows, in 10 to 30 ms, and marks their index
 // entries dead; later ones skip the entries but still read their pages).
 // PostgreSQL's default autovacuum waits until a fifth of the table is dead
 // (or, since PostgreSQL 13, newly inserted): with 1,000,000 markers waiting,

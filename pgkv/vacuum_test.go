@@ -244,8 +244,6 @@ func TestVacuumAfterSweep(t *testing.T) {
 	assert.Greater(t, after, 100, "idle scan buffers right after the sweep (before it: %d)", before)
 
 	require.True(t, waitAutovacuum(t, pool, table, swept, 45*time.Second), "autovacuum did not visit the table within 45s")
-	dead, _ := vacuumStats(t, pool, table)
-	assert.Less(t, dead, int64(2000), "dead rows after autovacuum")
 	vacuumed := idleScanBuffers(t, pool, table, vacAfter)
 	assert.LessOrEqual(t, vacuumed, before+2, "idle scan buffers after autovacuum (before the sweep: %d, right after: %d)", before, after)
 	t.Logf("idle scan buffers: %d before the sweep, %d right after, %d after autovacuum", before, after, vacuumed)
