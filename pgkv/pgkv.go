@@ -43,7 +43,7 @@
 // 1,000,000 markers waiting, 145 pages after a sweep of 20,000) until a
 // later vacuum removes them. ALTER TABLE ... SET (vacuum_index_cleanup =
 // on) makes every vacuum remove them, at the cost of reading the whole
-// index each time (14 to 20 ms for those 62 MB when they are cached).
+// index each time (14 to 30 ms for those 62 MB when they are cached).
 //
 // The caller owns the pool (or connection) and closes it; a KV never does.
 package pgkv
