@@ -33,9 +33,10 @@
 // passes matters, when autovacuum is off, or when the table predates a
 // Migrate that could set its parameters (Migrate leaves them alone when
 // its role does not own the table: run it once as the owner). VACUUM (not
-// VACUUM FULL) blocks neither Scan, Delete nor MarkTx; it reads the table's
-// pages that hold dead rows and, once, the whole primary key index (62 MB
-// for 1,100,000 markers of 36 bytes).
+// VACUUM FULL) blocks neither Scan, Delete nor MarkTx, but for moments when
+// it cuts empty pages off the end of the table (it never waits for that
+// lock); it reads the table's pages that hold dead rows and, once, the
+// whole primary key index (62 MB for 1,100,000 markers of 36 bytes).
 //
 // Since PostgreSQL 14 a vacuum skips the index when dead rows sit on fewer
 // than 2% of the table's pages, so after a small sweep of a large table
