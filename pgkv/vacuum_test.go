@@ -104,8 +104,9 @@ func vacuumStats(tb testing.TB, pool *pgxpool.Pool, table string) (dead int64, l
 	return dead, last
 }
 
-// waitAutovacuum waits up to timeout for autovacuum to finish a run of
-// table that started after since, and reports whether it did.
+// waitAutovacuum waits up to timeout for autovacuum to finish with table
+// after since, and reports whether it did. Callers keep autovacuum off for
+// the table until since, so that run saw every row their sweep deleted.
 func waitAutovacuum(tb testing.TB, pool *pgxpool.Pool, table string, since time.Time, timeout time.Duration) bool {
 	tb.Helper()
 	deadline := time.Now().Add(timeout)
