@@ -63,7 +63,10 @@ func (k *KV) WithClear(clear ClearFunc) (*AtomicKV, error) {
 // ClearFunc and the deletion of keys go to the server as one batch, in one
 // round trip, and run in one implicit transaction.
 func (a *AtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	return a.clearAndDelete(ctx, ids, func(b *pgx.Batch) { b.Queue(a.deleteSQL, keys) }, nil)
+	if len(keys) == 0 {
+		return a.clearAndDelete(ctx, ids, func(*pgx.Batch) {}, nil)
+	}
+	return a.clearAndDelete(ctx, ids, func(b *pgx.Batch) { b.Queue(a.deleteSQL, a.deleteArgs(keys)...) }, nil)
 }
 
 // clearAndDelete queues the ClearFunc's statements, then last (which adds

@@ -291,3 +291,45 @@ func TestEndToEnd(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&left))
 	assert.Equal(t, n-wantCleared, left)
 }
+
+// TestDeleteOnlyTheKeys: the range form of Delete never takes a key that is
+// not in the list, sorted or not, with duplicates or missing keys.
+func TestDeleteOnlyTheKeys(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, freshTable(t, pool))
+	require.NoError(t, err)
+	all := []string{"k1", "k2", "k3", "k4", "k5"}
+	tests := []struct {
+		name string
+		del  []string
+		left []string
+	}{
+		{"all, ascending: the range form", all, nil},
+		{"a key in the range stays", []string{"k1", "k2", "k4", "k5"}, []string{"k3"}},
+		{"unsorted", []string{"k5", "k1", "k3"}, []string{"k2", "k4"}},
+		{"duplicates", []string{"k1", "k1", "k2"}, []string{"k3", "k4", "k5"}},
+		{"missing keys", []string{"k0", "k2", "k9"}, []string{"k1", "k3", "k4", "k5"}},
+		{"one key", []string{"k3"}, []string{"k1", "k2", "k4", "k5"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, k := range all {
+				require.NoError(t, kv.Put(ctx, []byte(k), nil))
+			}
+			keys := make([][]byte, len(tt.del))
+			for i, k := range tt.del {
+				keys[i] = []byte(k)
+			}
+			require.NoError(t, kv.Delete(ctx, keys...))
+			got, err := kv.Scan(ctx, []byte("k"), []byte("l"), 10)
+			require.NoError(t, err)
+			var left []string
+			for _, k := range got {
+				left = append(left, string(k))
+			}
+			assert.Equal(t, tt.left, left)
+			require.NoError(t, kv.Delete(ctx, got...))
+		})
+	}
+}
