@@ -216,9 +216,9 @@ func New(db DB, table string) (*KV, error) {
 		return nil, err
 	}
 	return &KV{
-		db:        db,
-		table:     quoted,
-		scanSQL:   `SELECT key FROM ` + quoted + ` WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3`,
+		db:      db,
+		table:   quoted,
+		scanSQL: `SELECT key FROM ` + quoted + ` WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3`,
 		// When the keys are exactly the rows between the first and the
 		// last (the common case: a page's markers, ascending), one range
 		// delete; otherwise, one lookup per key. One statement, one
