@@ -37,9 +37,10 @@ type Options struct {
 // KV is a retention.KV over the keys of etcd under one namespace prefix. It
 // is safe for concurrent use. Create one with New.
 type KV struct {
-	kv     clientv3.KV
-	ns     string
-	maxOps int
+	kv       clientv3.KV
+	ns       string
+	maxOps   int
+	families families // where Scan's windows go: hints, never needed for correctness
 }
 
 var _ retention.KV = (*KV)(nil)
@@ -65,7 +66,11 @@ func New(kv clientv3.KV, namespace string, opts *Options) (*KV, error) {
 	return k, nil
 }
 
-// Scan implements retention.KV with one ranged, keys-only Get.
+// Scan implements retention.KV with ranged, keys-only Gets over consecutive
+// windows of [start, end), each asking for the keys still missing, so that
+// no request counts many more keys than the page holds (see the package
+// doc). The windows are read at the revisions their requests see, which the
+// KV contract allows: it asks for no snapshot.
 func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -76,19 +81,60 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	if bytes.Compare(start, end) >= 0 {
 		return nil, nil
 	}
+	t0, ok := stampStart(start, end)
+	if !ok {
+		keys, _, err := k.get(ctx, start, end, limit)
+		return keys, err
+	}
+	prefix := start[:t0]
+	fam := k.families.get(prefix)
+	want := windowKeys(limit)
+	var out [][]byte
+	for cursor := start; ; {
+		w := nextWindow(cursor, end, t0, fam, want)
+		need := limit - len(out)
+		keys, count, err := k.get(ctx, cursor, w.end, need)
+		if err != nil {
+			return nil, err
+		}
+		learn(&fam, w, t0, keys, need, count)
+		out = append(out, keys...)
+		if len(out) == limit || bytes.Equal(w.end, end) {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		cursor = w.end
+	}
+	switch lm := fam.landmark; {
+	case len(out) > 0:
+		fam.landmark = bytes.Clone(out[len(out)-1])
+	case lm != nil && bytes.Compare(lm, start) >= 0 && bytes.Compare(lm, end) < 0:
+		fam.landmark = nil // it is gone
+	}
+	k.families.set(prefix, fam)
+	return out, nil
+}
+
+// get is one ranged, keys-only Get of up to limit keys in [start, end). It
+// returns the keys without the namespace, and the response's Count: the
+// keys the server counted in the range.
+func (k *KV) get(ctx context.Context, start, end []byte, limit int) ([][]byte, int64, error) {
 	resp, err := k.kv.Get(ctx, k.ns+string(start),
 		clientv3.WithRange(k.ns+string(end)),
 		clientv3.WithLimit(int64(limit)),
 		clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)) // sent as the server's default order, which keeps the limit
+
 	if err != nil {
-		return nil, wrap(ctx, "scan", err)
+		return nil, 0, wrap(ctx, "scan", err)
 	}
 	keys := make([][]byte, len(resp.Kvs))
 	for i, kv := range resp.Kvs {
 		keys[i] = bytes.Clone(kv.Key[len(k.ns):])
 	}
-	return keys, nil
+	return keys, resp.Count, nil
 }
 
 // Delete implements retention.KV: the keys go in transactions of at most
