@@ -151,10 +151,13 @@ func nextWindow(cursor, end []byte, t0 int, fam family, want float64) window {
 		density = exploreDensity
 	}
 	w := math.Ceil(want / density)
-	if w >= float64(math.MaxUint64-ms) {
+	if !(w < float64(math.MaxUint64-ms)) { // also NaN
 		return window{end: end}
 	}
-	width := max(uint64(w), 1)
+	width := uint64(max(w, 1))
+	if width > math.MaxUint64-ms { // float64 rounded up
+		return window{end: end}
+	}
 	we := appendStamp(append(make([]byte, 0, t0+stampDigits), cursor[:t0]...), ms+width)
 	if bytes.Compare(we, end) >= 0 || bytes.Compare(we, cursor) <= 0 {
 		return window{end: end}
