@@ -47,14 +47,25 @@ func (c *countingKV) take() []int64 {
 // benchKV returns a KV over a fresh namespace through a countingKV, and a
 // function that writes keys there in transactions.
 func benchKV(tb testing.TB) (*etcdkv.KV, *countingKV, func(keys [][]byte)) {
+	kv, ckv, put, _ := benchKVs(tb)
+	return kv, ckv, put
+}
+
+// benchKVs is benchKV, and also returns a function that makes another KV,
+// with nothing learned, over the same namespace.
+func benchKVs(tb testing.TB) (*etcdkv.KV, *countingKV, func(keys [][]byte), func() *etcdkv.KV) {
 	tb.Helper()
 	cli := connect(tb)
 	ns := freshNamespace(tb, cli)
 	ckv := &countingKV{KV: cli}
-	kv, err := etcdkv.New(ckv, ns, nil)
-	if err != nil {
-		tb.Fatal(err)
+	fresh := func() *etcdkv.KV {
+		kv, err := etcdkv.New(ckv, ns, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return kv
 	}
+	kv := fresh()
 	put := func(keys [][]byte) {
 		for len(keys) > 0 {
 			n := min(len(keys), etcdkv.DefaultMaxTxnOps)
@@ -68,7 +79,7 @@ func benchKV(tb testing.TB) (*etcdkv.KV, *countingKV, func(keys [][]byte)) {
 			keys = keys[n:]
 		}
 	}
-	return kv, ckv, put
+	return kv, ckv, put, fresh
 }
 
 // markers returns n marker keys under prefix, a millisecond apart from start.
