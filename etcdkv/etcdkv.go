@@ -36,7 +36,9 @@
 // cut in the time of marker keys (<prefix><20-digit ms>/<id>): the KV
 // learns, per prefix, a density of keys per millisecond from the Count of
 // every response and sizes each window to hold about one and a half pages;
-// an empty window makes the next one 16 times wider. It also remembers the
+// an empty window makes the next one 16 times wider, and after two empty
+// ones the rest of the range is read in one request (a range with nothing
+// past its last key would otherwise take a request per 16-fold). It also remembers the
 // last key each prefix returned: a pass's expired range and its peek for
 // the next marker start below that key and read up to it first, which in
 // a pass with nothing expired is one or two keys. These are hints that
@@ -45,8 +47,8 @@
 // What stays O(keys): the first Scan of a prefix by a KV, which has nothing
 // to size windows from, reads the expired range in one request, and its
 // first peek widens windows until one holds a key, which counts the keys
-// of that window (all of them when the markers sit in one burst far past
-// the cutoff). Ranges whose start has no digits after the part it shares
+// of that window or of the rest of the range (all of them when the
+// markers sit in one burst far past the cutoff). Ranges whose start has no digits after the part it shares
 // with end (foreign keys under the prefix) are read in one request. And
 // keys deleted since the last compaction are walked where a window covers
 // them: compact etcd (--auto-compaction-retention) if you sweep large
@@ -131,12 +133,21 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	fam := k.families.get(prefix)
 	want := windowKeys(limit)
 	var out [][]byte
+	empty := 0
 	for cursor := start; ; {
 		w := nextWindow(cursor, end, t0, fam, want)
+		if empty >= maxEmptyWindows {
+			// Past the last key, or before a long gap: one request for the
+			// rest beats stepping through empty windows to the range's end.
+			w = window{end: end}
+		}
 		need := limit - len(out)
 		keys, count, err := k.get(ctx, cursor, w.end, need)
 		if err != nil {
 			return nil, err
+		}
+		if w.width > 0 && count == 0 {
+			empty++
 		}
 		learn(&fam, w, t0, keys, need, count)
 		out = append(out, keys...)

@@ -181,6 +181,24 @@ func TestIdlePassCountsFewKeys(t *testing.T) {
 	}
 }
 
+// TestIdlePassOnNothing: with no marker at all, an idle pass does not step
+// through empty windows to the end of the key space.
+func TestIdlePassOnNothing(t *testing.T) {
+	kv, ckv, _ := benchKV(t)
+	sw, err := retention.New(kv, retention.Config{
+		Prefix: "bench/", Retention: time.Hour, Clock: retention.NewManualClock(benchNow),
+		Clear: func(context.Context, string) error { return nil },
+	})
+	require.NoError(t, err)
+	for i := range 4 {
+		st, err := sw.Pass(context.Background())
+		require.NoError(t, err)
+		assert.True(t, st.NextDue.IsZero(), "Pass().NextDue = %v, want zero", st.NextDue)
+		// The expired range, two empty windows of the peek, then the rest.
+		assert.LessOrEqual(t, len(ckv.take()), 4, "requests in pass %d", i)
+	}
+}
+
 // TestDrainCountsAboutAPage counts the keys each range request made etcd
 // walk while one pass drains a backlog: after the first request, which
 // finds the markers, none counts more than a few pages, where one request

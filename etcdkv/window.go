@@ -22,7 +22,9 @@ import (
 // with its end (the prefix), a window is [cursor, prefix + cursor's time +
 // width). Widths come from a density of keys per millisecond that the KV
 // learns, per prefix, from the Count of every response, aiming at
-// windowKeys(limit) keys a window. The KV also remembers the last key each
+// windowKeys(limit) keys a window; after maxEmptyWindows empty ones, the
+// rest of the range is one request, so that a scan past the last key does
+// not step to the end of the key space. The KV also remembers the last key each
 // prefix returned (the landmark): the next pass's scans start below it
 // and have seen nothing live there since, so one request up to it and a
 // sized window after it usually answer them.
@@ -35,6 +37,9 @@ const (
 	// exploreDensity is the density, in keys per millisecond, assumed for
 	// a prefix nothing is known about yet.
 	exploreDensity = 1.0 / 1024
+	// maxEmptyWindows is how many empty sized windows a Scan reads before
+	// it reads the rest of its range in one request.
+	maxEmptyWindows = 2
 	// maxFamilies bounds how many prefixes a KV remembers.
 	maxFamilies = 1024
 )
