@@ -111,10 +111,17 @@ func sum(xs []int64) (s int64) {
 // empty-get-µs is what one request over an empty range costs the server
 // then (see emptyGet).
 func BenchmarkIdlePass(b *testing.B) {
-	for _, n := range []int{1_000, 10_000, 100_000} {
-		b.Run(fmt.Sprintf("markers=%d", n), func(b *testing.B) {
+	for _, size := range []struct{ n, others int }{{1_000, 0}, {10_000, 0}, {100_000, 0}, {1_000, 99_000}} {
+		name := fmt.Sprintf("markers=%d", size.n)
+		if size.others > 0 {
+			// A control: as many keys in the store as at 100,000
+			// markers, but outside the sweep's ranges.
+			name += fmt.Sprintf("/others=%d", size.others)
+		}
+		b.Run(name, func(b *testing.B) {
 			kv, ckv, put := benchKV(b)
-			put(markers(b, "bench/", n, benchNow))
+			put(markers(b, "bench/", size.n, benchNow))
+			put(markers(b, "other/", size.others, benchNow))
 			settle(b, ckv.KV.(*clientv3.Client))
 			sw, err := retention.New(kv, retention.Config{
 				Prefix: "bench/", Retention: time.Hour,
