@@ -177,8 +177,9 @@ func (k *KV) get(ctx context.Context, start, end []byte, limit int) ([][]byte, i
 		clientv3.WithRange(k.ns+string(end)),
 		clientv3.WithLimit(int64(limit)),
 		clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)) // sent as the server's default order, which keeps the limit
-
+		// clientv3 sends this as the default order, which keeps the limit; an
+		// explicit sort would make a 3.4 server read the whole range.
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
 		return nil, 0, wrap(ctx, "scan", err)
 	}
