@@ -1,8 +1,7 @@
 // Package etcdkv keeps retention markers under a key prefix in etcd through
 // the clientv3 API, so that replicas of a service can sweep one shared store.
 //
-// Scan is one ranged Get (sorted ascending, keys only, with a limit). Delete
-// batches the keys into transactions of at most Options.MaxTxnOps
+// Delete batches the keys into transactions of at most Options.MaxTxnOps
 // operations each, the server's per-transaction limit. Write a marker by
 // adding MarkOp's operation to the Txn that records the entity's terminal
 // state. Replicas that share the keys take turns with a Locker, whose
@@ -10,6 +9,50 @@
 // while its lock key still exists.
 //
 // The caller owns the client and closes it; a KV never does.
+//
+// # Why Scan reads in windows
+//
+// An etcd range request costs O(keys in its range) on the server, whatever
+// its limit (etcd-io/etcd#11057, #16510). In 3.4 the MVCC layer collects the
+// revision of every live key of the range from the in-memory index
+// (treeIndex.Revisions, no limit) and only then reads limit+1 values; 3.5 and
+// 3.6 pass the limit down but keep walking the index to count the rest
+// (Revisions returns the total the response's Count reports); the unary
+// Range RPC of 3.7 still asks for that total, and only the streaming
+// RangeStream skips it. Nothing a client sets avoids the walk: WithCountOnly
+// is the same walk (CountRevisions), WithKeysOnly only skips values,
+// WithSerializable only skips the read-index round, a revision filter
+// (WithMinModRev, WithMaxCreateRev, ...) makes the server drop the limit and
+// read every value, and no server flag turns the count off. Deleted keys
+// cost too: the walk visits their index entries until a compaction removes
+// them. (A sort by key, ascending, would also drop the limit on a 3.4
+// server; clientv3 sends it as the default order, which keeps it.)
+//
+// So the only way to bound a request is to narrow its range. Scan reads
+// [start, end) as consecutive windows, each asking for the keys still
+// missing; because the windows partition the range and are read in order,
+// the answer is what one request would give (any start and end, markers or
+// not), while each request counts the keys of its window only. Windows are
+// cut in the time of marker keys (<prefix><20-digit ms>/<id>): the KV
+// learns, per prefix, a density of keys per millisecond from the Count of
+// every response and sizes each window to hold about one and a half pages;
+// an empty window makes the next one 16 times wider, and after two empty
+// ones the rest of the range is read in one request (a range with nothing
+// past its last key would otherwise take a request per 16-fold). It also remembers the
+// last key each prefix returned: a pass's expired range and its peek for
+// the next marker start below that key and read up to it first, which in
+// a pass with nothing expired is one or two keys. These are hints that
+// only cost time when wrong.
+//
+// What stays O(keys): the first Scan of a prefix by a KV, which has nothing
+// to size windows from, reads the expired range in one request, and its
+// first peek widens windows until one holds a key, which counts the keys
+// of that window or of the rest of the range (all of them when the
+// markers sit in one burst far past the cutoff). Ranges whose start has no digits after the part it shares
+// with end (foreign keys under the prefix) are read in one request. And
+// keys deleted since the last compaction are walked where a window covers
+// them: compact etcd (--auto-compaction-retention) if you sweep large
+// backlogs.
 package etcdkv
 
 import (
@@ -37,9 +80,10 @@ type Options struct {
 // KV is a retention.KV over the keys of etcd under one namespace prefix. It
 // is safe for concurrent use. Create one with New.
 type KV struct {
-	kv     clientv3.KV
-	ns     string
-	maxOps int
+	kv       clientv3.KV
+	ns       string
+	maxOps   int
+	families families // where Scan's windows go: hints, never needed for correctness
 }
 
 var _ retention.KV = (*KV)(nil)
@@ -65,7 +109,11 @@ func New(kv clientv3.KV, namespace string, opts *Options) (*KV, error) {
 	return k, nil
 }
 
-// Scan implements retention.KV with one ranged, keys-only Get.
+// Scan implements retention.KV with ranged, keys-only Gets over consecutive
+// windows of [start, end), each asking for the keys still missing, so that
+// no request counts many more keys than the page holds (see the package
+// doc). The windows are read at the revisions their requests see, which the
+// KV contract allows: it asks for no snapshot.
 func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -76,19 +124,70 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	if bytes.Compare(start, end) >= 0 {
 		return nil, nil
 	}
+	t0, ok := stampStart(start, end)
+	if !ok {
+		keys, _, err := k.get(ctx, start, end, limit)
+		return keys, err
+	}
+	prefix := start[:t0]
+	fam := k.families.get(prefix)
+	want := windowKeys(limit)
+	var out [][]byte
+	empty := 0
+	for cursor := start; ; {
+		w := nextWindow(cursor, end, t0, fam, want)
+		if empty >= maxEmptyWindows {
+			// Past the last key, or before a long gap: one request for the
+			// rest beats stepping through empty windows to the range's end.
+			w = window{end: end}
+		}
+		need := limit - len(out)
+		keys, count, err := k.get(ctx, cursor, w.end, need)
+		if err != nil {
+			return nil, err
+		}
+		if w.width > 0 && count == 0 {
+			empty++
+		}
+		learn(&fam, w, t0, keys, need, count)
+		out = append(out, keys...)
+		if len(out) == limit || bytes.Equal(w.end, end) {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		cursor = w.end
+	}
+	switch lm := fam.landmark; {
+	case len(out) > 0:
+		fam.landmark = bytes.Clone(out[len(out)-1])
+	case lm != nil && bytes.Compare(lm, start) >= 0 && bytes.Compare(lm, end) < 0:
+		fam.landmark = nil // it is gone
+	}
+	k.families.set(prefix, fam)
+	return out, nil
+}
+
+// get is one ranged, keys-only Get of up to limit keys in [start, end). It
+// returns the keys without the namespace, and the response's Count: the
+// keys the server counted in the range.
+func (k *KV) get(ctx context.Context, start, end []byte, limit int) ([][]byte, int64, error) {
 	resp, err := k.kv.Get(ctx, k.ns+string(start),
 		clientv3.WithRange(k.ns+string(end)),
 		clientv3.WithLimit(int64(limit)),
 		clientv3.WithKeysOnly(),
+		// clientv3 sends this as the default order, which keeps the limit; an
+		// explicit sort would make a 3.4 server read the whole range.
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
-		return nil, wrap(ctx, "scan", err)
+		return nil, 0, wrap(ctx, "scan", err)
 	}
 	keys := make([][]byte, len(resp.Kvs))
 	for i, kv := range resp.Kvs {
 		keys[i] = bytes.Clone(kv.Key[len(k.ns):])
 	}
-	return keys, nil
+	return keys, resp.Count, nil
 }
 
 // Delete implements retention.KV: the keys go in transactions of at most
