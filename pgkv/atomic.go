@@ -125,7 +125,7 @@ func (p *pgLease) fenceAtomic(a *AtomicKV) *fencedAtomicKV {
 	// row is locked (FOR SHARE) to the end of the transaction, so a
 	// takeover waits for it to commit.
 	return &fencedAtomicKV{fencedKV: f, atomic: a, checkSQL: `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `),
-w AS (DELETE FROM ` + a.table + ` WHERE key = ANY($4) AND EXISTS (SELECT 1 FROM l))
+` + fencedDeleteCTEs(a.table) + `
 SELECT 1 / (SELECT count(*) FROM l)::int`}
 }
 
@@ -135,7 +135,13 @@ func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys 
 		return p.refused("clear and delete from " + f.atomic.table)
 	}
 	return f.atomic.clearAndDelete(ctx, ids,
-		func(b *pgx.Batch) { b.Queue(f.checkSQL, p.l.name, p.holder, p.fence, keys) },
+		func(b *pgx.Batch) {
+			if len(keys) == 0 {
+				b.Queue(f.checkSQL, p.l.name, p.holder, p.fence, keys, nil, nil)
+				return
+			}
+			b.Queue(f.checkSQL, p.l.name, p.holder, p.fence, keys, keys[0], keys[len(keys)-1])
+		},
 		func(err error) error {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "22012" { // division_by_zero: the lease is gone

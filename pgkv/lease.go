@@ -289,11 +289,22 @@ func (p *pgLease) fenceKV(k *KV) *fencedKV {
 	with := `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `), `
 	return &fencedKV{
 		kv: k, lease: p,
-		deleteSQL: with + `w AS (DELETE FROM ` + k.table + ` WHERE key = ANY($4) AND EXISTS (SELECT 1 FROM l))
+		deleteSQL: with + fencedDeleteCTEs(k.table) + `
 SELECT EXISTS (SELECT 1 FROM l)`,
 		insertSQL: with + `w AS (INSERT INTO ` + k.table + ` (key) SELECT $4::bytea WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)
 SELECT EXISTS (SELECT 1 FROM l)`,
 	}
+}
+
+// fencedDeleteCTEs are the CTEs that delete the keys $4 (first $5, last
+// $6) from table while the lease CTE l found its row: one range delete when
+// they are exactly the rows of their range, a lookup per key otherwise, as
+// KV.Delete does.
+func fencedDeleteCTEs(table string) string {
+	return `eq AS (SELECT coalesce((SELECT array_agg(key ORDER BY key) FROM ` + table +
+		` WHERE key BETWEEN $5 AND $6) = $4::bytea[], false) AS exact),
+r AS (DELETE FROM ` + table + ` WHERE key BETWEEN $5 AND $6 AND (SELECT exact FROM eq) AND EXISTS (SELECT 1 FROM l)),
+w AS (DELETE FROM ` + table + ` WHERE key = ANY($4) AND NOT (SELECT exact FROM eq) AND EXISTS (SELECT 1 FROM l))`
 }
 
 // fencedKV is a KV whose writes take effect only while its lease holds.
@@ -319,7 +330,7 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	return f.write(ctx, "delete from", f.deleteSQL, keys)
+	return f.write(ctx, "delete from", f.deleteSQL, keys, keys[0], keys[len(keys)-1])
 }
 
 func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
@@ -332,14 +343,14 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 	return f.write(ctx, "insert into", f.insertSQL, key)
 }
 
-// write runs one fenced statement; arg is its $4.
-func (f *fencedKV) write(ctx context.Context, op, sql string, arg any) error {
+// write runs one fenced statement; args are its $4 on.
+func (f *fencedKV) write(ctx context.Context, op, sql string, args ...any) error {
 	p := f.lease
 	op += " " + f.kv.table
 	if p.isLost() {
 		return p.refused(op)
 	}
-	rows, err := f.kv.db.Query(ctx, sql, pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence, arg)
+	rows, err := f.kv.db.Query(ctx, sql, append([]any{pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence}, args...)...)
 	if err != nil {
 		return wrap(ctx, op, err)
 	}

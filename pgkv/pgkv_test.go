@@ -297,8 +297,22 @@ func TestEndToEnd(t *testing.T) {
 func TestDeleteOnlyTheKeys(t *testing.T) {
 	pool := connect(t)
 	ctx := context.Background()
-	kv, err := pgkv.New(pool, freshTable(t, pool))
+	plain, err := pgkv.New(pool, freshTable(t, pool))
 	require.NoError(t, err)
+	locker, err := pgkv.NewLocker(pool, "only-the-keys", &pgkv.LockerOptions{TTL: 10 * time.Second, Table: freshLeaseTable(t, pool)})
+	require.NoError(t, err)
+	lease, err := locker.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	fenced, ok := lease.(retention.Fencer).Fence(plain)
+	require.True(t, ok)
+	for name, kv := range map[string]retention.KV{"plain": plain, "fenced": fenced} {
+		t.Run(name, func(t *testing.T) { testDeleteOnlyTheKeys(t, plain, kv) })
+	}
+}
+
+func testDeleteOnlyTheKeys(t *testing.T, store *pgkv.KV, kv retention.KV) {
+	ctx := context.Background()
 	all := []string{"k1", "k2", "k3", "k4", "k5"}
 	tests := []struct {
 		name string
@@ -315,7 +329,7 @@ func TestDeleteOnlyTheKeys(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, k := range all {
-				require.NoError(t, kv.Put(ctx, []byte(k), nil))
+				require.NoError(t, store.Put(ctx, []byte(k), nil))
 			}
 			keys := make([][]byte, len(tt.del))
 			for i, k := range tt.del {
