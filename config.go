@@ -1,0 +1,226 @@
+package retention
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Limits and defaults of Config fields.
+const (
+	DefaultPageSize = 256
+	MaxPageSize     = 1 << 16
+	MaxConcurrency  = 1024
+
+	DefaultClearTimeout  = time.Minute
+	DefaultStoreTimeout  = 30 * time.Second
+	DefaultRetryDelay    = time.Second
+	DefaultMaxRetryDelay = 10 * time.Minute
+)
+
+// Config configures a Sweep. Prefix, Retention and Clear are required; every
+// other field has a usable zero value.
+type Config struct {
+	// Prefix is the key prefix of this sweep's markers, such as "runs/done/".
+	// Required. It must end in a byte that is not an id byte (A-Z a-z 0-9 _
+	// -), such as '/' or ':', so that "job" + "123" is never mistaken for a
+	// marker's timestamp. A sweep deletes only marker-shaped keys: the
+	// prefix, 20 digits, '/' and an id. Other keys under the prefix are
+	// foreign: counted and logged, never deleted nor passed to Clear.
+	Prefix string
+
+	// Retention is how long an entity's state is kept after it finished. A
+	// marker is expired, and its entity cleared, once it is strictly older
+	// than Retention: a marker exactly Retention old is kept. At least 1ms.
+	Retention time.Duration
+
+	// Clear removes the state of the entity with the given id. Required.
+	//
+	// Clear must be idempotent: a marker is deleted only after its Clear
+	// returned nil, so a crash or failed delete in between makes the next
+	// pass clear the same id again. Return nil when there is nothing left to
+	// clear. Return an error wrapping ErrLiveAgain to drop the marker without
+	// clearing (the entity was resumed). Any other error, a panic, a timeout
+	// (ClearTimeout) or a call of runtime.Goexit keeps the marker, which is
+	// tried again after RetryDelay (doubling up to MaxRetryDelay). ctx is
+	// done when ClearTimeout runs out or the pass is cancelled; a Clear that
+	// ignores ctx cannot be stopped and holds up its page until it returns.
+	Clear func(ctx context.Context, id string) error
+
+	// ClearBatch, set instead of Clear, clears the entities of many ids in
+	// one call: up to BatchSize ids of one page, oldest first. It returns
+	// nil when every id is cleared, and a BatchError to report ids one by
+	// one (ids not in it were cleared). Every rule of Clear holds per id:
+	// idempotent, a marker deleted only once its id is cleared, failures
+	// retried after RetryDelay. Any other error, a panic, a timeout or a
+	// runtime.Goexit fails the call as a whole: the sweep then tries each
+	// half of the batch and splits further the half that fails, so one id
+	// that always fails costs about 2·log2(BatchSize) more calls and keeps
+	// no other id from being cleared. Where both halves fail, the fault is
+	// taken to be no one id's (a dependency is down): every id of the
+	// batch waits out its retry delay instead of being called one by one.
+	// An error wrapping ErrLiveAgain for the whole call drops every marker
+	// of the batch. ClearTimeout bounds each call; Concurrency is the
+	// number of batches in flight.
+	ClearBatch func(ctx context.Context, ids []string) error
+
+	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets; a
+	// page (PageSize) is cut into batches of it. Zero means
+	// DefaultBatchSize; otherwise 1 to MaxPageSize. Not with Clear.
+	BatchSize int
+
+	// ClearTimeout bounds each call of Clear (or ClearBatch): Clear's ctx
+	// is done this long after Clear first consults it (Done, Err or
+	// Deadline), which for a Clear that waits on I/O is when it starts; a
+	// ClearBatch's ctx, from the call. Zero means DefaultClearTimeout; a
+	// negative value means no limit; otherwise at least 1ms.
+	ClearTimeout time.Duration
+
+	// StoreTimeout bounds each call to the KV (Scan, Delete, Put). A call
+	// that runs out fails the pass, which Run retries after its backoff.
+	// Zero means DefaultStoreTimeout; a negative value means no limit;
+	// otherwise at least 1ms.
+	StoreTimeout time.Duration
+
+	// RetryDelay is how long a marker whose Clear failed waits before it is
+	// tried again; each further failure doubles the wait, with up to a
+	// fifth of it added at random, up to MaxRetryDelay. Zero means
+	// DefaultRetryDelay and MaxRetryDelay zero means DefaultMaxRetryDelay;
+	// otherwise 1ms <= RetryDelay <= MaxRetryDelay.
+	//
+	// On a KV that is a Putter, the sweep reschedules the marker: it writes
+	// the marker again with a time that makes it fall due after the wait,
+	// then deletes the old one, so passes in between do not read it again
+	// (a crash in between leaves both, and the id is cleared twice, never
+	// lost). The rescheduled marker no longer records the entity's finish
+	// time. On any other KV the wait is kept in memory and the marker is
+	// skipped, unread by Clear, until it is over. The count of failures
+	// behind a wait lives in memory: after a restart an id starts again at
+	// RetryDelay.
+	RetryDelay    time.Duration
+	MaxRetryDelay time.Duration
+
+	// Clock tells the time. Nil means SystemClock.
+	Clock Clock
+
+	// PageSize is how many markers one Scan reads. Zero means
+	// DefaultPageSize; otherwise 1 to MaxPageSize. While a full page is
+	// cleared, the next one is read.
+	PageSize int
+
+	// Concurrency is how many Clear calls (or ClearBatch calls) of one page
+	// may run at once. Zero means 1: markers are cleared one at a time,
+	// oldest first. Otherwise 1 to MaxConcurrency. Above 1, the clears of a
+	// page start oldest first but may finish in any order; pages still go
+	// in order: every clear of a page ends before its markers are deleted
+	// and the next page's clears start, and a marker is still deleted only
+	// after its own Clear succeeded.
+	Concurrency int
+
+	// Interval is the longest Run sleeps between passes. Run usually wakes
+	// sooner, when the oldest unexpired marker falls due; Interval bounds how
+	// long a marker written out of order, or whose Clear failed, waits. Zero
+	// means the smaller of Retention and one minute; it must not be
+	// negative.
+	Interval time.Duration
+
+	// Logger receives failed clears and passes (Error), malformed markers
+	// and foreign keys (Warn; foreign keys again only when their number
+	// changes, or after an hour) and per-pass summaries (Debug). A pass logs
+	// at most one line per kind with a count and a few examples, however
+	// many markers failed. Nil means slog.Default() as it is when New runs;
+	// to silence it, pass slog.New(slog.DiscardHandler).
+	Logger *slog.Logger
+
+	// ValidateID checks the id of every marker before Clear sees it. A
+	// marker-shaped key whose id it refuses is deleted as malformed, without
+	// Clear.
+	// Nil means the package's ValidateID. An empty id is refused whatever
+	// this function says.
+	ValidateID func(id string) error
+
+	// OnPass is called by Run (and by a Group's Run) after every pass, on
+	// the loop's goroutine, with the pass's Stats and error. Nil means no
+	// call. Pass does not call it.
+	OnPass func(Stats, error)
+
+	// Lease, when set, makes Run sweep only while this replica holds the
+	// lease, so that a fleet sharing one store clears each entity once.
+	// Nil means no lease: every replica sweeps, and an entity may be
+	// cleared by several replicas at about the same time. Adapters for
+	// shared stores provide Lockers. A Sweep in a Group must leave it nil
+	// and use GroupConfig.Lease.
+	Lease Locker
+
+	// Jitter lengthens every wait of Run by a random fraction of itself, up
+	// to Jitter, so replicas that start together do not wake together. Zero
+	// means exact waits; otherwise 0 to 1.
+	Jitter float64
+
+	// StartJitter delays Run's first pass by a random duration below it.
+	// Zero means the first pass runs at once; it must not be negative.
+	StartJitter time.Duration
+}
+
+// checkConfig checks what New cannot default.
+func checkConfig(kv KV, cfg *Config) error {
+	switch {
+	case kv == nil:
+		return invalidConfig("kv must not be nil")
+	case cfg.Prefix == "":
+		return invalidConfig("Config.Prefix must not be empty")
+	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
+		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
+			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
+	case cfg.Clear == nil && cfg.ClearBatch == nil && !isClearDeleter(kv):
+		return invalidConfig("Config.Clear or Config.ClearBatch must be set (or kv must be a ClearDeleter)")
+	case cfg.Clear != nil && cfg.ClearBatch != nil:
+		return invalidConfig("set one of Config.Clear and Config.ClearBatch, not both")
+	case (cfg.Clear != nil || cfg.ClearBatch != nil) && isClearDeleter(kv):
+		return invalidConfig("kv is a ClearDeleter, which clears in the transaction that deletes the markers: leave Config.Clear and Config.ClearBatch nil")
+	case cfg.BatchSize < 0 || cfg.BatchSize > MaxPageSize:
+		return invalidConfig("Config.BatchSize must be 0 (default %d) or 1 to %d, got %d", DefaultBatchSize, MaxPageSize, cfg.BatchSize)
+	case cfg.BatchSize != 0 && cfg.Clear != nil:
+		return invalidConfig("Config.BatchSize is set but Config.Clear clears one id at a time: use Config.ClearBatch")
+	case cfg.Retention < time.Millisecond:
+		return invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
+	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
+		return invalidConfig("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
+	case cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency:
+		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
+	case cfg.Interval < 0:
+		return invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
+	case cfg.ClearTimeout > 0 && cfg.ClearTimeout < time.Millisecond:
+		return invalidConfig("Config.ClearTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultClearTimeout, cfg.ClearTimeout)
+	case cfg.StoreTimeout > 0 && cfg.StoreTimeout < time.Millisecond:
+		return invalidConfig("Config.StoreTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultStoreTimeout, cfg.StoreTimeout)
+	}
+	if err := checkRetryDelays(cfg.RetryDelay, cfg.MaxRetryDelay); err != nil {
+		return err
+	}
+	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
+}
+
+func isClearDeleter(kv KV) bool {
+	_, ok := kv.(ClearDeleter)
+	return ok
+}
+
+// invalidConfig returns an error matching ErrInvalidConfig with the message
+// format gives, which names the field at fault.
+func invalidConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+}
+
+// checkJitter validates the jitter fields of Config or GroupConfig, named
+// by config.
+func checkJitter(config string, jitter float64, startJitter time.Duration) error {
+	switch {
+	case !(jitter >= 0 && jitter <= 1):
+		return invalidConfig("%s.Jitter must be between 0 and 1, got %v", config, jitter)
+	case startJitter < 0:
+		return invalidConfig("%s.StartJitter must not be negative, got %v", config, startJitter)
+	}
+	return nil
+}
