@@ -14,9 +14,14 @@ import (
 
 func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit int) ([][]byte, error) {
 	keys, err := s.scanKV(ctx, p.kv, start, end, limit)
+	p.countScan(keys)
+	return keys, err
+}
+
+// countScan counts a Scan call that returned keys in the pass's Stats.
+func (p *passState) countScan(keys [][]byte) {
 	p.st.ScanCalls++
 	p.st.Scanned += len(keys)
-	return keys, err
 }
 
 // scanKV is scan without the counting, for a goroutine of its own.
@@ -53,8 +58,7 @@ func (s *Sweep) prefetch(ctx context.Context, p *passState, start []byte) *prefe
 // first. It always waits, so that no Scan outlives the pass.
 func (f *prefetch) wait(p *passState, err error) ([][]byte, error) {
 	<-f.done
-	p.st.ScanCalls++
-	p.st.Scanned += len(f.keys)
+	p.countScan(f.keys)
 	if err != nil {
 		return nil, err
 	}
