@@ -296,15 +296,10 @@ SELECT EXISTS (SELECT 1 FROM l)`,
 	}
 }
 
-// fencedDeleteCTEs are the CTEs that delete the keys $4 (first $5, last
-// $6) from table while the lease CTE l found its row: one range delete when
-// they are exactly the rows of their range, a lookup per key otherwise, as
-// KV.Delete does.
+// fencedDeleteCTEs are deleteCTEs for the keys $4 (first $5, last $6),
+// taking effect only while the lease CTE l found its row.
 func fencedDeleteCTEs(table string) string {
-	return `eq AS (SELECT coalesce((SELECT array_agg(key ORDER BY key) FROM ` + table +
-		` WHERE key BETWEEN $5 AND $6) = $4::bytea[], false) AS exact),
-r AS (DELETE FROM ` + table + ` WHERE key BETWEEN $5 AND $6 AND (SELECT exact FROM eq) AND EXISTS (SELECT 1 FROM l)),
-w AS (DELETE FROM ` + table + ` WHERE key = ANY($4) AND NOT (SELECT exact FROM eq) AND EXISTS (SELECT 1 FROM l))`
+	return deleteCTEs(table, "$4", "$5", "$6", "EXISTS (SELECT 1 FROM l)")
 }
 
 // fencedKV is a KV whose writes take effect only while its lease holds.

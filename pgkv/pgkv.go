@@ -219,14 +219,7 @@ func New(db DB, table string) (*KV, error) {
 		db:      db,
 		table:   quoted,
 		scanSQL: `SELECT key FROM ` + quoted + ` WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3`,
-		// When the keys are exactly the rows between the first and the
-		// last (the common case: a page's markers, ascending), one range
-		// delete; otherwise, one lookup per key. One statement, one
-		// snapshot: a key that is not in the list is never deleted.
-		deleteSQL: `WITH eq AS (SELECT coalesce((SELECT array_agg(key ORDER BY key) FROM ` + quoted +
-			` WHERE key BETWEEN $1 AND $2) = $3::bytea[], false) AS exact),
-r AS (DELETE FROM ` + quoted + ` WHERE key BETWEEN $1 AND $2 AND (SELECT exact FROM eq)),
-a AS (DELETE FROM ` + quoted + ` WHERE key = ANY($3) AND NOT (SELECT exact FROM eq))
+		deleteSQL: `WITH ` + deleteCTEs(quoted, "$3", "$1", "$2", "") + `
 SELECT exact FROM eq`,
 		insertSQL: `INSERT INTO ` + quoted + ` (key) VALUES ($1) ON CONFLICT DO NOTHING`,
 	}, nil
@@ -250,6 +243,23 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 		return nil, wrap(ctx, "scan "+k.table, err)
 	}
 	return keys, nil
+}
+
+// deleteCTEs are the CTEs of one statement that deletes the keys of the
+// bytea array parameter keys, whose first and last are the parameters first
+// and last, from table, where guard (an SQL condition, or "") also holds.
+// When the keys are exactly the rows between the first and the last (the
+// common case: a page's markers, ascending), one range delete; otherwise,
+// one lookup per key. One statement, one snapshot: a key that is not in the
+// list is never deleted.
+func deleteCTEs(table, keys, first, last, guard string) string {
+	if guard != "" {
+		guard = " AND " + guard
+	}
+	return `eq AS (SELECT coalesce((SELECT array_agg(key ORDER BY key) FROM ` + table +
+		` WHERE key BETWEEN ` + first + ` AND ` + last + `) = ` + keys + `::bytea[], false) AS exact),
+r AS (DELETE FROM ` + table + ` WHERE key BETWEEN ` + first + ` AND ` + last + ` AND (SELECT exact FROM eq)` + guard + `),
+a AS (DELETE FROM ` + table + ` WHERE key = ANY(` + keys + `) AND NOT (SELECT exact FROM eq)` + guard + `)`
 }
 
 // Delete implements retention.KV with one DELETE statement for the batch:
