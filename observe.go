@@ -24,8 +24,11 @@ type Observer interface {
 	// the lag of each entity of the page that was cleared: how long past
 	// due (its marker time plus Retention) its marker was deleted, by the
 	// sweep's Clock. Over a pass the calls carry Stats.Cleared lags in all,
-	// less those of a page whose delete failed. The slice is reused once
-	// the call returns: do not keep it.
+	// less those of a page whose delete failed. The lags come in the order
+	// of their markers, oldest first, and the clock is read once per page,
+	// so they never increase along the slice: a histogram can count a
+	// page per bucket rather than per lag. The slice is reused once the
+	// call returns: do not keep it.
 	ObserveLags(prefix string, lags []time.Duration)
 
 	// ObserveLease is called when Run or LeasedPass acquires, loses or
@@ -61,14 +64,25 @@ func (e LeaseEvent) String() string {
 // whose deletion just succeeded. Only called with an observer set, so a
 // sweep without one reads no clock and loops over nothing more.
 func (s *Sweep) observeLags(items []item) {
-	now := s.clock.Now()
+	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
+	// base plus its remainder: integer arithmetic per marker, no time.Time.
+	base := s.clock.Now().Add(-s.retention)
+	baseMs := base.UnixMilli()
+	rem := base.Sub(time.UnixMilli(baseMs))
 	lags := s.lags[:0]
 	for i := range items {
 		if out := items[i].out; out != cleared && out != clearedGone {
 			continue
 		}
-		// Sub saturates, so a due time in the year 9999 cannot wrap.
-		lags = append(lags, max(now.Sub(time.UnixMilli(items[i].ms).Add(s.retention)), 0))
+		var lag time.Duration
+		switch d := baseMs - items[i].ms; {
+		case d < 0: // a clock that stepped back
+		case d > int64(maxDuration/time.Millisecond)-1:
+			lag = maxDuration
+		default:
+			lag = time.Duration(d)*time.Millisecond + rem
+		}
+		lags = append(lags, lag)
 	}
 	s.lags = lags
 	if len(lags) > 0 {
