@@ -1,6 +1,11 @@
 package retention
 
-import "time"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
 
 // Observer receives what a Sweep does, for metrics: every pass with its
 // Stats, the lag of every cleared entity, and the lease's comings and
@@ -99,9 +104,19 @@ func (l *loop) observeLease(e LeaseEvent) {
 	}
 }
 
-// observePass tells the observer of a pass that ended with err.
-func (s *Sweep) observePass(st Stats, err error) {
-	if s.obs != nil {
-		s.obs.ObservePass(s.prefix, st, err)
+// observePass tells the observer of a pass under ctx that ended with err.
+// Like OnPass, it sees the error of a pass cut short by the loss of its
+// lease match ErrLeaseLost, not only context.Canceled.
+func (s *Sweep) observePass(ctx context.Context, st Stats, err error) {
+	if s.obs == nil {
+		return
 	}
+	if lc, ok := ctx.(leaseContext); ok && err != nil && !errors.Is(err, ErrLeaseLost) {
+		select {
+		case <-lc.lost:
+			err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
+		default:
+		}
+	}
+	s.obs.ObservePass(s.prefix, st, err)
 }

@@ -236,6 +236,32 @@ func TestLeasedPassFencedAndCancelledOnLoss(t *testing.T) {
 	assert.Len(t, rec.lags, 8, "lags of the two pages deleted")
 }
 
+func TestObserverSeesLeaseLostMidPass(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 20 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0)
+	}
+	locker := &fakeLocker{}
+	rec := &recorder{}
+	var log passLog
+	s, clock := newSweep(t, mem, Config{PageSize: 4, Lease: locker, Observer: rec, OnPass: log.onPass,
+		Clear: func(ctx context.Context, id string) error {
+			if id == "m09" {
+				locker.steal() // the holder is told: Lost closes
+			}
+			return nil
+		}})
+	clock.Advance(2 * time.Hour)
+	_, err := s.LeasedPass(t.Context())
+	require.ErrorIs(t, err, ErrLeaseLost)
+	require.Len(t, rec.errs, 1)
+	assert.ErrorIs(t, rec.errs[0], ErrLeaseLost, "the observer sees the loss")
+	assert.ErrorIs(t, rec.errs[0], context.Canceled)
+	assert.ErrorIs(t, log.err(0), ErrLeaseLost, "as OnPass does")
+	assert.Equal(t, []string{"runs/ acquired", "runs/ lost"}, rec.eventList())
+}
+
 func TestLeasedPassWithoutLease(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()

@@ -192,7 +192,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	defer func() {
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		s.logPass(p)
-		s.observePass(st, err)
+		s.observePass(ctx, st, err)
 	}()
 
 	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
