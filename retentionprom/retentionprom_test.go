@@ -400,3 +400,43 @@ func TestBacklogGaugeFallsBehindAndCatchesUp(t *testing.T) {
 		}
 	})
 }
+
+func TestGroupCollector(t *testing.T) {
+	t.Parallel()
+	c, err := retentionprom.New(retentionprom.Options{})
+	require.NoError(t, err)
+	mem := retention.NewMemKV()
+	clock := retention.NewManualClock(t0)
+	var sweeps []*retention.Sweep
+	for i, prefix := range []string{"runs/", "jobs/"} {
+		for j := range 3 * (i + 1) {
+			mark(t, mem, prefix, fmt.Sprintf("e%d", j), t0.Add(-2*time.Hour))
+		}
+		s, err := retention.New(mem, retention.Config{Prefix: prefix, Retention: time.Hour, Clock: clock, Logger: quiet, Observer: c,
+			Clear: func(context.Context, string) error { return nil }})
+		require.NoError(t, err)
+		sweeps = append(sweeps, s)
+	}
+	c.Watch(sweeps...)
+	g, err := retention.NewGroup(retention.GroupConfig{Lease: &locker{}, Logger: quiet}, sweeps...)
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+
+	f := scrape(t, reg)
+	assert.Equal(t, 3.0, find(t, f, "retention_backlog_markers", map[string]string{"prefix": "runs/"}).GetGauge().GetValue())
+	assert.Equal(t, 6.0, find(t, f, "retention_backlog_markers", map[string]string{"prefix": "jobs/"}).GetGauge().GetValue())
+	assert.Equal(t, 3600.0, find(t, f, "retention_backlog_age_seconds", map[string]string{"prefix": "jobs/"}).GetGauge().GetValue())
+
+	_, err = g.LeasedPass(t.Context())
+	require.NoError(t, err)
+	f = scrape(t, reg)
+	for prefix, want := range map[string]uint64{"runs/": 3, "jobs/": 6} {
+		labels := map[string]string{"prefix": prefix}
+		assert.Equal(t, want, find(t, f, "retention_clear_lag_seconds", labels).GetHistogram().GetSampleCount(), prefix)
+		assert.InDelta(t, float64(want)*3600, find(t, f, "retention_clear_lag_seconds", labels).GetHistogram().GetSampleSum(), 1e-9, prefix)
+		assert.Equal(t, 0.0, find(t, f, "retention_backlog_markers", labels).GetGauge().GetValue(), prefix)
+		assert.Equal(t, 0.0, find(t, f, "retention_lease_held", labels).GetGauge().GetValue(), prefix)
+		assert.Equal(t, 1.0, find(t, f, "retention_lease_events_total", map[string]string{"prefix": prefix, "event": "acquired"}).GetCounter().GetValue(), prefix)
+	}
+}
