@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -322,7 +323,10 @@ func (p *PG) ClearBatchByID(ctx context.Context, ids []string) error {
 func sweep(ctx context.Context, kv retention.KV, cfg retention.Config, t *Timing) (int, error) {
 	cfg.Prefix = Prefix
 	cfg.Retention = Retention
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	// Warnings (a failed clear, a malformed marker) are kept to explain a
+	// failed run.
+	var warnings bytes.Buffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if cfg.Clear != nil {
 		cfg.Clear = t.clearFn(cfg.Clear)
 	}
@@ -338,7 +342,7 @@ func sweep(ctx context.Context, kv retention.KV, cfg retention.Config, t *Timing
 		return st.Cleared, err
 	}
 	if st.Failed != 0 || st.Malformed != 0 || st.Foreign != 0 {
-		return st.Cleared, fmt.Errorf("pass: %+v", st)
+		return st.Cleared, fmt.Errorf("pass: %+v; the sweep's warnings: %.2000s", st, warnings.String())
 	}
 	return st.Cleared, nil
 }
