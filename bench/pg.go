@@ -40,7 +40,7 @@ type PG struct {
 	jobs     string // quoted and schema-qualified
 	jobsText string // the same with text ids
 	kv       *pgkv.KV
-	river  riverdriver.Executor
+	river    riverdriver.Executor
 
 	// Timing, when not nil, adds up the calls of the retention contenders.
 	Timing *Timing
