@@ -226,11 +226,24 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 // MarkOp returns the operation that writes the marker of id, finished at t,
 // under prefix: add it to the Then branch of the Txn that records the
 // entity's terminal state, and the marker commits with it. It refuses what
-// retention.MarkerKey refuses.
+// retention.MarkerKey refuses. For a sweep with its own Config.ValidateID,
+// use MarkKeyOp with the key of Sweep.MarkerKey.
 func (k *KV) MarkOp(prefix, id string, t time.Time) (clientv3.Op, error) {
 	key, err := retention.MarkerKey(prefix, t, id)
 	if err != nil {
 		return clientv3.Op{}, err
+	}
+	return k.MarkKeyOp(key)
+}
+
+// MarkKeyOp returns the operation that writes the marker key under the KV's
+// namespace, like MarkOp. Take key from Sweep.MarkerKey, which checks the id
+// by the sweep's own rule (Config.ValidateID), or from retention.MarkerKey.
+// An empty key is refused with an error matching
+// retention.ErrMalformedMarker.
+func (k *KV) MarkKeyOp(key []byte) (clientv3.Op, error) {
+	if len(key) == 0 {
+		return clientv3.Op{}, fmt.Errorf("etcdkv: MarkKeyOp: %w: empty key", retention.ErrMalformedMarker)
 	}
 	return clientv3.OpPut(k.ns+string(key), ""), nil
 }
