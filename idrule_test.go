@@ -43,7 +43,7 @@ func TestSweepMarkCustomRule(t *testing.T) {
 			s, clock := newSweep(t, kv, Config{Prefix: "orders/done/", Clear: c.clear, ValidateID: orderID})
 
 			// The package-level Mark knows only the default rule.
-			err := Mark(ctx, kv, "orders/done/", tt.id, clock.Now())
+			err := Mark(ctx, NewMemKV(), "orders/done/", tt.id, clock.Now())
 			require.ErrorIs(t, err, tt.pkgErr, "Mark(%q) = %v, want %v", tt.id, err, tt.pkgErr)
 
 			err = s.Mark(ctx, kv, tt.id, clock.Now())
