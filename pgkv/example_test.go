@@ -121,6 +121,39 @@ func ExampleKV_MarkKeyTx() {
 	}
 }
 
+// newBatchSweep clears up to 500 jobs in one statement.
+func newBatchSweep(pool *pgxpool.Pool, kv *pgkv.KV) (*retention.Sweep, error) {
+	return retention.New(kv, retention.Config{
+		Prefix:    "jobs/done/",
+		Retention: 24 * time.Hour,
+		PageSize:  1000,
+		BatchSize: 500,
+		ClearBatch: func(ctx context.Context, ids []string) error {
+			_, err := pool.Exec(ctx, "DELETE FROM jobs WHERE id = ANY($1)", ids)
+			return err
+		},
+	})
+}
+
+// A sweep clears the jobs of a page in batches, one statement each.
+func Example_clearBatch() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	kv, err := openMarkers(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sweep, err := newBatchSweep(pool, kv)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(sweep.Run(ctx))
+}
+
 // newAtomicSweep clears a job in the transaction that deletes its marker,
 // so that each job is cleared exactly once.
 func newAtomicSweep(kv *pgkv.KV) (*retention.Sweep, error) {
