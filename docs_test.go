@@ -180,7 +180,6 @@ func docComments(f *ast.File) []*ast.CommentGroup {
 	return docs
 }
 
-
 // TestREADMELockers checks that the adapters' NewLocker constructors agree
 // (a client, a name, *LockerOptions) and that README.md shows each with the
 // signature it has.

@@ -3,7 +3,8 @@
 //
 // The caller opens and closes the *bbolt.DB; a KV never closes it. Write a
 // marker with MarkTx inside the bbolt transaction that records the entity's
-// terminal state, so both commit or neither does.
+// terminal state, so both commit or neither does; a sweep with its own id
+// rule (Config.ValidateID) writes the key of Sweep.MarkerKey with MarkKeyTx.
 package boltkv
 
 import (

@@ -4,7 +4,8 @@
 // Delete batches the keys into transactions of at most Options.MaxTxnOps
 // operations each, the server's per-transaction limit. Write a marker by
 // adding MarkOp's operation to the Txn that records the entity's terminal
-// state. Replicas that share the keys take turns with a Locker, whose
+// state (MarkKeyOp's, with the key of Sweep.MarkerKey, for a sweep with its
+// own id rule). Replicas that share the keys take turns with a Locker, whose
 // leases fence the KV: a holder's deletes are transactions that apply only
 // while its lock key still exists.
 //

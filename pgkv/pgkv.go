@@ -4,7 +4,8 @@
 // The table has one column, key bytea PRIMARY KEY: bytea compares bytewise,
 // so the primary key index serves every Scan as an index range scan. Create
 // it with Migrate. Write a marker with MarkTx inside the transaction that
-// records the entity's terminal state.
+// records the entity's terminal state (MarkKeyTx with the key of
+// Sweep.MarkerKey for a sweep with its own id rule).
 //
 // Replicas that share the table take turns with a Locker: a lease row with
 // a TTL in a table created by MigrateLeases. Its leases fence the KV: a

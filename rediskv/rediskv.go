@@ -4,7 +4,8 @@
 // Every marker is a member with score 0; members of equal score are ordered
 // bytewise, so Scan is one ZRANGE ... BYLEX ... LIMIT (Redis 6.2 or later)
 // and Delete one ZREM. Write a marker with MarkTx inside the MULTI (or
-// pipeline) that records the entity's terminal state. Replicas that share
+// pipeline) that records the entity's terminal state (MarkKeyTx with the
+// key of Sweep.MarkerKey for a sweep with its own id rule). Replicas that share
 // the set take turns with a Locker, whose leases fence the KV: a holder's
 // ZREM runs in a script only while the lease key still holds its token.
 //
