@@ -11,10 +11,12 @@ import (
 	"github.com/marksweep/retention"
 )
 
-// ClearFunc queues on b the statements that clear the entities of ids, such
-// as a DELETE of their rows with ids as the parameter (see the example of
-// KV.WithClear). They run with the deletion of the ids' markers in one
-// transaction. It returns an error to clear nothing.
+// ClearFunc queues on b the statements that clear the entities of ids, for
+// example a DELETE of their rows with ids as the parameter (see the example
+// of KV.WithClear).
+//
+// They run with the deletion of the ids' markers in one transaction. It
+// returns an error to clear nothing.
 type ClearFunc func(b *pgx.Batch, ids []string) error
 
 // AtomicKV is a KV that clears entities itself, in the transaction that
