@@ -148,6 +148,12 @@ type Config struct {
 	// call. Pass does not call it.
 	OnPass func(Stats, error)
 
+	// Observer, when set, sees every pass (Pass, Run and LeasedPass), the
+	// lag of every cleared entity and the lease's events, for metrics: see
+	// the retentionprom and retentionotel modules. Nil means none, at no
+	// cost to a pass.
+	Observer Observer
+
 	// Lease, when set, makes Run sweep only while this replica holds the
 	// lease, so that a fleet sharing one store clears each entity once.
 	// Nil means no lease: every replica sweeps, and an entity may be

@@ -20,6 +20,12 @@
 // MemKV is the in-memory store; adapters for persistent engines live in
 // their own modules beside this one.
 //
+// To watch a sweep in production, set Config.Observer (the retentionprom
+// and retentionotel modules export Prometheus and OpenTelemetry metrics)
+// and probe Sweep.Backlog, which tells in a few reads how far behind the
+// sweep is. Callers who schedule passes themselves call LeasedPass: one
+// pass under the lease, as Run makes it.
+//
 // # Guarantees
 //
 //   - At least once: a marker is deleted only after Clear returned nil (or

@@ -32,6 +32,7 @@ func (l *loop) run(ctx context.Context) error {
 	defer func() {
 		if lease != nil {
 			l.release(ctx, lease)
+			l.observeLease(LeaseReleased)
 		}
 	}()
 	if l.startJitter > 0 {
@@ -47,10 +48,12 @@ func (l *loop) run(ctx context.Context) error {
 			switch {
 			case err == nil:
 				l.log.Info("retention: lease acquired")
+				l.observeLease(LeaseAcquired)
 			case ctx.Err() != nil:
 				return ctx.Err()
 			case errors.Is(err, ErrLeaseHeld):
 				lease = nil
+				l.observeLease(LeaseHeld)
 				if err := l.sleep(ctx, l.interval()); err != nil {
 					return err
 				}
@@ -73,6 +76,7 @@ func (l *loop) run(ctx context.Context) error {
 		}
 		if lost || (lease != nil && isLost(lease)) {
 			l.log.Warn("retention: lease lost")
+			l.observeLease(LeaseLost)
 			l.release(ctx, lease)
 			lease = nil
 			// Do not take it straight back: whoever took it, or an

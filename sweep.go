@@ -59,6 +59,7 @@ type Sweep struct {
 	log          *slog.Logger
 	validate     func(string) error // nil: ValidateID
 	onPass       func(Stats, error)
+	obs          Observer // nil: none
 	lease        Locker
 	jitter       float64
 	startJitter  time.Duration
@@ -78,6 +79,7 @@ type Sweep struct {
 	items         []item
 	ids           []byte
 	del           [][]byte
+	lags          []time.Duration // reused by observeLags
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -102,6 +104,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		log:          cmp.Or(cfg.Logger, slog.Default()).With("prefix", cfg.Prefix),
 		validate:     cfg.ValidateID,
 		onPass:       cfg.OnPass,
+		obs:          cfg.Observer,
 		lease:        cfg.Lease,
 		jitter:       cfg.Jitter,
 		startJitter:  cfg.StartJitter,
@@ -201,6 +204,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	defer func() {
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		s.logPass(p)
+		s.observePass(ctx, st, err)
 	}()
 
 	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
@@ -406,7 +410,12 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		st.MaxLag = max(st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
 	}
 	if len(del) > 0 {
-		return s.delete(ctx, p, del)
+		if err := s.delete(ctx, p, del); err != nil {
+			return err
+		}
+	}
+	if s.obs != nil && oldest >= 0 {
+		s.observeLags(items)
 	}
 	return nil
 }

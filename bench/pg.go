@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,10 +35,11 @@ const RiverBatch = 10_000
 // marker table) and River's tables, migrated by rivermigrate. Create it
 // with NewPG and drop it with Close.
 type PG struct {
-	pool   *pgxpool.Pool
-	schema string // unquoted
-	jobs   string // quoted and schema-qualified
-	kv     *pgkv.KV
+	pool     *pgxpool.Pool
+	schema   string // unquoted
+	jobs     string // quoted and schema-qualified
+	jobsText string // the same with text ids
+	kv       *pgkv.KV
 	river  riverdriver.Executor
 
 	// Timing, when not nil, adds up the calls of the retention contenders.
@@ -49,22 +51,26 @@ type PG struct {
 // Concurrency of the contenders plus a few connections.
 func NewPG(ctx context.Context, pool *pgxpool.Pool, schema string) (*PG, error) {
 	q := pgx.Identifier{schema}.Sanitize()
-	p := &PG{pool: pool, schema: schema, jobs: q + ".jobs"}
+	p := &PG{pool: pool, schema: schema, jobs: q + ".jobs", jobsText: q + ".jobs_text"}
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
-	// Shaped like a job table of a service: a text id as the markers
-	// carry it, and an index on the finish time for the floor's DELETE.
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+p.jobs+` (
-		id text PRIMARY KEY,
-		kind text NOT NULL,
-		state text NOT NULL,
-		finished_at timestamptz NOT NULL,
-		args jsonb NOT NULL)`); err != nil {
-		return nil, fmt.Errorf("create jobs: %w", err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE INDEX ON `+p.jobs+` (finished_at)`); err != nil {
-		return nil, fmt.Errorf("create jobs index: %w", err)
+	// Shaped like a job table of a service, with an index on the finish
+	// time for the floor's DELETE. jobs has bigint ids like River's
+	// river_job, so that both delete rows by the same kind of key;
+	// jobs_text has text ids, compared under the database's collation.
+	for table, idType := range map[string]string{p.jobs: "bigint", p.jobsText: "text"} {
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (
+			id `+idType+` PRIMARY KEY,
+			kind text NOT NULL,
+			state text NOT NULL,
+			finished_at timestamptz NOT NULL,
+			args jsonb NOT NULL)`); err != nil {
+			return nil, fmt.Errorf("create %s: %w", table, err)
+		}
+		if _, err := pool.Exec(ctx, `CREATE INDEX ON `+table+` (finished_at)`); err != nil {
+			return nil, fmt.Errorf("create %s index: %w", table, err)
+		}
 	}
 	if err := pgkv.Migrate(ctx, pool, schema+".markers"); err != nil {
 		return nil, err
@@ -96,23 +102,36 @@ func (p *PG) Close(ctx context.Context) error {
 // that all are expired, and 1ms apart so markers sort in id order.
 func finishedAt() time.Time { return time.Now().Add(-48 * time.Hour).Truncate(time.Millisecond) }
 
-// SetupJobs writes n expired jobs and their markers, each id's row and
-// marker as MarkTx would write them, in set-based statements for speed,
-// then vacuums and checkpoints so that every contender starts alike.
+// SetupJobs writes n expired jobs (bigint ids) and their markers, each
+// id's row and marker as MarkTx would write them, in set-based statements
+// for speed, then vacuums and checkpoints so that every contender starts
+// alike.
 func (p *PG) SetupJobs(ctx context.Context, n int) error {
+	return p.setupJobs(ctx, p.jobs, `i`, `i::text`, n)
+}
+
+// SetupTextJobs is SetupJobs for the jobs_text table, ids j000000001 on.
+func (p *PG) SetupTextJobs(ctx context.Context, n int) error {
+	id := `'j' || lpad(i::text, 9, '0')`
+	return p.setupJobs(ctx, p.jobsText, id, id, n)
+}
+
+// setupJobs fills table: job i has the id rowID, an SQL expression of i,
+// and its marker the id markerID.
+func (p *PG) setupJobs(ctx context.Context, table, rowID, markerID string, n int) error {
 	base := finishedAt()
 	stmts := []struct {
 		sql  string
 		args []any
 	}{
-		{`TRUNCATE ` + p.jobs + `, ` + p.markers() + `, ` + p.riverJob(), nil},
-		{`INSERT INTO ` + p.jobs + ` (id, kind, state, finished_at, args)
-			SELECT 'j' || lpad(i::text, 9, '0'), 'bench', 'completed', $1::timestamptz + i * interval '1 ms', '{"n": 1}'
+		{`TRUNCATE ` + p.jobs + `, ` + p.jobsText + `, ` + p.markers() + `, ` + p.riverJob(), nil},
+		{`INSERT INTO ` + table + ` (id, kind, state, finished_at, args)
+			SELECT ` + rowID + `, 'bench', 'completed', $1::timestamptz + i * interval '1 ms', '{"n": 1}'
 			FROM generate_series(1, $2) AS i`, []any{base, n}},
 		{`INSERT INTO ` + p.markers() + ` (key)
-			SELECT convert_to($1 || lpad(($2::bigint + i)::text, 20, '0') || '/j' || lpad(i::text, 9, '0'), 'UTF8')
+			SELECT convert_to($1 || lpad(($2::bigint + i)::text, 20, '0') || '/' || ` + markerID + `, 'UTF8')
 			FROM generate_series(1, $3) AS i`, []any{Prefix, base.UnixMilli(), n}},
-		{`VACUUM ANALYZE ` + p.jobs, nil},
+		{`VACUUM ANALYZE ` + table, nil},
 		{`VACUUM ANALYZE ` + p.markers(), nil},
 		{`CHECKPOINT`, nil},
 	}
@@ -131,7 +150,7 @@ func (p *PG) SetupRiver(ctx context.Context, n int) error {
 		sql  string
 		args []any
 	}{
-		{`TRUNCATE ` + p.jobs + `, ` + p.markers() + `, ` + p.riverJob(), nil},
+		{`TRUNCATE ` + p.jobs + `, ` + p.jobsText + `, ` + p.markers() + `, ` + p.riverJob(), nil},
 		{`INSERT INTO ` + p.riverJob() + ` (args, attempt, attempted_at, created_at, finalized_at, kind, max_attempts, metadata, priority, queue, scheduled_at, state)
 			SELECT '{"n": 1}', 1, t, t, t, 'bench', 25, '{}', 1, 'default', t, 'completed'
 			FROM (SELECT $1::timestamptz + i * interval '1 ms' AS t FROM generate_series(1, $2) AS i) AS s`, []any{finishedAt(), n}},
@@ -217,7 +236,7 @@ func (p *PG) River() Contender {
 // Retention and a silent Logger; set Clear or ClearBatch (ClearByID and
 // ClearBatchByID here delete jobs), PageSize, BatchSize and Concurrency.
 func (p *PG) Retention(name string, cfg retention.Config) Contender {
-	return p.retention(name, p.kv, cfg)
+	return p.retention(name, p.SetupJobs, p.kv, cfg)
 }
 
 // Atomic sweeps the backlog with one retention Pass over a pgkv.AtomicKV:
@@ -225,81 +244,77 @@ func (p *PG) Retention(name string, cfg retention.Config) Contender {
 // and one transaction, so each job is cleared exactly once. cfg is as for
 // Retention, with neither Clear nor ClearBatch.
 func (p *PG) Atomic(name string, cfg retention.Config) Contender {
-	kv, err := p.kv.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue(`DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, ids)
+	return p.atomic(name, p.SetupJobs, func(b *pgx.Batch, ids []string) error {
+		n, err := bigints(ids)
+		if err != nil {
+			return err
+		}
+		b.Queue(`DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, n)
 		return nil
-	})
+	}, cfg)
+}
+
+// AtomicText is Atomic over the jobs_text table, whose ids are text
+// compared under the database's collation.
+func (p *PG) AtomicText(name string, cfg retention.Config) Contender {
+	return p.atomic(name, p.SetupTextJobs, func(b *pgx.Batch, ids []string) error {
+		b.Queue(`DELETE FROM `+p.jobsText+` WHERE id = ANY($1)`, ids)
+		return nil
+	}, cfg)
+}
+
+func (p *PG) atomic(name string, setup func(context.Context, int) error, clear func(*pgx.Batch, []string) error, cfg retention.Config) Contender {
+	kv, err := p.kv.WithClear(clear)
 	if err != nil {
 		// The pool can always send a batch: only a programming error
 		// gets here, and the contender reports it when run.
 		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
 	}
-	return p.retention(name, kv, cfg)
+	return p.retention(name, setup, kv, cfg)
 }
 
-// RangeAtomic is Atomic with a cheaper marker delete, an experiment for
-// pgkv: a batch's markers are one contiguous run of keys when every marker
-// between its first and last is in it, so they go with one index range
-// scan (DELETE ... WHERE key BETWEEN first AND last) instead of one index
-// descent per key (key = ANY). The statement fails, and the transaction
-// with it, when the range held another number of keys (a marker written
-// late, or one the sweep left for later); the batch then goes again with
-// key = ANY.
-func (p *PG) RangeAtomic(name string, cfg retention.Config) Contender {
-	return p.retention(name, rangeAtomicKV{p.kv, p}, cfg)
-}
-
-type rangeAtomicKV struct {
-	*pgkv.KV
-	p *PG
-}
-
-func (k rangeAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	lo, hi := keys[0], keys[0]
-	for _, key := range keys[1:] {
-		if bytes.Compare(key, lo) < 0 {
-			lo = key
-		}
-		if bytes.Compare(key, hi) > 0 {
-			hi = key
-		}
-	}
-	clearJobs := `DELETE FROM ` + k.p.jobs + ` WHERE id = ANY($1)`
-	b := &pgx.Batch{}
-	b.Queue(clearJobs, ids)
-	// 1/0 aborts the implicit transaction, the jobs' DELETE with it.
-	b.Queue(`WITH d AS (DELETE FROM `+k.p.markers()+` WHERE key BETWEEN $1 AND $2 RETURNING 1)
-		SELECT 1 / (count(*) = $3)::int FROM d`, lo, hi, len(keys))
-	if err := k.p.pool.SendBatch(ctx, b).Close(); err == nil {
-		return nil
-	}
-	b = &pgx.Batch{}
-	b.Queue(clearJobs, ids)
-	b.Queue(`DELETE FROM `+k.p.markers()+` WHERE key = ANY($1)`, keys)
-	return k.p.pool.SendBatch(ctx, b).Close()
-}
-
-func (p *PG) retention(name string, kv retention.KV, cfg retention.Config) Contender {
+func (p *PG) retention(name string, setup func(context.Context, int) error, kv retention.KV, cfg retention.Config) Contender {
 	return Contender{
 		Name:  name,
-		Setup: p.SetupJobs,
+		Setup: setup,
 		Clear: func(ctx context.Context) (int, error) {
 			return sweep(ctx, p.Timing.kv(kv), cfg, p.Timing)
 		},
-		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.markers()) },
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.jobsText, p.markers()) },
 	}
+}
+
+// bigints parses the ids of the jobs table.
+func bigints(ids []string) ([]int64, error) {
+	n := make([]int64, len(ids))
+	for i, id := range ids {
+		v, err := strconv.ParseInt(id, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("job id %q: %w", id, err)
+		}
+		n[i] = v
+	}
+	return n, nil
 }
 
 // ClearByID is a Config.Clear that deletes one job: one round trip per id.
 func (p *PG) ClearByID(ctx context.Context, id string) error {
-	_, err := p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE id = $1`, id)
+	n, err := strconv.ParseInt(id, 10, 64)
+	if err != nil {
+		return fmt.Errorf("job id %q: %w", id, err)
+	}
+	_, err = p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE id = $1`, n)
 	return err
 }
 
 // ClearBatchByID is a Config.ClearBatch that deletes the batch's jobs in
 // one statement.
 func (p *PG) ClearBatchByID(ctx context.Context, ids []string) error {
-	_, err := p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, ids)
+	n, err := bigints(ids)
+	if err != nil {
+		return err
+	}
+	_, err = p.pool.Exec(ctx, `DELETE FROM `+p.jobs+` WHERE id = ANY($1)`, n)
 	return err
 }
 
@@ -308,7 +323,10 @@ func (p *PG) ClearBatchByID(ctx context.Context, ids []string) error {
 func sweep(ctx context.Context, kv retention.KV, cfg retention.Config, t *Timing) (int, error) {
 	cfg.Prefix = Prefix
 	cfg.Retention = Retention
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	// Warnings (a failed clear, a malformed marker) are kept to explain a
+	// failed run.
+	var warnings bytes.Buffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if cfg.Clear != nil {
 		cfg.Clear = t.clearFn(cfg.Clear)
 	}
@@ -324,7 +342,7 @@ func sweep(ctx context.Context, kv retention.KV, cfg retention.Config, t *Timing
 		return st.Cleared, err
 	}
 	if st.Failed != 0 || st.Malformed != 0 || st.Foreign != 0 {
-		return st.Cleared, fmt.Errorf("pass: %+v", st)
+		return st.Cleared, fmt.Errorf("pass: %+v; the sweep's warnings: %.2000s", st, warnings.String())
 	}
 	return st.Cleared, nil
 }
@@ -352,6 +370,6 @@ func (p *PG) Contenders() []Contender {
 		perID(1), perID(16), perID(64),
 		batched(1000, 1), batched(1000, 4), batched(10_000, 1),
 		atomic(1000, 1), atomic(1000, 4), atomic(10_000, 1),
-		p.RangeAtomic("experiment: batched+atomic 1000, markers deleted by range", retention.Config{BatchSize: 1000, PageSize: 1000}),
+		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
 	}
 }

@@ -72,6 +72,7 @@ var behaviours = []struct {
 	{"CancelledContext", testCancelled},
 	{"SweepClearsExactlyExpired", testSweep},
 	{"SweepRetriesFailedClears", testSweepRetries},
+	{"SweepBacklog", testSweepBacklog},
 }
 
 // opTimeout bounds each store call so a hung store fails instead of stalling.
@@ -535,4 +536,66 @@ func ServerAddr(t testing.TB, env string) string {
 	}
 	t.Skip(msg)
 	return ""
+}
+
+// testSweepBacklog checks Sweep.Backlog, a health check's reads through
+// the KV: the oldest due marker, its age, the count capped at the limit,
+// and nothing due once a pass cleared it.
+func testSweepBacklog(t *testing.T, s Store) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	const prefix = "backlog/"
+	for i := range 50 {
+		at := now.Add(-time.Hour - time.Duration(i+1)*time.Second) // due i+1 seconds ago
+		if i >= 40 {
+			at = now.Add(-time.Hour + time.Duration(i)*time.Second) // not due yet
+		}
+		key, err := retention.MarkerKey(prefix, at, fmt.Sprintf("e%03d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		put(t, s, string(key))
+	}
+	// A foreign key in front of the markers, and keys of other prefixes.
+	put(t, s, prefix+"0000000000/foreign", "backlog0/00000000000000000001/other", "backlo")
+	sw, err := retention.New(s.KV, retention.Config{
+		Prefix:    prefix,
+		Retention: time.Hour,
+		Clock:     retention.NewManualClock(now),
+		Clear:     func(context.Context, string) error { return nil },
+		Logger:    slog.New(slog.DiscardHandler), // the foreign key is meant
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldest := now.Add(-40 * time.Second)
+	for _, tt := range []struct {
+		limit int
+		want  retention.Backlog
+	}{
+		{100, retention.Backlog{OldestID: "e039", OldestDue: oldest, Age: 40 * time.Second, Due: 40}},
+		{40, retention.Backlog{OldestID: "e039", OldestDue: oldest, Age: 40 * time.Second, Due: 40}},
+		{7, retention.Backlog{OldestID: "e039", OldestDue: oldest, Age: 40 * time.Second, Due: 7, More: true}},
+	} {
+		got, err := sw.Backlog(ctxFor(t), tt.limit)
+		if err != nil {
+			t.Fatalf("Backlog(%d) error = %v", tt.limit, err)
+		}
+		if !got.OldestDue.Equal(tt.want.OldestDue) {
+			t.Errorf("Backlog(%d).OldestDue = %v, want %v", tt.limit, got.OldestDue, tt.want.OldestDue)
+		}
+		got.OldestDue, tt.want.OldestDue = time.Time{}, time.Time{}
+		if got != tt.want {
+			t.Errorf("Backlog(%d) = %+v, want %+v", tt.limit, got, tt.want)
+		}
+	}
+	if _, err := sw.Pass(ctxFor(t)); err != nil {
+		t.Fatalf("Pass() error = %v", err)
+	}
+	got, err := sw.Backlog(ctxFor(t), 100)
+	if err != nil {
+		t.Fatalf("Backlog(100) after a pass error = %v", err)
+	}
+	if got != (retention.Backlog{}) {
+		t.Errorf("Backlog(100) after a pass = %+v, want nothing due", got)
+	}
 }

@@ -33,7 +33,7 @@ var broken = map[string]struct {
 	"unsorted":         {func(m *retention.MemKV) retention.KV { return unsorted{m} }, []string{"AscendingByteOrder"}},
 	"end inclusive":    {func(m *retention.MemKV) retention.KV { return endInclusive{m} }, []string{"StartInclusiveEndExclusive", "PrefixIsolation"}},
 	"limit ignored":    {func(m *retention.MemKV) retention.KV { return limitIgnored{m} }, []string{"LimitAndShortPage", "PageSizesAgree"}},
-	"short pages":      {func(m *retention.MemKV) retention.KV { return shortPages{m} }, []string{"LimitAndShortPage", "PageSizesAgree"}},
+	"short pages":      {func(m *retention.MemKV) retention.KV { return shortPages{m} }, []string{"LimitAndShortPage", "PageSizesAgree", "SweepBacklog"}},
 	"aliasing slices":  {func(m *retention.MemKV) retention.KV { return &aliasing{MemKV: m} }, []string{"CallerOwnsSlices"}},
 	"error on missing": {func(m *retention.MemKV) retention.KV { return errOnMissing{m} }, []string{"DeleteMissingKey", "BatchDelete"}},
 	"ignores context":  {func(m *retention.MemKV) retention.KV { return ignoresCtx{m} }, []string{"CancelledContext"}},

@@ -83,7 +83,10 @@ type Harness struct {
 //     one): fenced Delete and Put work while it is held, and once the lease
 //     was taken away from outside and another replica acquired it, before
 //     the old holder noticed, they are refused with retention.ErrLeaseLost,
-//     change nothing, and Lost is closed.
+//     change nothing, and Lost is closed;
+//   - LeasedPass: Sweep.LeasedPass is refused with retention.ErrLeaseHeld
+//     while another replica holds the lease, clears every due entity once
+//     it is free, and releases the lease after its pass.
 //
 // Each subtest gets a fresh Harness from newHarness.
 func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
@@ -93,6 +96,7 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("TakeoverAfterKill", func(t *testing.T) { testTakeover(t, newHarness(t)) })
 	t.Run("NoDeleteAfterLoss", func(t *testing.T) { testLoss(t, newHarness(t)) })
 	t.Run("FencedWrites", func(t *testing.T) { testFence(t, newHarness(t)) })
+	t.Run("LeasedPass", func(t *testing.T) { testLeasedPass(t, newHarness(t)) })
 }
 
 // Entities is how many entities the fleet proofs finish.

@@ -17,6 +17,14 @@ import (
 //
 // They run with the deletion of the ids' markers in one transaction. It
 // returns an error to clear nothing.
+//
+// A DELETE by id = ANY looks every id up in the table's primary key, and
+// that lookup is most of a batch's cost: key the table by bigint, or by
+// text with COLLATE "C", where you can. A text key under a libc collation
+// (any other than "C" or "POSIX", C.UTF-8 included, before PostgreSQL 17)
+// compares through strcoll; deleting 100,000 rows by id = ANY in pages of
+// 1,000 took 206 ms with such a key, 132 ms with COLLATE "C" and 86 ms with
+// bigint (PostgreSQL 15, one run).
 type ClearFunc func(b *pgx.Batch, ids []string) error
 
 // AtomicKV is a KV that clears entities itself, in the transaction that

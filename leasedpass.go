@@ -1,0 +1,80 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// LeasedPass makes one pass the way Run does, for callers who schedule
+// passes themselves (a cron job, a Kubernetes CronJob, an admin endpoint):
+// it takes Config.Lease if nobody holds it, makes one pass under it, with
+// its deletes fenced when the lease is a Fencer, and releases it. A pass
+// during which the lease is lost is cancelled before it deletes another
+// marker, and LeasedPass then returns an error matching ErrLeaseLost. When
+// another replica holds the lease it makes no pass and returns an error
+// matching ErrLeaseHeld. Without a lease it makes the pass unguarded.
+// Config.OnPass and Config.Observer see the pass, and the Observer the
+// lease's events, as they do under Run. Most callers want Run.
+func (s *Sweep) LeasedPass(ctx context.Context) (Stats, error) {
+	l := &loop{members: []*Sweep{s}, locker: s.lease, log: s.log}
+	stats, err := l.once(ctx)
+	if len(stats) == 0 {
+		return Stats{}, err
+	}
+	return stats[0], err
+}
+
+// LeasedPass passes every sweep of the group once under GroupConfig.Lease,
+// as Sweep.LeasedPass does for one sweep, and returns their Stats in order
+// (none when the lease was held by another replica). A failing sweep does
+// not stop the others; the error joins every failure.
+func (g *Group) LeasedPass(ctx context.Context) ([]Stats, error) {
+	l := &loop{members: g.loop.members, locker: g.loop.locker, log: g.loop.log}
+	return l.once(ctx)
+}
+
+// once makes one round of passes under the lease: acquire, passAll (the
+// same passes Run makes, fenced and cancelled on loss), release.
+func (l *loop) once(ctx context.Context) ([]Stats, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if l.locker == nil {
+		stats, _, err := l.passAll(ctx, nil)
+		if ctx.Err() != nil {
+			return stats, ctx.Err()
+		}
+		return stats, err
+	}
+	lease, err := l.locker.TryAcquire(ctx)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, ErrLeaseHeld):
+		l.observeLease(LeaseHeld)
+		return nil, err
+	default:
+		return nil, fmt.Errorf("retention: acquire lease: %w", err)
+	}
+	l.log.Info("retention: lease acquired")
+	l.observeLease(LeaseAcquired)
+	stats, lost, err := l.passAll(ctx, lease)
+	lost = lost || isLost(lease)
+	if lost {
+		l.log.Warn("retention: lease lost")
+		l.observeLease(LeaseLost)
+	}
+	l.release(ctx, lease)
+	if !lost {
+		l.observeLease(LeaseReleased)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return stats, ctx.Err()
+	case lost:
+		return stats, fmt.Errorf("%w: the pass was cut short", ErrLeaseLost)
+	}
+	return stats, err
+}

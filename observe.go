@@ -1,0 +1,122 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Observer receives what a Sweep does, for metrics: every pass with its
+// Stats, the lag of every cleared entity, and the lease's comings and
+// goings. Set it as Config.Observer; one Observer may serve many sweeps, as
+// every call names the sweep's prefix. The retentionprom and retentionotel
+// modules provide Observers that export Prometheus and OpenTelemetry
+// metrics.
+//
+// Calls come from the goroutine that runs the pass (or Run's loop), one at
+// a time per sweep; an Observer shared by sweeps that run concurrently must
+// be safe for concurrent use. The methods must be quick and must not call
+// back into the sweep: a pass waits for them.
+type Observer interface {
+	// ObservePass is called at the end of every pass that started, by Pass,
+	// Run and LeasedPass alike, with its Stats (counts by outcome and
+	// Duration) and its error: nil, ctx.Err() for a cancelled pass, or the
+	// store's error.
+	ObservePass(prefix string, st Stats, err error)
+
+	// ObserveLags is called after the markers of a page were deleted, with
+	// the lag of each entity of the page that was cleared: how long past
+	// due (its marker time plus Retention) its marker was deleted, by the
+	// sweep's Clock. Over a pass the calls carry Stats.Cleared lags in all,
+	// less those of a page whose delete failed. The lags come in the order
+	// of their markers, oldest first, and the clock is read once per page,
+	// so they never increase along the slice: a histogram can count a
+	// page per bucket rather than per lag. The slice is reused once the
+	// call returns: do not keep it.
+	ObserveLags(prefix string, lags []time.Duration)
+
+	// ObserveLease is called when Run or LeasedPass acquires, loses or
+	// releases the lease, or finds it held by another replica. A Group
+	// calls it for each of its sweeps.
+	ObserveLease(prefix string, event LeaseEvent)
+}
+
+// LeaseEvent is what happened to a sweep's lease, as an Observer sees it.
+type LeaseEvent uint8
+
+// The lease events. After LeaseAcquired this replica sweeps until
+// LeaseLost or LeaseReleased; LeaseHeld means another replica sweeps.
+const (
+	LeaseAcquired LeaseEvent = iota + 1 // TryAcquire took the lease
+	LeaseHeld                           // TryAcquire found it held by another replica
+	LeaseLost                           // the lease was lost while held
+	LeaseReleased                       // the lease was given up: Run returned, or LeasedPass is done
+)
+
+var leaseEventNames = [...]string{LeaseAcquired: "acquired", LeaseHeld: "held", LeaseLost: "lost", LeaseReleased: "released"}
+
+// String returns the event's name in lower case ("acquired", "held",
+// "lost", "released"), fit for a metric label.
+func (e LeaseEvent) String() string {
+	if int(e) < len(leaseEventNames) && leaseEventNames[e] != "" {
+		return leaseEventNames[e]
+	}
+	return "unknown"
+}
+
+// observeLags hands the observer the lags of the page's cleared markers,
+// whose deletion just succeeded. Only called with an observer set, so a
+// sweep without one reads no clock and loops over nothing more.
+func (s *Sweep) observeLags(items []item) {
+	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
+	// base plus its remainder: integer arithmetic per marker, no time.Time.
+	base := s.clock.Now().Add(-s.retention)
+	baseMs := base.UnixMilli()
+	rem := base.Sub(time.UnixMilli(baseMs))
+	lags := s.lags[:0]
+	for i := range items {
+		if out := items[i].out; out != cleared && out != clearedGone {
+			continue
+		}
+		var lag time.Duration
+		switch d := baseMs - items[i].ms; {
+		case d < 0: // a clock that stepped back
+		case d > int64(maxDuration/time.Millisecond)-1:
+			lag = maxDuration
+		default:
+			lag = time.Duration(d)*time.Millisecond + rem
+		}
+		lags = append(lags, lag)
+	}
+	s.lags = lags
+	if len(lags) > 0 {
+		s.obs.ObserveLags(s.prefix, lags)
+	}
+}
+
+// observeLease tells the observers of the loop's members of a lease event.
+func (l *loop) observeLease(e LeaseEvent) {
+	for _, m := range l.members {
+		if m.obs != nil {
+			m.obs.ObserveLease(m.prefix, e)
+		}
+	}
+}
+
+// observePass tells the observer of a pass under ctx that ended with err.
+// Like OnPass, it sees the error of a pass cut short by the loss of its
+// lease match ErrLeaseLost, not only context.Canceled.
+func (s *Sweep) observePass(ctx context.Context, st Stats, err error) {
+	if s.obs == nil {
+		return
+	}
+	if lc, ok := ctx.(leaseContext); ok && err != nil && !errors.Is(err, ErrLeaseLost) {
+		select {
+		case <-lc.lost:
+			err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
+		default:
+		}
+	}
+	s.obs.ObservePass(s.prefix, st, err)
+}

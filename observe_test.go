@@ -1,0 +1,417 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// recorder is an Observer that keeps everything it is told.
+type recorder struct {
+	mu     sync.Mutex
+	passes []Stats
+	errs   []error
+	lags   []time.Duration
+	calls  int // ObserveLags calls
+	events []string
+}
+
+func (r *recorder) ObservePass(prefix string, st Stats, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.passes = append(r.passes, st)
+	r.errs = append(r.errs, err)
+}
+
+func (r *recorder) ObserveLags(prefix string, lags []time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	r.lags = append(r.lags, lags...)
+}
+
+func (r *recorder) ObserveLease(prefix string, e LeaseEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, prefix+" "+e.String())
+}
+
+func (r *recorder) eventList() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.events...)
+}
+
+func TestObserverSeesPassesAndLags(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	const n = 50
+	for i := range n {
+		mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0.Add(time.Duration(i)*time.Second))
+	}
+	mark(t, mem, "runs/", "later", t0.Add(2*time.Hour))
+	require.NoError(t, mem.Put(t.Context(), []byte("runs/0-foreign"), nil))
+	rec := &recorder{}
+	c := newClears()
+	c.set("m03", errBoom)
+	c.set("m04", fmt.Errorf("resumed: %w", ErrLiveAgain))
+	s, clock := newSweep(t, mem, Config{Clear: c.clear, Observer: rec, PageSize: 8})
+	now := clock.Advance(time.Hour + 5*time.Minute)
+
+	st, err := s.Pass(t.Context())
+	require.NoError(t, err)
+
+	require.Len(t, rec.passes, 1)
+	assert.Equal(t, st, rec.passes[0], "ObservePass gets the Stats Pass returns")
+	assert.NoError(t, rec.errs[0])
+	assert.Equal(t, n-2, st.Cleared)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, 1, st.Retried)
+	assert.Equal(t, 1, st.LiveAgain)
+	assert.Equal(t, 1, st.Foreign)
+	require.Len(t, rec.lags, st.Cleared, "one lag per cleared entity")
+	for i := 1; i < len(rec.lags); i++ {
+		// Oldest first; with the clock standing still, across pages too.
+		assert.LessOrEqual(t, rec.lags[i], rec.lags[i-1], "lag %d", i)
+	}
+	assert.Equal(t, 7, rec.calls, "one call per page with something cleared")
+
+	// The clock stands still, so every marker was deleted at now; each
+	// fell due an hour after it was written.
+	var want, got time.Duration
+	for i := range n {
+		if i == 3 || i == 4 {
+			continue
+		}
+		want += now.Sub(t0.Add(time.Duration(i)*time.Second + time.Hour))
+	}
+	for _, l := range rec.lags {
+		got += l
+	}
+	assert.Equal(t, want, got, "sum of lags")
+	assert.Equal(t, 5*time.Minute, rec.lags[0], "the oldest marker's lag")
+}
+
+func TestObserverSeesFailedPassWithoutLags(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	mark(t, mem, "runs/", "a", t0)
+	kv := &countingKV{KV: mem, deleteErr: func(int64) error { return errBoom }}
+	rec := &recorder{}
+	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: rec})
+	clock.Advance(2 * time.Hour)
+	_, err := s.Pass(t.Context())
+	require.ErrorIs(t, err, errBoom)
+	require.Len(t, rec.errs, 1)
+	assert.ErrorIs(t, rec.errs[0], errBoom)
+	assert.Empty(t, rec.lags, "no lag for a marker that was not deleted")
+}
+
+func TestLeaseEventString(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		e    LeaseEvent
+		want string
+	}{
+		{LeaseAcquired, "acquired"},
+		{LeaseHeld, "held"},
+		{LeaseLost, "lost"},
+		{LeaseReleased, "released"},
+		{0, "unknown"},
+		{99, "unknown"},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, tt.e.String(), "LeaseEvent(%d).String()", tt.e)
+	}
+}
+
+func TestRunTellsObserverOfLeaseEvents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		locker := &fakeLocker{}
+		rec := &recorder{}
+		s, err := New(mem, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, Lease: locker,
+			Clear: func(context.Context, string) error { return nil }, Observer: rec})
+		require.NoError(t, err)
+		stop := runInBackground(t.Context(), s)
+		synctest.Wait()
+		assert.Equal(t, []string{"runs/ acquired"}, rec.eventList())
+
+		locker.steal()
+		time.Sleep(30 * time.Second) // the next pass learns of the loss
+		synctest.Wait()
+		time.Sleep(2 * time.Minute) // the outsider keeps it
+		synctest.Wait()
+		locker.expire()
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		require.ErrorIs(t, stop(), context.Canceled)
+		// Lost at the pass of 1m, held at the try of 2m, acquired at 3m.
+		assert.Equal(t, []string{"runs/ acquired", "runs/ lost", "runs/ held", "runs/ acquired", "runs/ released"},
+			rec.eventList())
+	})
+}
+
+func TestLeasedPass(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		held       bool
+		wantErr    error
+		wantPass   bool
+		wantEvents []string
+	}{
+		{"free", false, nil, true, []string{"runs/ acquired", "runs/ released"}},
+		{"held by another", true, ErrLeaseHeld, false, []string{"runs/ held"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			mark(t, mem, "runs/", "a", t0)
+			locker := &fencingLocker{}
+			if tt.held {
+				locker.stealSilently()
+			}
+			rec := &recorder{}
+			var log passLog
+			s, clock := newSweep(t, mem, Config{Clear: func(context.Context, string) error { return nil },
+				Lease: locker, Observer: rec, OnPass: log.onPass})
+			clock.Advance(2 * time.Hour)
+			st, err := s.LeasedPass(t.Context())
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tt.wantEvents, rec.eventList())
+			if !tt.wantPass {
+				assert.Zero(t, log.len(), "no pass without the lease")
+				assert.Empty(t, rec.passes)
+				assert.Equal(t, 1, mem.Len())
+				return
+			}
+			assert.Equal(t, 1, st.Cleared)
+			assert.Zero(t, mem.Len())
+			require.Equal(t, 1, log.len(), "OnPass sees the pass")
+			assert.Equal(t, st, log.stat(0))
+			assert.Len(t, rec.passes, 1)
+			assert.False(t, locker.held(), "the lease is released")
+		})
+	}
+}
+
+func TestLeasedPassFencedAndCancelledOnLoss(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 20 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0)
+	}
+	locker := &fencingLocker{}
+	rec := &recorder{}
+	s, clock := newSweep(t, mem, Config{PageSize: 4, Lease: locker, Observer: rec,
+		Clear: func(ctx context.Context, id string) error {
+			if id == "m09" {
+				locker.stealSilently() // only the fence can tell
+			}
+			return nil
+		}})
+	clock.Advance(2 * time.Hour)
+	_, err := s.LeasedPass(t.Context())
+	require.ErrorIs(t, err, ErrLeaseLost)
+	assert.Equal(t, 12, mem.Len(), "the fence refused the page in flight")
+	assert.Equal(t, []string{"runs/ acquired", "runs/ lost"}, rec.eventList())
+	require.Len(t, rec.errs, 1)
+	assert.ErrorIs(t, rec.errs[0], ErrLeaseLost)
+	assert.Len(t, rec.lags, 8, "lags of the two pages deleted")
+}
+
+func TestObserverSeesLeaseLostMidPass(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 20 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0)
+	}
+	locker := &fakeLocker{}
+	rec := &recorder{}
+	var log passLog
+	s, clock := newSweep(t, mem, Config{PageSize: 4, Lease: locker, Observer: rec, OnPass: log.onPass,
+		Clear: func(ctx context.Context, id string) error {
+			if id == "m09" {
+				locker.steal() // the holder is told: Lost closes
+			}
+			return nil
+		}})
+	clock.Advance(2 * time.Hour)
+	_, err := s.LeasedPass(t.Context())
+	require.ErrorIs(t, err, ErrLeaseLost)
+	require.Len(t, rec.errs, 1)
+	assert.ErrorIs(t, rec.errs[0], ErrLeaseLost, "the observer sees the loss")
+	assert.ErrorIs(t, rec.errs[0], context.Canceled)
+	assert.ErrorIs(t, log.err(0), ErrLeaseLost, "as OnPass does")
+	assert.Equal(t, []string{"runs/ acquired", "runs/ lost"}, rec.eventList())
+}
+
+func TestLeasedPassWithoutLease(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	mark(t, mem, "runs/", "a", t0)
+	var log passLog
+	s, clock := newSweep(t, mem, Config{Clear: func(context.Context, string) error { return nil }, OnPass: log.onPass})
+	clock.Advance(2 * time.Hour)
+	st, err := s.LeasedPass(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Equal(t, 1, log.len())
+}
+
+func TestGroupLeasedPass(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	mark(t, mem, "runs/", "r", t0)
+	mark(t, mem, "jobs/", "j", t0)
+	clock := NewManualClock(t0.Add(2 * time.Hour))
+	rec := &recorder{}
+	var sweeps []*Sweep
+	for _, prefix := range []string{"runs/", "jobs/"} {
+		s, err := New(mem, Config{Prefix: prefix, Retention: time.Hour, Clock: clock, Observer: rec,
+			Clear: func(context.Context, string) error { return nil }})
+		require.NoError(t, err)
+		sweeps = append(sweeps, s)
+	}
+	locker := &fakeLocker{}
+	g, err := NewGroup(GroupConfig{Lease: locker}, sweeps...)
+	require.NoError(t, err)
+	stats, err := g.LeasedPass(t.Context())
+	require.NoError(t, err)
+	require.Len(t, stats, 2)
+	assert.Equal(t, 1, stats[0].Cleared)
+	assert.Equal(t, 1, stats[1].Cleared)
+	assert.Equal(t, []string{"runs/ acquired", "jobs/ acquired", "runs/ released", "jobs/ released"}, rec.eventList())
+	assert.False(t, locker.held())
+
+	locker.steal()
+	stats, err = g.LeasedPass(t.Context())
+	require.ErrorIs(t, err, ErrLeaseHeld)
+	assert.Empty(t, stats)
+}
+
+func TestLeasedPassCancelled(t *testing.T) {
+	t.Parallel()
+	s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { return nil }, Lease: &fakeLocker{}})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := s.LeasedPass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+func TestLeasedPassAcquireError(t *testing.T) {
+	t.Parallel()
+	s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { return nil }, Lease: &fakeLocker{fail: errBoom}})
+	_, err := s.LeasedPass(t.Context())
+	require.ErrorIs(t, err, errBoom)
+	assert.False(t, errors.Is(err, ErrLeaseHeld))
+}
+
+// histObserver is an Observer of the kind retentionprom makes: lags go into
+// fixed buckets under a lock taken once per page.
+type histObserver struct {
+	mu      sync.Mutex
+	bounds  []float64
+	buckets []uint64
+	sum     float64
+	count   uint64
+	passes  int
+}
+
+func newHistObserver() *histObserver {
+	b := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400}
+	return &histObserver{bounds: b, buckets: make([]uint64, len(b)+1)}
+}
+
+func (h *histObserver) ObservePass(string, Stats, error) {
+	h.mu.Lock()
+	h.passes++
+	h.mu.Unlock()
+}
+
+func (h *histObserver) ObserveLags(_ string, lags []time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// The lags never increase along the slice: those within a bucket's
+	// bound are a suffix of it, found by a binary search per bucket.
+	var sum time.Duration
+	for _, l := range lags {
+		sum += l
+	}
+	h.sum += sum.Seconds()
+	done := len(lags)
+	for i, bound := range h.bounds {
+		limit := time.Duration(bound * float64(time.Second))
+		n := sort.Search(done, func(j int) bool { return lags[j] <= limit })
+		h.buckets[i] += uint64(done - n)
+		done = n
+	}
+	h.buckets[len(h.bounds)] += uint64(done)
+	h.count += uint64(len(lags))
+}
+
+func (h *histObserver) ObserveLease(string, LeaseEvent) {}
+
+// BenchmarkPassObserved measures a pass clearing 100,000 markers on MemKV
+// without an observer and with one that buckets every lag, alternating the
+// two in one run; observed/plain is the ratio of their costs.
+func BenchmarkPassObserved(b *testing.B) {
+	const n = 100_000
+	ctx := context.Background()
+	var plain, observed time.Duration
+	run := func(obs Observer) time.Duration {
+		kv := fill(b, n)
+		s, clock := newSweep(b, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: obs})
+		clock.Set(t0.Add(24 * time.Hour))
+		runtime.GC()
+		start := time.Now()
+		st, err := s.Pass(ctx)
+		d := time.Since(start)
+		if err != nil || st.Cleared != n {
+			b.Fatalf("Pass() = %+v, %v; want %d cleared", st, err, n)
+		}
+		return d
+	}
+	h := newHistObserver()
+	var ratios []float64
+	b.StopTimer()
+	for i := 0; i < b.N; i++ {
+		var p, o time.Duration
+		if i%2 == 0 {
+			p = run(nil)
+			o = run(h)
+		} else {
+			o = run(h)
+			p = run(nil)
+		}
+		plain, observed = plain+p, observed+o
+		ratios = append(ratios, float64(o)/float64(p))
+	}
+	slices.Sort(ratios)
+	if h.count != uint64(n*b.N) {
+		b.Fatalf("observer saw %d lags, want %d", h.count, n*b.N)
+	}
+	markers := float64(n) * float64(b.N)
+	b.ReportMetric(float64(plain)/markers, "plain-ns/marker")
+	b.ReportMetric(float64(observed)/markers, "observed-ns/marker")
+	b.ReportMetric(float64(observed)/float64(plain), "observed/plain")
+	// The median of the pairs' ratios: a neighbour's burst on a shared
+	// machine skews a sum more than it skews a median.
+	b.ReportMetric(ratios[len(ratios)/2], "median-observed/plain")
+}

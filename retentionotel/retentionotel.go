@@ -1,0 +1,291 @@
+// Package retentionotel exports the metrics of retention sweeps through the
+// OpenTelemetry metric API. An Observer is a retention.Observer: set it as
+// the Config.Observer of one sweep or of every sweep of a Group, and Watch
+// the sweeps whose backlog it should report. The library uses the API
+// only; the application picks the SDK and exporter.
+//
+//	o, _ := retentionotel.New(retentionotel.Options{}) // otel.GetMeterProvider()
+//	sweep, _ := retention.New(kv, retention.Config{Prefix: "runs/done/", ..., Observer: o})
+//	o.Watch(sweep)
+//
+// The instruments, each with the attribute retention.prefix:
+//
+//	retention.markers          counter {marker}, by retention.outcome: markers handled
+//	retention.passes           counter {pass}, by retention.pass.result (ok, error, canceled, lease_lost)
+//	retention.pass.duration    histogram s: how long passes take
+//	retention.clear.lag        histogram s: how long past due each entity was cleared
+//	retention.backlog.age      gauge s: how long past due the oldest uncleared marker is
+//	retention.backlog.markers  gauge {marker}: due markers not yet cleared, counted up to Options.BacklogLimit
+//	retention.backlog.errors   counter {error}: collections whose backlog read failed
+//	retention.lease.held       gauge {lease}: 1 while this replica holds the sweep's lease
+//	retention.lease.events     counter {event}, by retention.lease.event: acquired, held, lost, released
+package retentionotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/marksweep/retention"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// ScopeName is the instrumentation scope of the Observer's meter.
+const ScopeName = "github.com/marksweep/retention/retentionotel"
+
+// ErrInvalidOptions is returned by New when an Options field is out of
+// range; the message names the field.
+var ErrInvalidOptions = errors.New("retentionotel: invalid options")
+
+// DefaultLagBuckets and DefaultDurationBuckets are the explicit bucket
+// boundaries, in seconds, the histograms advise when Options leaves them
+// nil. A View of the SDK can override them.
+var (
+	DefaultLagBuckets      = []float64{.01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400}
+	DefaultDurationBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+)
+
+// DefaultBacklogLimit is Options.BacklogLimit when zero.
+const DefaultBacklogLimit = 1000
+
+// Options configures an Observer. Every field has a usable zero value.
+type Options struct {
+	// MeterProvider provides the meter. Nil means otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+
+	// LagBuckets and DurationBuckets advise the histograms' bucket
+	// boundaries in seconds, strictly increasing. Nil means
+	// DefaultLagBuckets and DefaultDurationBuckets.
+	LagBuckets      []float64
+	DurationBuckets []float64
+
+	// BacklogLimit caps the count of retention.backlog.markers, and so the
+	// keys a collection reads per watched sweep (see
+	// retention.Sweep.Backlog). Zero means DefaultBacklogLimit; otherwise 1
+	// to retention.MaxPageSize.
+	BacklogLimit int
+}
+
+var outcomes = [...]string{"cleared", "failed", "retried", "malformed", "foreign", "live_again"}
+
+var results = [...]string{"ok", "error", "canceled", "lease_lost"}
+
+// Observer records the metrics of the sweeps it observes. Create one with
+// New; it is safe for concurrent use. Its zero value is not usable.
+type Observer struct {
+	limit int
+
+	markers, passes, leaseEvents, backlogErrors metric.Int64Counter
+	duration, lag                               metric.Float64Histogram
+	backlogAge                                  metric.Float64ObservableGauge
+	backlogMarkers, leaseHeld                   metric.Int64ObservableGauge
+
+	mu       sync.Mutex
+	byPrefix map[string]*attrs
+	watched  []*retention.Sweep
+}
+
+// attrs holds the measurement options of one prefix, made once so that
+// recording allocates nothing.
+type attrs struct {
+	prefix    metric.MeasurementOption
+	outcome   [len(outcomes)]metric.MeasurementOption
+	result    [len(results)]metric.MeasurementOption
+	event     map[retention.LeaseEvent]metric.MeasurementOption
+	record    []metric.RecordOption // prefix, for the histograms
+	leaseSeen bool                  // the sweep has a lease
+	leaseHeld bool
+}
+
+// New returns an Observer whose instruments come from opts.MeterProvider.
+// The error matches ErrInvalidOptions, or is the meter's.
+func New(opts Options) (*Observer, error) {
+	mp := opts.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	lagBuckets, durBuckets := opts.LagBuckets, opts.DurationBuckets
+	if lagBuckets == nil {
+		lagBuckets = DefaultLagBuckets
+	}
+	if durBuckets == nil {
+		durBuckets = DefaultDurationBuckets
+	}
+	for field, b := range map[string][]float64{"LagBuckets": lagBuckets, "DurationBuckets": durBuckets} {
+		if len(b) == 0 {
+			return nil, fmt.Errorf("%w: Options.%s must not be empty", ErrInvalidOptions, field)
+		}
+		for i := 1; i < len(b); i++ {
+			if !(b[i] > b[i-1]) {
+				return nil, fmt.Errorf("%w: Options.%s must increase strictly, got %v then %v", ErrInvalidOptions, field, b[i-1], b[i])
+			}
+		}
+	}
+	limit := opts.BacklogLimit
+	if limit == 0 {
+		limit = DefaultBacklogLimit
+	}
+	if limit < 1 || limit > retention.MaxPageSize {
+		return nil, fmt.Errorf("%w: Options.BacklogLimit must be 0 (default %d) or 1 to %d, got %d",
+			ErrInvalidOptions, DefaultBacklogLimit, retention.MaxPageSize, limit)
+	}
+
+	m := mp.Meter(ScopeName)
+	o := &Observer{limit: limit, byPrefix: map[string]*attrs{}}
+	var err error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, e := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		err = errors.Join(err, e)
+		return c
+	}
+	histogram := func(name, desc string, buckets []float64) metric.Float64Histogram {
+		h, e := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), metric.WithExplicitBucketBoundaries(buckets...))
+		err = errors.Join(err, e)
+		return h
+	}
+	o.markers = counter("retention.markers", "{marker}",
+		"Markers a sweep handled, by outcome: cleared, failed, retried, malformed, foreign (seen again at every pass), live_again.")
+	o.passes = counter("retention.passes", "{pass}", "Passes a sweep made, by result: ok, error, canceled, lease_lost.")
+	o.leaseEvents = counter("retention.lease.events", "{event}", "Lease events: acquired, held (by another replica), lost, released.")
+	o.backlogErrors = counter("retention.backlog.errors", "{error}", "Collections whose read of the backlog failed.")
+	o.duration = histogram("retention.pass.duration", "How long passes took.", durBuckets)
+	o.lag = histogram("retention.clear.lag", "How long past due (marker time plus retention) each cleared entity's marker was deleted.", lagBuckets)
+	var e error
+	o.backlogAge, e = m.Float64ObservableGauge("retention.backlog.age", metric.WithUnit("s"),
+		metric.WithDescription("How long past due the oldest marker not yet cleared is; 0 when the sweep is caught up."))
+	err = errors.Join(err, e)
+	o.backlogMarkers, e = m.Int64ObservableGauge("retention.backlog.markers", metric.WithUnit("{marker}"),
+		metric.WithDescription(fmt.Sprintf("Due markers not yet cleared, counted up to %d.", limit)))
+	err = errors.Join(err, e)
+	o.leaseHeld, e = m.Int64ObservableGauge("retention.lease.held", metric.WithUnit("{lease}"),
+		metric.WithDescription("1 while this replica holds the sweep's lease, else 0."))
+	err = errors.Join(err, e)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := m.RegisterCallback(o.observe, o.backlogAge, o.backlogMarkers, o.leaseHeld); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Watch makes the Observer report the backlog of the sweeps
+// (retention.backlog.age and retention.backlog.markers), read with
+// retention.Sweep.Backlog at every collection, under the collection's
+// context.
+func (o *Observer) Watch(sweeps ...*retention.Sweep) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.watched = append(o.watched, sweeps...)
+	for _, s := range sweeps {
+		o.get(s.Prefix())
+	}
+}
+
+// get returns the attributes of prefix, making them. o.mu is held.
+func (o *Observer) get(prefix string) *attrs {
+	a := o.byPrefix[prefix]
+	if a != nil {
+		return a
+	}
+	p := attribute.String("retention.prefix", prefix)
+	set := attribute.NewSet(p)
+	a = &attrs{prefix: metric.WithAttributeSet(set), event: map[retention.LeaseEvent]metric.MeasurementOption{}}
+	a.record = []metric.RecordOption{metric.WithAttributeSet(set)}
+	for i, v := range outcomes {
+		a.outcome[i] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("retention.outcome", v)))
+	}
+	for i, v := range results {
+		a.result[i] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("retention.pass.result", v)))
+	}
+	for _, e := range []retention.LeaseEvent{retention.LeaseAcquired, retention.LeaseHeld, retention.LeaseLost, retention.LeaseReleased} {
+		a.event[e] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("retention.lease.event", e.String())))
+	}
+	o.byPrefix[prefix] = a
+	return a
+}
+
+func (o *Observer) attrs(prefix string) *attrs {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.get(prefix)
+}
+
+// ObservePass implements retention.Observer.
+func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
+	a, ctx := o.attrs(prefix), context.Background()
+	for i, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Malformed, st.Foreign, st.LiveAgain} {
+		if n > 0 {
+			o.markers.Add(ctx, int64(n), a.outcome[i])
+		}
+	}
+	result := 0
+	switch {
+	case err == nil:
+	case errors.Is(err, retention.ErrLeaseLost):
+		result = 3
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		result = 2
+	default:
+		result = 1
+	}
+	o.passes.Add(ctx, 1, a.result[result])
+	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
+}
+
+// ObserveLags implements retention.Observer. The metric API has no bulk
+// record: each lag is one Record, without allocation.
+func (o *Observer) ObserveLags(prefix string, lags []time.Duration) {
+	a, ctx := o.attrs(prefix), context.Background()
+	for _, l := range lags {
+		o.lag.Record(ctx, l.Seconds(), a.record...)
+	}
+}
+
+// ObserveLease implements retention.Observer.
+func (o *Observer) ObserveLease(prefix string, e retention.LeaseEvent) {
+	o.mu.Lock()
+	a := o.get(prefix)
+	a.leaseSeen, a.leaseHeld = true, e == retention.LeaseAcquired
+	opt, ok := a.event[e]
+	o.mu.Unlock()
+	if ok {
+		o.leaseEvents.Add(context.Background(), 1, opt)
+	}
+}
+
+// observe is the callback of the gauges: it reads the backlog of the
+// watched sweeps and reports who holds the lease.
+func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
+	o.mu.Lock()
+	watched := append([]*retention.Sweep(nil), o.watched...)
+	o.mu.Unlock()
+	for _, s := range watched {
+		a := o.attrs(s.Prefix())
+		b, err := s.Backlog(ctx, o.limit)
+		if err != nil {
+			o.backlogErrors.Add(ctx, 1, a.prefix)
+			continue
+		}
+		obs.ObserveFloat64(o.backlogAge, b.Age.Seconds(), a.prefix)
+		obs.ObserveInt64(o.backlogMarkers, int64(b.Due), a.prefix)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, a := range o.byPrefix {
+		if a.leaseSeen {
+			held := int64(0)
+			if a.leaseHeld {
+				held = 1
+			}
+			obs.ObserveInt64(o.leaseHeld, held, a.prefix)
+		}
+	}
+	return nil
+}
+
+var _ retention.Observer = (*Observer)(nil)

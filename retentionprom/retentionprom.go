@@ -1,0 +1,358 @@
+// Package retentionprom exports the metrics of retention sweeps to
+// Prometheus. A Collector is both a prometheus.Collector and a
+// retention.Observer: set it as the Config.Observer of one sweep or of
+// every sweep of a Group, register it, and Watch the sweeps whose backlog
+// it should report.
+//
+//	c, _ := retentionprom.New(retentionprom.Options{})
+//	sweep, _ := retention.New(kv, retention.Config{Prefix: "runs/done/", ..., Observer: c})
+//	c.Watch(sweep)
+//	prometheus.MustRegister(c)
+//
+// Every series is labelled by the sweep's prefix:
+//
+//	retention_markers_total{outcome}        counter: markers handled, by outcome
+//	retention_passes_total{result}          counter: passes, by result (ok, error, canceled, lease_lost)
+//	retention_pass_duration_seconds         histogram: how long passes take
+//	retention_clear_lag_seconds             histogram: how long past due each entity was cleared
+//	retention_backlog_age_seconds           gauge: how long past due the oldest uncleared marker is
+//	retention_backlog_markers               gauge: due markers not yet cleared, counted up to Options.BacklogLimit
+//	retention_backlog_errors_total          counter: scrapes whose backlog read failed
+//	retention_lease_held                    gauge: 1 while this replica holds the sweep's lease
+//	retention_lease_events_total{event}     counter: lease acquired, held (by another), lost, released
+package retentionprom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/marksweep/retention"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrInvalidOptions is returned by New when an Options field is out of
+// range; the message names the field.
+var ErrInvalidOptions = errors.New("retentionprom: invalid options")
+
+// DefaultLagBuckets are the upper bounds, in seconds, of the lag histogram
+// when Options.LagBuckets is nil: from 10ms (an idle sweep clears within
+// moments of a marker falling due) to a day.
+var DefaultLagBuckets = []float64{.01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400}
+
+// DefaultDurationBuckets are the upper bounds, in seconds, of the pass
+// duration histogram when Options.DurationBuckets is nil.
+var DefaultDurationBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+
+// Defaults of Options fields.
+const (
+	DefaultBacklogLimit   = 1000
+	DefaultBacklogTimeout = 5 * time.Second
+)
+
+// Options configures a Collector. Every field has a usable zero value.
+type Options struct {
+	// Namespace is the first part of every metric name. Empty means
+	// "retention".
+	Namespace string
+
+	// LagBuckets and DurationBuckets are the histograms' upper bounds in
+	// seconds, strictly increasing. Nil means DefaultLagBuckets and
+	// DefaultDurationBuckets.
+	LagBuckets      []float64
+	DurationBuckets []float64
+
+	// BacklogLimit caps the count of retention_backlog_markers, and so the
+	// keys a scrape reads per watched sweep (see retention.Sweep.Backlog).
+	// Zero means DefaultBacklogLimit; otherwise 1 to retention.MaxPageSize.
+	BacklogLimit int
+
+	// BacklogTimeout bounds the backlog reads of one scrape. Zero means
+	// DefaultBacklogTimeout; it must not be negative.
+	BacklogTimeout time.Duration
+}
+
+// The outcomes of retention_markers_total, in the order of outcomeCounts.
+var outcomes = [...]string{"cleared", "failed", "retried", "malformed", "foreign", "live_again"}
+
+// The results of retention_passes_total.
+var results = [...]string{"ok", "error", "canceled", "lease_lost"}
+
+var leaseEvents = [...]retention.LeaseEvent{retention.LeaseAcquired, retention.LeaseHeld, retention.LeaseLost, retention.LeaseReleased}
+
+// Collector collects the metrics of the sweeps it observes. Create one with
+// New; it is safe for concurrent use. Its zero value is not usable.
+type Collector struct {
+	opts Options
+
+	markers, passes, passDuration, lag, backlogAge, backlogMarkers, backlogErrors, leaseHeld, leaseEvents *prometheus.Desc
+
+	mu      sync.Mutex
+	series  map[string]*series // by prefix
+	watched []*retention.Sweep
+}
+
+// series is what a Collector keeps for one prefix.
+type series struct {
+	markers       [len(outcomes)]uint64
+	passes        [len(results)]uint64
+	duration, lag histogram
+	backlogErrors uint64
+	leaseKnown    bool // a lease event was seen: the sweep has a lease
+	leaseHeld     bool
+	leaseEvents   [len(leaseEvents)]uint64
+}
+
+// histogram counts observations per bucket (not cumulative; the last one
+// is +Inf) and their sum in seconds.
+type histogram struct {
+	counts []uint64
+	sum    float64
+}
+
+// New returns a Collector configured by opts. The error matches
+// ErrInvalidOptions.
+func New(opts Options) (*Collector, error) {
+	if opts.Namespace == "" {
+		opts.Namespace = "retention"
+	}
+	if opts.LagBuckets == nil {
+		opts.LagBuckets = DefaultLagBuckets
+	}
+	if opts.DurationBuckets == nil {
+		opts.DurationBuckets = DefaultDurationBuckets
+	}
+	if opts.BacklogLimit == 0 {
+		opts.BacklogLimit = DefaultBacklogLimit
+	}
+	if opts.BacklogTimeout == 0 {
+		opts.BacklogTimeout = DefaultBacklogTimeout
+	}
+	if err := checkBuckets("LagBuckets", opts.LagBuckets); err != nil {
+		return nil, err
+	}
+	if err := checkBuckets("DurationBuckets", opts.DurationBuckets); err != nil {
+		return nil, err
+	}
+	switch {
+	case opts.BacklogLimit < 1 || opts.BacklogLimit > retention.MaxPageSize:
+		return nil, fmt.Errorf("%w: Options.BacklogLimit must be 0 (default %d) or 1 to %d, got %d",
+			ErrInvalidOptions, DefaultBacklogLimit, retention.MaxPageSize, opts.BacklogLimit)
+	case opts.BacklogTimeout < 0:
+		return nil, fmt.Errorf("%w: Options.BacklogTimeout must not be negative, got %v", ErrInvalidOptions, opts.BacklogTimeout)
+	}
+	opts.LagBuckets = append([]float64(nil), opts.LagBuckets...)
+	opts.DurationBuckets = append([]float64(nil), opts.DurationBuckets...)
+	name := func(n string) string { return prometheus.BuildFQName(opts.Namespace, "", n) }
+	prefix := []string{"prefix"}
+	return &Collector{
+		opts: opts,
+		markers: prometheus.NewDesc(name("markers_total"),
+			"Markers a sweep handled, by outcome: cleared, failed (Clear failed; the marker stays), retried (put off until its retry delay is over), "+
+				"malformed (deleted without Clear), foreign (keys under the prefix that are not markers, seen again at every pass), live_again.",
+			[]string{"prefix", "outcome"}, nil),
+		passes: prometheus.NewDesc(name("passes_total"),
+			"Passes a sweep made, by result: ok, error (the store failed), canceled (shutdown), lease_lost.",
+			[]string{"prefix", "result"}, nil),
+		passDuration: prometheus.NewDesc(name("pass_duration_seconds"),
+			"How long passes took.", prefix, nil),
+		lag: prometheus.NewDesc(name("clear_lag_seconds"),
+			"How long past due (its marker time plus the retention) each cleared entity's marker was deleted.", prefix, nil),
+		backlogAge: prometheus.NewDesc(name("backlog_age_seconds"),
+			"How long past due the oldest marker not yet cleared is, read at scrape time; 0 when the sweep is caught up.", prefix, nil),
+		backlogMarkers: prometheus.NewDesc(name("backlog_markers"),
+			fmt.Sprintf("Due markers not yet cleared, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
+		backlogErrors: prometheus.NewDesc(name("backlog_errors_total"),
+			"Scrapes whose read of the backlog failed; the backlog gauges are then missing.", prefix, nil),
+		leaseHeld: prometheus.NewDesc(name("lease_held"),
+			"1 while this replica holds the sweep's lease, else 0; absent for a sweep without a lease.", prefix, nil),
+		leaseEvents: prometheus.NewDesc(name("lease_events_total"),
+			"Lease events: acquired, held (found held by another replica), lost, released.",
+			[]string{"prefix", "event"}, nil),
+		series: map[string]*series{},
+	}, nil
+}
+
+func checkBuckets(field string, b []float64) error {
+	if len(b) == 0 {
+		return fmt.Errorf("%w: Options.%s must not be empty", ErrInvalidOptions, field)
+	}
+	for i := 1; i < len(b); i++ {
+		if !(b[i] > b[i-1]) {
+			return fmt.Errorf("%w: Options.%s must increase strictly, got %v then %v", ErrInvalidOptions, field, b[i-1], b[i])
+		}
+	}
+	return nil
+}
+
+// Watch makes the Collector report the backlog of the sweeps (gauges
+// retention_backlog_age_seconds and retention_backlog_markers), read with
+// retention.Sweep.Backlog at every scrape: at most a few Scan calls of up
+// to Options.BacklogLimit keys per sweep.
+func (c *Collector) Watch(sweeps ...*retention.Sweep) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.watched = append(c.watched, sweeps...)
+	for _, s := range sweeps {
+		c.get(s.Prefix())
+	}
+}
+
+// get returns the series of prefix, creating it. c.mu is held.
+func (c *Collector) get(prefix string) *series {
+	s := c.series[prefix]
+	if s == nil {
+		s = &series{
+			duration: histogram{counts: make([]uint64, len(c.opts.DurationBuckets)+1)},
+			lag:      histogram{counts: make([]uint64, len(c.opts.LagBuckets)+1)},
+		}
+		c.series[prefix] = s
+	}
+	return s
+}
+
+// ObservePass implements retention.Observer.
+func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
+	result := 0
+	switch {
+	case err == nil:
+	case errors.Is(err, retention.ErrLeaseLost):
+		result = 3
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		result = 2
+	default:
+		result = 1
+	}
+	d := st.Duration.Seconds()
+	i := sort.SearchFloat64s(c.opts.DurationBuckets, d)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.get(prefix)
+	for j, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Malformed, st.Foreign, st.LiveAgain} {
+		s.markers[j] += uint64(n)
+	}
+	s.passes[result]++
+	s.duration.counts[i]++
+	s.duration.sum += d
+}
+
+// ObserveLags implements retention.Observer. The lags of a page never
+// increase along the slice, so each bucket's share is found by a binary
+// search: the cost is per bucket, not per lag.
+func (c *Collector) ObserveLags(prefix string, lags []time.Duration) {
+	var sum time.Duration
+	sorted := true
+	for i, l := range lags {
+		sum += l
+		if i > 0 && l > lags[i-1] {
+			sorted = false
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := &c.get(prefix).lag
+	h.sum += sum.Seconds()
+	bounds := c.opts.LagBuckets
+	if !sorted { // not from a retention.Sweep, which promises the order
+		for _, l := range lags {
+			h.counts[sort.SearchFloat64s(bounds, l.Seconds())]++
+		}
+		return
+	}
+	rest := len(lags) // lags[:rest] are above the bounds seen so far
+	for i, bound := range bounds {
+		n := sort.Search(rest, func(j int) bool { return lags[j].Seconds() <= bound })
+		h.counts[i] += uint64(rest - n)
+		rest = n
+	}
+	h.counts[len(bounds)] += uint64(rest)
+}
+
+// ObserveLease implements retention.Observer.
+func (c *Collector) ObserveLease(prefix string, e retention.LeaseEvent) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.get(prefix)
+	s.leaseKnown = true
+	s.leaseHeld = e == retention.LeaseAcquired
+	for i, le := range leaseEvents {
+		if le == e {
+			s.leaseEvents[i]++
+		}
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.markers, c.passes, c.passDuration, c.lag, c.backlogAge,
+		c.backlogMarkers, c.backlogErrors, c.leaseHeld, c.leaseEvents} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. It reads the backlog of the
+// watched sweeps, outside the Collector's lock, then reports every series.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	watched := append([]*retention.Sweep(nil), c.watched...)
+	c.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.BacklogTimeout)
+	defer cancel()
+	var failed []string
+	for _, s := range watched {
+		b, err := s.Backlog(ctx, c.opts.BacklogLimit)
+		if err != nil {
+			failed = append(failed, s.Prefix())
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.backlogAge, prometheus.GaugeValue, b.Age.Seconds(), s.Prefix())
+		ch <- prometheus.MustNewConstMetric(c.backlogMarkers, prometheus.GaugeValue, float64(b.Due), s.Prefix())
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, prefix := range failed {
+		c.get(prefix).backlogErrors++
+	}
+	for prefix, s := range c.series {
+		for i, o := range outcomes {
+			ch <- prometheus.MustNewConstMetric(c.markers, prometheus.CounterValue, float64(s.markers[i]), prefix, o)
+		}
+		for i, r := range results {
+			ch <- prometheus.MustNewConstMetric(c.passes, prometheus.CounterValue, float64(s.passes[i]), prefix, r)
+		}
+		ch <- s.duration.metric(c.passDuration, c.opts.DurationBuckets, prefix)
+		ch <- s.lag.metric(c.lag, c.opts.LagBuckets, prefix)
+		ch <- prometheus.MustNewConstMetric(c.backlogErrors, prometheus.CounterValue, float64(s.backlogErrors), prefix)
+		if s.leaseKnown {
+			held := 0.0
+			if s.leaseHeld {
+				held = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.leaseHeld, prometheus.GaugeValue, held, prefix)
+			for i, e := range leaseEvents {
+				ch <- prometheus.MustNewConstMetric(c.leaseEvents, prometheus.CounterValue, float64(s.leaseEvents[i]), prefix, e.String())
+			}
+		}
+	}
+}
+
+// metric returns h as a constant Prometheus histogram, whose buckets are
+// cumulative.
+func (h *histogram) metric(desc *prometheus.Desc, bounds []float64, prefix string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(bounds))
+	var n uint64
+	for i, b := range bounds {
+		n += h.counts[i]
+		buckets[b] = n
+	}
+	n += h.counts[len(bounds)]
+	return prometheus.MustNewConstHistogram(desc, n, h.sum, buckets, prefix)
+}
+
+var _ retention.Observer = (*Collector)(nil)
+var _ prometheus.Collector = (*Collector)(nil)
