@@ -47,6 +47,9 @@ func (s *Sweep) Prefix() string { return s.prefix }
 // new time. Malformed markers and foreign keys are skipped.
 func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 	var b Backlog
+	if err := s.configured("Backlog"); err != nil {
+		return b, err
+	}
 	if err := ctx.Err(); err != nil {
 		return b, err
 	}

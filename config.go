@@ -137,7 +137,10 @@ type Config struct {
 	// marker-shaped key whose id it refuses is deleted as malformed, without
 	// Clear.
 	// Nil means the package's ValidateID. An empty id is refused whatever
-	// this function says.
+	// this function says. Write markers with ids of this rule through the
+	// sweep: Sweep.MarkerKey (whose key the adapters' MarkKeyTx write in a
+	// transaction) or Sweep.Mark; the package-level MarkerKey and Mark
+	// check ids by the default rule only.
 	ValidateID func(id string) error
 
 	// OnPass is called by Run (and by a Group's Run) after every pass, on

@@ -51,9 +51,13 @@
 //     9999 are deleted as malformed, without Clear. Other keys under the
 //     prefix are foreign and left alone, but a pass steps over them, so keep
 //     markers under a prefix of their own.
-//   - Ids follow ValidateID unless Config.ValidateID says otherwise; an
-//     empty id is always refused, since clearing "<entity-prefix>" + "" is
-//     rarely what anyone wants.
+//   - Ids follow ValidateID (1 to MaxIDLen bytes of A-Z a-z 0-9 _ -)
+//     unless Config.ValidateID says otherwise; then write markers with
+//     Sweep.MarkerKey or Sweep.Mark, which check ids by the sweep's rule.
+//     An empty id is always refused, since clearing "<entity-prefix>" + ""
+//     is rarely what anyone wants.
+//   - A Sweep or Group not made by New or NewGroup returns ErrNotConfigured,
+//     and a second Run of a running Sweep returns ErrRunning.
 //   - A Clear that ignores its context cannot be stopped: Go cannot
 //     pre-empt a goroutine, and the page waits for it.
 //   - Without coordination, several processes running the same sweep over

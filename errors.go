@@ -41,3 +41,14 @@ var ErrLeaseHeld = errors.New("retention: lease held by another replica")
 // Config.OnPass sees for a pass cut short because the lease was lost. A
 // fenced write refused by the store (see Fencer) matches it too.
 var ErrLeaseLost = errors.New("retention: lease lost")
+
+// ErrNotConfigured is returned by the methods of a Sweep or Group that was
+// not made by New or NewGroup, such as a zero value: it has no store, prefix
+// or schedule to work with. The message names the constructor to use.
+var ErrNotConfigured = errors.New("retention: not configured")
+
+// ErrRunning is returned by Run when the Sweep (or one of a Group's sweeps)
+// is already being run by another call of Run, of the Sweep itself or of a
+// Group holding it: a second loop would double every pass. Stop the first
+// Run (cancel its context) before starting another.
+var ErrRunning = errors.New("retention: already running")

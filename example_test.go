@@ -8,6 +8,57 @@ import (
 	"github.com/marksweep/retention"
 )
 
+// finishRun records that a run finished at t. A real service writes the
+// marker in the transaction that records the run's outcome: every adapter
+// has a MarkTx (etcdkv a MarkOp) for that.
+func finishRun(ctx context.Context, kv *retention.MemKV, runID string, t time.Time) error {
+	key, err := retention.MarkerKey("runs/done/", t, runID)
+	if err != nil {
+		return err
+	}
+	return kv.Put(ctx, key, nil)
+}
+
+// startRunSweep clears each run's state a week after it finished, in the
+// background until ctx is done.
+func startRunSweep(ctx context.Context, kv retention.KV, deleteRunState func(context.Context, string) error) error {
+	sweep, err := retention.New(kv, retention.Config{
+		Prefix:    "runs/done/",
+		Retention: 7 * 24 * time.Hour,
+		Clear:     deleteRunState, // must be idempotent: nil when nothing is left
+	})
+	if err != nil {
+		return err
+	}
+	go sweep.Run(ctx) // first pass at once, then whenever the next marker falls due
+	return nil
+}
+
+func Example() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kv := retention.NewMemKV() // or your own store behind retention.KV
+	_ = finishRun(ctx, kv, "run-1", time.Now().Add(-8*24*time.Hour))
+	_ = finishRun(ctx, kv, "run-2", time.Now())
+
+	cleared := make(chan string)
+	err := startRunSweep(ctx, kv, func(ctx context.Context, id string) error {
+		select {
+		case cleared <- id:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("cleared", <-cleared)
+	// Output:
+	// cleared run-1
+}
+
 func ExampleSweep_Pass() {
 	ctx := context.Background()
 	kv := retention.NewMemKV()

@@ -28,7 +28,8 @@ type GroupConfig struct {
 
 // Group runs several sweeps, such as runs and batches under two prefixes,
 // from one loop with one lease. Create one with NewGroup; most callers want
-// Run.
+// Run. The zero value is not usable: its methods return an error matching
+// ErrNotConfigured.
 type Group struct {
 	loop loop
 }
@@ -80,6 +81,9 @@ func inScanRange(long, short string) bool {
 // is for tests and for callers with their own scheduling. A failing sweep
 // does not stop the others; the error joins every failure.
 func (g *Group) Pass(ctx context.Context) ([]Stats, error) {
+	if err := g.configured("Pass"); err != nil {
+		return nil, err
+	}
 	stats := make([]Stats, len(g.loop.members))
 	var errs []error
 	for i, s := range g.loop.members {
@@ -100,6 +104,11 @@ func (g *Group) Pass(ctx context.Context) ([]Stats, error) {
 // group's lease and jitter: after each round it sleeps until the first of
 // the sweeps' next markers falls due, but never longer than the shortest of
 // their Intervals. Each sweep's Config.OnPass sees its passes.
+// While the group or one of its sweeps is being run by another Run, it
+// returns an error matching ErrRunning at once.
 func (g *Group) Run(ctx context.Context) error {
-	return g.loop.run(ctx)
+	if err := g.configured("Run"); err != nil {
+		return err
+	}
+	return g.loop.runExclusive(ctx)
 }

@@ -17,6 +17,9 @@ import (
 // Config.OnPass and Config.Observer see the pass, and the Observer the
 // lease's events, as they do under Run. Most callers want Run.
 func (s *Sweep) LeasedPass(ctx context.Context) (Stats, error) {
+	if err := s.configured("LeasedPass"); err != nil {
+		return Stats{}, err
+	}
 	l := &loop{members: []*Sweep{s}, locker: s.lease, log: s.log}
 	stats, err := l.once(ctx)
 	if len(stats) == 0 {
@@ -30,6 +33,9 @@ func (s *Sweep) LeasedPass(ctx context.Context) (Stats, error) {
 // (none when the lease was held by another replica). A failing sweep does
 // not stop the others; the error joins every failure.
 func (g *Group) LeasedPass(ctx context.Context) ([]Stats, error) {
+	if err := g.configured("LeasedPass"); err != nil {
+		return nil, err
+	}
 	l := &loop{members: g.loop.members, locker: g.loop.locker, log: g.loop.log}
 	return l.once(ctx)
 }

@@ -61,7 +61,8 @@ type Putter interface {
 }
 
 // Mark writes the marker for id, finished at t, under prefix, with an empty
-// value. It refuses what MarkerKey refuses.
+// value. It refuses what MarkerKey refuses: ids outside the default rule
+// (ValidateID). For a sweep with its own Config.ValidateID use Sweep.Mark.
 //
 // Mark writes the marker on its own. Where the store has transactions,
 // prefer writing MarkerKey's key in the transaction that records the
@@ -69,6 +70,21 @@ type Putter interface {
 // crash between the two writes, and the entity is then never cleared.
 func Mark(ctx context.Context, p Putter, prefix, id string, t time.Time) error {
 	key, err := MarkerKey(prefix, t, id)
+	if err != nil {
+		return err
+	}
+	return p.Put(ctx, key, nil)
+}
+
+// Mark writes the marker for id, finished at t, under the sweep's prefix
+// through p, with an empty value. Unlike the package-level Mark it checks id
+// by the sweep's rule (Config.ValidateID), so it writes every id the sweep
+// accepts; it refuses what Sweep.MarkerKey refuses. The advice of Mark
+// holds: where the store has transactions, write Sweep.MarkerKey's key in
+// the transaction that records the entity's terminal state (the adapters'
+// MarkKeyTx and MarkKeyOp take it).
+func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) error {
+	key, err := s.MarkerKey(t, id)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,7 +41,8 @@ type Stats struct {
 // Sweep clears entities whose terminal markers are older than a retention
 // window. Create one with New; call Run for a background loop, or Pass for
 // one sweep (in tests, or driven by your own scheduler). A Sweep is safe for
-// concurrent use; its passes never overlap.
+// concurrent use; its passes never overlap. The zero value is not usable:
+// its methods return an error matching ErrNotConfigured.
 type Sweep struct {
 	kv           KV
 	prefix       string
@@ -65,7 +67,11 @@ type Sweep struct {
 	// lower and upper bound the marker space: the prefix followed by a digit.
 	lower, upper []byte
 
+	// running is set while a Run (or a Group's Run) runs the sweep.
+	running atomic.Bool
+
 	// busy serialises passes and guards what follows, which passes reuse.
+	// It is nil in a Sweep not made by New.
 	busy          chan struct{}
 	retries       retries
 	foreignSeen   int       // foreign keys of the last pass that had any
@@ -117,6 +123,9 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 // sweep's prefix, checking id with the sweep's ValidateID. Use it instead of
 // the package-level MarkerKey when Config.ValidateID is set.
 func (s *Sweep) MarkerKey(t time.Time, id string) ([]byte, error) {
+	if err := s.configured("MarkerKey"); err != nil {
+		return nil, err
+	}
 	if err := s.checkID(id); err != nil {
 		return nil, err
 	}
@@ -169,6 +178,9 @@ func (s *Sweep) callValidate(id string) (err error) {
 // answer within StoreTimeout, and ctx.Err() when ctx is done; in every case
 // no marker whose Clear did not succeed has been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
+	if err := s.configured("Pass"); err != nil {
+		return st, err
+	}
 	return s.pass(ctx, s.kv)
 }
 
@@ -496,7 +508,13 @@ func earliest(a, b time.Time) time.Time {
 // deletes in the store. A replica without the lease retries every
 // Interval. Run releases a held lease and leaves no goroutine behind when it
 // returns.
+//
+// One Run at a time runs a Sweep: while one runs (on its own or in a
+// Group), another returns an error matching ErrRunning at once.
 func (s *Sweep) Run(ctx context.Context) error {
+	if err := s.configured("Run"); err != nil {
+		return err
+	}
 	l := &loop{
 		members:     []*Sweep{s},
 		locker:      s.lease,
@@ -504,5 +522,5 @@ func (s *Sweep) Run(ctx context.Context) error {
 		jitter:      s.jitter,
 		startJitter: s.startJitter,
 	}
-	return l.run(ctx)
+	return l.runExclusive(ctx)
 }

@@ -3,7 +3,8 @@
 //
 // The caller opens and closes the *bbolt.DB; a KV never closes it. Write a
 // marker with MarkTx inside the bbolt transaction that records the entity's
-// terminal state, so both commit or neither does.
+// terminal state, so both commit or neither does; a sweep with its own id
+// rule (Config.ValidateID) writes the key of Sweep.MarkerKey with MarkKeyTx.
 package boltkv
 
 import (
@@ -117,11 +118,23 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 
 // MarkTx writes the marker of id, finished at t, under prefix, inside the
 // caller's writable transaction tx. It refuses what retention.MarkerKey
-// refuses, and writes nothing then.
+// refuses, and writes nothing then. For a sweep with its own
+// Config.ValidateID, use MarkKeyTx with the key of Sweep.MarkerKey.
 func (k *KV) MarkTx(tx *bbolt.Tx, prefix, id string, t time.Time) error {
 	key, err := retention.MarkerKey(prefix, t, id)
 	if err != nil {
 		return err
+	}
+	return k.MarkKeyTx(tx, key)
+}
+
+// MarkKeyTx writes the marker key inside the caller's writable transaction
+// tx. Take key from Sweep.MarkerKey, which checks the id by the sweep's own
+// rule (Config.ValidateID), or from retention.MarkerKey. An empty key is
+// refused with an error matching retention.ErrMalformedMarker.
+func (k *KV) MarkKeyTx(tx *bbolt.Tx, key []byte) error {
+	if len(key) == 0 {
+		return fmt.Errorf("boltkv: MarkKeyTx: %w: empty key", retention.ErrMalformedMarker)
 	}
 	b, err := k.bucketOf(tx)
 	if err != nil {

@@ -4,7 +4,8 @@
 // Delete batches the keys into transactions of at most Options.MaxTxnOps
 // operations each, the server's per-transaction limit. Write a marker by
 // adding MarkOp's operation to the Txn that records the entity's terminal
-// state. Replicas that share the keys take turns with a Locker, whose
+// state (MarkKeyOp's, with the key of Sweep.MarkerKey, for a sweep with its
+// own id rule). Replicas that share the keys take turns with a Locker, whose
 // leases fence the KV: a holder's deletes are transactions that apply only
 // while its lock key still exists.
 //
@@ -226,11 +227,24 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 // MarkOp returns the operation that writes the marker of id, finished at t,
 // under prefix: add it to the Then branch of the Txn that records the
 // entity's terminal state, and the marker commits with it. It refuses what
-// retention.MarkerKey refuses.
+// retention.MarkerKey refuses. For a sweep with its own Config.ValidateID,
+// use MarkKeyOp with the key of Sweep.MarkerKey.
 func (k *KV) MarkOp(prefix, id string, t time.Time) (clientv3.Op, error) {
 	key, err := retention.MarkerKey(prefix, t, id)
 	if err != nil {
 		return clientv3.Op{}, err
+	}
+	return k.MarkKeyOp(key)
+}
+
+// MarkKeyOp returns the operation that writes the marker key under the KV's
+// namespace, like MarkOp. Take key from Sweep.MarkerKey, which checks the id
+// by the sweep's own rule (Config.ValidateID), or from retention.MarkerKey.
+// An empty key is refused with an error matching
+// retention.ErrMalformedMarker.
+func (k *KV) MarkKeyOp(key []byte) (clientv3.Op, error) {
+	if len(key) == 0 {
+		return clientv3.Op{}, fmt.Errorf("etcdkv: MarkKeyOp: %w: empty key", retention.ErrMalformedMarker)
 	}
 	return clientv3.OpPut(k.ns+string(key), ""), nil
 }

@@ -1,14 +1,8 @@
 // Package kvtest checks that a retention.KV implementation keeps the
-// contract a Sweep relies on. Adapter authors call Run from a test:
-//
-//	func TestConformance(t *testing.T) {
-//		kvtest.Run(t, func(t testing.TB) kvtest.Store {
-//			kv := newEmptyStore(t)
-//			return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error {
-//				return kv.Put(ctx, key, nil)
-//			}}
-//		})
-//	}
+// contract a Sweep relies on. Adapter authors write a Factory that returns
+// a fresh, empty Store (the KV and a way to write a key), and call Run with
+// it from a test, as the example does; Benchmark measures a Sweep over the
+// same stores.
 //
 // Each behaviour runs as its own subtest on a fresh store from the factory,
 // so a failure names the part of the contract that is broken. Run the suite

@@ -19,11 +19,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func memStore(testing.TB) kvtest.Store {
-	kv := retention.NewMemKV()
-	return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
-}
-
+// TestMemKV runs the suite with the example's factory.
 func TestMemKV(t *testing.T) {
 	kvtest.Run(t, memStore)
 }

@@ -153,53 +153,6 @@ func (e *memLease) Release(context.Context) error {
 	return nil
 }
 
-// memHarness keeps markers in a MemKV and entity state in a map.
-func memHarness(testing.TB) leasetest.Harness {
-	kv := retention.NewMemKV()
-	leases := &memLeases{}
-	const ttl = time.Second
-	return leasetest.Harness{
-		TTL: ttl,
-		NewReplica: func(testing.TB) leasetest.Replica {
-			killed := &atomic.Bool{}
-			return leasetest.Replica{
-				KV:     kv,
-				Locker: &memLocker{m: leases, kv: kv, ttl: ttl, killed: killed},
-				Clear: func(context.Context, string) error {
-					return nil
-				},
-				Kill: func() { killed.Store(true) },
-			}
-		},
-		Finish: func(ctx context.Context, prefix string, ids []string, at time.Time) error {
-			for _, id := range ids {
-				if err := retention.Mark(ctx, kv, prefix, id, at); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-		Present: func(ctx context.Context, ids []string) (map[string]bool, error) {
-			// State is gone once its marker is: Clear is a no-op here, so
-			// the markers themselves stand for the state.
-			present := map[string]bool{}
-			keys, err := kv.Scan(ctx, []byte("fleet/"), []byte("fleet0"), 1<<30)
-			if err != nil {
-				return nil, err
-			}
-			for _, k := range keys {
-				_, id, err := retention.ParseMarkerKey("fleet/", k)
-				if err != nil {
-					return nil, fmt.Errorf("stray key %q: %w", k, err)
-				}
-				present[string(id)] = true
-			}
-			return present, nil
-		},
-		Expire: func(testing.TB) { leases.expire() },
-	}
-}
-
 // TestInMemory runs the fleet proofs over MemKV and an in-memory lease, so
 // the suite itself is exercised without servers.
 func TestInMemory(t *testing.T) {

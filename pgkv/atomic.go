@@ -12,9 +12,8 @@ import (
 )
 
 // ClearFunc queues on b the statements that clear the entities of ids, for
-// example
-//
-//	b.Queue("DELETE FROM jobs WHERE id = ANY($1)", ids)
+// example a DELETE of their rows with ids as the parameter (see the example
+// of KV.WithClear).
 //
 // They run with the deletion of the ids' markers in one transaction. It
 // returns an error to clear nothing.

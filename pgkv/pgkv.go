@@ -4,7 +4,8 @@
 // The table has one column, key bytea PRIMARY KEY: bytea compares bytewise,
 // so the primary key index serves every Scan as an index range scan. Create
 // it with Migrate. Write a marker with MarkTx inside the transaction that
-// records the entity's terminal state.
+// records the entity's terminal state (MarkKeyTx with the key of
+// Sweep.MarkerKey for a sweep with its own id rule).
 //
 // Replicas that share the table take turns with a Locker: a lease row with
 // a TTL in a table created by MigrateLeases. Its leases fence the KV: a
@@ -296,11 +297,24 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 // MarkTx writes the marker of id, finished at t, under prefix, through tx:
 // pass the pgx.Tx that records the entity's terminal state, and the marker
 // commits or rolls back with it. Writing a marker twice is not an error. It
-// refuses what retention.MarkerKey refuses, and writes nothing then.
+// refuses what retention.MarkerKey refuses, and writes nothing then. For a
+// sweep with its own Config.ValidateID, use MarkKeyTx with the key of
+// Sweep.MarkerKey.
 func (k *KV) MarkTx(ctx context.Context, tx DB, prefix, id string, t time.Time) error {
 	key, err := retention.MarkerKey(prefix, t, id)
 	if err != nil {
 		return err
+	}
+	return k.MarkKeyTx(ctx, tx, key)
+}
+
+// MarkKeyTx writes the marker key through tx, like MarkTx. Take key from
+// Sweep.MarkerKey, which checks the id by the sweep's own rule
+// (Config.ValidateID), or from retention.MarkerKey. An empty key is refused
+// with an error matching retention.ErrMalformedMarker.
+func (k *KV) MarkKeyTx(ctx context.Context, tx DB, key []byte) error {
+	if len(key) == 0 {
+		return fmt.Errorf("pgkv: MarkKeyTx: %w: empty key", retention.ErrMalformedMarker)
 	}
 	return k.put(ctx, tx, key)
 }

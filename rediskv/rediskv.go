@@ -4,7 +4,8 @@
 // Every marker is a member with score 0; members of equal score are ordered
 // bytewise, so Scan is one ZRANGE ... BYLEX ... LIMIT (Redis 6.2 or later)
 // and Delete one ZREM. Write a marker with MarkTx inside the MULTI (or
-// pipeline) that records the entity's terminal state. Replicas that share
+// pipeline) that records the entity's terminal state (MarkKeyTx with the
+// key of Sweep.MarkerKey for a sweep with its own id rule). Replicas that share
 // the set take turns with a Locker, whose leases fence the KV: a holder's
 // ZREM runs in a script only while the lease key still holds its token.
 //
@@ -108,11 +109,24 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 // the redis.Pipeliner of the TxPipelined call (a MULTI) that records the
 // entity's terminal state, and the marker is written with it. It refuses
 // what retention.MarkerKey refuses, and queues nothing then; the write's own
-// outcome is reported by the pipeline's Exec.
+// outcome is reported by the pipeline's Exec. For a sweep with its own
+// Config.ValidateID, use MarkKeyTx with the key of Sweep.MarkerKey.
 func (k *KV) MarkTx(ctx context.Context, pipe redis.Pipeliner, prefix, id string, t time.Time) error {
 	key, err := retention.MarkerKey(prefix, t, id)
 	if err != nil {
 		return err
+	}
+	return k.MarkKeyTx(ctx, pipe, key)
+}
+
+// MarkKeyTx queues the marker key on pipe, like MarkTx. Take key from
+// Sweep.MarkerKey, which checks the id by the sweep's own rule
+// (Config.ValidateID), or from retention.MarkerKey. An empty key is refused
+// with an error matching retention.ErrMalformedMarker, and nothing is
+// queued then.
+func (k *KV) MarkKeyTx(ctx context.Context, pipe redis.Pipeliner, key []byte) error {
+	if len(key) == 0 {
+		return fmt.Errorf("rediskv: MarkKeyTx: %w: empty key", retention.ErrMalformedMarker)
 	}
 	pipe.ZAdd(ctx, k.key, member(key))
 	return nil

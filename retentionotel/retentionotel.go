@@ -2,11 +2,8 @@
 // OpenTelemetry metric API. An Observer is a retention.Observer: set it as
 // the Config.Observer of one sweep or of every sweep of a Group, and Watch
 // the sweeps whose backlog it should report. The library uses the API
-// only; the application picks the SDK and exporter.
-//
-//	o, _ := retentionotel.New(retentionotel.Options{}) // otel.GetMeterProvider()
-//	sweep, _ := retention.New(kv, retention.Config{Prefix: "runs/done/", ..., Observer: o})
-//	o.Watch(sweep)
+// only; the application picks the SDK and exporter. The example of New
+// shows it with the SDK's manual reader.
 //
 // The instruments, each with the attribute retention.prefix:
 //

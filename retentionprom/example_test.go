@@ -55,3 +55,47 @@ func ExampleCollector() {
 	// retention_backlog_age_seconds 0
 	// retention_clear_lag_seconds count 3, sum 270
 }
+
+// sweepWithMetrics makes a sweep that reports to Prometheus through reg
+// (prometheus.DefaultRegisterer in most services).
+func sweepWithMetrics(reg prometheus.Registerer, kv retention.KV, clearRun func(context.Context, string) error) (*retention.Sweep, error) {
+	metrics, err := retentionprom.New(retentionprom.Options{})
+	if err != nil {
+		return nil, err
+	}
+	sweep, err := retention.New(kv, retention.Config{Prefix: "runs/done/", Retention: 7 * 24 * time.Hour, Clear: clearRun, Observer: metrics})
+	if err != nil {
+		return nil, err
+	}
+	metrics.Watch(sweep)      // report its backlog, read at each scrape
+	reg.MustRegister(metrics) // then serve promhttp.Handler() at /metrics
+	return sweep, nil
+}
+
+// The metrics of a sweep with two markers due and none cleared yet.
+func ExampleNew() {
+	ctx := context.Background()
+	kv := retention.NewMemKV()
+	for _, id := range []string{"run-1", "run-2"} {
+		_ = retention.Mark(ctx, kv, "runs/done/", id, time.Now().Add(-30*24*time.Hour))
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := sweepWithMetrics(reg, kv, func(context.Context, string) error { return nil }); err != nil {
+		fmt.Println(err)
+		return
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, f := range families {
+		if f.GetName() == "retention_backlog_markers" {
+			for _, m := range f.GetMetric() {
+				fmt.Println(f.GetName(), m.GetLabel()[0].GetValue(), m.GetGauge().GetValue())
+			}
+		}
+	}
+	// Output:
+	// retention_backlog_markers runs/done/ 2
+}

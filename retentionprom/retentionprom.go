@@ -2,12 +2,7 @@
 // Prometheus. A Collector is both a prometheus.Collector and a
 // retention.Observer: set it as the Config.Observer of one sweep or of
 // every sweep of a Group, register it, and Watch the sweeps whose backlog
-// it should report.
-//
-//	c, _ := retentionprom.New(retentionprom.Options{})
-//	sweep, _ := retention.New(kv, retention.Config{Prefix: "runs/done/", ..., Observer: c})
-//	c.Watch(sweep)
-//	prometheus.MustRegister(c)
+// it should report; the example of New does all three.
 //
 // Every series is labelled by the sweep's prefix:
 //

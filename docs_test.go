@@ -1,0 +1,249 @@
+package retention
+
+import (
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/doc/comment"
+	"go/parser"
+	"go/printer"
+	"go/token"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+var updateREADME = flag.Bool("update-readme", false, "rewrite README.md's Go blocks from the code they show")
+
+// readmeCode marks the Go block that follows it as the source of named
+// declarations: <!-- code: boltkv/example_test.go finishJob newJobSweep -->
+var readmeCode = regexp.MustCompile(`^<!-- code: (\S+)((?: \S+)+) -->$`)
+
+// TestREADMECode keeps README.md's Go code compiled and run: every ```go
+// block must follow a code marker and equal the declarations it names (doc
+// comments left out), which live in Example files of the modules (or in the
+// library itself), so that go test builds them and runs most of them.
+// go test -run TestREADMECode -update-readme rewrites the blocks.
+func TestREADMECode(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	lines := strings.SplitAfter(string(readme), "\n")
+	var out strings.Builder
+	blocks := 0
+	for i := 0; i < len(lines); i++ {
+		out.WriteString(lines[i])
+		if strings.TrimSpace(lines[i]) != "```go" {
+			continue
+		}
+		blocks++
+		end := i + 1
+		for end < len(lines) && strings.TrimSpace(lines[end]) != "```" {
+			end++
+		}
+		require.Less(t, end, len(lines), "README.md:%d: unterminated ```go block", i+1)
+		got := strings.Join(lines[i+1:end], "")
+		marker := ""
+		for j := i - 1; j >= 0; j-- {
+			if s := strings.TrimSpace(lines[j]); s != "" {
+				marker = s
+				break
+			}
+		}
+		m := readmeCode.FindStringSubmatch(marker)
+		if m == nil {
+			t.Errorf("README.md:%d: a ```go block without a <!-- code: FILE NAME... --> line before it: "+
+				"put the code in an Example file and name it there, so that it compiles", i+1)
+			out.WriteString(got)
+			i = end - 1
+			continue
+		}
+		want, err := declSource(m[1], strings.Fields(m[2]))
+		if err != nil {
+			t.Errorf("README.md:%d: %v", i+1, err)
+			out.WriteString(got)
+		} else {
+			if got != want {
+				t.Errorf("README.md:%d: the block differs from %s %s (run go test -run TestREADMECode -update-readme); want:\n%s", i+1, m[1], m[2], want)
+			}
+			out.WriteString(want)
+		}
+		i = end - 1
+	}
+	require.Positive(t, blocks, "README.md has no ```go block: is this the right file?")
+	if *updateREADME && out.String() != string(readme) {
+		require.NoError(t, os.WriteFile("README.md", []byte(out.String()), 0o644))
+	}
+}
+
+// declSource returns the source of the named top-level functions and types
+// of a Go file, without their doc comments, separated by blank lines.
+func declSource(path string, names []string) (string, error) {
+	src, err := os.ReadFile(filepath.FromSlash(path))
+	if err != nil {
+		return "", err
+	}
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, src, parser.ParseComments)
+	if err != nil {
+		return "", err
+	}
+	var parts []string
+	for _, name := range names {
+		var node ast.Node
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil && d.Name.Name == name {
+					node = d
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					if ts, ok := s.(*ast.TypeSpec); ok && ts.Name.Name == name && len(d.Specs) == 1 {
+						node = d
+					}
+				}
+			}
+		}
+		if node == nil {
+			return "", fmt.Errorf("%s declares no function or type %s", path, name)
+		}
+		var start token.Pos
+		switch n := node.(type) {
+		case *ast.FuncDecl:
+			start = n.Type.Pos() // after the doc comment
+		case *ast.GenDecl:
+			start = n.TokPos
+		}
+		parts = append(parts, string(src[fset.Position(start).Offset:fset.Position(node.End()).Offset]))
+	}
+	return strings.Join(parts, "\n\n") + "\n", nil
+}
+
+// TestDocCommentsHaveNoCode keeps Go code out of the library's doc
+// comments, where nothing compiles it: code goes in Example functions,
+// which godoc shows next to the docs and go test compiles. Blocks that are
+// not Go (a list of metrics) may stay.
+func TestDocCommentsHaveNoCode(t *testing.T) {
+	for _, dir := range []string{".", "kvtest", "leasetest", "boltkv", "pgkv", "rediskv", "etcdkv", "retentionprom", "retentionotel"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		require.NoError(t, err)
+		require.NotEmpty(t, files, "no Go files in %s", dir)
+		for _, path := range files {
+			if strings.HasSuffix(path, "_test.go") {
+				continue
+			}
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+			require.NoError(t, err)
+			for _, cg := range docComments(f) {
+				var p comment.Parser
+				for _, b := range p.Parse(cg.Text()).Content {
+					if code, ok := b.(*comment.Code); ok && looksLikeGo(code.Text) {
+						t.Errorf("%s: a code block in a doc comment, which nothing compiles: move it to an Example\n%s",
+							fset.Position(cg.Pos()), code.Text)
+					}
+				}
+			}
+		}
+	}
+}
+
+// docComments returns the doc comments of a file: the package's, and those
+// of its declarations, specs, fields and methods.
+func docComments(f *ast.File) []*ast.CommentGroup {
+	var docs []*ast.CommentGroup
+	add := func(cg *ast.CommentGroup) {
+		if cg != nil {
+			docs = append(docs, cg)
+		}
+	}
+	add(f.Doc)
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.FuncDecl:
+			add(n.Doc)
+			return false // comments in bodies are not docs
+		case *ast.GenDecl:
+			add(n.Doc)
+		case *ast.TypeSpec:
+			add(n.Doc)
+		case *ast.ValueSpec:
+			add(n.Doc)
+		case *ast.Field:
+			add(n.Doc)
+		}
+		return true
+	})
+	return docs
+}
+
+// TestREADMELockers checks that the adapters' NewLocker constructors agree
+// (a client, a name, *LockerOptions) and that README.md shows each with the
+// signature it has.
+func TestREADMELockers(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for _, pkg := range []string{"pgkv", "rediskv", "etcdkv"} {
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, filepath.Join(pkg, "lease.go"), nil, 0)
+		require.NoError(t, err)
+		var params []string
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || fn.Name.Name != "NewLocker" {
+				continue
+			}
+			for _, field := range fn.Type.Params.List {
+				var typ strings.Builder
+				require.NoError(t, printer.Fprint(&typ, fset, field.Type))
+				for _, name := range field.Names {
+					params = append(params, name.Name+" "+typ.String())
+				}
+			}
+		}
+		require.Len(t, params, 3, "%s.NewLocker takes %v, want a client, a name and options", pkg, params)
+		require.Regexp(t, ` string$`, params[1], "%s.NewLocker's second parameter", pkg)
+		require.Equal(t, "opts *LockerOptions", params[2], "%s.NewLocker's last parameter", pkg)
+		params[2] = "opts *" + pkg + ".LockerOptions"
+		want := "`" + pkg + ".NewLocker(" + strings.Join(params, ", ") + ")`"
+		require.Contains(t, string(readme), want, "README.md does not show %s.NewLocker as it is", pkg)
+	}
+}
+
+// looksLikeGo reports whether a doc comment's code block is Go: it parses
+// as declarations or statements, or it is a fragment with a := in it.
+func looksLikeGo(text string) bool {
+	if strings.Contains(text, ":=") {
+		return true
+	}
+	fset := token.NewFileSet()
+	if _, err := parser.ParseFile(fset, "", "package p\n"+text, 0); err == nil {
+		return true
+	}
+	_, err := parser.ParseFile(fset, "", "package p\nfunc _() {\n"+text+"\n}", 0)
+	return err == nil
+}
+
+func TestLooksLikeGo(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		text string
+		want bool
+	}{
+		{"kvtest.Run(t, memStore)\n", true},
+		{"func TestX(t *testing.T) {\n\tkvtest.Run(t, f)\n}\n", true},
+		{"c, _ := retentionprom.New(retentionprom.Options{})\nsweep, _ := retention.New(kv, retention.Config{Prefix: \"runs/\", ..., Observer: c})\n", true},
+		{"retention_markers_total{outcome}        counter: markers handled, by outcome\n", false},
+		{"retention.markers          counter {marker}, by retention.outcome: markers handled\n", false},
+		{"go run ./examples/quickstart\n", false},
+	}
+	for _, tt := range tests {
+		if got := looksLikeGo(tt.text); got != tt.want {
+			t.Errorf("looksLikeGo(%q) = %v, want %v", tt.text, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,55 @@
+package retention
+
+import (
+	"context"
+	"fmt"
+)
+
+// configured returns an error matching ErrNotConfigured when s was not made
+// by New; method names the method that was called.
+func (s *Sweep) configured(method string) error {
+	if s == nil || s.busy == nil {
+		return fmt.Errorf("%w: Sweep.%s called on a Sweep not made by New (a zero value?): create it with retention.New", ErrNotConfigured, method)
+	}
+	return nil
+}
+
+// configured returns an error matching ErrNotConfigured when g was not made
+// by NewGroup.
+func (g *Group) configured(method string) error {
+	if g == nil || len(g.loop.members) == 0 {
+		return fmt.Errorf("%w: Group.%s called on a Group not made by NewGroup (a zero value?): create it with retention.NewGroup", ErrNotConfigured, method)
+	}
+	return nil
+}
+
+// claim marks every member of the loop as run by it, so that no other Run
+// (of a member or of a Group holding one) runs it at the same time. It
+// claims nothing and returns an error matching ErrRunning when one is
+// taken; otherwise the caller calls release when its loop ends.
+func (l *loop) claim() (release func(), err error) {
+	for i, m := range l.members {
+		if !m.running.CompareAndSwap(false, true) {
+			for _, c := range l.members[:i] {
+				c.running.Store(false)
+			}
+			return nil, fmt.Errorf("%w: the sweep of prefix %q is already run by another Run; cancel that one first", ErrRunning, m.prefix)
+		}
+	}
+	return func() {
+		for _, m := range l.members {
+			m.running.Store(false)
+		}
+	}, nil
+}
+
+// runExclusive is run for a loop no other Run is running: it returns an
+// error matching ErrRunning, before any pass, when one is.
+func (l *loop) runExclusive(ctx context.Context) error {
+	release, err := l.claim()
+	if err != nil {
+		return err
+	}
+	defer release()
+	return l.run(ctx)
+}

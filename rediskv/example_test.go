@@ -1,0 +1,162 @@
+package rediskv_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/rediskv"
+)
+
+// finishRun records a run's outcome and its marker in one MULTI. The state
+// key carries the marker set's hash tag, {runs}, so that on Redis Cluster
+// both live in one slot.
+func finishRun(ctx context.Context, rdb *redis.Client, kv *rediskv.KV, id string, at time.Time) error {
+	_, err := rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Set(ctx, "{runs}:state:"+id, "succeeded", 0)
+		return kv.MarkTx(ctx, pipe, "runs/done/", id, at)
+	})
+	return err
+}
+
+// A service keeps runs and their markers in one Redis; every replica runs
+// the sweep.
+func Example() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	kv, err := rediskv.New(rdb, "{runs}:done")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := finishRun(ctx, rdb, kv, "run-1", time.Now()); err != nil {
+		log.Fatal(err)
+	}
+	sweep, err := retention.New(kv, retention.Config{
+		Prefix:    "runs/done/",
+		Retention: 7 * 24 * time.Hour,
+		Clear: func(ctx context.Context, id string) error {
+			return rdb.Del(ctx, "{runs}:state:"+id).Err()
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(sweep.Run(ctx))
+}
+
+// orderNumber is a custom id rule: "order." and digits, which the default
+// rule refuses for its '.'.
+func orderNumber(id string) error {
+	digits, ok := strings.CutPrefix(id, "order.")
+	if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return fmt.Errorf("%q is not order.<digits>", id)
+	}
+	return nil
+}
+
+// finishOrder records an order's outcome and its marker in one MULTI. The
+// sweep's MarkerKey checks the id by the sweep's rule, and MarkKeyTx queues
+// the key it returns.
+func finishOrder(ctx context.Context, rdb *redis.Client, kv *rediskv.KV, sweep *retention.Sweep, id string, at time.Time) error {
+	key, err := sweep.MarkerKey(at, id)
+	if err != nil {
+		return err
+	}
+	_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Set(ctx, "{orders}:state:"+id, "shipped", 0)
+		return kv.MarkKeyTx(ctx, pipe, key)
+	})
+	return err
+}
+
+// A sweep whose ids follow their own rule (Config.ValidateID) writes its
+// markers with MarkKeyTx: MarkTx checks ids by the default rule.
+func ExampleKV_MarkKeyTx() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	kv, err := rediskv.New(rdb, "{orders}:done")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sweep, err := retention.New(kv, retention.Config{
+		Prefix:     "orders/done/",
+		Retention:  30 * 24 * time.Hour,
+		ValidateID: orderNumber,
+		Clear: func(ctx context.Context, id string) error {
+			return rdb.Del(ctx, "{orders}:state:"+id).Err()
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := finishOrder(ctx, rdb, kv, sweep, "order.42", time.Now()); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// newAtomicKV deletes a batch of runs' state keys with their markers, in
+// one script.
+func newAtomicKV(kv *rediskv.KV) (*rediskv.AtomicKV, error) {
+	return kv.WithClear(func(ids []string) []string {
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = "{runs}:state:" + id
+		}
+		return keys
+	})
+}
+
+// Runs' state and their markers live in one Redis: the store deletes both
+// in one script, so each run is cleared exactly once.
+func ExampleKV_WithClear() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	kv, err := rediskv.New(rdb, "{runs}:done")
+	if err != nil {
+		log.Fatal(err)
+	}
+	akv, err := newAtomicKV(kv)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sweep, err := retention.New(akv, retention.Config{Prefix: "runs/done/", Retention: 7 * 24 * time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(sweep.Run(context.Background()))
+}
+
+// Replicas of a service share one marker set; the lease lets one of them
+// sweep at a time, and fences its marker deletes. The lease key carries the
+// set's hash tag.
+func ExampleNewLocker() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	kv, err := rediskv.New(rdb, "{runs}:done")
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := rediskv.NewLocker(rdb, "{runs}:lease", &rediskv.LockerOptions{TTL: 10 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sweep, err := retention.New(kv, retention.Config{
+		Prefix:    "runs/done/",
+		Retention: 7 * 24 * time.Hour,
+		Lease:     lease,
+		Clear: func(ctx context.Context, id string) error {
+			return rdb.Del(ctx, "{runs}:state:"+id).Err()
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(sweep.Run(context.Background()))
+}
