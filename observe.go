@@ -17,7 +17,10 @@ import (
 // Calls come from the goroutine that runs the pass (or Run's loop), one at
 // a time per sweep; an Observer shared by sweeps that run concurrently must
 // be safe for concurrent use. The methods must be quick and must not call
-// back into the sweep: a pass waits for them.
+// back into the sweep: a pass waits for them. A panic in a method is not
+// recovered, as one in OnPass is not: it reaches the caller of Pass, Run
+// or LeasedPass, after the markers of the page were deleted, the pass's
+// reads ended and, for Run and LeasedPass, the lease was released.
 type Observer interface {
 	// ObservePass is called at the end of every pass that started, by Pass,
 	// Run and LeasedPass alike, with its Stats (counts by outcome and

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -414,4 +415,78 @@ func BenchmarkPassObserved(b *testing.B) {
 	// The median of the pairs' ratios: a neighbour's burst on a shared
 	// machine skews a sum more than it skews a median.
 	b.ReportMetric(ratios[len(ratios)/2], "median-observed/plain")
+}
+
+// panicObserver panics in ObservePass, as a buggy metrics exporter might.
+type panicObserver struct{ recorder }
+
+func (p *panicObserver) ObservePass(prefix string, st Stats, err error) {
+	p.recorder.ObservePass(prefix, st, err)
+	panic("observer bug")
+}
+
+// An Observer's panic is not recovered (as OnPass's is not), but it must not
+// leave the lease held: a caller that recovers it, as net/http does for an
+// admin endpoint, would otherwise keep a lease that is renewed forever.
+func TestLeasedPassReleasesLeaseWhenObserverPanics(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	mark(t, mem, "runs/", "a", t0)
+	locker := &fakeLocker{}
+	obs := &panicObserver{}
+	s, clock := newSweep(t, mem, Config{Clear: func(context.Context, string) error { return nil }, Lease: locker, Observer: obs})
+	clock.Advance(2 * time.Hour)
+	func() {
+		defer func() {
+			assert.Equal(t, "observer bug", recover(), "the Observer's panic reaches the caller")
+		}()
+		_, _ = s.LeasedPass(t.Context())
+	}()
+	assert.False(t, locker.held(), "LeasedPass released the lease")
+	assert.Equal(t, []string{"runs/ acquired", "runs/ released"}, obs.eventList())
+	// The sweep is usable again.
+	mark(t, mem, "runs/", "b", t0)
+	obs2 := &recorder{}
+	s.obs = obs2
+	st, err := s.LeasedPass(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+}
+
+// lagPanicObserver panics in ObserveLags.
+type lagPanicObserver struct{ recorder }
+
+func (p *lagPanicObserver) ObserveLags(string, []time.Duration) { panic("observer bug") }
+
+// slowScanKV's Scans after the first take a while, so that the read-ahead
+// of the next page is still in flight when the first page is settled.
+type slowScanKV struct {
+	KV
+	calls, done atomic.Int64
+}
+
+func (k *slowScanKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if k.calls.Add(1) > 1 {
+		time.Sleep(20 * time.Millisecond)
+		defer k.done.Add(1)
+	}
+	return k.KV.Scan(ctx, start, end, limit)
+}
+
+func TestPassCutShortByObserverPanicLeavesNoScan(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 8 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
+	}
+	kv := &slowScanKV{KV: mem}
+	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: &lagPanicObserver{}, PageSize: 4})
+	clock.Advance(2 * time.Hour)
+	func() {
+		defer func() { assert.Equal(t, "observer bug", recover()) }()
+		_, _ = s.Pass(t.Context())
+	}()
+	assert.Equal(t, int64(2), kv.calls.Load(), "Scan calls: the page and the read-ahead of the next")
+	assert.Equal(t, int64(1), kv.done.Load(), "the read-ahead returned before the pass did")
+	assert.Equal(t, 4, mem.Len(), "the first page was deleted before the Observer saw it")
 }

@@ -189,7 +189,11 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	p.putter, _ = kv.(Putter)
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	p.cutoffKey = appendTimestamp(append([]byte(nil), s.prefix...), uint64(p.cutoffMs))
+	var next *prefetch // a read of the next page in flight
 	defer func() {
+		if next != nil {
+			<-next.done // no Scan outlives the pass, even one an Observer's panic cut short
+		}
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		s.logPass(p)
 		s.observePass(ctx, st, err)
@@ -200,7 +204,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 		// A full page may have a next one: read it while this one is
 		// cleared. It starts just after this page's last key, so markers
 		// that stay (failed clears) are not read again in this pass.
-		var next *prefetch
+		next = nil
 		if len(keys) == s.pageSize {
 			next = s.prefetch(ctx, p, append(append([]byte(nil), keys[len(keys)-1]...), 0))
 		}
