@@ -351,11 +351,11 @@ func (h *histObserver) ObserveLags(_ string, lags []time.Duration) {
 	defer h.mu.Unlock()
 	// The lags never increase along the slice: those within a bucket's
 	// bound are a suffix of it, found by a binary search per bucket.
-	var sum time.Duration
+	var sum float64 // ns: a Duration overflows on a page of markers years past due
 	for _, l := range lags {
-		sum += l
+		sum += float64(l)
 	}
-	h.sum += sum.Seconds()
+	h.sum += sum / float64(time.Second)
 	done := len(lags)
 	for i, bound := range h.bounds {
 		limit := time.Duration(bound * float64(time.Second))
