@@ -262,7 +262,15 @@ func (o *Observer) ObserveLags(prefix string, lags []time.Duration) {
 func (o *Observer) ObserveLease(prefix string, e retention.LeaseEvent) {
 	o.mu.Lock()
 	a := o.get(prefix)
-	a.leaseSeen, a.leaseHeld = true, e == retention.LeaseAcquired
+	a.leaseSeen = true
+	switch e {
+	case retention.LeaseAcquired:
+		a.leaseHeld = true
+	case retention.LeaseLost, retention.LeaseReleased:
+		a.leaseHeld = false
+	}
+	// LeaseHeld leaves the gauge: found held while this replica holds it,
+	// it was this replica's own try (a LeasedPass during Run).
 	opt, ok := a.event[e]
 	o.mu.Unlock()
 	if ok {

@@ -102,3 +102,27 @@ func TestWatchTwice(t *testing.T) {
 	assert.Equal(t, 7200.0, gauge[float64](t, m["retention.backlog.age"], prefix), "the oldest of the prefix's backlogs")
 	assert.Equal(t, int64(2), gauge[int64](t, m["retention.backlog.markers"], prefix), "the sum of the prefix's counts")
 }
+
+// A LeasedPass tried while this replica holds the lease finds it held: the
+// gauge must still say this replica holds it.
+func TestLeaseHeldGaugeSurvivesOwnRetry(t *testing.T) {
+	t.Parallel()
+	o, reader := newObserver(t)
+	mem := retention.NewMemKV()
+	require.NoError(t, retention.Mark(t.Context(), mem, "jobs/", "a", t0.Add(-2*time.Hour)))
+	var s *retention.Sweep
+	var inner error
+	var heldDuring int64
+	s, err := retention.New(mem, retention.Config{Prefix: "jobs/", Retention: time.Hour, Logger: quiet, Lease: &locker{}, Observer: o,
+		Clock: retention.NewManualClock(t0),
+		Clear: func(ctx context.Context, id string) error {
+			_, inner = s.LeasedPass(ctx)
+			heldDuring = gauge[int64](t, collect(t, reader)["retention.lease.held"])
+			return nil
+		}})
+	require.NoError(t, err)
+	_, err = s.LeasedPass(t.Context())
+	require.NoError(t, err)
+	require.ErrorIs(t, inner, retention.ErrLeaseHeld)
+	assert.Equal(t, int64(1), heldDuring, "retention.lease.held while this replica holds the lease")
+}

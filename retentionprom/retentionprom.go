@@ -291,7 +291,14 @@ func (c *Collector) ObserveLease(prefix string, e retention.LeaseEvent) {
 	defer c.mu.Unlock()
 	s := c.get(prefix)
 	s.leaseKnown = true
-	s.leaseHeld = e == retention.LeaseAcquired
+	switch e {
+	case retention.LeaseAcquired:
+		s.leaseHeld = true
+	case retention.LeaseLost, retention.LeaseReleased:
+		s.leaseHeld = false
+	}
+	// LeaseHeld leaves the gauge: found held while this replica holds it,
+	// it was this replica's own try (a LeasedPass during Run).
 	for i, le := range leaseEvents {
 		if le == e {
 			s.leaseEvents[i]++

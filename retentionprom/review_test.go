@@ -146,3 +146,37 @@ func (k noPut) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte
 }
 
 func (k noPut) Delete(ctx context.Context, keys ...[]byte) error { return k.kv.Delete(ctx, keys...) }
+
+// A LeasedPass tried while this replica holds the lease (under Run, or
+// another LeasedPass) finds it held: the gauge must still say this replica
+// holds it.
+func TestLeaseHeldGaugeSurvivesOwnRetry(t *testing.T) {
+	t.Parallel()
+	c, err := retentionprom.New(retentionprom.Options{})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mem := retention.NewMemKV()
+	mark(t, mem, "jobs/", "a", t0.Add(-2*time.Hour))
+	var s *retention.Sweep
+	var inner error
+	var heldDuring float64
+	s, err = retention.New(mem, retention.Config{Prefix: "jobs/", Retention: time.Hour, Logger: quiet, Lease: &locker{}, Observer: c,
+		Clock: retention.NewManualClock(t0),
+		Clear: func(ctx context.Context, id string) error {
+			_, inner = s.LeasedPass(ctx)
+			families, err := reg.Gather()
+			assert.NoError(t, err)
+			for _, f := range families {
+				if f.GetName() == "retention_lease_held" {
+					heldDuring = f.GetMetric()[0].GetGauge().GetValue()
+				}
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	_, err = s.LeasedPass(t.Context())
+	require.NoError(t, err)
+	require.ErrorIs(t, inner, retention.ErrLeaseHeld)
+	assert.Equal(t, 1.0, heldDuring, "retention_lease_held while this replica holds the lease")
+}
