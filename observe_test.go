@@ -490,3 +490,95 @@ func TestPassCutShortByObserverPanicLeavesNoScan(t *testing.T) {
 	assert.Equal(t, int64(1), kv.done.Load(), "the read-ahead returned before the pass did")
 	assert.Equal(t, 4, mem.Len(), "the first page was deleted before the Observer saw it")
 }
+
+// TestObserverLagsEveryWayOfClearing: whatever clears the markers (Clear
+// with every kind of failure around it, ClearBatch with a BatchError, a
+// ClearDeleter), the observer gets one lag per cleared entity, each the
+// time since it fell due, and ObservePass the Stats the pass returns.
+func TestObserverLagsEveryWayOfClearing(t *testing.T) {
+	t.Parallel()
+	failing := map[string]bool{"e03": true, "e07": true, "e11": true, "e15": true, "e19": true}
+	clearOne := func(ctx context.Context, id string) error {
+		switch id {
+		case "e03":
+			return errBoom
+		case "e07":
+			panic("boom")
+		case "e11":
+			runtime.Goexit()
+		case "e15":
+			<-ctx.Done() // ClearTimeout
+			return ctx.Err()
+		case "e19":
+			return fmt.Errorf("resumed: %w", ErrLiveAgain)
+		}
+		return nil
+	}
+	tests := []struct {
+		name string
+		cfg  func(*MemKV) (KV, Config)
+	}{
+		{"Clear", func(m *MemKV) (KV, Config) {
+			return m, Config{Clear: clearOne, ClearTimeout: 10 * time.Millisecond, Concurrency: 3, PageSize: 8}
+		}},
+		{"ClearBatch", func(m *MemKV) (KV, Config) {
+			return m, Config{PageSize: 8, BatchSize: 3, ClearBatch: func(ctx context.Context, ids []string) error {
+				be := BatchError{}
+				for _, id := range ids {
+					if id == "e19" {
+						be[id] = ErrLiveAgain
+					} else if failing[id] {
+						be[id] = errBoom
+					}
+				}
+				if len(be) == 0 {
+					return nil
+				}
+				return be
+			}}
+		}},
+		{"ClearDeleter", func(m *MemKV) (KV, Config) {
+			return &atomicKV{MemKV: m, entities: map[string]bool{}, cleared: map[string]int{},
+				poison: map[string]bool{"e03": true, "e07": true, "e11": true, "e15": true, "e19": true}}, Config{PageSize: 8, BatchSize: 4}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			const n = 30
+			for i := range n {
+				mark(t, mem, "runs/", fmt.Sprintf("e%02d", i), t0.Add(time.Duration(i)*time.Second))
+			}
+			bad := appendTimestamp([]byte("runs/"), uint64(t0.UnixMilli()))
+			require.NoError(t, mem.Put(t.Context(), append(bad, "/bad id"...), nil))
+			kv, cfg := tt.cfg(mem)
+			rec := &recorder{}
+			cfg.Observer = rec
+			s, clock := newSweep(t, kv, cfg)
+			now := clock.Advance(3 * time.Hour)
+			st, err := s.Pass(t.Context())
+			require.NoError(t, err)
+			require.Len(t, rec.passes, 1)
+			assert.Equal(t, st, rec.passes[0])
+			assert.Equal(t, 1, st.Malformed)
+			require.Len(t, rec.lags, st.Cleared)
+			var want, got time.Duration
+			for i := range n {
+				id := fmt.Sprintf("e%02d", i)
+				if !failing[id] {
+					want += now.Sub(t0.Add(time.Duration(i)*time.Second + time.Hour))
+				}
+			}
+			assert.Equal(t, n-5, st.Cleared)
+			if tt.name != "ClearDeleter" { // its poisoned ids all fail
+				assert.Equal(t, 1, st.LiveAgain)
+				assert.Equal(t, 4, st.Failed)
+			}
+			for _, l := range rec.lags {
+				got += l
+			}
+			assert.Equal(t, want, got, "sum of lags")
+		})
+	}
+}
