@@ -582,3 +582,59 @@ func TestObserverLagsEveryWayOfClearing(t *testing.T) {
 		})
 	}
 }
+
+// A clock that steps back during a pass gives lags of zero, never negative
+// ones, and a Duration of zero.
+func TestObserverLagsClockStepsBack(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 6 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0.Add(time.Duration(i)*time.Minute))
+	}
+	rec := &recorder{}
+	var clock *ManualClock
+	s, clock := newSweep(t, mem, Config{PageSize: 3, Observer: rec, Clear: func(_ context.Context, id string) error {
+		if id == "m0" {
+			clock.Set(t0) // back by two hours, before any marker fell due
+		}
+		return nil
+	}})
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 6, st.Cleared, "the cutoff is taken when the pass starts")
+	require.Len(t, rec.lags, st.Cleared)
+	for i, l := range rec.lags {
+		assert.Zero(t, l, "lag %d", i)
+	}
+	assert.Zero(t, rec.passes[0].Duration)
+}
+
+// A LeasedPass whose ctx is cancelled mid-pass returns ctx.Err(), and still
+// releases the lease, which the observer sees.
+func TestLeasedPassCancelledMidPass(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 20 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	locker := &fakeLocker{}
+	rec := &recorder{}
+	s, clock := newSweep(t, mem, Config{PageSize: 4, Lease: locker, Observer: rec, Clear: func(_ context.Context, id string) error {
+		if id == "m09" {
+			cancel()
+		}
+		return nil
+	}})
+	clock.Advance(2 * time.Hour)
+	_, err := s.LeasedPass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.False(t, errors.Is(err, ErrLeaseLost))
+	assert.False(t, locker.held())
+	assert.Equal(t, []string{"runs/ acquired", "runs/ released"}, rec.eventList())
+	require.Len(t, rec.errs, 1)
+	assert.Equal(t, context.Canceled, rec.errs[0], "the observer sees ctx.Err() itself")
+	assert.Equal(t, 12, mem.Len(), "the page in flight was not deleted")
+}
