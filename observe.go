@@ -14,9 +14,11 @@ import (
 // modules provide Observers that export Prometheus and OpenTelemetry
 // metrics.
 //
-// Calls come from the goroutine that runs the pass (or Run's loop), one at
-// a time per sweep; an Observer shared by sweeps that run concurrently must
-// be safe for concurrent use. The methods must be quick and must not call
+// Calls come from the goroutine that runs the pass (or Run's loop). The
+// passes of one sweep are serialised, and so are their calls, but a lease
+// event of a LeasedPass tried while Run holds the lease may come at the
+// same time as a call of Run's pass, and one Observer may serve sweeps that
+// run concurrently: an Observer must be safe for concurrent use. The methods must be quick and must not call
 // back into the sweep: a pass waits for them. A panic in a method is not
 // recovered, as one in OnPass is not: it reaches the caller of Pass, Run
 // or LeasedPass, after the markers of the page were deleted, the pass's
