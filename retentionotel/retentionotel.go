@@ -289,16 +289,27 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 		due    int
 		failed bool
 	}
+	// Read at once, so that a store that does not answer does not hold up
+	// the others until the collection's deadline.
+	reads := make([]struct {
+		b   retention.Backlog
+		err error
+	}, len(watched))
+	var wg sync.WaitGroup
+	for i, s := range watched {
+		wg.Go(func() { reads[i].b, reads[i].err = s.Backlog(ctx, o.limit) })
+	}
+	wg.Wait()
 	var prefixes []string // in the order watched
 	backlogs := map[string]*backlog{}
-	for _, s := range watched {
+	for i, s := range watched {
 		b := backlogs[s.Prefix()]
 		if b == nil {
 			b = &backlog{}
 			backlogs[s.Prefix()] = b
 			prefixes = append(prefixes, s.Prefix())
 		}
-		got, err := s.Backlog(ctx, o.limit)
+		got, err := reads[i].b, reads[i].err
 		if err != nil {
 			b.failed = true
 			continue

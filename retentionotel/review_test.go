@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // hungKV is a KV whose Scan waits for its context to end.
@@ -125,4 +126,33 @@ func TestLeaseHeldGaugeSurvivesOwnRetry(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, inner, retention.ErrLeaseHeld)
 	assert.Equal(t, int64(1), heldDuring, "retention.lease.held while this replica holds the lease")
+}
+
+// One store that does not answer must not take the backlog gauge of the
+// other watched sweeps with it, up to the collection's deadline.
+func TestHungStoreLeavesOtherBacklogs(t *testing.T) {
+	t.Parallel()
+	o, reader := newObserver(t)
+	hung, err := retention.New(hungKV{retention.NewMemKV()}, retention.Config{Prefix: "hung/", Retention: time.Hour, Logger: quiet,
+		StoreTimeout: -1, Observer: o, Clear: func(context.Context, string) error { return nil }})
+	require.NoError(t, err)
+	mem := retention.NewMemKV()
+	require.NoError(t, retention.Mark(t.Context(), mem, "ok/", "a", t0.Add(-2*time.Hour)))
+	ok, err := retention.New(mem, retention.Config{Prefix: "ok/", Retention: time.Hour, Logger: quiet, Observer: o,
+		Clock: retention.NewManualClock(t0), Clear: func(context.Context, string) error { return nil }})
+	require.NoError(t, err)
+	o.Watch(hung, ok)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == "retention.backlog.age" {
+				assert.Equal(t, 3600.0, gauge[float64](t, m, attribute.String("retention.prefix", "ok/")))
+				return
+			}
+		}
+	}
+	t.Fatal("no retention.backlog.age")
 }

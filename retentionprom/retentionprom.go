@@ -315,7 +315,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector. It reads the backlog of the
-// watched sweeps, outside the Collector's lock, then reports every series.
+// watched sweeps, at once and outside the Collector's lock, each within
+// Options.BacklogTimeout, then reports every series.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	watched := append([]*retention.Sweep(nil), c.watched...)
@@ -328,16 +329,27 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		due    int
 		failed bool
 	}
+	// Read at once, so that a store that does not answer leaves the
+	// others their whole BacklogTimeout.
+	reads := make([]struct {
+		b   retention.Backlog
+		err error
+	}, len(watched))
+	var wg sync.WaitGroup
+	for i, s := range watched {
+		wg.Go(func() { reads[i].b, reads[i].err = s.Backlog(ctx, c.opts.BacklogLimit) })
+	}
+	wg.Wait()
 	var prefixes []string // in the order watched
 	backlogs := map[string]*backlog{}
-	for _, s := range watched {
+	for i, s := range watched {
 		b := backlogs[s.Prefix()]
 		if b == nil {
 			b = &backlog{}
 			backlogs[s.Prefix()] = b
 			prefixes = append(prefixes, s.Prefix())
 		}
-		got, err := s.Backlog(ctx, c.opts.BacklogLimit)
+		got, err := reads[i].b, reads[i].err
 		if err != nil {
 			b.failed = true
 			continue

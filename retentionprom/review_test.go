@@ -180,3 +180,28 @@ func TestLeaseHeldGaugeSurvivesOwnRetry(t *testing.T) {
 	require.ErrorIs(t, inner, retention.ErrLeaseHeld)
 	assert.Equal(t, 1.0, heldDuring, "retention_lease_held while this replica holds the lease")
 }
+
+// One store that does not answer must not take the backlog gauges of the
+// other watched sweeps with it: each read gets the whole BacklogTimeout.
+func TestHungStoreLeavesOtherBacklogs(t *testing.T) {
+	t.Parallel()
+	c, err := retentionprom.New(retentionprom.Options{BacklogTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	hung, err := retention.New(hungKV{retention.NewMemKV()}, retention.Config{Prefix: "hung/", Retention: time.Hour, Logger: quiet,
+		StoreTimeout: -1, Observer: c, Clear: func(context.Context, string) error { return nil }})
+	require.NoError(t, err)
+	mem := retention.NewMemKV()
+	mark(t, mem, "ok/", "a", t0.Add(-2*time.Hour))
+	ok, err := retention.New(mem, retention.Config{Prefix: "ok/", Retention: time.Hour, Logger: quiet, Observer: c,
+		Clock: retention.NewManualClock(t0), Clear: func(context.Context, string) error { return nil }})
+	require.NoError(t, err)
+	c.Watch(hung, ok)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	start := time.Now()
+	f := scrape(t, reg)
+	assert.Less(t, time.Since(start), time.Second, "the scrape waits for BacklogTimeout, not longer")
+	assert.Equal(t, 3600.0, find(t, f, "retention_backlog_age_seconds", map[string]string{"prefix": "ok/"}).GetGauge().GetValue())
+	assert.Equal(t, 1.0, find(t, f, "retention_backlog_errors_total", map[string]string{"prefix": "hung/"}).GetCounter().GetValue())
+	assert.Equal(t, 0.0, find(t, f, "retention_backlog_errors_total", map[string]string{"prefix": "ok/"}).GetCounter().GetValue())
+}
