@@ -85,7 +85,10 @@ var results = [...]string{"ok", "error", "canceled", "lease_lost"}
 var leaseEvents = [...]retention.LeaseEvent{retention.LeaseAcquired, retention.LeaseHeld, retention.LeaseLost, retention.LeaseReleased}
 
 // Collector collects the metrics of the sweeps it observes. Create one with
-// New; it is safe for concurrent use. Its zero value is not usable.
+// New; it is safe for concurrent use. Its zero value is not usable. Use one
+// Collector for every sweep of a process, grouped or not (its series are
+// labelled by prefix): a second Collector of the same Namespace is refused
+// by the registry as a duplicate.
 type Collector struct {
 	opts Options
 
