@@ -34,7 +34,8 @@ type Observer interface {
 	// the lag of each entity of the page that was cleared: how long past
 	// due (its marker time plus Retention) its marker was deleted, by the
 	// sweep's Clock. Over a pass the calls carry Stats.Cleared lags in all,
-	// less those of a page whose delete failed. The lags come in the order
+	// less those of a page whose delete failed (but for the markers a
+	// ClearDeleter deleted with their entities). The lags come in the order
 	// of their markers, oldest first, and the clock is read once per page,
 	// so they never increase along the slice: a histogram can count a
 	// page per bucket rather than per lag. The slice is reused once the
@@ -71,9 +72,10 @@ func (e LeaseEvent) String() string {
 }
 
 // observeLags hands the observer the lags of the page's cleared markers,
-// whose deletion just succeeded. Only called with an observer set, so a
-// sweep without one reads no clock and loops over nothing more.
-func (s *Sweep) observeLags(items []item) {
+// whose deletion just succeeded, or with gone only those a ClearDeleter
+// deleted. Only called with an observer set, so a sweep without one reads
+// no clock and loops over nothing more.
+func (s *Sweep) observeLags(items []item, gone bool) {
 	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
 	// base plus its remainder: integer arithmetic per marker, no time.Time.
 	base := s.clock.Now().Add(-s.retention)
@@ -81,7 +83,7 @@ func (s *Sweep) observeLags(items []item) {
 	rem := base.Sub(time.UnixMilli(baseMs))
 	lags := s.lags[:0]
 	for i := range items {
-		if out := items[i].out; out != cleared && out != clearedGone {
+		if out := items[i].out; out != clearedGone && (gone || out != cleared) {
 			continue
 		}
 		var lag time.Duration

@@ -638,3 +638,69 @@ func TestLeasedPassCancelledMidPass(t *testing.T) {
 	assert.Equal(t, context.Canceled, rec.errs[0], "the observer sees ctx.Err() itself")
 	assert.Equal(t, 12, mem.Len(), "the page in flight was not deleted")
 }
+
+// cancelAfterKV is a ClearDeleter whose n-th ClearAndDelete cancels the
+// pass once it has cleared and deleted.
+type cancelAfterKV struct {
+	*atomicKV
+	n      int
+	cancel context.CancelFunc
+}
+
+func (c *cancelAfterKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	err := c.atomicKV.ClearAndDelete(ctx, ids, keys)
+	if c.atomicKV.calls == c.n {
+		c.cancel()
+	}
+	return err
+}
+
+// A ClearDeleter clears and deletes a batch in one transaction: a pass
+// cancelled mid-page still counts, and hands the observer the lags of, the
+// batches it committed.
+func TestClearDeleterCancelledMidPageCountsCommittedBatches(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	kv := &cancelAfterKV{atomicKV: &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}},
+		n: 2, cancel: cancel}
+	for i := range 8 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
+	}
+	rec := &recorder{}
+	s, clock := newSweep(t, kv, Config{PageSize: 8, BatchSize: 2, Observer: rec})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Len(t, kv.cleared, 4, "two batches committed")
+	assert.Equal(t, 4, mem.Len())
+	assert.Equal(t, 4, st.Cleared, "Stats.Cleared counts the committed batches")
+	assert.Len(t, rec.lags, 4, "one lag per entity cleared")
+}
+
+// A ClearDeleter's markers are gone with their entities even when the
+// sweep's own delete of the page (a malformed marker) fails: their lags
+// are observed.
+func TestClearDeleterLagsWhenPageDeleteFails(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+	for i := range 4 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
+	}
+	bad := appendTimestamp([]byte("runs/"), uint64(t0.UnixMilli()))
+	require.NoError(t, mem.Put(t.Context(), append(bad, "/bad id"...), nil))
+	rec := &recorder{}
+	s, clock := newSweep(t, &failDeleteKV{kv}, Config{Observer: rec})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(t.Context())
+	require.ErrorIs(t, err, errBoom)
+	assert.Equal(t, 4, st.Cleared)
+	assert.Len(t, rec.lags, 4)
+}
+
+// failDeleteKV is a ClearDeleter whose own Delete fails.
+type failDeleteKV struct{ *atomicKV }
+
+func (failDeleteKV) Delete(context.Context, ...[]byte) error { return errBoom }

@@ -287,12 +287,14 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 	}
 	calls, err := s.clearAll(ctx, p, keys, items)
 	p.st.ClearCalls += calls
-	if err != nil {
-		return err
+	if err == nil {
+		err = ctx.Err()
 	}
-	// Deleting now would drop markers of clears that the cancellation cut
-	// short; they are all retried by the next pass instead.
-	if err := ctx.Err(); err != nil {
+	if err != nil {
+		// Deleting now would drop markers of clears that the cancellation
+		// cut short; they are all retried by the next pass instead. The
+		// batches a ClearDeleter committed are gone already: count them.
+		s.countGone(p, items)
 		return err
 	}
 	return s.settle(ctx, p, keys, items)
@@ -403,13 +405,38 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	}
 	if len(del) > 0 {
 		if err := s.delete(ctx, p, del); err != nil {
+			if s.obs != nil && oldest >= 0 {
+				s.observeLags(items, true) // a ClearDeleter's are gone all the same
+			}
 			return err
 		}
 	}
 	if s.obs != nil && oldest >= 0 {
-		s.observeLags(items)
+		s.observeLags(items, false)
 	}
 	return nil
+}
+
+// countGone counts, in a page the pass leaves without settling it, the
+// markers a ClearDeleter cleared and deleted with their entities.
+func (s *Sweep) countGone(p *passState, items []item) {
+	oldest := int64(-1)
+	for i := range items {
+		if it := &items[i]; it.out == clearedGone {
+			p.st.Cleared++
+			s.retries.forget(it.id)
+			if oldest < 0 {
+				oldest = it.ms
+			}
+		}
+	}
+	if oldest < 0 {
+		return
+	}
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
+	if s.obs != nil {
+		s.observeLags(items, true)
+	}
 }
 
 // peek reads the first marker past the expired range to set st.NextDue. It
