@@ -2,6 +2,7 @@ package retention
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -37,7 +38,8 @@ func (s *Sweep) Prefix() string { return s.prefix }
 // Backlog tells how far behind the sweep is, for a readiness probe or an
 // alert: the oldest marker that is due and not yet cleared, how long past
 // due it is, and how many markers are due, counting up to limit (1 to
-// MaxPageSize; a limit out of that range is brought into it). It reads the
+// MaxPageSize; a limit out of that range is an error, so that 0 is not
+// taken for "no limit"). It reads the
 // KV through at most four Scan calls of at most limit+1 keys each, never the
 // whole range, whatever the number of markers, and may run while a pass
 // does.
@@ -53,7 +55,9 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 	if err := ctx.Err(); err != nil {
 		return b, err
 	}
-	limit = min(max(limit, 1), MaxPageSize)
+	if limit < 1 || limit > MaxPageSize {
+		return b, fmt.Errorf("retention: Backlog's limit must be 1 to %d, got %d", MaxPageSize, limit)
+	}
 	now := s.clock.Now()
 	cutoffKey := appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMillis(now.Add(-s.retention))))
 	from := s.lower

@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func TestBacklog(t *testing.T) {
 		{"foreign keys in front", 3, 15, 3 * time.Hour, 10,
 			Backlog{OldestID: "m0", OldestDue: t0.Add(time.Hour), Age: 2 * time.Hour, Due: 3}, 2},
 		{"foreign keys fill the reads", 3, 100, 3 * time.Hour, 10, Backlog{More: true}, backlogScans},
-		{"limit below 1 is 1", 5, 0, 3 * time.Hour, 0,
+		{"limit 1", 5, 0, 3 * time.Hour, 1,
 			Backlog{OldestID: "m0", OldestDue: t0.Add(time.Hour), Age: 2 * time.Hour, Due: 1, More: true}, 1},
 	}
 	for _, tt := range tests {
@@ -113,4 +114,48 @@ func TestBacklogErrors(t *testing.T) {
 	_, err = s.Backlog(ctx, 10)
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, "runs/", s.Prefix())
+	for _, limit := range []int{0, -1, MaxPageSize + 1} {
+		_, err = s.Backlog(t.Context(), limit)
+		assert.ErrorContains(t, err, "Backlog's limit must be 1 to", "Backlog(%d)", limit)
+	}
+}
+
+// TestBacklogMatchesPass checks, over random stores of markers due and not
+// due, malformed markers and foreign keys, that Backlog counts exactly what
+// the next Pass clears, and finds its oldest marker.
+func TestBacklogMatchesPass(t *testing.T) {
+	t.Parallel()
+	for seed := range 50 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 1))
+		mem := NewMemKV()
+		n := rng.IntN(300)
+		for i := range n {
+			at := t0.Add(time.Duration(rng.IntN(3*3600_000)) * time.Millisecond)
+			switch rng.IntN(10) {
+			case 0: // malformed: an id ValidateID refuses
+				key := appendTimestamp([]byte("runs/"), uint64(at.UnixMilli()))
+				require.NoError(t, mem.Put(t.Context(), append(key, fmt.Sprintf("/bad id %d", i)...), nil))
+			case 1: // foreign
+				require.NoError(t, mem.Put(t.Context(), fmt.Appendf(nil, "runs/%d-foreign", rng.IntN(10)), nil))
+			default:
+				mark(t, mem, "runs/", fmt.Sprintf("e%d", i), at)
+			}
+		}
+		var cleared []string
+		s, clock := newSweep(t, mem, Config{PageSize: 1 + rng.IntN(64), Clear: func(_ context.Context, id string) error {
+			cleared = append(cleared, id)
+			return nil
+		}})
+		clock.Advance(time.Hour + time.Duration(rng.IntN(2*3600_000))*time.Millisecond)
+		b, err := s.Backlog(t.Context(), MaxPageSize)
+		require.NoError(t, err)
+		st, err := s.Pass(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, st.Cleared, b.Due, "seed %d: Backlog().Due, want the Pass's Cleared", seed)
+		assert.False(t, b.More, "seed %d", seed)
+		if st.Cleared > 0 {
+			assert.Equal(t, cleared[0], b.OldestID, "seed %d", seed)
+			assert.Equal(t, st.MaxLag, b.Age, "seed %d: Age, want the Pass's MaxLag", seed)
+		}
+	}
 }

@@ -144,8 +144,9 @@ type Config struct {
 	ValidateID func(id string) error
 
 	// OnPass is called by Run (and by a Group's Run) after every pass, on
-	// the loop's goroutine, with the pass's Stats and error. Nil means no
-	// call. Pass does not call it.
+	// the loop's goroutine, with the pass's Stats and error, and by
+	// LeasedPass on its caller's goroutine: one called while Run runs makes
+	// two goroutines call it. Nil means no call. Pass does not call it.
 	OnPass func(Stats, error)
 
 	// Observer, when set, sees every pass (Pass, Run and LeasedPass), the

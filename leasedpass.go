@@ -65,17 +65,23 @@ func (l *loop) once(ctx context.Context) ([]Stats, error) {
 		return nil, fmt.Errorf("retention: acquire lease: %w", err)
 	}
 	l.log.Info("retention: lease acquired")
+	var lost bool
+	defer func() {
+		// Deferred: a panic of OnPass or the Observer reaches the caller,
+		// who may recover it (net/http does), and a lease left held would
+		// be renewed with no one to sweep under it.
+		if lost = lost || isLost(lease); lost {
+			l.log.Warn("retention: lease lost")
+			l.observeLease(LeaseLost)
+		}
+		l.release(ctx, lease)
+		if !lost {
+			l.observeLease(LeaseReleased)
+		}
+	}()
 	l.observeLease(LeaseAcquired)
 	stats, lost, err := l.passAll(ctx, lease)
 	lost = lost || isLost(lease)
-	if lost {
-		l.log.Warn("retention: lease lost")
-		l.observeLease(LeaseLost)
-	}
-	l.release(ctx, lease)
-	if !lost {
-		l.observeLease(LeaseReleased)
-	}
 	switch {
 	case ctx.Err() != nil:
 		return stats, ctx.Err()

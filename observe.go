@@ -14,10 +14,15 @@ import (
 // modules provide Observers that export Prometheus and OpenTelemetry
 // metrics.
 //
-// Calls come from the goroutine that runs the pass (or Run's loop), one at
-// a time per sweep; an Observer shared by sweeps that run concurrently must
-// be safe for concurrent use. The methods must be quick and must not call
-// back into the sweep: a pass waits for them.
+// Calls come from the goroutine that runs the pass (or Run's loop). The
+// passes of one sweep are serialised, and so are their calls, but a lease
+// event of a LeasedPass tried while Run holds the lease may come at the
+// same time as a call of Run's pass, and one Observer may serve sweeps that
+// run concurrently: an Observer must be safe for concurrent use. The methods must be quick and must not call
+// back into the sweep: a pass waits for them. A panic in a method is not
+// recovered, as one in OnPass is not: it reaches the caller of Pass, Run
+// or LeasedPass, after the markers of the page were deleted, the pass's
+// reads ended and, for Run and LeasedPass, the lease was released.
 type Observer interface {
 	// ObservePass is called at the end of every pass that started, by Pass,
 	// Run and LeasedPass alike, with its Stats (counts by outcome and
@@ -29,7 +34,8 @@ type Observer interface {
 	// the lag of each entity of the page that was cleared: how long past
 	// due (its marker time plus Retention) its marker was deleted, by the
 	// sweep's Clock. Over a pass the calls carry Stats.Cleared lags in all,
-	// less those of a page whose delete failed. The lags come in the order
+	// less those of a page whose delete failed (but for the markers a
+	// ClearDeleter deleted with their entities). The lags come in the order
 	// of their markers, oldest first, and the clock is read once per page,
 	// so they never increase along the slice: a histogram can count a
 	// page per bucket rather than per lag. The slice is reused once the
@@ -66,9 +72,10 @@ func (e LeaseEvent) String() string {
 }
 
 // observeLags hands the observer the lags of the page's cleared markers,
-// whose deletion just succeeded. Only called with an observer set, so a
-// sweep without one reads no clock and loops over nothing more.
-func (s *Sweep) observeLags(items []item) {
+// whose deletion just succeeded, or with gone only those a ClearDeleter
+// deleted. Only called with an observer set, so a sweep without one reads
+// no clock and loops over nothing more.
+func (s *Sweep) observeLags(items []item, gone bool) {
 	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
 	// base plus its remainder: integer arithmetic per marker, no time.Time.
 	base := s.clock.Now().Add(-s.retention)
@@ -76,7 +83,7 @@ func (s *Sweep) observeLags(items []item) {
 	rem := base.Sub(time.UnixMilli(baseMs))
 	lags := s.lags[:0]
 	for i := range items {
-		if out := items[i].out; out != cleared && out != clearedGone {
+		if out := items[i].out; out != clearedGone && (gone || out != cleared) {
 			continue
 		}
 		var lag time.Duration

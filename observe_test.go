@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -350,11 +351,11 @@ func (h *histObserver) ObserveLags(_ string, lags []time.Duration) {
 	defer h.mu.Unlock()
 	// The lags never increase along the slice: those within a bucket's
 	// bound are a suffix of it, found by a binary search per bucket.
-	var sum time.Duration
+	var sum float64 // ns: a Duration overflows on a page of markers years past due
 	for _, l := range lags {
-		sum += l
+		sum += float64(l)
 	}
-	h.sum += sum.Seconds()
+	h.sum += sum / float64(time.Second)
 	done := len(lags)
 	for i, bound := range h.bounds {
 		limit := time.Duration(bound * float64(time.Second))
@@ -415,3 +416,291 @@ func BenchmarkPassObserved(b *testing.B) {
 	// machine skews a sum more than it skews a median.
 	b.ReportMetric(ratios[len(ratios)/2], "median-observed/plain")
 }
+
+// panicObserver panics in ObservePass, as a buggy metrics exporter might.
+type panicObserver struct{ recorder }
+
+func (p *panicObserver) ObservePass(prefix string, st Stats, err error) {
+	p.recorder.ObservePass(prefix, st, err)
+	panic("observer bug")
+}
+
+// An Observer's panic is not recovered (as OnPass's is not), but it must not
+// leave the lease held: a caller that recovers it, as net/http does for an
+// admin endpoint, would otherwise keep a lease that is renewed forever.
+func TestLeasedPassReleasesLeaseWhenObserverPanics(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	mark(t, mem, "runs/", "a", t0)
+	locker := &fakeLocker{}
+	obs := &panicObserver{}
+	s, clock := newSweep(t, mem, Config{Clear: func(context.Context, string) error { return nil }, Lease: locker, Observer: obs})
+	clock.Advance(2 * time.Hour)
+	func() {
+		defer func() {
+			assert.Equal(t, "observer bug", recover(), "the Observer's panic reaches the caller")
+		}()
+		_, _ = s.LeasedPass(t.Context())
+	}()
+	assert.False(t, locker.held(), "LeasedPass released the lease")
+	assert.Equal(t, []string{"runs/ acquired", "runs/ released"}, obs.eventList())
+	// The sweep is usable again.
+	mark(t, mem, "runs/", "b", t0)
+	obs2 := &recorder{}
+	s.obs = obs2
+	st, err := s.LeasedPass(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+}
+
+// lagPanicObserver panics in ObserveLags.
+type lagPanicObserver struct{ recorder }
+
+func (p *lagPanicObserver) ObserveLags(string, []time.Duration) { panic("observer bug") }
+
+// slowScanKV's Scans after the first take a while, so that the read-ahead
+// of the next page is still in flight when the first page is settled.
+type slowScanKV struct {
+	KV
+	calls, done atomic.Int64
+}
+
+func (k *slowScanKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if k.calls.Add(1) > 1 {
+		time.Sleep(20 * time.Millisecond)
+		defer k.done.Add(1)
+	}
+	return k.KV.Scan(ctx, start, end, limit)
+}
+
+func TestPassCutShortByObserverPanicLeavesNoScan(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 8 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
+	}
+	kv := &slowScanKV{KV: mem}
+	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: &lagPanicObserver{}, PageSize: 4})
+	clock.Advance(2 * time.Hour)
+	func() {
+		defer func() { assert.Equal(t, "observer bug", recover()) }()
+		_, _ = s.Pass(t.Context())
+	}()
+	assert.Equal(t, int64(2), kv.calls.Load(), "Scan calls: the page and the read-ahead of the next")
+	assert.Equal(t, int64(1), kv.done.Load(), "the read-ahead returned before the pass did")
+	assert.Equal(t, 4, mem.Len(), "the first page was deleted before the Observer saw it")
+}
+
+// TestObserverLagsEveryWayOfClearing: whatever clears the markers (Clear
+// with every kind of failure around it, ClearBatch with a BatchError, a
+// ClearDeleter), the observer gets one lag per cleared entity, each the
+// time since it fell due, and ObservePass the Stats the pass returns.
+func TestObserverLagsEveryWayOfClearing(t *testing.T) {
+	t.Parallel()
+	failing := map[string]bool{"e03": true, "e07": true, "e11": true, "e15": true, "e19": true}
+	clearOne := func(ctx context.Context, id string) error {
+		switch id {
+		case "e03":
+			return errBoom
+		case "e07":
+			panic("boom")
+		case "e11":
+			runtime.Goexit()
+		case "e15":
+			<-ctx.Done() // ClearTimeout
+			return ctx.Err()
+		case "e19":
+			return fmt.Errorf("resumed: %w", ErrLiveAgain)
+		}
+		return nil
+	}
+	tests := []struct {
+		name string
+		cfg  func(*MemKV) (KV, Config)
+	}{
+		{"Clear", func(m *MemKV) (KV, Config) {
+			return m, Config{Clear: clearOne, ClearTimeout: 10 * time.Millisecond, Concurrency: 3, PageSize: 8}
+		}},
+		{"ClearBatch", func(m *MemKV) (KV, Config) {
+			return m, Config{PageSize: 8, BatchSize: 3, ClearBatch: func(ctx context.Context, ids []string) error {
+				be := BatchError{}
+				for _, id := range ids {
+					if id == "e19" {
+						be[id] = ErrLiveAgain
+					} else if failing[id] {
+						be[id] = errBoom
+					}
+				}
+				if len(be) == 0 {
+					return nil
+				}
+				return be
+			}}
+		}},
+		{"ClearDeleter", func(m *MemKV) (KV, Config) {
+			return &atomicKV{MemKV: m, entities: map[string]bool{}, cleared: map[string]int{},
+				poison: map[string]bool{"e03": true, "e07": true, "e11": true, "e15": true, "e19": true}}, Config{PageSize: 8, BatchSize: 4}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			const n = 30
+			for i := range n {
+				mark(t, mem, "runs/", fmt.Sprintf("e%02d", i), t0.Add(time.Duration(i)*time.Second))
+			}
+			bad := appendTimestamp([]byte("runs/"), uint64(t0.UnixMilli()))
+			require.NoError(t, mem.Put(t.Context(), append(bad, "/bad id"...), nil))
+			kv, cfg := tt.cfg(mem)
+			rec := &recorder{}
+			cfg.Observer = rec
+			s, clock := newSweep(t, kv, cfg)
+			now := clock.Advance(3 * time.Hour)
+			st, err := s.Pass(t.Context())
+			require.NoError(t, err)
+			require.Len(t, rec.passes, 1)
+			assert.Equal(t, st, rec.passes[0])
+			assert.Equal(t, 1, st.Malformed)
+			require.Len(t, rec.lags, st.Cleared)
+			var want, got time.Duration
+			for i := range n {
+				id := fmt.Sprintf("e%02d", i)
+				if !failing[id] {
+					want += now.Sub(t0.Add(time.Duration(i)*time.Second + time.Hour))
+				}
+			}
+			assert.Equal(t, n-5, st.Cleared)
+			if tt.name != "ClearDeleter" { // its poisoned ids all fail
+				assert.Equal(t, 1, st.LiveAgain)
+				assert.Equal(t, 4, st.Failed)
+			}
+			for _, l := range rec.lags {
+				got += l
+			}
+			assert.Equal(t, want, got, "sum of lags")
+		})
+	}
+}
+
+// A clock that steps back during a pass gives lags of zero, never negative
+// ones, and a Duration of zero.
+func TestObserverLagsClockStepsBack(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 6 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0.Add(time.Duration(i)*time.Minute))
+	}
+	rec := &recorder{}
+	var clock *ManualClock
+	s, clock := newSweep(t, mem, Config{PageSize: 3, Observer: rec, Clear: func(_ context.Context, id string) error {
+		if id == "m0" {
+			clock.Set(t0) // back by two hours, before any marker fell due
+		}
+		return nil
+	}})
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 6, st.Cleared, "the cutoff is taken when the pass starts")
+	require.Len(t, rec.lags, st.Cleared)
+	for i, l := range rec.lags {
+		assert.Zero(t, l, "lag %d", i)
+	}
+	assert.Zero(t, rec.passes[0].Duration)
+}
+
+// A LeasedPass whose ctx is cancelled mid-pass returns ctx.Err(), and still
+// releases the lease, which the observer sees.
+func TestLeasedPassCancelledMidPass(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	for i := range 20 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	locker := &fakeLocker{}
+	rec := &recorder{}
+	s, clock := newSweep(t, mem, Config{PageSize: 4, Lease: locker, Observer: rec, Clear: func(_ context.Context, id string) error {
+		if id == "m09" {
+			cancel()
+		}
+		return nil
+	}})
+	clock.Advance(2 * time.Hour)
+	_, err := s.LeasedPass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.False(t, errors.Is(err, ErrLeaseLost))
+	assert.False(t, locker.held())
+	assert.Equal(t, []string{"runs/ acquired", "runs/ released"}, rec.eventList())
+	require.Len(t, rec.errs, 1)
+	assert.Equal(t, context.Canceled, rec.errs[0], "the observer sees ctx.Err() itself")
+	assert.Equal(t, 12, mem.Len(), "the page in flight was not deleted")
+}
+
+// cancelAfterKV is a ClearDeleter whose n-th ClearAndDelete cancels the
+// pass once it has cleared and deleted.
+type cancelAfterKV struct {
+	*atomicKV
+	n      int
+	cancel context.CancelFunc
+}
+
+func (c *cancelAfterKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	err := c.atomicKV.ClearAndDelete(ctx, ids, keys)
+	if c.atomicKV.calls == c.n {
+		c.cancel()
+	}
+	return err
+}
+
+// A ClearDeleter clears and deletes a batch in one transaction: a pass
+// cancelled mid-page still counts, and hands the observer the lags of, the
+// batches it committed.
+func TestClearDeleterCancelledMidPageCountsCommittedBatches(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	kv := &cancelAfterKV{atomicKV: &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}},
+		n: 2, cancel: cancel}
+	for i := range 8 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
+	}
+	rec := &recorder{}
+	s, clock := newSweep(t, kv, Config{PageSize: 8, BatchSize: 2, Observer: rec})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Len(t, kv.cleared, 4, "two batches committed")
+	assert.Equal(t, 4, mem.Len())
+	assert.Equal(t, 4, st.Cleared, "Stats.Cleared counts the committed batches")
+	assert.Len(t, rec.lags, 4, "one lag per entity cleared")
+}
+
+// A ClearDeleter's markers are gone with their entities even when the
+// sweep's own delete of the page (a malformed marker) fails: their lags
+// are observed.
+func TestClearDeleterLagsWhenPageDeleteFails(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+	for i := range 4 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
+	}
+	bad := appendTimestamp([]byte("runs/"), uint64(t0.UnixMilli()))
+	require.NoError(t, mem.Put(t.Context(), append(bad, "/bad id"...), nil))
+	rec := &recorder{}
+	s, clock := newSweep(t, &failDeleteKV{kv}, Config{Observer: rec})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(t.Context())
+	require.ErrorIs(t, err, errBoom)
+	assert.Equal(t, 4, st.Cleared)
+	assert.Len(t, rec.lags, 4)
+}
+
+// failDeleteKV is a ClearDeleter whose own Delete fails.
+type failDeleteKV struct{ *atomicKV }
+
+func (failDeleteKV) Delete(context.Context, ...[]byte) error { return errBoom }

@@ -201,7 +201,11 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	p.putter, _ = kv.(Putter)
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	p.cutoffKey = appendTimestamp(append([]byte(nil), s.prefix...), uint64(p.cutoffMs))
+	var next *prefetch // a read of the next page in flight
 	defer func() {
+		if next != nil {
+			<-next.done // no Scan outlives the pass, even one an Observer's panic cut short
+		}
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		s.logPass(p)
 		s.observePass(ctx, st, err)
@@ -212,7 +216,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 		// A full page may have a next one: read it while this one is
 		// cleared. It starts just after this page's last key, so markers
 		// that stay (failed clears) are not read again in this pass.
-		var next *prefetch
+		next = nil
 		if len(keys) == s.pageSize {
 			next = s.prefetch(ctx, p, append(append([]byte(nil), keys[len(keys)-1]...), 0))
 		}
@@ -295,12 +299,14 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 	}
 	calls, err := s.clearAll(ctx, p, keys, items)
 	p.st.ClearCalls += calls
-	if err != nil {
-		return err
+	if err == nil {
+		err = ctx.Err()
 	}
-	// Deleting now would drop markers of clears that the cancellation cut
-	// short; they are all retried by the next pass instead.
-	if err := ctx.Err(); err != nil {
+	if err != nil {
+		// Deleting now would drop markers of clears that the cancellation
+		// cut short; they are all retried by the next pass instead. The
+		// batches a ClearDeleter committed are gone already: count them.
+		s.countGone(p, items)
 		return err
 	}
 	return s.settle(ctx, p, keys, items)
@@ -411,13 +417,38 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	}
 	if len(del) > 0 {
 		if err := s.delete(ctx, p, del); err != nil {
+			if s.obs != nil && oldest >= 0 {
+				s.observeLags(items, true) // a ClearDeleter's are gone all the same
+			}
 			return err
 		}
 	}
 	if s.obs != nil && oldest >= 0 {
-		s.observeLags(items)
+		s.observeLags(items, false)
 	}
 	return nil
+}
+
+// countGone counts, in a page the pass leaves without settling it, the
+// markers a ClearDeleter cleared and deleted with their entities.
+func (s *Sweep) countGone(p *passState, items []item) {
+	oldest := int64(-1)
+	for i := range items {
+		if it := &items[i]; it.out == clearedGone {
+			p.st.Cleared++
+			s.retries.forget(it.id)
+			if oldest < 0 {
+				oldest = it.ms
+			}
+		}
+	}
+	if oldest < 0 {
+		return
+	}
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
+	if s.obs != nil {
+		s.observeLags(items, true)
+	}
 }
 
 // peek reads the first marker past the expired range to set st.NextDue. It

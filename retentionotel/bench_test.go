@@ -11,16 +11,32 @@ import (
 	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/retentionotel"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 )
 
 // BenchmarkPassWithObserver measures a pass clearing 100,000 markers on
 // MemKV without an observer and with an Observer on the SDK, alternating
 // the two in one run (-benchtime 50x or more). The metric API has no bulk
 // record, so each lag is one Record: this costs more than retentionprom.
+//
+// The sub-benchmarks differ in the SDK's exemplar filter, the application's
+// choice: trace_based (the SDK's default) offers every measurement to the
+// exemplar reservoir, after looking for a sampled span in its context;
+// always_off (sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter), or
+// OTEL_METRICS_EXEMPLAR_FILTER=always_off) skips that.
 func BenchmarkPassWithObserver(b *testing.B) {
+	for _, f := range []struct {
+		name   string
+		filter exemplar.Filter
+	}{{"exemplars=trace_based", exemplar.TraceBasedFilter}, {"exemplars=always_off", exemplar.AlwaysOffFilter}} {
+		b.Run(f.name, func(b *testing.B) { benchmarkPassWithObserver(b, f.filter) })
+	}
+}
+
+func benchmarkPassWithObserver(b *testing.B, filter exemplar.Filter) {
 	const n = 100_000
 	ctx := context.Background()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()), sdkmetric.WithExemplarFilter(filter))
 	defer func() { _ = mp.Shutdown(ctx) }()
 	o, err := retentionotel.New(retentionotel.Options{MeterProvider: mp})
 	if err != nil {

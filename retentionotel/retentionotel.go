@@ -7,7 +7,7 @@
 //
 // The instruments, each with the attribute retention.prefix:
 //
-//	retention.markers          counter {marker}, by retention.outcome: markers handled
+//	retention.markers          counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, deferred, malformed, foreign, live_again)
 //	retention.passes           counter {pass}, by retention.pass.result (ok, error, canceled, lease_lost)
 //	retention.pass.duration    histogram s: how long passes take
 //	retention.clear.lag        histogram s: how long past due each entity was cleared
@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,7 +68,7 @@ type Options struct {
 	BacklogLimit int
 }
 
-var outcomes = [...]string{"cleared", "failed", "retried", "malformed", "foreign", "live_again"}
+var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again"}
 
 var results = [...]string{"ok", "error", "canceled", "lease_lost"}
 
@@ -145,7 +146,7 @@ func New(opts Options) (*Observer, error) {
 		return h
 	}
 	o.markers = counter("retention.markers", "{marker}",
-		"Markers a sweep handled, by outcome: cleared, failed, retried, malformed, foreign (seen again at every pass), live_again.")
+		"Markers a sweep handled, by outcome: cleared, failed, retried, deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again.")
 	o.passes = counter("retention.passes", "{pass}", "Passes a sweep made, by result: ok, error, canceled, lease_lost.")
 	o.leaseEvents = counter("retention.lease.events", "{event}", "Lease events: acquired, held (by another replica), lost, released.")
 	o.backlogErrors = counter("retention.backlog.errors", "{error}", "Collections whose read of the backlog failed.")
@@ -173,12 +174,17 @@ func New(opts Options) (*Observer, error) {
 // Watch makes the Observer report the backlog of the sweeps
 // (retention.backlog.age and retention.backlog.markers), read with
 // retention.Sweep.Backlog at every collection, under the collection's
-// context.
+// context. A sweep watched again is read once. Sweeps of one prefix (over
+// different stores) share its attributes: the counters add up, and the
+// gauges show the oldest backlog age and the sum of the counts, or nothing
+// when a read failed.
 func (o *Observer) Watch(sweeps ...*retention.Sweep) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.watched = append(o.watched, sweeps...)
 	for _, s := range sweeps {
+		if !slices.Contains(o.watched, s) {
+			o.watched = append(o.watched, s)
+		}
 		o.get(s.Prefix())
 	}
 }
@@ -215,23 +221,29 @@ func (o *Observer) attrs(prefix string) *attrs {
 // ObservePass implements retention.Observer.
 func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 	a, ctx := o.attrs(prefix), context.Background()
-	for i, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Malformed, st.Foreign, st.LiveAgain} {
+	for i, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain} {
 		if n > 0 {
 			o.markers.Add(ctx, int64(n), a.outcome[i])
 		}
 	}
-	result := 0
+	o.passes.Add(ctx, 1, a.result[passResult(err)])
+	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
+}
+
+// passResult is the index in results of a pass that ended with err. A
+// cancelled pass ends with its context's error itself; a store call that
+// ran out of StoreTimeout wraps a DeadlineExceeded of its own, and is an
+// error.
+func passResult(err error) int {
 	switch {
 	case err == nil:
+		return 0
 	case errors.Is(err, retention.ErrLeaseLost):
-		result = 3
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		result = 2
-	default:
-		result = 1
+		return 3
+	case err == context.Canceled || err == context.DeadlineExceeded: // ctx.Err() itself, not wrapped
+		return 2
 	}
-	o.passes.Add(ctx, 1, a.result[result])
-	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
+	return 1
 }
 
 // ObserveLags implements retention.Observer. The metric API has no bulk
@@ -247,7 +259,15 @@ func (o *Observer) ObserveLags(prefix string, lags []time.Duration) {
 func (o *Observer) ObserveLease(prefix string, e retention.LeaseEvent) {
 	o.mu.Lock()
 	a := o.get(prefix)
-	a.leaseSeen, a.leaseHeld = true, e == retention.LeaseAcquired
+	a.leaseSeen = true
+	switch e {
+	case retention.LeaseAcquired:
+		a.leaseHeld = true
+	case retention.LeaseLost, retention.LeaseReleased:
+		a.leaseHeld = false
+	}
+	// LeaseHeld leaves the gauge: found held while this replica holds it,
+	// it was this replica's own try (a LeasedPass during Run).
 	opt, ok := a.event[e]
 	o.mu.Unlock()
 	if ok {
@@ -261,15 +281,46 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 	o.mu.Lock()
 	watched := append([]*retention.Sweep(nil), o.watched...)
 	o.mu.Unlock()
-	for _, s := range watched {
-		a := o.attrs(s.Prefix())
-		b, err := s.Backlog(ctx, o.limit)
+	type backlog struct {
+		age    time.Duration
+		due    int
+		failed bool
+	}
+	// Read at once, so that a store that does not answer does not hold up
+	// the others until the collection's deadline.
+	reads := make([]struct {
+		b   retention.Backlog
+		err error
+	}, len(watched))
+	var wg sync.WaitGroup
+	for i, s := range watched {
+		wg.Go(func() { reads[i].b, reads[i].err = s.Backlog(ctx, o.limit) })
+	}
+	wg.Wait()
+	var prefixes []string // in the order watched
+	backlogs := map[string]*backlog{}
+	for i, s := range watched {
+		b := backlogs[s.Prefix()]
+		if b == nil {
+			b = &backlog{}
+			backlogs[s.Prefix()] = b
+			prefixes = append(prefixes, s.Prefix())
+		}
+		got, err := reads[i].b, reads[i].err
 		if err != nil {
+			b.failed = true
+			continue
+		}
+		b.age, b.due = max(b.age, got.Age), b.due+got.Due
+	}
+	for _, prefix := range prefixes {
+		a, b := o.attrs(prefix), backlogs[prefix]
+		if b.failed {
 			o.backlogErrors.Add(ctx, 1, a.prefix)
 			continue
 		}
-		obs.ObserveFloat64(o.backlogAge, b.Age.Seconds(), a.prefix)
-		obs.ObserveInt64(o.backlogMarkers, int64(b.Due), a.prefix)
+		obs.ObserveFloat64(o.backlogAge, b.age.Seconds(), a.prefix)
+		obs.ObserveInt64(o.backlogMarkers, int64(b.due), a.prefix)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -6,7 +6,7 @@
 //
 // Every series is labelled by the sweep's prefix:
 //
-//	retention_markers_total{outcome}        counter: markers handled, by outcome
+//	retention_markers_total{outcome}        counter: markers handled, by outcome (cleared, failed, retried, deferred, malformed, foreign, live_again)
 //	retention_passes_total{result}          counter: passes, by result (ok, error, canceled, lease_lost)
 //	retention_pass_duration_seconds         histogram: how long passes take
 //	retention_clear_lag_seconds             histogram: how long past due each entity was cleared
@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -71,7 +72,7 @@ type Options struct {
 }
 
 // The outcomes of retention_markers_total, in the order of outcomeCounts.
-var outcomes = [...]string{"cleared", "failed", "retried", "malformed", "foreign", "live_again"}
+var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again"}
 
 // The results of retention_passes_total.
 var results = [...]string{"ok", "error", "canceled", "lease_lost"}
@@ -79,7 +80,10 @@ var results = [...]string{"ok", "error", "canceled", "lease_lost"}
 var leaseEvents = [...]retention.LeaseEvent{retention.LeaseAcquired, retention.LeaseHeld, retention.LeaseLost, retention.LeaseReleased}
 
 // Collector collects the metrics of the sweeps it observes. Create one with
-// New; it is safe for concurrent use. Its zero value is not usable.
+// New; it is safe for concurrent use. Its zero value is not usable. Use one
+// Collector for every sweep of a process, grouped or not (its series are
+// labelled by prefix): a second Collector of the same Namespace is refused
+// by the registry as a duplicate.
 type Collector struct {
 	opts Options
 
@@ -147,7 +151,8 @@ func New(opts Options) (*Collector, error) {
 		opts: opts,
 		markers: prometheus.NewDesc(name("markers_total"),
 			"Markers a sweep handled, by outcome: cleared, failed (Clear failed; the marker stays), retried (put off until its retry delay is over), "+
-				"malformed (deleted without Clear), foreign (keys under the prefix that are not markers, seen again at every pass), live_again.",
+				"deferred (skipped in its retry delay, counted at every pass), malformed (deleted without Clear), "+
+				"foreign (keys under the prefix that are not markers, seen again at every pass), live_again.",
 			[]string{"prefix", "outcome"}, nil),
 		passes: prometheus.NewDesc(name("passes_total"),
 			"Passes a sweep made, by result: ok, error (the store failed), canceled (shutdown), lease_lost.",
@@ -186,12 +191,17 @@ func checkBuckets(field string, b []float64) error {
 // Watch makes the Collector report the backlog of the sweeps (gauges
 // retention_backlog_age_seconds and retention_backlog_markers), read with
 // retention.Sweep.Backlog at every scrape: at most a few Scan calls of up
-// to Options.BacklogLimit keys per sweep.
+// to Options.BacklogLimit keys per sweep. A sweep watched again is read
+// once. Sweeps of one prefix (over different stores) share its series: the
+// counters add up, and the gauges show the oldest backlog age and the sum
+// of the counts, or are missing when a read failed.
 func (c *Collector) Watch(sweeps ...*retention.Sweep) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.watched = append(c.watched, sweeps...)
 	for _, s := range sweeps {
+		if !slices.Contains(c.watched, s) {
+			c.watched = append(c.watched, s)
+		}
 		c.get(s.Prefix())
 	}
 }
@@ -211,22 +221,13 @@ func (c *Collector) get(prefix string) *series {
 
 // ObservePass implements retention.Observer.
 func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
-	result := 0
-	switch {
-	case err == nil:
-	case errors.Is(err, retention.ErrLeaseLost):
-		result = 3
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		result = 2
-	default:
-		result = 1
-	}
+	result := passResult(err)
 	d := st.Duration.Seconds()
 	i := sort.SearchFloat64s(c.opts.DurationBuckets, d)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(prefix)
-	for j, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Malformed, st.Foreign, st.LiveAgain} {
+	for j, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain} {
 		s.markers[j] += uint64(n)
 	}
 	s.passes[result]++
@@ -234,14 +235,30 @@ func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 	s.duration.sum += d
 }
 
+// passResult is the index in results of a pass that ended with err. A
+// cancelled pass ends with its context's error itself; a store call that
+// ran out of StoreTimeout wraps a DeadlineExceeded of its own, and is an
+// error.
+func passResult(err error) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, retention.ErrLeaseLost):
+		return 3
+	case err == context.Canceled || err == context.DeadlineExceeded: // ctx.Err() itself, not wrapped
+		return 2
+	}
+	return 1
+}
+
 // ObserveLags implements retention.Observer. The lags of a page never
 // increase along the slice, so each bucket's share is found by a binary
 // search: the cost is per bucket, not per lag.
 func (c *Collector) ObserveLags(prefix string, lags []time.Duration) {
-	var sum time.Duration
+	var sum float64 // ns; a Duration would overflow on a page of markers years past due
 	sorted := true
 	for i, l := range lags {
-		sum += l
+		sum += float64(l)
 		if i > 0 && l > lags[i-1] {
 			sorted = false
 		}
@@ -249,7 +266,7 @@ func (c *Collector) ObserveLags(prefix string, lags []time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h := &c.get(prefix).lag
-	h.sum += sum.Seconds()
+	h.sum += sum / float64(time.Second)
 	bounds := c.opts.LagBuckets
 	if !sorted { // not from a retention.Sweep, which promises the order
 		for _, l := range lags {
@@ -272,7 +289,14 @@ func (c *Collector) ObserveLease(prefix string, e retention.LeaseEvent) {
 	defer c.mu.Unlock()
 	s := c.get(prefix)
 	s.leaseKnown = true
-	s.leaseHeld = e == retention.LeaseAcquired
+	switch e {
+	case retention.LeaseAcquired:
+		s.leaseHeld = true
+	case retention.LeaseLost, retention.LeaseReleased:
+		s.leaseHeld = false
+	}
+	// LeaseHeld leaves the gauge: found held while this replica holds it,
+	// it was this replica's own try (a LeasedPass during Run).
 	for i, le := range leaseEvents {
 		if le == e {
 			s.leaseEvents[i]++
@@ -289,7 +313,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector. It reads the backlog of the
-// watched sweeps, outside the Collector's lock, then reports every series.
+// watched sweeps, at once and outside the Collector's lock, each within
+// Options.BacklogTimeout, then reports every series.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	watched := append([]*retention.Sweep(nil), c.watched...)
@@ -297,21 +322,51 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.BacklogTimeout)
 	defer cancel()
-	var failed []string
-	for _, s := range watched {
-		b, err := s.Backlog(ctx, c.opts.BacklogLimit)
+	type backlog struct {
+		age    time.Duration
+		due    int
+		failed bool
+	}
+	// Read at once, so that a store that does not answer leaves the
+	// others their whole BacklogTimeout.
+	reads := make([]struct {
+		b   retention.Backlog
+		err error
+	}, len(watched))
+	var wg sync.WaitGroup
+	for i, s := range watched {
+		wg.Go(func() { reads[i].b, reads[i].err = s.Backlog(ctx, c.opts.BacklogLimit) })
+	}
+	wg.Wait()
+	var prefixes []string // in the order watched
+	backlogs := map[string]*backlog{}
+	for i, s := range watched {
+		b := backlogs[s.Prefix()]
+		if b == nil {
+			b = &backlog{}
+			backlogs[s.Prefix()] = b
+			prefixes = append(prefixes, s.Prefix())
+		}
+		got, err := reads[i].b, reads[i].err
 		if err != nil {
-			failed = append(failed, s.Prefix())
+			b.failed = true
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(c.backlogAge, prometheus.GaugeValue, b.Age.Seconds(), s.Prefix())
-		ch <- prometheus.MustNewConstMetric(c.backlogMarkers, prometheus.GaugeValue, float64(b.Due), s.Prefix())
+		b.age, b.due = max(b.age, got.Age), b.due+got.Due
+	}
+	for _, prefix := range prefixes {
+		if b := backlogs[prefix]; !b.failed {
+			ch <- prometheus.MustNewConstMetric(c.backlogAge, prometheus.GaugeValue, b.age.Seconds(), prefix)
+			ch <- prometheus.MustNewConstMetric(c.backlogMarkers, prometheus.GaugeValue, float64(b.due), prefix)
+		}
 	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, prefix := range failed {
-		c.get(prefix).backlogErrors++
+	for _, prefix := range prefixes {
+		if backlogs[prefix].failed {
+			c.get(prefix).backlogErrors++
+		}
 	}
 	for prefix, s := range c.series {
 		for i, o := range outcomes {
