@@ -3,7 +3,7 @@ module github.com/marksweep/retention/etcdkv
 go 1.25.0
 
 require (
-	github.com/marksweep/retention v0.0.0
+	github.com/marksweep/retention v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.etcd.io/etcd/client/v3 v3.6.13
 	go.uber.org/goleak v1.3.0
@@ -29,5 +29,3 @@ require (
 	google.golang.org/grpc v1.79.3 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect
 )
-
-replace github.com/marksweep/retention => ../

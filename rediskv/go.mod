@@ -3,7 +3,7 @@ module github.com/marksweep/retention/rediskv
 go 1.25.0
 
 require (
-	github.com/marksweep/retention v0.0.0
+	github.com/marksweep/retention v0.1.0
 	github.com/redis/go-redis/v9 v9.22.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -16,5 +16,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.30.0 // indirect
 )
-
-replace github.com/marksweep/retention => ../
