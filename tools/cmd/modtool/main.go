@@ -4,7 +4,7 @@
 // folder with GOWORK=off (scripts/modtool does).
 //
 //	modtool [-C root] modules            the go.work modules: dir, path, published or not
-//	modtool [-C root] packages           import paths of the published modules' packages users can import
+//	modtool [-C root] packages           module path and import path of each package users can import
 //	modtool [-C root] version            the version every module requires the published modules at
 //	modtool [-C root] check              report a layout that would not publish; exit 1 if any
 //	modtool [-C root] setversion VERSION require the published modules at VERSION everywhere
@@ -55,7 +55,7 @@ func main() {
 				fatal(err)
 			}
 			for _, p := range pkgs {
-				fmt.Println(p)
+				fmt.Printf("%s\t%s\n", m.Path, p)
 			}
 		}
 	case "version":
