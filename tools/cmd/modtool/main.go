@@ -7,7 +7,9 @@
 //	modtool [-C root] packages           module path and import path of each package users can import
 //	modtool [-C root] version            the version every module requires the published modules at
 //	modtool [-C root] check              report a layout that would not publish; exit 1 if any
-//	modtool [-C root] setversion VERSION require the published modules at VERSION everywhere
+//	modtool [-C root] setversion [VERSION]
+//	                                     require the published modules at VERSION (default: the
+//	                                     current version, v0.0.0 placeholders aside) everywhere
 //	modtool [-C root] proxy [-version V] [-rev REV] DIR
 //	                                     write a GOPROXY=file:// proxy holding every published module
 package main
@@ -23,7 +25,7 @@ import (
 func main() {
 	root := flag.String("C", ".", "repository root (the folder holding go.work)")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: modtool [-C root] modules|packages|version|check|setversion VERSION|proxy [-version V] [-rev REV] DIR")
+		fmt.Fprintln(os.Stderr, "usage: modtool [-C root] modules|packages|version|check|setversion [VERSION]|proxy [-version V] [-rev REV] DIR")
 	}
 	flag.Parse()
 	if flag.NArg() < 1 {
@@ -67,15 +69,23 @@ func main() {
 	case "check":
 		if problems := ws.Check(); len(problems) > 0 {
 			fmt.Fprintln(os.Stderr, "modtool: the module layout would not publish:\n  "+strings.Join(problems, "\n  "))
-			fmt.Fprintln(os.Stderr, "modtool: scripts/modtool setversion $(scripts/modtool version) fixes the go.mod and go.work lines")
+			fmt.Fprintln(os.Stderr, "modtool: scripts/modtool setversion fixes the go.mod and go.work lines")
 			os.Exit(1)
 		}
 	case "setversion":
-		if len(args) != 1 {
+		var version string
+		switch len(args) {
+		case 0:
+			if version, err = ws.Version(); err != nil {
+				fatal(err)
+			}
+		case 1:
+			version = args[0]
+		default:
 			flag.Usage()
 			os.Exit(2)
 		}
-		changed, err := ws.SetVersion(args[0])
+		changed, err := ws.SetVersion(version)
 		if err != nil {
 			fatal(err)
 		}

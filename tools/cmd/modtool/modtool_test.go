@@ -141,3 +141,42 @@ func TestProxyFromDir(t *testing.T) {
 		t.Errorf("importablePackages(kva) = %q, %v; want kva only (no internal)", pkgs, err)
 	}
 }
+
+func TestVersionIgnoresThePlaceholderOfANewModule(t *testing.T) {
+	root := oldLayout(t)
+	ws, err := loadWorkspace(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.SetVersion("v0.3.0"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, root, map[string]string{
+		"newmod/go.mod": "module github.com/marksweep/retention/newmod\n\ngo 1.25.0\n\n" +
+			"require github.com/marksweep/retention v0.0.0\n\nreplace github.com/marksweep/retention => ../\n",
+		"go.work": "go 1.25.0\n\nuse (\n\t.\n\t./kva\n\t./newmod\n\t./examples/demo\n)\n",
+	})
+	if ws, err = loadWorkspace(root); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := ws.Version(); v != "v0.3.0" || err != nil {
+		t.Errorf("Version() = %q, %v, want v0.3.0", v, err)
+	}
+	if problems := ws.Check(); len(problems) == 0 {
+		t.Error("Check() accepts a new module with v0.0.0 and replace")
+	}
+	for _, bad := range []string{"", "v0.0.0", "0.1.0", "v2.0.0", "v0.1"} {
+		if _, err := ws.SetVersion(bad); err == nil {
+			t.Errorf("SetVersion(%q) = nil error", bad)
+		}
+	}
+	if _, err := ws.SetVersion("v0.3.0"); err != nil {
+		t.Fatal(err)
+	}
+	if ws, err = loadWorkspace(root); err != nil {
+		t.Fatal(err)
+	}
+	if problems := ws.Check(); len(problems) != 0 {
+		t.Errorf("Check() after SetVersion = %q, want none", problems)
+	}
+}

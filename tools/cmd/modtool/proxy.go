@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/mod/module"
-	"golang.org/x/mod/semver"
 	modzip "golang.org/x/mod/zip"
 )
 
@@ -25,8 +24,8 @@ import (
 // a tag. A subdirectory module without a LICENSE gets the repository's, as
 // the go command does when it fetches from version control.
 func writeProxy(ws *Workspace, out, version, rev string) error {
-	if !semver.IsValid(version) || semver.Canonical(version) != version {
-		return fmt.Errorf("version %q is not a canonical semantic version such as v0.1.0", version)
+	if err := checkVersion(version); err != nil {
+		return err
 	}
 	when := time.Now().UTC()
 	if rev != "" {

@@ -11,10 +11,15 @@ import (
 	"strings"
 
 	"golang.org/x/mod/modfile"
+	"golang.org/x/mod/semver"
 )
 
 // corePath is the module every published module builds on.
 const corePath = "github.com/marksweep/retention"
+
+// placeholder is the version a module requires ours at while a replace
+// directive ties them; it is never released.
+const placeholder = "v0.0.0"
 
 // A Module is one module of the workspace, as go.work uses it.
 type Module struct {
@@ -138,6 +143,11 @@ func (ws *Workspace) Version() (string, error) {
 			}
 		}
 	}
+	// v0.0.0 is the placeholder of a module added with replace directives
+	// (see the README's recipe), not a version of ours.
+	if len(seen) > 1 {
+		delete(seen, placeholder)
+	}
 	switch len(seen) {
 	case 0:
 		return "", fmt.Errorf("no module of go.work requires a published module, so there is no current version")
@@ -178,6 +188,13 @@ func (ws *Workspace) Check() []string {
 	if err != nil {
 		return append(problems, err.Error())
 	}
+	for _, m := range ws.Modules {
+		for _, r := range m.File.Require {
+			if ws.isPublished(r.Mod.Path) && r.Mod.Version != v {
+				problems = append(problems, fmt.Sprintf("%s/go.mod requires %s %s, want %s", m.Dir, r.Mod.Path, r.Mod.Version, v))
+			}
+		}
+	}
 	want := map[string]string{}
 	for _, m := range ws.Published() {
 		want[m.Path] = "./" + m.Dir
@@ -212,6 +229,9 @@ const workReplaceComment = `// The modules require each other at the version bei
 // go.work's replaces to the published modules at version. It writes only the
 // files that change and returns their names.
 func (ws *Workspace) SetVersion(version string) ([]string, error) {
+	if err := checkVersion(version); err != nil {
+		return nil, err
+	}
 	var changed []string
 	for _, m := range ws.Modules {
 		f := m.File
@@ -281,4 +301,18 @@ func (ws *Workspace) SetVersion(version string) ([]string, error) {
 		changed = append(changed, "go.work")
 	}
 	return changed, nil
+}
+
+// checkVersion refuses what cannot be a release of these modules.
+func checkVersion(v string) error {
+	if !semver.IsValid(v) || semver.Canonical(v) != v || semver.Build(v) != "" {
+		return fmt.Errorf("version %q is not a semantic version such as v0.1.0", v)
+	}
+	if v == placeholder {
+		return fmt.Errorf("version %s is the placeholder of a replace, not a release", v)
+	}
+	if m := semver.Major(v); m != "v0" && m != "v1" {
+		return fmt.Errorf("version %s needs /%s module paths, which these modules do not have", v, m)
+	}
+	return nil
 }
