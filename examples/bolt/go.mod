@@ -8,7 +8,4 @@ require (
 	go.etcd.io/bbolt v1.5.0
 )
 
-require (
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.45.0 // indirect
-)
+require golang.org/x/sys v0.45.0 // indirect
