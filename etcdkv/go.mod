@@ -3,7 +3,7 @@ module github.com/marksweep/retention/etcdkv
 go 1.25.0
 
 require (
-	github.com/marksweep/retention v0.0.0
+	github.com/marksweep/retention v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.etcd.io/etcd/client/v3 v3.6.13
 	go.uber.org/goleak v1.3.0
@@ -21,7 +21,6 @@ require (
 	go.uber.org/zap v1.27.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.54.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.45.0 // indirect
 	golang.org/x/text v0.37.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20251202230838-ff82c1b0f217 // indirect
@@ -29,5 +28,3 @@ require (
 	google.golang.org/grpc v1.79.3 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect
 )
-
-replace github.com/marksweep/retention => ../

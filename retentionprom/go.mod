@@ -3,7 +3,7 @@ module github.com/marksweep/retention/retentionprom
 go 1.26.0
 
 require (
-	github.com/marksweep/retention v0.0.0
+	github.com/marksweep/retention v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.73.1
@@ -22,5 +22,3 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/marksweep/retention => ../

@@ -3,17 +3,9 @@ module github.com/marksweep/retention/examples/bolt
 go 1.25.0
 
 require (
-	github.com/marksweep/retention v0.0.0
-	github.com/marksweep/retention/boltkv v0.0.0
+	github.com/marksweep/retention v0.1.0
+	github.com/marksweep/retention/boltkv v0.1.0
 	go.etcd.io/bbolt v1.5.0
 )
 
-require (
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.45.0 // indirect
-)
-
-replace (
-	github.com/marksweep/retention => ../../
-	github.com/marksweep/retention/boltkv => ../../boltkv
-)
+require golang.org/x/sys v0.45.0 // indirect

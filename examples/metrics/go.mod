@@ -3,9 +3,9 @@ module github.com/marksweep/retention/examples/metrics
 go 1.26.0
 
 require (
-	github.com/marksweep/retention v0.0.0
-	github.com/marksweep/retention/boltkv v0.0.0
-	github.com/marksweep/retention/retentionprom v0.0.0
+	github.com/marksweep/retention v0.1.0
+	github.com/marksweep/retention/boltkv v0.1.0
+	github.com/marksweep/retention/retentionprom v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	go.etcd.io/bbolt v1.5.0
 )
@@ -20,10 +20,4 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-)
-
-replace (
-	github.com/marksweep/retention => ../../
-	github.com/marksweep/retention/boltkv => ../../boltkv
-	github.com/marksweep/retention/retentionprom => ../../retentionprom
 )

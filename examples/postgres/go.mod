@@ -4,8 +4,8 @@ go 1.25.0
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/marksweep/retention v0.0.0
-	github.com/marksweep/retention/pgkv v0.0.0
+	github.com/marksweep/retention v0.1.0
+	github.com/marksweep/retention/pgkv v0.1.0
 )
 
 require (
@@ -14,9 +14,4 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/marksweep/retention => ../../
-	github.com/marksweep/retention/pgkv => ../../pgkv
 )

@@ -4,9 +4,9 @@ go 1.25.0
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/marksweep/retention v0.0.0
-	github.com/marksweep/retention/boltkv v0.0.0
-	github.com/marksweep/retention/pgkv v0.0.0
+	github.com/marksweep/retention v0.1.0
+	github.com/marksweep/retention/boltkv v0.1.0
+	github.com/marksweep/retention/pgkv v0.1.0
 	go.etcd.io/bbolt v1.5.0
 )
 
@@ -17,10 +17,4 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.45.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/marksweep/retention => ../../
-	github.com/marksweep/retention/boltkv => ../../boltkv
-	github.com/marksweep/retention/pgkv => ../../pgkv
 )
