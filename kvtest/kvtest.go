@@ -2,7 +2,10 @@
 // contract a Sweep relies on. Adapter authors write a Factory that returns
 // a fresh, empty Store (the KV and a way to write a key), and call Run with
 // it from a test, as the example does; Benchmark measures a Sweep over the
-// same stores.
+// same stores. CustomIDRule checks, end to end, that an adapter's
+// transactional writes (MarkTx, MarkKeyTx, or MarkOp and MarkKeyOp) work
+// with a sweep that has its own id rule; its adapter supplies an
+// IDRuleHarness, as ExampleCustomIDRule shows.
 //
 // Each behaviour runs as its own subtest on a fresh store from the factory,
 // so a failure names the part of the contract that is broken. Run the suite
