@@ -15,7 +15,8 @@ import (
 // IDRuleHarness connects CustomIDRule to one adapter over a fresh, empty
 // store. CustomIDRule finishes the orders "order.42" and "order.7" and
 // tries "order-42"; an adapter whose writes update existing rows creates
-// those first. Every field must be set.
+// those first. Every field must be set: CustomIDRule fails at once on a
+// harness with a nil field.
 type IDRuleHarness struct {
 	// KV is the adapter's KV, which holds the markers.
 	KV retention.KV
@@ -27,9 +28,10 @@ type IDRuleHarness struct {
 
 	// Finish records the order id as finished at at: its state and, in the
 	// same transaction, the key sweep.MarkerKey returns for it, written
-	// with the adapter's key-taking write (MarkKeyTx or MarkKeyOp). It is
-	// the adapter's example finishOrder, and returns the error of
-	// MarkerKey when the sweep's rule refuses id.
+	// with the adapter's key-taking write (MarkKeyTx or MarkKeyOp). Make it
+	// the function the adapter's examples show (finishOrder), so that the
+	// test runs that code. It returns the error of MarkerKey when the
+	// sweep's rule refuses id.
 	Finish func(ctx context.Context, sweep *retention.Sweep, id string, at time.Time) error
 
 	// Abandon writes the state of order id and, with the key-taking write,

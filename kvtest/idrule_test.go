@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"sync"
 	"testing"
@@ -37,11 +36,7 @@ func TestBrokenIDRuleAdaptersAreCaught(t *testing.T) {
 	for name, catch := range brokenIDRule {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			// CustomIDRule fails its test on purpose here, so it runs in a
-			// child process whose failure is the expected outcome.
-			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenIDRuleChild$", "-test.v")
-			cmd.Env = append(os.Environ(), "KVTEST_BROKEN_IDRULE="+name)
-			out, err := cmd.CombinedOutput()
+			out, err := runChild("TestBrokenIDRuleChild", "KVTEST_BROKEN_IDRULE", name)
 			require.Error(t, err, "CustomIDRule passed an adapter that %s:\n%s", name, out)
 			require.Contains(t, string(out), "--- FAIL: TestBrokenIDRuleChild", "output:\n%s", out)
 			require.Contains(t, string(out), catch, "output:\n%s", out)

@@ -46,11 +46,7 @@ func TestBrokenKVsAreCaught(t *testing.T) {
 	for name, b := range broken {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			// The suite fails its test on purpose here, so it runs in a child
-			// process whose failure is the expected outcome.
-			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenChild$", "-test.v")
-			cmd.Env = append(os.Environ(), "KVTEST_BROKEN="+name)
-			out, err := cmd.CombinedOutput()
+			out, err := runChild("TestBrokenChild", "KVTEST_BROKEN", name)
 			require.Error(t, err, "the suite passed a KV that is %s:\n%s", name, out)
 			for _, behaviour := range b.catches {
 				require.Contains(t, string(out), "--- FAIL: TestBrokenChild/"+behaviour, "output:\n%s", out)
@@ -59,6 +55,16 @@ func TestBrokenKVsAreCaught(t *testing.T) {
 				"unrelated behaviours still pass; output:\n%s", out)
 		})
 	}
+}
+
+// runChild runs the test named test in a child process, with the
+// environment variable env set to value, and returns its output. The tests
+// that call it expect the child to fail: the suite fails its test on
+// purpose there, which must not fail this process.
+func runChild(test, env, value string) ([]byte, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env+"="+value)
+	return cmd.CombinedOutput()
 }
 
 func TestBrokenChild(t *testing.T) {
