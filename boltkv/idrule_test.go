@@ -39,9 +39,12 @@ func TestCustomIDRule(t *testing.T) {
 	require.ErrorIs(t, err, retention.ErrInvalidID)
 	// The sweep's rule refuses what it does not accept.
 	require.ErrorIs(t, finishOrder(db, kv, sweep, "order-42", clock.Now()), retention.ErrInvalidID)
-	// An empty key is refused.
-	err = db.Update(func(tx *bbolt.Tx) error { return kv.MarkKeyTx(tx, nil) })
-	require.ErrorIs(t, err, retention.ErrMalformedMarker)
+	// An empty key is refused, and so is a key that is not a marker, which
+	// the sweep would leave as a foreign key for ever.
+	for _, bad := range []string{"", "orders/done/order.42", "orders/done/00000001764000000000/"} {
+		err = db.Update(func(tx *bbolt.Tx) error { return kv.MarkKeyTx(tx, []byte(bad)) })
+		require.ErrorIs(t, err, retention.ErrMalformedMarker, "MarkKeyTx(%q)", bad)
+	}
 	// A transaction that fails after MarkKeyTx leaves no marker.
 	key, err := sweep.MarkerKey(clock.Now(), "order.7")
 	require.NoError(t, err)

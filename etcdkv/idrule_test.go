@@ -53,12 +53,15 @@ func TestCustomIDRule(t *testing.T) {
 	require.NoError(t, err)
 
 	// The default rule's MarkOp refuses the id; so does the sweep's rule
-	// an id it does not accept; an empty key is refused.
+	// an id it does not accept; an empty key, or one
+	// that is not a marker at all (foreign for ever), is refused.
 	_, err = kv.MarkOp("orders/done/", "order.42", clock.Now())
 	require.ErrorIs(t, err, retention.ErrInvalidID)
 	require.ErrorIs(t, finishOrder(ctx, cli, kv, sweep, "order-42", clock.Now()), retention.ErrInvalidID)
-	_, err = kv.MarkKeyOp(nil)
-	require.ErrorIs(t, err, retention.ErrMalformedMarker)
+	for _, bad := range []string{"", "orders/done/order.42", "orders/done/00000001764000000000/"} {
+		_, err = kv.MarkKeyOp([]byte(bad))
+		require.ErrorIs(t, err, retention.ErrMalformedMarker, "MarkKeyOp(%q)", bad)
+	}
 	// A Txn whose condition fails writes neither state nor marker.
 	key, err := sweep.MarkerKey(clock.Now(), "order.7")
 	require.NoError(t, err)

@@ -56,10 +56,13 @@ func TestCustomIDRule(t *testing.T) {
 	require.NoError(t, err)
 
 	// The default rule's MarkTx refuses the id; so does the sweep's rule
-	// an id it does not accept; an empty key is refused.
+	// an id it does not accept; an empty key, or one
+	// that is not a marker at all (foreign for ever), is refused.
 	require.ErrorIs(t, kv.MarkTx(ctx, pool, "orders/done/", "order.42", clock.Now()), retention.ErrInvalidID)
 	require.ErrorIs(t, finishOrder(ctx, pool, kv, sweep, "order-42", clock.Now()), retention.ErrInvalidID)
-	require.ErrorIs(t, kv.MarkKeyTx(ctx, pool, nil), retention.ErrMalformedMarker)
+	for _, bad := range []string{"", "orders/done/order.42", "orders/done/00000001764000000000/"} {
+		require.ErrorIs(t, kv.MarkKeyTx(ctx, pool, []byte(bad)), retention.ErrMalformedMarker, "MarkKeyTx(%q)", bad)
+	}
 	// A rolled-back transaction leaves neither state nor marker.
 	key, err := sweep.MarkerKey(clock.Now(), "order.7")
 	require.NoError(t, err)

@@ -44,14 +44,17 @@ func TestCustomIDRule(t *testing.T) {
 	require.NoError(t, err)
 
 	// The default rule's MarkTx refuses the id; so does the sweep's rule
-	// an id it does not accept; an empty key is refused.
+	// an id it does not accept; an empty key, or one
+	// that is not a marker at all (foreign for ever), is refused.
 	_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		return kv.MarkTx(ctx, pipe, "orders/done/", "order.42", clock.Now())
 	})
 	require.ErrorIs(t, err, retention.ErrInvalidID)
 	require.ErrorIs(t, finishOrder(ctx, rdb, kv, sweep, "order-42", clock.Now()), retention.ErrInvalidID)
-	_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error { return kv.MarkKeyTx(ctx, pipe, nil) })
-	require.ErrorIs(t, err, retention.ErrMalformedMarker)
+	for _, bad := range []string{"", "orders/done/order.42", "orders/done/00000001764000000000/"} {
+		_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error { return kv.MarkKeyTx(ctx, pipe, []byte(bad)) })
+		require.ErrorIs(t, err, retention.ErrMalformedMarker, "MarkKeyTx(%q)", bad)
+	}
 	// An abandoned MULTI writes neither state nor marker.
 	key, err := sweep.MarkerKey(clock.Now(), "order.7")
 	require.NoError(t, err)
