@@ -165,8 +165,9 @@ func (ws *Workspace) Version() (string, error) {
 }
 
 // Check returns every way the layout differs from the one that publishes:
-// no module replaces one of ours (a replace in a dependency's go.mod is
-// ignored by Go, so it would hide a broken requirement), all requirements on
+// no module replaces one of ours and no published module replaces any (a
+// replace in a dependency's go.mod is ignored by Go, so it would hide a
+// broken requirement), all requirements on
 // published modules name one version, and go.work replaces exactly each
 // published module at that version by its folder, so that the workspace
 // builds before that version exists anywhere.
@@ -174,8 +175,12 @@ func (ws *Workspace) Check() []string {
 	var problems []string
 	for _, m := range ws.Modules {
 		for _, r := range m.File.Replace {
-			if ours(r.Old.Path) {
+			switch {
+			case ours(r.Old.Path):
 				problems = append(problems, fmt.Sprintf("%s/go.mod replaces %s: remove it, go.work ties the modules together", m.Dir, r.Old.Path))
+			case m.Published:
+				problems = append(problems, fmt.Sprintf("%s/go.mod replaces %s: Go ignores it where users require %s, "+
+					"so they would build with another version than the one tested; require a version that works instead", m.Dir, r.Old.Path, m.Path))
 			}
 		}
 		for _, r := range m.File.Require {
