@@ -149,7 +149,7 @@ func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err erro
 func CheckMarkerKey(key []byte) error {
 	var late error
 	for i := 1; i+TimestampWidth+1 < len(key); i++ {
-		if idByte(key[i-1]) {
+		if idByte(key[i-1]) || key[i+TimestampWidth] != '/' {
 			continue
 		}
 		_, _, foreign, err := parseKey(string(key[:i]), key)
