@@ -38,7 +38,7 @@ type Group struct {
 // same prefix, and sweeps whose prefixes overlap: one continues the other
 // with a digit ("runs/" and "runs/2024/"), so that the sweep of the shorter
 // one would read the other's markers, as foreign keys, at every pass. It refuses a
-// member with its own Config.Lease: the group's lease covers all of them,
+// member with its own Config.Lease (the group's lease covers all of them),
 // and a nil Sweep or one not made by New. The error matches ErrInvalidConfig.
 func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 	if len(sweeps) == 0 {

@@ -139,7 +139,7 @@ func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err erro
 	return time.UnixMilli(ms), id, nil
 }
 
-// CheckMarkerKey reports whether key is shaped like a marker of some sweep:
+// CheckMarkerKey returns nil when key is shaped like a marker of some sweep:
 // a prefix New accepts (not empty, not ending in an id byte), TimestampWidth
 // digits no later than MaxMarkerTime, '/' and a non-empty id. The id rule is
 // not checked, since the sweep's own Config.ValidateID may differ from the
