@@ -189,6 +189,13 @@ func (ws *Workspace) Check() []string {
 			}
 		}
 	}
+	unused, err := ws.unusedModules()
+	if err != nil {
+		return append(problems, err.Error())
+	}
+	for _, dir := range unused {
+		problems = append(problems, fmt.Sprintf("%s/go.mod is not used by go.work: it is neither tested in the workspace nor released; go work use ./%s", dir, dir))
+	}
 	v, err := ws.Version()
 	if err != nil {
 		return append(problems, err.Error())
@@ -222,6 +229,40 @@ func (ws *Workspace) Check() []string {
 		problems = append(problems, fmt.Sprintf("go.work lacks: replace %s %s => %s", p, v, want[p]))
 	}
 	return problems
+}
+
+// unusedModules returns the folders, relative to the root, that hold a
+// go.mod go.work does not use; testdata and the folders the go command
+// ignores (. and _ names) are not searched.
+func (ws *Workspace) unusedModules() ([]string, error) {
+	used := map[string]bool{}
+	for _, m := range ws.Modules {
+		used[m.Dir] = true
+	}
+	var out []string
+	err := filepath.WalkDir(ws.Root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); p != ws.Root && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Name() != "go.mod" {
+			return nil
+		}
+		rel, err := filepath.Rel(ws.Root, filepath.Dir(p))
+		if err != nil {
+			return err
+		}
+		if dir := filepath.ToSlash(rel); !used[dir] {
+			out = append(out, dir)
+		}
+		return nil
+	})
+	return out, err
 }
 
 const workReplaceComment = `// The modules require each other at the version being prepared, which may
