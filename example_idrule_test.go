@@ -101,3 +101,15 @@ func ExampleParseMarkerKey() {
 	// Output:
 	// 2026-11-29 12:00:00 +0000 UTC run-1 <nil>
 }
+
+// The adapters' MarkKeyTx and MarkKeyOp check a key this way before they
+// write it: a marker of any prefix and id rule passes, a key no sweep would
+// ever delete does not.
+func ExampleCheckMarkerKey() {
+	for _, key := range []string{"orders/done/00000001795953600000/order.42", "orders/done/order.42"} {
+		fmt.Println(retention.CheckMarkerKey([]byte(key)))
+	}
+	// Output:
+	// <nil>
+	// retention: malformed marker "orders/done/order.42": not <prefix><20 digits>/<id>
+}

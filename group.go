@@ -38,8 +38,8 @@ type Group struct {
 // same prefix, and sweeps whose prefixes overlap: one continues the other
 // with a digit ("runs/" and "runs/2024/"), so that the sweep of the shorter
 // one would read the other's markers, as foreign keys, at every pass. It refuses a
-// member with its own Config.Lease: the group's lease covers all of them.
-// The error matches ErrInvalidConfig.
+// member with its own Config.Lease (the group's lease covers all of them),
+// and a nil Sweep or one not made by New. The error matches ErrInvalidConfig.
 func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 	if len(sweeps) == 0 {
 		return nil, invalidConfig("a Group needs at least one Sweep")
@@ -50,6 +50,11 @@ func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 	for i, s := range sweeps {
 		if s == nil {
 			return nil, invalidConfig("sweep %d is nil", i)
+		}
+		if s.configured("") != nil {
+			// Its passes would report ErrNotConfigured, but Run and
+			// LeasedPass would wait for a lease with nothing to pass.
+			return nil, invalidConfig("sweep %d was not made by retention.New (a zero value?)", i)
 		}
 		if s.lease != nil {
 			return nil, invalidConfig("the sweep of prefix %q has its own Config.Lease; set GroupConfig.Lease instead", s.prefix)

@@ -139,6 +139,33 @@ func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err erro
 	return time.UnixMilli(ms), id, nil
 }
 
+// CheckMarkerKey returns nil when key is shaped like a marker of some sweep:
+// a prefix New accepts (not empty, not ending in an id byte), TimestampWidth
+// digits no later than MaxMarkerTime, '/' and a non-empty id. The id rule is
+// not checked, since the sweep's own Config.ValidateID may differ from the
+// default. The adapters' MarkKeyTx and MarkKeyOp use it to refuse, with an
+// error matching ErrMalformedMarker, a key that no sweep would ever clear:
+// any other key under a sweep's prefix is foreign and stays for ever.
+func CheckMarkerKey(key []byte) error {
+	var late error
+	for i := 1; i+TimestampWidth+1 < len(key); i++ {
+		if idByte(key[i-1]) || key[i+TimestampWidth] != '/' {
+			continue
+		}
+		_, _, foreign, err := parseKey(string(key[:i]), key)
+		if err == nil {
+			return nil
+		}
+		if !foreign && late == nil {
+			late = err
+		}
+	}
+	if late != nil {
+		return late
+	}
+	return fmt.Errorf("%w %s: not <prefix><%d digits>/<id>", ErrMalformedMarker, strconv.Quote(string(key)), TimestampWidth)
+}
+
 // validateIDBytes is ValidateID without converting id to a string on the
 // success path.
 func validateIDBytes(id []byte) error {

@@ -136,6 +136,37 @@ func TestAppendMarkerKeyKeepsDstOnError(t *testing.T) {
 	assert.Equal(t, "keep", string(got))
 }
 
+func TestCheckMarkerKey(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		key  string
+		want string // "" for a marker-shaped key, else a part of the error
+	}{
+		{"runs/00000001764000000123/run-42", ""},
+		{"orders/done/00000001764000000123/order.42", ""}, // an id of another rule
+		{"a:b/00000001764000000123/x/y", ""},
+		{"runs/2024/00000001764000000123/x", ""}, // a prefix with digits in it
+		{"", "not <prefix><20 digits>/<id>"},
+		{"hello", "not <prefix><20 digits>/<id>"},
+		{"runs/done/abc", "not <prefix><20 digits>/<id>"},
+		{"runs/00000001764000000123/", "not <prefix><20 digits>/<id>"},      // empty id
+		{"00000001764000000123/run-42", "not <prefix><20 digits>/<id>"},     // no prefix
+		{"runs00000001764000000123/run-42", "not <prefix><20 digits>/<id>"}, // a prefix New refuses
+		{"runs/0000000176400000012/run-42", "not <prefix><20 digits>/<id>"},
+		{"runs/99999999999999999999/run-42", "after 9999-12-31"},
+	}
+	for _, tt := range tests {
+		err := CheckMarkerKey([]byte(tt.key))
+		if tt.want == "" {
+			assert.NoError(t, err, "CheckMarkerKey(%q)", tt.key)
+			continue
+		}
+		if assert.ErrorIs(t, err, ErrMalformedMarker, "CheckMarkerKey(%q)", tt.key) {
+			assert.Contains(t, err.Error(), tt.want, "CheckMarkerKey(%q)", tt.key)
+		}
+	}
+}
+
 func FuzzParseMarkerKey(f *testing.F) {
 	f.Add("runs/", []byte("runs/00000001764000000123/run-42"), int64(0), "a")
 	f.Add("runs/", []byte("runs/123/a"), int64(1764000000123), "run-42")
@@ -148,6 +179,13 @@ func FuzzParseMarkerKey(f *testing.F) {
 			again, err := MarkerKey(prefix, at, string(gotID))
 			require.NoError(t, err)
 			require.Equal(t, key, again)
+			// A marker of a prefix New takes is shaped like one.
+			if prefix != "" && !idByte(prefix[len(prefix)-1]) {
+				require.NoError(t, CheckMarkerKey(key), "CheckMarkerKey(%q)", key)
+			}
+		}
+		if err := CheckMarkerKey(key); err != nil {
+			require.ErrorIs(t, err, ErrMalformedMarker)
 		}
 		// Every valid (time, id) round-trips.
 		at := time.UnixMilli(ms)

@@ -337,6 +337,7 @@ func TestNewGroupValidation(t *testing.T) {
 		{"neighbours runs/ and runs2/", GroupConfig{Lease: &fakeLocker{}}, []*Sweep{sweep("runs/", nil), sweep("runs2/", nil)}, ""},
 		{"no sweeps", GroupConfig{}, nil, "a Group needs at least one Sweep"},
 		{"nil sweep", GroupConfig{}, []*Sweep{sweep("runs/", nil), nil}, "sweep 1 is nil"},
+		{"zero Sweep", GroupConfig{}, []*Sweep{sweep("runs/", nil), {}}, "sweep 1 was not made by retention.New"},
 		{"same prefix", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/", nil)}, `prefixes "runs/" and "runs/" overlap`},
 		{"one extends the other with a letter", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/old/", nil)}, ""},
 		{"one extends the other with a digit", GroupConfig{}, []*Sweep{sweep("runs/", nil), sweep("runs/2024/", nil)}, `prefixes "runs/" and "runs/2024/" overlap`},

@@ -93,7 +93,8 @@ func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) erro
 
 // MemKV is an in-memory ordered KV, safe for concurrent use. It is the
 // embedded default for tests, demos and single-process services whose state
-// lives in memory. Create one with NewMemKV.
+// lives in memory. Create one with NewMemKV; the zero value is an empty
+// MemKV ready to use too.
 //
 // It is a skip list: Put, Get and the deletion of one key cost O(log n) and
 // Scan costs O(log n + page), so the common pattern of appending newer
@@ -117,9 +118,12 @@ type memNode struct {
 
 // NewMemKV returns an empty MemKV.
 func NewMemKV() *MemKV {
-	// A fixed seed makes tower heights, and so benchmarks, repeatable.
-	return &MemKV{level: 1, rng: rand.New(rand.NewPCG(1, 2))}
+	return &MemKV{level: 1, rng: newMemRand()}
 }
+
+// newMemRand returns the source of tower heights. A fixed seed makes them,
+// and so benchmarks, repeatable.
+func newMemRand() *rand.Rand { return rand.New(rand.NewPCG(1, 2)) }
 
 // Len returns the number of keys stored.
 func (m *MemKV) Len() int {
@@ -139,6 +143,9 @@ func (m *MemKV) Put(ctx context.Context, key, value []byte) error {
 	if x := m.seek(key, &prev); x != nil && bytes.Equal(x.key, key) {
 		x.value = bytes.Clone(value)
 		return nil
+	}
+	if m.rng == nil { // a zero MemKV
+		m.rng = newMemRand()
 	}
 	lvl := 1
 	for lvl < maxLevel && m.rng.Uint32()&3 == 0 {

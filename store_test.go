@@ -15,8 +15,16 @@ import (
 
 func TestMemKVBasics(t *testing.T) {
 	t.Parallel()
+	for name, kv := range map[string]*MemKV{"NewMemKV": NewMemKV(), "zero value": {}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testMemKVBasics(t, kv)
+		})
+	}
+}
+
+func testMemKVBasics(t *testing.T, kv *MemKV) {
 	ctx := context.Background()
-	kv := NewMemKV()
 	for _, k := range []string{"b", "a", "c", "\x00", "\xff", "ab", "b"} {
 		require.NoError(t, kv.Put(ctx, []byte(k), []byte("v"+k)))
 	}

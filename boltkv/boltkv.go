@@ -130,11 +130,12 @@ func (k *KV) MarkTx(tx *bbolt.Tx, prefix, id string, t time.Time) error {
 
 // MarkKeyTx writes the marker key inside the caller's writable transaction
 // tx. Take key from Sweep.MarkerKey, which checks the id by the sweep's own
-// rule (Config.ValidateID), or from retention.MarkerKey. An empty key is
-// refused with an error matching retention.ErrMalformedMarker.
+// rule (Config.ValidateID), or from retention.MarkerKey. A key that is not
+// shaped like a marker (retention.CheckMarkerKey: the sweep would never
+// delete it) is refused with an error matching retention.ErrMalformedMarker.
 func (k *KV) MarkKeyTx(tx *bbolt.Tx, key []byte) error {
-	if len(key) == 0 {
-		return fmt.Errorf("boltkv: MarkKeyTx: %w: empty key", retention.ErrMalformedMarker)
+	if err := retention.CheckMarkerKey(key); err != nil {
+		return fmt.Errorf("boltkv: MarkKeyTx: %w", err)
 	}
 	b, err := k.bucketOf(tx)
 	if err != nil {

@@ -240,11 +240,12 @@ func (k *KV) MarkOp(prefix, id string, t time.Time) (clientv3.Op, error) {
 // MarkKeyOp returns the operation that writes the marker key under the KV's
 // namespace, like MarkOp. Take key from Sweep.MarkerKey, which checks the id
 // by the sweep's own rule (Config.ValidateID), or from retention.MarkerKey.
-// An empty key is refused with an error matching
+// A key that is not shaped like a marker (retention.CheckMarkerKey: the
+// sweep would never delete it) is refused with an error matching
 // retention.ErrMalformedMarker.
 func (k *KV) MarkKeyOp(key []byte) (clientv3.Op, error) {
-	if len(key) == 0 {
-		return clientv3.Op{}, fmt.Errorf("etcdkv: MarkKeyOp: %w: empty key", retention.ErrMalformedMarker)
+	if err := retention.CheckMarkerKey(key); err != nil {
+		return clientv3.Op{}, fmt.Errorf("etcdkv: MarkKeyOp: %w", err)
 	}
 	return clientv3.OpPut(k.ns+string(key), ""), nil
 }

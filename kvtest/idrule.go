@@ -53,7 +53,8 @@ type IDRuleHarness struct {
 // whose Config.ValidateID accepts ids the default rule refuses works with
 // the adapter's transactions: the default-rule write refuses "order.42"
 // with retention.ErrInvalidID, and so does the sweep an id its rule
-// refuses; the key-taking write refuses an empty key with
+// refuses; the key-taking write refuses an empty key, a key not shaped
+// like a marker and a marker without an id with
 // retention.ErrMalformedMarker; an abandoned transaction leaves neither
 // state nor marker; a committed one writes the state and exactly the
 // sweep's marker key; and a Pass clears nothing before the retention ran
@@ -110,8 +111,12 @@ func CustomIDRule(t *testing.T, h IDRuleHarness) {
 	if err := h.Finish(ctx, sweep, "order-42", start); !errors.Is(err, retention.ErrInvalidID) {
 		t.Errorf("Finish(\"order-42\"), which the sweep's rule refuses, = %v, want ErrInvalidID", err)
 	}
-	if err := h.Abandon(ctx, "order.7", nil); !errors.Is(err, retention.ErrMalformedMarker) {
-		t.Errorf("the key-taking write of an empty key = %v, want ErrMalformedMarker", err)
+	// An empty key, a key that is not a marker (which the sweep would
+	// leave as foreign for ever) and a marker without an id are refused.
+	for _, bad := range []string{"", prefix + "order.42", prefix + "00000001764000000000/"} {
+		if err := h.Abandon(ctx, "order.7", []byte(bad)); !errors.Is(err, retention.ErrMalformedMarker) {
+			t.Errorf("the key-taking write of %q = %v, want ErrMalformedMarker", bad, err)
+		}
 	}
 	if err := h.Abandon(ctx, "order.7", markerKey(start, "order.7")); err != nil {
 		t.Fatalf("Abandon(\"order.7\") error = %v", err)

@@ -24,7 +24,7 @@ func TestCustomIDRule(t *testing.T) {
 // with the message given.
 var brokenIDRule = map[string]string{
 	"marks outside the transaction":        "markers after refused and abandoned writes",
-	"accepts an empty key":                 "the key-taking write of an empty key = <nil>",
+	"accepts any key":                      `the key-taking write of "" = <nil>`,
 	"default write takes the sweep's rule": `the default-rule write of "order.42" = <nil>`,
 	"commits no state":                     `Shipped("order.42") after Finish`,
 }
@@ -108,8 +108,10 @@ func (o *memOrders) markTx(tx *memTx, prefix, id string, at time.Time) error {
 
 // markKeyTx is the key-taking write, like an adapter's MarkKeyTx.
 func (o *memOrders) markKeyTx(tx *memTx, key []byte) error {
-	if len(key) == 0 && o.breaks != "accepts an empty key" {
-		return fmt.Errorf("memOrders: %w: empty key", retention.ErrMalformedMarker)
+	if o.breaks != "accepts any key" {
+		if err := retention.CheckMarkerKey(key); err != nil {
+			return fmt.Errorf("memOrders: %w", err)
+		}
 	}
 	if o.breaks == "marks outside the transaction" {
 		return o.kv.Put(tx.ctx, key, nil)

@@ -310,11 +310,12 @@ func (k *KV) MarkTx(ctx context.Context, tx DB, prefix, id string, t time.Time) 
 
 // MarkKeyTx writes the marker key through tx, like MarkTx. Take key from
 // Sweep.MarkerKey, which checks the id by the sweep's own rule
-// (Config.ValidateID), or from retention.MarkerKey. An empty key is refused
-// with an error matching retention.ErrMalformedMarker.
+// (Config.ValidateID), or from retention.MarkerKey. A key that is not shaped
+// like a marker (retention.CheckMarkerKey: the sweep would never delete it)
+// is refused with an error matching retention.ErrMalformedMarker.
 func (k *KV) MarkKeyTx(ctx context.Context, tx DB, key []byte) error {
-	if len(key) == 0 {
-		return fmt.Errorf("pgkv: MarkKeyTx: %w: empty key", retention.ErrMalformedMarker)
+	if err := retention.CheckMarkerKey(key); err != nil {
+		return fmt.Errorf("pgkv: MarkKeyTx: %w", err)
 	}
 	return k.put(ctx, tx, key)
 }

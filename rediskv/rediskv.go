@@ -121,12 +121,13 @@ func (k *KV) MarkTx(ctx context.Context, pipe redis.Pipeliner, prefix, id string
 
 // MarkKeyTx queues the marker key on pipe, like MarkTx. Take key from
 // Sweep.MarkerKey, which checks the id by the sweep's own rule
-// (Config.ValidateID), or from retention.MarkerKey. An empty key is refused
-// with an error matching retention.ErrMalformedMarker, and nothing is
-// queued then.
+// (Config.ValidateID), or from retention.MarkerKey. A key that is not shaped
+// like a marker (retention.CheckMarkerKey: the sweep would never delete it)
+// is refused with an error matching retention.ErrMalformedMarker, and
+// nothing is queued then.
 func (k *KV) MarkKeyTx(ctx context.Context, pipe redis.Pipeliner, key []byte) error {
-	if len(key) == 0 {
-		return fmt.Errorf("rediskv: MarkKeyTx: %w: empty key", retention.ErrMalformedMarker)
+	if err := retention.CheckMarkerKey(key); err != nil {
+		return fmt.Errorf("rediskv: MarkKeyTx: %w", err)
 	}
 	pipe.ZAdd(ctx, k.key, member(key))
 	return nil

@@ -180,3 +180,62 @@ func TestVersionIgnoresThePlaceholderOfANewModule(t *testing.T) {
 		t.Errorf("Check() after SetVersion = %q, want none", problems)
 	}
 }
+
+// A replace of any module in a published go.mod is ignored by Go when a user
+// requires that module, so the build the repository tests is not the one
+// users get: Check reports it, whatever module it replaces.
+func TestCheckRefusesAnyReplaceInAPublishedModule(t *testing.T) {
+	root := oldLayout(t)
+	ws, err := loadWorkspace(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.SetVersion("v0.1.0"); err != nil {
+		t.Fatal(err)
+	}
+	kva := "module github.com/marksweep/retention/kva\n\ngo 1.25.0\n\n" +
+		"require (\n\tgithub.com/marksweep/retention v0.1.0\n\texample.com/dep v1.0.0\n)\n\n" +
+		"replace example.com/dep => example.com/fork v1.0.1\n"
+	demo, err := os.ReadFile(filepath.Join(root, "examples/demo/go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, root, map[string]string{
+		"kva/go.mod":           kva,
+		"examples/demo/go.mod": string(demo) + "\nreplace example.com/other => ../other\n",
+	})
+	if ws, err = loadWorkspace(root); err != nil {
+		t.Fatal(err)
+	}
+	problems := ws.Check()
+	if len(problems) != 1 || !strings.Contains(problems[0], "kva/go.mod replaces example.com/dep") {
+		t.Errorf("Check() = %q, want the replace of kva reported, and not the example's", problems)
+	}
+}
+
+// A module folder that go.work does not use is neither tested in the
+// workspace nor tagged, and the core's zip leaves it out: Check reports it.
+func TestCheckReportsAModuleOutsideGoWork(t *testing.T) {
+	root := oldLayout(t)
+	ws, err := loadWorkspace(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.SetVersion("v0.1.0"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, root, map[string]string{
+		"kvb/go.mod":                "module github.com/marksweep/retention/kvb\n\ngo 1.25.0\n",
+		"kvb/kvb.go":                "package kvb\n",
+		"kva/testdata/mod/go.mod":   "module example.com/fixture\n",
+		".hidden/go.mod":            "module example.com/hidden\n",
+		"kva/internal/_skip/go.mod": "module example.com/skip\n",
+	})
+	if ws, err = loadWorkspace(root); err != nil {
+		t.Fatal(err)
+	}
+	problems := ws.Check()
+	if len(problems) != 1 || !strings.Contains(problems[0], "kvb/go.mod") {
+		t.Errorf("Check() = %q, want kvb/go.mod reported, and nothing else", problems)
+	}
+}

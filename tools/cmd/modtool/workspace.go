@@ -165,8 +165,9 @@ func (ws *Workspace) Version() (string, error) {
 }
 
 // Check returns every way the layout differs from the one that publishes:
-// no module replaces one of ours (a replace in a dependency's go.mod is
-// ignored by Go, so it would hide a broken requirement), all requirements on
+// no module replaces one of ours and no published module replaces any (a
+// replace in a dependency's go.mod is ignored by Go, so it would hide a
+// broken requirement), all requirements on
 // published modules name one version, and go.work replaces exactly each
 // published module at that version by its folder, so that the workspace
 // builds before that version exists anywhere.
@@ -174,8 +175,12 @@ func (ws *Workspace) Check() []string {
 	var problems []string
 	for _, m := range ws.Modules {
 		for _, r := range m.File.Replace {
-			if ours(r.Old.Path) {
+			switch {
+			case ours(r.Old.Path):
 				problems = append(problems, fmt.Sprintf("%s/go.mod replaces %s: remove it, go.work ties the modules together", m.Dir, r.Old.Path))
+			case m.Published:
+				problems = append(problems, fmt.Sprintf("%s/go.mod replaces %s: Go ignores it where users require %s, "+
+					"so they would build with another version than the one tested; require a version that works instead", m.Dir, r.Old.Path, m.Path))
 			}
 		}
 		for _, r := range m.File.Require {
@@ -183,6 +188,13 @@ func (ws *Workspace) Check() []string {
 				problems = append(problems, fmt.Sprintf("%s/go.mod requires %s, which is not a published module of go.work", m.Dir, r.Mod.Path))
 			}
 		}
+	}
+	unused, err := ws.unusedModules()
+	if err != nil {
+		return append(problems, err.Error())
+	}
+	for _, dir := range unused {
+		problems = append(problems, fmt.Sprintf("%s/go.mod is not used by go.work: it is neither tested in the workspace nor released; go work use ./%s", dir, dir))
 	}
 	v, err := ws.Version()
 	if err != nil {
@@ -217,6 +229,40 @@ func (ws *Workspace) Check() []string {
 		problems = append(problems, fmt.Sprintf("go.work lacks: replace %s %s => %s", p, v, want[p]))
 	}
 	return problems
+}
+
+// unusedModules returns the folders, relative to the root, that hold a
+// go.mod go.work does not use; testdata and the folders the go command
+// ignores (. and _ names) are not searched.
+func (ws *Workspace) unusedModules() ([]string, error) {
+	used := map[string]bool{}
+	for _, m := range ws.Modules {
+		used[m.Dir] = true
+	}
+	var out []string
+	err := filepath.WalkDir(ws.Root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); p != ws.Root && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Name() != "go.mod" {
+			return nil
+		}
+		rel, err := filepath.Rel(ws.Root, filepath.Dir(p))
+		if err != nil {
+			return err
+		}
+		if dir := filepath.ToSlash(rel); !used[dir] {
+			out = append(out, dir)
+		}
+		return nil
+	})
+	return out, err
 }
 
 const workReplaceComment = `// The modules require each other at the version being prepared, which may
