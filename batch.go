@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // DefaultBatchSize is the number of ids a ClearBatch call gets when
@@ -231,4 +232,26 @@ func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) e
 		err = fmt.Errorf("retention: clear of a batch timed out after ClearTimeout (%v): %w", s.clearTimeout, err)
 	}
 	return err
+}
+
+// countGone counts, in a page the pass leaves without settling it, the
+// markers a ClearDeleter cleared and deleted with their entities.
+func (s *Sweep) countGone(p *passState, items []item) {
+	oldest := int64(-1)
+	for i := range items {
+		if it := &items[i]; it.out == clearedGone {
+			p.st.Cleared++
+			s.retries.forget(it.id)
+			if oldest < 0 {
+				oldest = it.ms
+			}
+		}
+	}
+	if oldest < 0 {
+		return
+	}
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
+	if s.obs != nil {
+		s.observeLags(items, true)
+	}
 }

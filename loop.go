@@ -286,3 +286,36 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
+// at once (or after a random delay below Config.StartJitter), so a fresh
+// process clears what an earlier one left due. After a pass Run sleeps until
+// the oldest remaining marker falls due (from Stats.NextDue), but never
+// longer than Config.Interval, lengthened by up to Config.Jitter of itself;
+// an idle sweep thus clears an entity within moments of it falling due. A
+// pass that fails is logged and retried after a backoff that doubles from
+// one second up to Interval. Config.OnPass sees every pass.
+//
+// With Config.Lease set, Run passes only while it holds the lease: it tries
+// to take it before each pass and, once held, keeps it until ctx is done or
+// it is lost; a pass during which the lease is lost is cancelled before it
+// deletes another marker. A lease that is a Fencer also fences the pass's
+// deletes in the store. A replica without the lease retries every
+// Interval. Run releases a held lease and leaves no goroutine behind when it
+// returns.
+//
+// One Run at a time runs a Sweep: while one runs (on its own or in a
+// Group), another returns an error matching ErrRunning at once.
+func (s *Sweep) Run(ctx context.Context) error {
+	if err := s.configured("Run"); err != nil {
+		return err
+	}
+	l := &loop{
+		members:     []*Sweep{s},
+		locker:      s.lease,
+		log:         s.log,
+		jitter:      s.jitter,
+		startJitter: s.startJitter,
+	}
+	return l.runExclusive(ctx)
+}

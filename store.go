@@ -76,21 +76,6 @@ func Mark(ctx context.Context, p Putter, prefix, id string, t time.Time) error {
 	return p.Put(ctx, key, nil)
 }
 
-// Mark writes the marker for id, finished at t, under the sweep's prefix
-// through p, with an empty value. Unlike the package-level Mark it checks id
-// by the sweep's rule (Config.ValidateID), so it writes every id the sweep
-// accepts; it refuses what Sweep.MarkerKey refuses. The advice of Mark
-// holds: where the store has transactions, write Sweep.MarkerKey's key in
-// the transaction that records the entity's terminal state (the adapters'
-// MarkKeyTx and MarkKeyOp take it).
-func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) error {
-	key, err := s.MarkerKey(t, id)
-	if err != nil {
-		return err
-	}
-	return p.Put(ctx, key, nil)
-}
-
 // MemKV is an in-memory ordered KV, safe for concurrent use. It is the
 // embedded default for tests, demos and single-process services whose state
 // lives in memory. Create one with NewMemKV; the zero value is an empty

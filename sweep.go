@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -117,51 +116,6 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		s.interval = min(s.retention, time.Minute)
 	}
 	return s, nil
-}
-
-// MarkerKey returns the key of the marker for id finished at t under this
-// sweep's prefix, checking id with the sweep's ValidateID. Use it instead of
-// the package-level MarkerKey when Config.ValidateID is set.
-func (s *Sweep) MarkerKey(t time.Time, id string) ([]byte, error) {
-	if err := s.configured("MarkerKey"); err != nil {
-		return nil, err
-	}
-	if err := s.checkID(id); err != nil {
-		return nil, err
-	}
-	return appendKey(nil, s.prefix, t, id)
-}
-
-func (s *Sweep) checkID(id string) error {
-	if s.validate == nil {
-		return ValidateID(id)
-	}
-	if id == "" {
-		return fmt.Errorf("%w: empty", ErrInvalidID)
-	}
-	if err := s.callValidate(id); err != nil {
-		if errors.Is(err, errValidatePanicked) {
-			return err // says nothing of the id
-		}
-		if !errors.Is(err, ErrInvalidID) {
-			err = fmt.Errorf("%w: %s", ErrInvalidID, errString(err))
-		}
-		return err
-	}
-	return nil
-}
-
-// errValidatePanicked is the error of a Config.ValidateID that panicked: it
-// says nothing of the id, so the marker is neither cleared nor deleted.
-var errValidatePanicked = errors.New("retention: Config.ValidateID panicked")
-
-func (s *Sweep) callValidate(id string) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w on %q: %v", errValidatePanicked, id, r)
-		}
-	}()
-	return s.validate(id)
 }
 
 // Pass makes one sweep: every expired marker is handled, oldest first, then
@@ -429,28 +383,6 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	return nil
 }
 
-// countGone counts, in a page the pass leaves without settling it, the
-// markers a ClearDeleter cleared and deleted with their entities.
-func (s *Sweep) countGone(p *passState, items []item) {
-	oldest := int64(-1)
-	for i := range items {
-		if it := &items[i]; it.out == clearedGone {
-			p.st.Cleared++
-			s.retries.forget(it.id)
-			if oldest < 0 {
-				oldest = it.ms
-			}
-		}
-	}
-	if oldest < 0 {
-		return
-	}
-	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
-	if s.obs != nil {
-		s.observeLags(items, true)
-	}
-}
-
 // peek reads the first marker past the expired range to set st.NextDue. It
 // reads one key when that is a marker, as it nearly always is; foreign and
 // malformed keys there are stepped over a page at a time, and the malformed
@@ -500,58 +432,10 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 	}
 }
 
-// checkIDBytes checks a marker's id by the sweep's rule, returning the
-// malformed-marker error for key.
-func (s *Sweep) checkIDBytes(key, id []byte) error {
-	var err error
-	if s.validate == nil {
-		err = validateIDBytes(id)
-	} else {
-		err = s.checkID(string(id))
-	}
-	if err != nil && !errors.Is(err, errValidatePanicked) {
-		return malformed(key, "id", err)
-	}
-	return err
-}
-
 // earliest returns the earlier of a and b, where the zero time means none.
 func earliest(a, b time.Time) time.Time {
 	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
 		return b
 	}
 	return a
-}
-
-// Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
-// at once (or after a random delay below Config.StartJitter), so a fresh
-// process clears what an earlier one left due. After a pass Run sleeps until
-// the oldest remaining marker falls due (from Stats.NextDue), but never
-// longer than Config.Interval, lengthened by up to Config.Jitter of itself;
-// an idle sweep thus clears an entity within moments of it falling due. A
-// pass that fails is logged and retried after a backoff that doubles from
-// one second up to Interval. Config.OnPass sees every pass.
-//
-// With Config.Lease set, Run passes only while it holds the lease: it tries
-// to take it before each pass and, once held, keeps it until ctx is done or
-// it is lost; a pass during which the lease is lost is cancelled before it
-// deletes another marker. A lease that is a Fencer also fences the pass's
-// deletes in the store. A replica without the lease retries every
-// Interval. Run releases a held lease and leaves no goroutine behind when it
-// returns.
-//
-// One Run at a time runs a Sweep: while one runs (on its own or in a
-// Group), another returns an error matching ErrRunning at once.
-func (s *Sweep) Run(ctx context.Context) error {
-	if err := s.configured("Run"); err != nil {
-		return err
-	}
-	l := &loop{
-		members:     []*Sweep{s},
-		locker:      s.lease,
-		log:         s.log,
-		jitter:      s.jitter,
-		startJitter: s.startJitter,
-	}
-	return l.runExclusive(ctx)
 }

@@ -1,0 +1,83 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// MarkerKey returns the key of the marker for id finished at t under this
+// sweep's prefix, checking id with the sweep's ValidateID. Use it instead of
+// the package-level MarkerKey when Config.ValidateID is set.
+func (s *Sweep) MarkerKey(t time.Time, id string) ([]byte, error) {
+	if err := s.configured("MarkerKey"); err != nil {
+		return nil, err
+	}
+	if err := s.checkID(id); err != nil {
+		return nil, err
+	}
+	return appendKey(nil, s.prefix, t, id)
+}
+
+func (s *Sweep) checkID(id string) error {
+	if s.validate == nil {
+		return ValidateID(id)
+	}
+	if id == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidID)
+	}
+	if err := s.callValidate(id); err != nil {
+		if errors.Is(err, errValidatePanicked) {
+			return err // says nothing of the id
+		}
+		if !errors.Is(err, ErrInvalidID) {
+			err = fmt.Errorf("%w: %s", ErrInvalidID, errString(err))
+		}
+		return err
+	}
+	return nil
+}
+
+// errValidatePanicked is the error of a Config.ValidateID that panicked: it
+// says nothing of the id, so the marker is neither cleared nor deleted.
+var errValidatePanicked = errors.New("retention: Config.ValidateID panicked")
+
+func (s *Sweep) callValidate(id string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w on %q: %v", errValidatePanicked, id, r)
+		}
+	}()
+	return s.validate(id)
+}
+
+// Mark writes the marker for id, finished at t, under the sweep's prefix
+// through p, with an empty value. Unlike the package-level Mark it checks id
+// by the sweep's rule (Config.ValidateID), so it writes every id the sweep
+// accepts; it refuses what Sweep.MarkerKey refuses. The advice of Mark
+// holds: where the store has transactions, write Sweep.MarkerKey's key in
+// the transaction that records the entity's terminal state (the adapters'
+// MarkKeyTx and MarkKeyOp take it).
+func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) error {
+	key, err := s.MarkerKey(t, id)
+	if err != nil {
+		return err
+	}
+	return p.Put(ctx, key, nil)
+}
+
+// checkIDBytes checks a marker's id by the sweep's rule, returning the
+// malformed-marker error for key.
+func (s *Sweep) checkIDBytes(key, id []byte) error {
+	var err error
+	if s.validate == nil {
+		err = validateIDBytes(id)
+	} else {
+		err = s.checkID(string(id))
+	}
+	if err != nil && !errors.Is(err, errValidatePanicked) {
+		return malformed(key, "id", err)
+	}
+	return err
+}
