@@ -74,21 +74,7 @@ func testLeasedPass(t *testing.T, h Harness) {
 	if _, err := sweep.LeasedPass(ctx); !errors.Is(err, retention.ErrLeaseHeld) {
 		t.Errorf("LeasedPass while b holds the lease = %v, want ErrLeaseHeld", err)
 	}
-	count := func() int {
-		t.Helper()
-		present, err := h.Present(ctx, ids)
-		if err != nil {
-			t.Fatalf("Present = %v", err)
-		}
-		n := 0
-		for _, id := range ids {
-			if present[id] {
-				n++
-			}
-		}
-		return n
-	}
-	if n := count(); n != len(ids) {
+	if n := countPresent(ctx, t, h, ids); n != len(ids) {
 		t.Errorf("after a refused LeasedPass %d of %d entities are present, want all", n, len(ids))
 	}
 	if err := lb.Release(ctx); err != nil {
@@ -102,7 +88,7 @@ func testLeasedPass(t *testing.T, h Harness) {
 	if st.Cleared != len(ids) {
 		t.Errorf("LeasedPass().Cleared = %d, want %d", st.Cleared, len(ids))
 	}
-	if n := count(); n != 0 {
+	if n := countPresent(ctx, t, h, ids); n != 0 {
 		t.Errorf("%d entities left after LeasedPass", n)
 	}
 	if got, want := obs.String(), "[held acquired released]"; got != want {

@@ -237,21 +237,28 @@ func ids(prefix string, from, to int) []string {
 	return out
 }
 
+// countPresent returns how many of ids still have state.
+func countPresent(ctx context.Context, t testing.TB, h Harness, ids []string) int {
+	t.Helper()
+	present, err := h.Present(ctx, ids)
+	if err != nil {
+		t.Fatalf("Present = %v", err)
+	}
+	n := 0
+	for _, id := range ids {
+		if present[id] {
+			n++
+		}
+	}
+	return n
+}
+
 // waitGone polls until none of ids has state left.
 func waitGone(t testing.TB, h Harness, ids []string, limit time.Duration) time.Duration {
 	t.Helper()
 	begin := time.Now()
 	for {
-		present, err := h.Present(context.Background(), ids)
-		if err != nil {
-			t.Fatalf("Present = %v", err)
-		}
-		left := 0
-		for _, id := range ids {
-			if present[id] {
-				left++
-			}
-		}
+		left := countPresent(context.Background(), t, h, ids)
 		if left == 0 {
 			return time.Since(begin)
 		}
