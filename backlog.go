@@ -59,7 +59,7 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 		return b, fmt.Errorf("retention: Backlog's limit must be 1 to %d, got %d", MaxPageSize, limit)
 	}
 	now := s.clock.Now()
-	cutoffKey := appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMillis(now.Add(-s.retention))))
+	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
 	from := s.lower
 	for range backlogScans {
 		keys, err := s.scanKV(ctx, s.kv, from, cutoffKey, limit+1)
@@ -85,7 +85,7 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 		if len(keys) <= limit {
 			return b, nil // a short page: the due range is read to its end
 		}
-		from = append(append([]byte(nil), keys[len(keys)-1]...), 0)
+		from = keyAfter(keys[len(keys)-1])
 	}
 	b.More = true
 	return b, nil

@@ -154,7 +154,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	p := &passState{kv: kv, st: &st, cutoff: start.Add(-s.retention)}
 	p.putter, _ = kv.(Putter)
 	p.cutoffMs = cutoffMillis(p.cutoff)
-	p.cutoffKey = appendTimestamp(append([]byte(nil), s.prefix...), uint64(p.cutoffMs))
+	p.cutoffKey = s.dueEnd(p.cutoffMs)
 	var next *prefetch // a read of the next page in flight
 	defer func() {
 		if next != nil {
@@ -172,7 +172,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 		// that stay (failed clears) are not read again in this pass.
 		next = nil
 		if len(keys) == s.pageSize {
-			next = s.prefetch(ctx, p, append(append([]byte(nil), keys[len(keys)-1]...), 0))
+			next = s.prefetch(ctx, p, keyAfter(keys[len(keys)-1]))
 		}
 		err = s.page(ctx, p, keys)
 		if next == nil {
@@ -201,6 +201,18 @@ type passState struct {
 	cutoffMs   int64
 	cutoffKey  []byte
 	notes      passNotes
+}
+
+// dueEnd returns the exclusive end of the range of markers due before
+// cutoffMs: the prefix followed by cutoffMs as a timestamp.
+func (s *Sweep) dueEnd(cutoffMs int64) []byte {
+	return appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMs))
+}
+
+// keyAfter returns the first key after key in byte order, where the read
+// of the next page starts.
+func keyAfter(key []byte) []byte {
+	return append(append([]byte(nil), key...), 0)
 }
 
 // cutoffMillis returns the smallest whole millisecond not before cutoff: a
@@ -427,7 +439,7 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 		if found || len(keys) < limit {
 			return nil
 		}
-		from = append(append([]byte(nil), keys[len(keys)-1]...), 0)
+		from = keyAfter(keys[len(keys)-1])
 		limit = s.pageSize
 	}
 }
