@@ -39,10 +39,9 @@ func (s *Sweep) Prefix() string { return s.prefix }
 // alert: the oldest marker that is due and not yet cleared, how long past
 // due it is, and how many markers are due, counting up to limit (1 to
 // MaxPageSize; a limit out of that range is an error, so that 0 is not
-// taken for "no limit"). It reads the
-// KV through at most four Scan calls of at most limit+1 keys each, never the
-// whole range, whatever the number of markers, and may run while a pass
-// does.
+// taken for "no limit"). It reads the KV through at most four Scan calls of
+// at most limit+1 keys each, never the whole range, whatever the number of
+// markers, and may run while a pass does.
 //
 // A marker waiting out a retry delay in memory (on a KV that is not a
 // Putter) counts as due; one rescheduled on a Putter falls due again at its

@@ -38,8 +38,9 @@ var ErrClearPanicked = errors.New("retention: clear panicked")
 var ErrLeaseHeld = errors.New("retention: lease held by another replica")
 
 // ErrLeaseLost is the error (wrapped, next to context.Canceled) that
-// Config.OnPass sees for a pass cut short because the lease was lost. A
-// fenced write refused by the store (see Fencer) matches it too.
+// Config.OnPass and Observer.ObservePass see for a pass cut short because
+// the lease was lost; LeasedPass returns it for such a pass. A fenced write
+// refused by the store (see Fencer) matches it too.
 var ErrLeaseLost = errors.New("retention: lease lost")
 
 // ErrNotConfigured is returned by the methods of a Sweep or Group that was

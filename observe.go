@@ -18,16 +18,18 @@ import (
 // passes of one sweep are serialised, and so are their calls, but a lease
 // event of a LeasedPass tried while Run holds the lease may come at the
 // same time as a call of Run's pass, and one Observer may serve sweeps that
-// run concurrently: an Observer must be safe for concurrent use. The methods must be quick and must not call
-// back into the sweep: a pass waits for them. A panic in a method is not
-// recovered, as one in OnPass is not: it reaches the caller of Pass, Run
-// or LeasedPass, after the markers of the page were deleted, the pass's
-// reads ended and, for Run and LeasedPass, the lease was released.
+// run concurrently: an Observer must be safe for concurrent use. The
+// methods must be quick and must not call back into the sweep: a pass
+// waits for them. A panic in a method is not recovered, as one in OnPass is
+// not: it reaches the caller of Pass, Run or LeasedPass, after the markers
+// of the page were deleted, the pass's reads ended and, for Run and
+// LeasedPass, the lease was released.
 type Observer interface {
 	// ObservePass is called at the end of every pass that started, by Pass,
 	// Run and LeasedPass alike, with its Stats (counts by outcome and
-	// Duration) and its error: nil, ctx.Err() for a cancelled pass, or the
-	// store's error.
+	// Duration) and its error: nil, ctx.Err() for a cancelled pass (also
+	// matching ErrLeaseLost when the loss of the lease cut it short), or
+	// the store's error.
 	ObservePass(prefix string, st Stats, err error)
 
 	// ObserveLags is called after the markers of a page were deleted, with
