@@ -20,6 +20,9 @@ func (s *Sweep) MarkerKey(t time.Time, id string) ([]byte, error) {
 	return appendKey(nil, s.prefix, t, id)
 }
 
+// checkID checks id by the sweep's rule. Its error matches ErrInvalidID,
+// but for a Config.ValidateID that panicked, whose error matches
+// errValidatePanicked alone: the panic says nothing of the id.
 func (s *Sweep) checkID(id string) error {
 	if s.validate == nil {
 		return ValidateID(id)
@@ -43,6 +46,7 @@ func (s *Sweep) checkID(id string) error {
 // says nothing of the id, so the marker is neither cleared nor deleted.
 var errValidatePanicked = errors.New("retention: Config.ValidateID panicked")
 
+// callValidate calls Config.ValidateID, turning a panic into an error.
 func (s *Sweep) callValidate(id string) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
