@@ -53,33 +53,27 @@ func (l *loop) once(ctx context.Context) ([]Stats, error) {
 		}
 		return stats, err
 	}
-	lease, err := l.locker.TryAcquire(ctx)
-	switch {
-	case err == nil:
-	case ctx.Err() != nil:
-		return nil, ctx.Err()
-	case errors.Is(err, ErrLeaseHeld):
-		l.observeLease(LeaseHeld)
-		return nil, err
-	default:
-		return nil, fmt.Errorf("retention: acquire lease: %w", err)
-	}
-	l.log.Info("retention: lease acquired")
-	var lost bool
+	var (
+		lease Lease
+		lost  bool
+	)
 	defer func() {
 		// Deferred: a panic of OnPass or the Observer reaches the caller,
 		// who may recover it (net/http does), and a lease left held would
 		// be renewed with no one to sweep under it.
-		if lost = lost || isLost(lease); lost {
-			l.log.Warn("retention: lease lost")
-			l.observeLease(LeaseLost)
-		}
-		l.release(ctx, lease)
-		if !lost {
-			l.observeLease(LeaseReleased)
+		if lease != nil {
+			l.giveUp(ctx, lease, lost || isLost(lease))
 		}
 	}()
-	l.observeLease(LeaseAcquired)
+	switch err := l.acquire(ctx, &lease); {
+	case err == nil:
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, ErrLeaseHeld):
+		return nil, err
+	default:
+		return nil, fmt.Errorf("retention: acquire lease: %w", err)
+	}
 	stats, lost, err := l.passAll(ctx, lease)
 	lost = lost || isLost(lease)
 	switch {

@@ -31,8 +31,7 @@ func (l *loop) run(ctx context.Context) error {
 	var lease Lease
 	defer func() {
 		if lease != nil {
-			l.release(ctx, lease)
-			l.observeLease(LeaseReleased)
+			l.giveUp(ctx, lease, false)
 		}
 	}()
 	if l.startJitter > 0 {
@@ -43,23 +42,16 @@ func (l *loop) run(ctx context.Context) error {
 	failures := 0
 	for {
 		if l.locker != nil && lease == nil {
-			var err error
-			lease, err = l.locker.TryAcquire(ctx)
-			switch {
+			switch err := l.acquire(ctx, &lease); {
 			case err == nil:
-				l.log.Info("retention: lease acquired")
-				l.observeLease(LeaseAcquired)
 			case ctx.Err() != nil:
 				return ctx.Err()
 			case errors.Is(err, ErrLeaseHeld):
-				lease = nil
-				l.observeLease(LeaseHeld)
 				if err := l.sleep(ctx, l.interval()); err != nil {
 					return err
 				}
 				continue
 			default:
-				lease = nil
 				failures++
 				wait := l.backoff(failures)
 				l.log.Error("retention: acquire lease", "error", err, "retry_in", wait)
@@ -75,9 +67,7 @@ func (l *loop) run(ctx context.Context) error {
 			return ctx.Err()
 		}
 		if lost || (lease != nil && isLost(lease)) {
-			l.log.Warn("retention: lease lost")
-			l.observeLease(LeaseLost)
-			l.release(ctx, lease)
+			l.giveUp(ctx, lease, true)
 			lease = nil
 			// Do not take it straight back: whoever took it, or an
 			// operator who revoked it, gets one interval first.
@@ -177,6 +167,37 @@ func (l *loop) fenced(lease Lease, m *Sweep) KV {
 		})
 	}
 	return m.kv
+}
+
+// acquire tries to take the lease into *lease, logging and observing the
+// outcome: LeaseAcquired when it is taken, LeaseHeld when another replica
+// holds it. *lease is set before the Observer is called, so that a caller
+// that gives the lease up in a deferred call does so even if the Observer
+// panics; it stays nil when the error is not.
+func (l *loop) acquire(ctx context.Context, lease *Lease) error {
+	got, err := l.locker.TryAcquire(ctx)
+	switch {
+	case err == nil:
+		*lease = got
+		l.log.Info("retention: lease acquired")
+		l.observeLease(LeaseAcquired)
+	case ctx.Err() == nil && errors.Is(err, ErrLeaseHeld):
+		l.observeLease(LeaseHeld)
+	}
+	return err
+}
+
+// giveUp releases a held lease: one that was lost is logged and observed
+// as LeaseLost first, one that was not as LeaseReleased after.
+func (l *loop) giveUp(ctx context.Context, lease Lease, lost bool) {
+	if lost {
+		l.log.Warn("retention: lease lost")
+		l.observeLease(LeaseLost)
+	}
+	l.release(ctx, lease)
+	if !lost {
+		l.observeLease(LeaseReleased)
+	}
 }
 
 func (l *loop) release(ctx context.Context, lease Lease) {

@@ -453,6 +453,41 @@ func TestLeasedPassReleasesLeaseWhenObserverPanics(t *testing.T) {
 	assert.Equal(t, 1, st.Cleared)
 }
 
+// acquiredPanicObserver panics when told the lease was acquired.
+type acquiredPanicObserver struct{ recorder }
+
+func (p *acquiredPanicObserver) ObserveLease(prefix string, e LeaseEvent) {
+	p.recorder.ObserveLease(prefix, e)
+	if e == LeaseAcquired {
+		panic("observer bug")
+	}
+}
+
+// An Observer that panics on the very event of taking the lease must not
+// leave it held either, under LeasedPass or Run.
+func TestLeaseReleasedWhenObserverPanicsOnAcquired(t *testing.T) {
+	t.Parallel()
+	for name, call := range map[string]func(*Sweep, context.Context){
+		"LeasedPass": func(s *Sweep, ctx context.Context) { _, _ = s.LeasedPass(ctx) },
+		"Run":        func(s *Sweep, ctx context.Context) { _ = s.Run(ctx) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			locker := &fakeLocker{}
+			obs := &acquiredPanicObserver{}
+			s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { return nil }, Lease: locker, Observer: obs})
+			func() {
+				defer func() {
+					assert.Equal(t, "observer bug", recover(), "the Observer's panic reaches the caller")
+				}()
+				call(s, t.Context())
+			}()
+			assert.False(t, locker.held(), "%s released the lease", name)
+			assert.Equal(t, []string{"runs/ acquired", "runs/ released"}, obs.eventList())
+		})
+	}
+}
+
 // lagPanicObserver panics in ObserveLags.
 type lagPanicObserver struct{ recorder }
 
