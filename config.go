@@ -163,6 +163,16 @@ type Config struct {
 	// and use GroupConfig.Lease.
 	Lease Locker
 
+	// AllowUnfenced lets Run and LeasedPass sweep under a lease that is a
+	// Fencer but cannot fence the KV (a store of another engine, or a
+	// wrapper without an Unwrap method; see Fencer): the pass's deletes
+	// then rely on the lease's timing alone, and a replica that was frozen
+	// or cut off past its lease may delete markers after another took it
+	// over. False means such a Run or LeasedPass returns an error matching
+	// ErrUnfenced instead. A lease that is no Fencer fences nothing and
+	// needs no such consent. In a Group, each sweep's own setting counts.
+	AllowUnfenced bool
+
 	// Jitter lengthens every wait of Run by a random fraction of itself, up
 	// to Jitter, so replicas that start together do not wake together. Zero
 	// means exact waits; otherwise 0 to 1.

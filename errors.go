@@ -53,3 +53,17 @@ var ErrNotConfigured = errors.New("retention: not configured")
 // Group holding it: a second loop would double every pass. Stop the first
 // Run (cancel its context) before starting another.
 var ErrRunning = errors.New("retention: already running")
+
+// ErrMarkerGone is returned by a ClearDeleter's ClearAndDelete when a
+// marker it was to delete no longer exists: it changed nothing. The marker
+// went with its entity in an earlier call whose reply was lost, or in
+// another replica's; the sweep reads which markers are left before it
+// acts.
+var ErrMarkerGone = errors.New("retention: marker gone")
+
+// ErrUnfenced is returned by Run and LeasedPass when the lease is a Fencer
+// that cannot fence the sweep's KV (a store of another engine, or a
+// wrapper without an Unwrap method): its deletes would rely on the lease's
+// timing alone. Set Config.AllowUnfenced to accept that. A store write
+// made under a fence it cannot apply returns it too (see Fenced).
+var ErrUnfenced = errors.New("retention: the lease cannot fence the store")

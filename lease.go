@@ -1,6 +1,9 @@
 package retention
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Locker hands out the lease that lets one replica of a fleet sweep a shared
 // store at a time. Implementations build on their engine's own primitive
@@ -43,12 +46,87 @@ type Lease interface {
 // to notice its loss cannot delete a marker after another replica took the
 // lease. Run detects it and routes the marker writes of a pass through it.
 type Fencer interface {
-	// Fence returns a view of kv whose Delete, and Put when kv is a Putter,
-	// take effect only while this lease is held, checked by the store in
-	// the same operation. A write the fence refuses changes nothing and
-	// returns an error matching ErrLeaseLost, and Lost is closed by then.
-	// Scan reads kv unchanged. ok is false when the lease cannot fence kv
-	// (a store of another engine, or a wrapped one); Run then writes
-	// through kv unfenced and relies on Lost alone.
+	// Fence returns a view of kv whose writes (Delete, Put, Move and
+	// ClearAndDelete, as far as kv has them) take effect only while this
+	// lease is held, checked by the store in the same operation. A write
+	// the fence refuses changes nothing and returns an error matching
+	// ErrLeaseLost, and Lost is closed by then. Scan reads kv unchanged.
+	// ok is false when the lease cannot fence kv (a store of another
+	// engine, or a wrapper).
 	Fence(kv KV) (fenced KV, ok bool)
 }
+
+// A KV that wraps another (to log, trace or count its calls) keeps the
+// lease's fence when it has an Unwrap method returning the KV it wraps,
+// and passes each call's context on to it:
+//
+//	func (w *loggingKV) Unwrap() retention.KV { return w.inner }
+//
+// When the lease cannot fence the wrapper itself, Run looks through Unwrap
+// (again and again, for wrappers of wrappers) for a KV the lease can
+// fence. The pass then calls the wrapper as usual, and its writes carry
+// the fence in their context, where the adapter finds it with Fenced and
+// applies it. Without such a KV in the chain, Run under a Fencer refuses
+// to sweep (ErrUnfenced) unless Config.AllowUnfenced is set.
+
+// unwrapper is a KV that wraps another.
+type unwrapper interface {
+	Unwrap() KV
+}
+
+// fenceKey is the context key of the fence a write must apply.
+type fenceKey struct{}
+
+// withFence returns ctx carrying f for the writes made under it.
+func withFence(ctx context.Context, f Fencer) context.Context {
+	return context.WithValue(ctx, fenceKey{}, f)
+}
+
+// Fenced is for implementers of KV and Fencer. It returns the view of kv
+// fenced by the lease whose fence ctx carries, when ctx carries one: Run
+// puts it on the context of every write of a pass over a wrapped KV (see
+// Fencer). An adapter whose leases fence it calls Fenced first in each of
+// its write methods (Delete, Put, Move, ClearAndDelete) and, when it
+// returns a view, writes through the view instead, which must not call
+// back into those methods. It returns nil and no error when ctx carries
+// no fence, and an error matching ErrUnfenced when the fence cannot fence
+// kv: the write must then fail rather than go out unfenced.
+func Fenced(ctx context.Context, kv KV) (KV, error) {
+	f, ok := ctx.Value(fenceKey{}).(Fencer)
+	if !ok {
+		return nil, nil
+	}
+	view, ok := f.Fence(kv)
+	if !ok {
+		return nil, fmt.Errorf("%w: a write to a %T under a lease of %T", ErrUnfenced, kv, f)
+	}
+	return view, nil
+}
+
+// fenceFor returns how a pass over kv under the lease f writes: through a
+// fenced view of kv (view), or through kv with the fence on the writes'
+// context (onCtx), for a wrapper over a KV the lease can fence. ok is
+// false when neither is possible.
+func fenceFor(f Fencer, kv KV) (view KV, onCtx, ok bool) {
+	if v, ok := f.Fence(kv); ok {
+		return v, false, true
+	}
+	inner := kv
+	for range maxUnwrap {
+		u, isWrapper := inner.(unwrapper)
+		if !isWrapper {
+			return nil, false, false
+		}
+		if inner = u.Unwrap(); inner == nil {
+			return nil, false, false
+		}
+		if _, ok := f.Fence(inner); ok {
+			return kv, true, true
+		}
+	}
+	return nil, false, false
+}
+
+// maxUnwrap bounds the chain of wrappers fenceFor looks through: a wrapper
+// whose Unwrap returns itself must not hang Run.
+const maxUnwrap = 32

@@ -66,6 +66,9 @@ func (l *loop) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if errors.Is(err, ErrUnfenced) {
+			return err // a setting to change, not a failure to retry
+		}
 		if lost || (lease != nil && isLost(lease)) {
 			l.giveUp(ctx, lease, true)
 			lease = nil
@@ -137,7 +140,11 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 	stats = make([]Stats, len(l.members))
 	var errs []error
 	for i, m := range l.members {
-		st, err := m.pass(passCtx, l.fenced(lease, m))
+		kv, fence, err := l.fenced(lease, m)
+		if err != nil {
+			return stats, false, err
+		}
+		st, err := m.pass(passCtx, kv, fence)
 		if err != nil && lease != nil && (isLost(lease) || errors.Is(err, ErrLeaseLost)) {
 			err, lost = fmt.Errorf("%w: %w", ErrLeaseLost, err), true
 		}
@@ -155,18 +162,30 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 	return stats, false, errors.Join(errs...)
 }
 
-// fenced returns the KV a member's pass writes through: a view of its KV
-// fenced by the lease when the lease can fence it, else the KV itself.
-func (l *loop) fenced(lease Lease, m *Sweep) KV {
-	if f, ok := lease.(Fencer); ok {
-		if kv, ok := f.Fence(m.kv); ok {
-			return kv
-		}
-		l.warnUnfenced.Do(func() {
-			l.log.Warn("retention: the lease cannot fence this store; deletes rely on the lease's timing alone", "prefix", m.prefix)
-		})
+// fenced returns the KV a member's pass writes through, and the fence
+// its writes carry on their context: a view of its KV fenced by the lease,
+// or its KV with the fence on the context when it wraps one the lease can
+// fence. When the lease is a Fencer that can do neither, it returns an
+// error matching ErrUnfenced, unless the member allows unfenced writes.
+func (l *loop) fenced(lease Lease, m *Sweep) (KV, Fencer, error) {
+	f, ok := lease.(Fencer)
+	if !ok {
+		return m.kv, nil, nil
 	}
-	return m.kv
+	view, onCtx, ok := fenceFor(f, m.kv)
+	switch {
+	case ok && onCtx:
+		return m.kv, f, nil
+	case ok:
+		return view, nil, nil
+	case m.unfencedOK:
+		l.warnUnfenced.Do(func() {
+			l.log.Warn("retention: the lease cannot fence this store; deletes rely on the lease's timing alone (Config.AllowUnfenced)", "prefix", m.prefix)
+		})
+		return m.kv, nil, nil
+	}
+	return nil, nil, fmt.Errorf("%w: prefix %q: a lease of %T cannot fence a %T, and no KV it wraps (Unwrap) is one it can: "+
+		"give the wrapper an Unwrap method, or set Config.AllowUnfenced", ErrUnfenced, m.prefix, lease, m.kv)
 }
 
 // acquire tries to take the lease into *lease, logging and observing the

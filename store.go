@@ -43,14 +43,41 @@ type KV interface {
 // ClearAndDelete for each batch of a page (Config.BatchSize ids) instead of
 // clearing and then deleting: a crash can then never leave an entity
 // cleared with its marker still there, so each entity is cleared exactly
-// once. A call that fails changes nothing; the sweep bisects the batch as it
-// does a failing ClearBatch.
+// once.
+//
+// A call that returns an error must have changed nothing: the sweep keeps
+// every marker of the batch and decides again. A BatchError names the ids
+// at fault (their errors as from ClearBatch, ErrLiveAgain included); the
+// ids it does not name were not cleared either, and the sweep sends them
+// again in a call of their own. Any other error may hide a commit the
+// caller did not hear of (a timeout, a lost connection): before it acts on
+// one, the sweep reads which of the batch's markers are left, and takes a
+// marker that is gone for an entity cleared with it.
 type ClearDeleter interface {
 	KV
 	// ClearAndDelete clears the entities of ids and deletes keys, their
-	// markers (keys[i] is the marker of ids[i]), in one transaction: both
-	// happen or neither does.
+	// markers, in one transaction: both happen or neither does. keys are
+	// ascending and hold every id's marker, and more than one for an id
+	// that has several. It commits only if every key still exists: when
+	// one is missing (deleted by an earlier call whose reply was lost, or
+	// by another replica) it changes nothing and returns an error matching
+	// ErrMarkerGone, so that a call sent twice clears nothing twice.
 	ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error
+}
+
+// Mover is a store that can move a marker to a new key in one atomic step.
+// A Sweep over a KV that is a Mover reschedules the marker of a failed
+// Clear with Move rather than with Put and Delete, so that no crash can
+// leave two markers of one id: with a ClearDeleter, two markers would clear
+// the entity twice. MemKV and every adapter of this module are Movers.
+type Mover interface {
+	// Move replaces each key from[i] by the key to[i], with an empty value,
+	// only if from[i] exists: the write and the delete of one pair happen
+	// together or not at all, and a pair whose from[i] is missing writes
+	// nothing. from and to have the same length. A store that can moves
+	// every pair in one transaction; a failed call may have moved some
+	// pairs, each of them whole. Move must write where the KV's Scan reads.
+	Move(ctx context.Context, from, to [][]byte) error
 }
 
 // Putter is a store that can write a key. Mark uses it, and a Sweep over a
@@ -124,10 +151,15 @@ func (m *MemKV) Put(ctx context.Context, key, value []byte) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.putLocked(key, value)
+	return nil
+}
+
+func (m *MemKV) putLocked(key, value []byte) {
 	var prev [maxLevel]*memNode
 	if x := m.seek(key, &prev); x != nil && bytes.Equal(x.key, key) {
 		x.value = bytes.Clone(value)
-		return nil
+		return
 	}
 	if m.rng == nil { // a zero MemKV
 		m.rng = newMemRand()
@@ -147,7 +179,6 @@ func (m *MemKV) Put(ctx context.Context, key, value []byte) error {
 		}
 	}
 	m.n++
-	return nil
 }
 
 // Get returns a copy of the value stored under key, and whether it exists.
@@ -201,23 +232,48 @@ func (m *MemKV) Delete(ctx context.Context, keys ...[]byte) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var prev [maxLevel]*memNode
 	for _, key := range keys {
-		x := m.seek(key, &prev)
-		if x == nil || !bytes.Equal(x.key, key) {
-			continue
-		}
-		for i := range x.next {
-			if prev[i] == nil {
-				m.head[i] = x.next[i]
-			} else {
-				prev[i].next[i] = x.next[i]
-			}
-		}
-		m.n--
+		m.deleteLocked(key)
 	}
+	return nil
+}
+
+func (m *MemKV) deleteLocked(key []byte) {
+	var prev [maxLevel]*memNode
+	x := m.seek(key, &prev)
+	if x == nil || !bytes.Equal(x.key, key) {
+		return
+	}
+	for i := range x.next {
+		if prev[i] == nil {
+			m.head[i] = x.next[i]
+		} else {
+			prev[i].next[i] = x.next[i]
+		}
+	}
+	m.n--
 	for m.level > 1 && m.head[m.level-1] == nil {
 		m.level--
+	}
+}
+
+// Move implements Mover: under one lock, each from[i] that exists is
+// replaced by to[i], with an empty value.
+func (m *MemKV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(from) != len(to) {
+		return fmt.Errorf("retention: MemKV.Move of %d keys to %d keys", len(from), len(to))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, key := range from {
+		if x := m.seek(key, nil); x == nil || !bytes.Equal(x.key, key) {
+			continue
+		}
+		m.deleteLocked(key)
+		m.putLocked(to[i], nil)
 	}
 	return nil
 }

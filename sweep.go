@@ -21,7 +21,7 @@ type Stats struct {
 	LiveAgain   int // markers whose Clear returned ErrLiveAgain, deleted without clearing
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
-	PutCalls    int // calls to Putter.Put, rescheduling failed markers
+	PutCalls    int // calls to Putter.Put or Mover.Move, rescheduling failed markers
 	ClearCalls  int // calls of Config.Clear or Config.ClearBatch
 
 	// Duration is how long the pass took by the sweep's Clock.
@@ -62,6 +62,7 @@ type Sweep struct {
 	lease        Locker
 	jitter       float64
 	startJitter  time.Duration
+	unfencedOK   bool
 
 	// lower and upper bound the marker space: the prefix followed by a digit.
 	lower, upper []byte
@@ -107,6 +108,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		lease:        cfg.Lease,
 		jitter:       cfg.Jitter,
 		startJitter:  cfg.StartJitter,
+		unfencedOK:   cfg.AllowUnfenced,
 		lower:        append([]byte(cfg.Prefix), '0'),
 		upper:        append([]byte(cfg.Prefix), '9'+1),
 		busy:         make(chan struct{}, 1),
@@ -135,11 +137,13 @@ func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 	if err := s.configured("Pass"); err != nil {
 		return st, err
 	}
-	return s.pass(ctx, s.kv)
+	return s.pass(ctx, s.kv, nil)
 }
 
 // pass is Pass over kv, which is the sweep's KV or a fenced view of it.
-func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
+// fence, when not nil, goes on the context of every write: kv wraps a KV
+// the fence can fence (see Fencer).
+func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err error) {
 	if err := ctx.Err(); err != nil {
 		return st, err
 	}
@@ -151,8 +155,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 	defer func() { <-s.busy }()
 
 	start := s.clock.Now()
-	p := &passState{kv: kv, st: &st, cutoff: start.Add(-s.retention)}
+	p := &passState{kv: kv, fence: fence, st: &st, cutoff: start.Add(-s.retention)}
 	p.putter, _ = kv.(Putter)
+	p.mover, _ = kv.(Mover)
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	p.cutoffKey = s.dueEnd(p.cutoffMs)
 	var next *prefetch // a read of the next page in flight
@@ -193,7 +198,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV) (st Stats, err error) {
 // passState is what one pass carries from page to page.
 type passState struct {
 	kv         KV
+	fence      Fencer // on the context of writes, or nil
 	putter     Putter // kv as a Putter, or nil
+	mover      Mover  // kv as a Mover, or nil
 	noPut      bool   // a rewrite failed this pass: keep retry delays in memory
 	putChecked bool   // a rewrite was read back this pass
 	st         *Stats

@@ -66,7 +66,7 @@ func (f *prefetch) wait(p *passState, err error) ([][]byte, error) {
 }
 
 func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
-	cctx, cancel := withTimeout(ctx, s.storeTimeout)
+	cctx, cancel := withTimeout(p.writeCtx(ctx), s.storeTimeout)
 	defer cancel()
 	p.st.DeleteCalls++
 	if err := p.kv.Delete(cctx, keys...); err != nil {
@@ -76,13 +76,32 @@ func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
 }
 
 func (s *Sweep) put(ctx context.Context, p *passState, key []byte) error {
-	cctx, cancel := withTimeout(ctx, s.storeTimeout)
+	cctx, cancel := withTimeout(p.writeCtx(ctx), s.storeTimeout)
 	defer cancel()
 	p.st.PutCalls++
 	if err := p.putter.Put(cctx, key, nil); err != nil {
 		return s.storeErr(ctx, cctx, "reschedule marker", err)
 	}
 	return nil
+}
+
+func (s *Sweep) move(ctx context.Context, p *passState, from, to [][]byte) error {
+	cctx, cancel := withTimeout(p.writeCtx(ctx), s.storeTimeout)
+	defer cancel()
+	p.st.PutCalls++
+	if err := p.mover.Move(cctx, from, to); err != nil {
+		return s.storeErr(ctx, cctx, fmt.Sprintf("reschedule %d markers", len(from)), err)
+	}
+	return nil
+}
+
+// writeCtx is the context of a write of the pass: ctx, carrying the
+// lease's fence when the pass writes through a wrapper (see Fencer).
+func (p *passState) writeCtx(ctx context.Context) context.Context {
+	if p.fence == nil {
+		return ctx
+	}
+	return withFence(ctx, p.fence)
 }
 
 // withTimeout is context.WithTimeout, or ctx itself when d is not positive.
