@@ -1,9 +1,11 @@
 package retention
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,7 +21,15 @@ const DefaultBatchSize = 100
 // one by one: it maps each id that was not cleared to its error. Ids of the
 // batch that are not in it were cleared. An error wrapping ErrLiveAgain
 // drops that id's marker without clearing, as it does from Clear. A
-// ClearBatch may return it wrapped.
+// ClearBatch may return it wrapped. A BatchError that names an id not in
+// the batch fails the call as a whole, as any other error does: the ids it
+// names are not the ones the sweep asked about, so what it says of the
+// others cannot be trusted.
+//
+// From a ClearDeleter a BatchError means that the whole call was refused
+// and changed nothing: the ids it names get their errors, and those it
+// does not name, which were not cleared either, are sent again in a call
+// of their own.
 type BatchError map[string]error
 
 func (e BatchError) Error() string {
@@ -67,7 +77,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 		n := min(len(todo), s.batchSize)
 		batches, todo = append(batches, todo[:n:n]), todo[n:]
 	}
-	b := &batching{s: s, ctx: ctx, items: items, keys: keys, atomic: cd}
+	b := &batching{s: s, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(s.concurrency, len(batches)) {
@@ -77,13 +87,13 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 				if i >= len(batches) {
 					return
 				}
-				if err := b.try(batches[i]); err != nil {
-					b.bisect(batches[i], err)
-				}
+				b.run(batches[i])
 			}
 		})
 	}
 	wg.Wait()
+	p.st.ScanCalls += int(b.scans.Load())
+	p.st.Scanned += int(b.scanned.Load())
 	return int(b.calls.Load()), ctx.Err()
 }
 
@@ -92,40 +102,51 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 type batching struct {
 	s      *Sweep
 	ctx    context.Context
+	kv     KV     // the pass's KV, to read which markers are left
 	items  []item
 	keys   [][]byte     // the page's keys: keys[i] is items[i]'s
 	atomic ClearDeleter // nil: ClearBatch, then the sweep deletes
-	calls  atomic.Int64
+
+	calls, scans, scanned atomic.Int64
 }
 
-// try calls ClearBatch for the items at idx and records what it learns: all
-// cleared on nil, each id's outcome from a BatchError, all live again on
-// ErrLiveAgain. It returns any other error, which says nothing of any one
-// id; the items then stay pending.
-func (b *batching) try(idx []int) error {
+// run clears the items at idx: one call, and where it fails as a whole,
+// a bisection.
+func (b *batching) run(idx []int) {
+	if err := b.try(idx); err != nil {
+		b.bisect(idx, err)
+	}
+}
+
+// idsOf returns the ids of the items at idx.
+func (b *batching) idsOf(idx []int) []string {
 	ids := make([]string, len(idx))
 	for j, i := range idx {
 		ids[j] = b.items[i].id
 	}
-	b.calls.Add(1)
-	var err error
-	done := cleared
+	return ids
+}
+
+// try calls ClearBatch (or the ClearDeleter) for the items at idx and
+// records what it learns: all cleared on nil, each id's outcome from a
+// BatchError, all live again on ErrLiveAgain. It returns any other error,
+// which says nothing of any one id; the items then stay pending.
+func (b *batching) try(idx []int) error {
 	if b.atomic != nil {
-		keys := make([][]byte, len(idx))
-		for j, i := range idx {
-			keys[j] = b.keys[i]
-		}
-		err, done = b.s.callAtomic(b.ctx, b.atomic, ids, keys), clearedGone
-	} else {
-		err = b.s.callBatch(b.ctx, ids)
+		return b.tryAtomic(idx)
 	}
+	b.calls.Add(1)
+	err := b.s.callBatch(b.ctx, b.idsOf(idx))
 	var perID BatchError
 	switch {
 	case err == nil:
 		for _, i := range idx {
-			b.items[i].out = done
+			b.items[i].out = cleared
 		}
 	case errors.As(err, &perID):
+		if err := b.named(perID, idx); err != nil {
+			return err
+		}
 		for _, i := range idx {
 			it := &b.items[i]
 			switch e, ok := perID[it.id]; {
@@ -145,6 +166,145 @@ func (b *batching) try(idx []int) error {
 		return err
 	}
 	return nil
+}
+
+// named checks that every id a BatchError names is one of the batch's:
+// ids of a batch are distinct (a pass dedupes them), so it counts them.
+func (b *batching) named(perID BatchError, idx []int) error {
+	n := 0
+	for _, i := range idx {
+		if _, ok := perID[b.items[i].id]; ok {
+			n++
+		}
+	}
+	if n == len(perID) {
+		return nil
+	}
+	for id := range perID {
+		if !slices.ContainsFunc(idx, func(i int) bool { return b.items[i].id == id }) {
+			return fmt.Errorf("retention: a BatchError names %q, which is not in the batch of %d: %w", id, len(idx), perID)
+		}
+	}
+	return nil
+}
+
+// tryAtomic is try for a ClearDeleter, whose call either commits every id
+// of the batch with its markers or changes nothing.
+func (b *batching) tryAtomic(idx []int) error {
+	keys := b.keysOf(idx)
+	b.calls.Add(1)
+	err := b.s.callAtomic(b.ctx, b.atomic, b.idsOf(idx), keys)
+	var perID BatchError
+	switch {
+	case err == nil:
+		for _, i := range idx {
+			b.items[i].out = clearedGone
+		}
+		return nil
+	case b.ctx.Err() != nil:
+		// The pass is over: the markers stay for the next one, whose calls
+		// commit only where they are still there.
+		return err
+	case errors.As(err, &perID):
+		if err := b.named(perID, idx); err != nil {
+			return err
+		}
+		if len(perID) == 0 {
+			return fmt.Errorf("retention: the ClearDeleter refused the batch with a BatchError that names no id: %w", err)
+		}
+		// Nothing was committed: the ids not named were not cleared.
+		var rest []int
+		for _, i := range idx {
+			it := &b.items[i]
+			switch e, ok := perID[it.id]; {
+			case !ok:
+				rest = append(rest, i)
+			case errors.Is(e, ErrLiveAgain):
+				it.out = liveAgain
+			default:
+				it.out, it.err = failed, e
+			}
+		}
+		if len(rest) > 0 {
+			b.run(rest)
+		}
+		return nil
+	case errors.Is(err, ErrLiveAgain):
+		for _, i := range idx {
+			b.items[i].out = liveAgain
+		}
+		return nil
+	case errors.Is(err, ErrLeaseLost):
+		return err
+	}
+	// The call may have committed without the sweep hearing of it (a
+	// timeout, a lost connection), or another replica's may have: the
+	// markers left say which. Markers are deleted only with their
+	// entities, so one that is gone is an entity cleared.
+	left, cerr := b.left(keys)
+	if cerr != nil {
+		for _, i := range idx {
+			it := &b.items[i]
+			it.out, it.err = unknown, fmt.Errorf("%w; and reading which markers are left failed: %w", err, cerr)
+		}
+		return nil
+	}
+	var rest []int
+	for _, i := range idx {
+		if _, ok := slices.BinarySearchFunc(left, b.keys[i], bytes.Compare); ok {
+			rest = append(rest, i)
+		} else {
+			b.items[i].out = clearedGone
+		}
+	}
+	switch {
+	case len(rest) == len(idx):
+		return err // nothing committed: the call failed as a whole
+	case len(rest) > 0:
+		b.run(rest)
+	}
+	return nil
+}
+
+// keysOf returns the markers of the items at idx, ascending: each item's
+// and those of its duplicates on the page.
+func (b *batching) keysOf(idx []int) [][]byte {
+	keys := make([][]byte, 0, len(idx))
+	dups := false
+	for _, i := range idx {
+		keys = append(keys, b.keys[i])
+		for j := b.items[i].next; j != 0; j = b.items[j-1].next {
+			keys, dups = append(keys, b.keys[j-1]), true
+		}
+	}
+	if dups {
+		slices.SortFunc(keys, bytes.Compare)
+	}
+	return keys
+}
+
+// left reads which of keys (ascending, all in the expired range) are
+// still in the store, and returns them, ascending.
+func (b *batching) left(keys [][]byte) ([][]byte, error) {
+	var found [][]byte
+	from, end := keys[0], keyAfter(keys[len(keys)-1])
+	for {
+		page, err := b.s.scanKV(b.ctx, b.kv, from, end, b.s.pageSize)
+		b.scans.Add(1)
+		b.scanned.Add(int64(len(page)))
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range page {
+			if _, ok := slices.BinarySearchFunc(keys, k, bytes.Compare); ok {
+				found = append(found, k)
+			}
+		}
+		if len(page) < b.s.pageSize {
+			return found, nil
+		}
+		from = keyAfter(page[len(page)-1])
+	}
 }
 
 // bisect finds the ids at fault in a batch whose call failed as a whole

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"runtime"
 	"slices"
@@ -151,7 +152,6 @@ func TestBatchErrorPerID(t *testing.T) {
 		return fmt.Errorf("partly: %w", BatchError{
 			"b0003": errors.New("locked"),
 			"b0004": fmt.Errorf("resumed: %w", ErrLiveAgain),
-			"zzz":   errors.New("an id not in the batch is ignored"),
 		})
 	}})
 	markN(t, kv, 10, t0)
@@ -164,6 +164,27 @@ func TestBatchErrorPerID(t *testing.T) {
 	assert.Equal(t, 1, st.LiveAgain)
 	assert.Equal(t, map[string]int{"b0003": 1}, markerIDs(t, kv, "runs/"))
 	assert.Contains(t, BatchError{"a": errBoom, "b": errBoom}.Error(), `2 ids of the batch not cleared; "a": boom; "b": boom`)
+}
+
+// TestBatchErrorNamingAnotherID: a BatchError that names an id not in the
+// batch (ids formatted differently, say) says nothing trustworthy of the
+// others: the call fails as a whole and no marker goes.
+func TestBatchErrorNamingAnotherID(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	var logs syncBuffer
+	s, clock := newSweep(t, kv, Config{BatchSize: 50, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		ClearBatch: func(_ context.Context, ids []string) error {
+			return BatchError{"job-" + ids[0]: errBoom}
+		}})
+	markN(t, kv, 4, t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, st.Cleared)
+	assert.Equal(t, 4, st.Failed)
+	assert.Len(t, markerIDs(t, kv, "runs/"), 4)
+	assert.Contains(t, logs.String(), `names \"job-b0000\", which is not in the batch`)
 }
 
 // TestBatchNeverReturnsNormally: a ClearBatch that panics or calls
@@ -256,13 +277,20 @@ func (a *atomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]by
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.calls++
-	for i, id := range ids {
+	want := map[string]bool{}
+	for _, id := range ids {
 		if a.poison[id] {
 			return fmt.Errorf("constraint violated by %s", id)
 		}
-		_, gotID, err := ParseMarkerKey("runs/", keys[i])
-		if err != nil || string(gotID) != id {
-			return fmt.Errorf("key %q is not the marker of %s", keys[i], id)
+		want[id] = true
+	}
+	for _, key := range keys {
+		_, gotID, err := ParseMarkerKey("runs/", key)
+		if err != nil || !want[string(gotID)] {
+			return fmt.Errorf("key %q is not the marker of an id of the batch", key)
+		}
+		if _, ok, _ := a.MemKV.Get(ctx, key); !ok {
+			return fmt.Errorf("%w: %q", ErrMarkerGone, key)
 		}
 	}
 	for _, id := range ids {
@@ -288,7 +316,8 @@ func TestClearDeleter(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 499, st.Cleared)
 	assert.Equal(t, 1, st.Failed)
-	assert.Equal(t, 1, st.DeleteCalls, "the store deleted the markers with the entities; the sweep only moved the failed one")
+	assert.Zero(t, st.DeleteCalls, "the store deleted the markers with the entities")
+	assert.Equal(t, 1, st.PutCalls, "the sweep moved the failed one")
 	assert.Equal(t, map[string]bool{"b0077": true}, kv.entities)
 	assert.Equal(t, map[string]int{"b0077": 1}, markerIDs(t, mem, "runs/"))
 	for id, n := range kv.cleared {

@@ -115,31 +115,36 @@ func (r *retries) prune(now time.Time) {
 	}
 }
 
-// retry puts off the marker of id, whose Clear just failed, until its
-// retry delay is over. On a KV that can write it writes the marker again
-// with a time that makes it fall due then, and reports moved: the caller
-// deletes the old key. Otherwise, or when the write fails, the delay is
-// kept in memory and the pass skips the marker until it is over.
+// retry puts off the marker old of id, whose Clear just failed, until its
+// retry delay is over: the delay is kept in memory, so that the pass skips
+// the marker until it is over, and on a KV that can write, retry returns
+// the key that makes it fall due then. On a Mover (move) the caller moves
+// old there in one atomic step; on a Putter retry has written the key, and
+// the caller deletes old. It returns a nil key when the marker stays where
+// it is.
 //
-// The first rewrite of a pass is read back before the old key may go: a
-// Put that writes where Scan does not read (a wrapper that inherited Put
-// from the store it wraps) must not cost the marker. A rewrite that
-// lands on the old key itself (the clock stepped back) moves nothing.
-func (s *Sweep) retry(ctx context.Context, p *passState, id string, old []byte) (moved bool) {
+// The first Put of a pass is read back before the old key may go: a Put
+// that writes where Scan does not read (a wrapper that inherited Put from
+// the store it wraps) must not cost the marker. A key that lands on the old
+// one itself (the clock stepped back) moves nothing.
+func (s *Sweep) retry(ctx context.Context, p *passState, id string, old []byte) (key []byte, move bool) {
 	due := s.retries.failed(id, s.clock.Now())
 	p.st.Retried++
 	s.noteRetry(p, due)
-	if p.putter == nil || p.noPut {
-		return false
+	if (p.mover == nil && p.putter == nil) || p.noPut {
+		return nil, false
 	}
 	key, err := appendKey(nil, s.prefix, due.Add(-s.retention), id)
 	if err != nil || bytes.Equal(key, old) {
-		return false
+		return nil, false
+	}
+	if p.mover != nil {
+		return key, true
 	}
 	if err := s.put(ctx, p, key); err != nil {
 		p.noPut = true
 		p.notes.rescheduleErr = err
-		return false
+		return nil, false
 	}
 	if !p.putChecked {
 		p.putChecked = true
@@ -151,10 +156,31 @@ func (s *Sweep) retry(ctx context.Context, p *passState, id string, old []byte) 
 		if err != nil {
 			p.noPut = true
 			p.notes.rescheduleErr = err
-			return false
+			return nil, false
 		}
 	}
-	return true
+	return key, false
+}
+
+// checkMove reads the first move of a pass back: a Move that writes where
+// Scan does not read (a wrapper that inherited Move from the store it
+// wraps) is found out and not used again, before it moves a marker out of
+// the sweep's sight. Move skips a key it cannot find, so such a Move most
+// likely moved nothing.
+func (s *Sweep) checkMove(ctx context.Context, p *passState, from, to []byte) error {
+	found := func(key []byte) (bool, error) {
+		got, err := s.scan(ctx, p, key, append(key[:len(key):len(key)], 0), 1)
+		return len(got) == 1, err
+	}
+	if ok, err := found(to); ok || err != nil {
+		return err
+	}
+	// Neither key: the marker went meanwhile (another replica cleared it).
+	if ok, err := found(from); !ok || err != nil {
+		return err
+	}
+	return fmt.Errorf("retention: the KV's Move of %q to %q left it where Scan reads it: "+
+		"its Move must act where Scan reads (does a wrapper inherit Move from the store it wraps?)", from, to)
 }
 
 // noteRetry makes the pass's NextDue no later than due, when a marker kept

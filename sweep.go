@@ -19,6 +19,7 @@ type Stats struct {
 	Malformed   int // marker-shaped keys with a refused id or time, deleted without Clear
 	Foreign     int // keys under the prefix that are not marker-shaped, left alone
 	LiveAgain   int // markers whose Clear returned ErrLiveAgain, deleted without clearing
+	Duplicates  int // further markers of an id met earlier in the pass, deleted without a clear of their own
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
 	PutCalls    int // calls to Putter.Put or Mover.Move, rescheduling failed markers
@@ -80,6 +81,9 @@ type Sweep struct {
 	ids           []byte
 	del           [][]byte
 	lags          []time.Duration // reused by observeLags
+	seen          seenIDs         // the ids met in the pass
+	moveFrom      [][]byte        // reused by settle
+	moveTo        [][]byte
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -154,6 +158,8 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	}
 	defer func() { <-s.busy }()
 
+	s.seen.reset()
+	defer s.seen.end()
 	start := s.clock.Now()
 	p := &passState{kv: kv, fence: fence, st: &st, cutoff: start.Add(-s.retention)}
 	p.putter, _ = kv.(Putter)
@@ -238,7 +244,28 @@ func cutoffMillis(cutoff time.Time) int64 {
 	return ms
 }
 
-// outcome is what became of one key of a page.
+// outcome is what became of one key of a page. Every clear mode (Clear,
+// ClearBatch, a ClearDeleter) ends in one of these, and settle alone acts
+// on them, as the README's guarantees say:
+//
+//	outcome      marker                         counted in
+//	cleared      deleted after the clear        Cleared
+//	clearedGone  deleted in the clear's own     Cleared
+//	             transaction (ClearDeleter), or
+//	             found gone after a failed call
+//	liveAgain    deleted, entity not cleared    LiveAgain
+//	failed       moved to its retry time (or    Failed, Retried
+//	             kept, its delay in memory)
+//	unknown      kept as it is, its delay in    Failed, Retried
+//	             memory: a failed call may have
+//	             committed and the store could
+//	             not tell
+//	duplicate    deleted once the id's first    Duplicates
+//	             marker in the pass is settled
+//	bad          deleted without a clear        Malformed
+//	foreign      kept                           Foreign
+//	deferred     kept: in its retry delay       Deferred
+//	pending      kept: the clear never returned (a cancelled pass)
 type outcome uint8
 
 const (
@@ -247,6 +274,8 @@ const (
 	clearedGone                // cleared with its marker deleted, by a ClearDeleter
 	liveAgain                  // Clear returned ErrLiveAgain
 	failed                     // Clear failed; the marker stays, put off for a retry
+	unknown                    // a ClearDeleter failed and its commit could not be checked
+	duplicate                  // another marker of an id met before in the pass
 	bad                        // malformed: deleted without Clear
 	foreign                    // not marker-shaped: left alone
 	deferred                   // in its retry delay: left for later
@@ -259,7 +288,11 @@ type item struct {
 	ms     int64
 	err    error // why the key is malformed, or how Clear failed
 	lo, hi int32 // the id's bounds in the page's id buffer
-	out    outcome
+	// For a duplicate, primary is the item of the id's first marker in the
+	// page, or -1 when that was on an earlier page; for the others, next is
+	// one more than the item of the id's next marker in the page, or 0.
+	primary, next int32
+	out           outcome
 }
 
 // page handles one page of the expired range.
@@ -270,6 +303,7 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 			it.out = deferred
 		}
 	}
+	s.dedupe(items)
 	calls, err := s.clearAll(ctx, p, keys, items)
 	p.st.ClearCalls += calls
 	if err == nil {
@@ -321,6 +355,7 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	// One string holds the page's ids and Clear gets substrings of it: one
 	// allocation per page rather than per marker.
 	all := string(ids)
+	s.seen.page(all)
 	for i := range items {
 		it := &items[i]
 		if it.out != pending {
@@ -341,12 +376,42 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	return items
 }
 
-// settle acts on a page's outcomes: failed markers are put off for a retry,
-// and the cleared, live-again and malformed ones are deleted in one call.
+// dedupe marks every marker of an id the pass met before (on this page or
+// an earlier one) a duplicate of the first, linking it into the first's
+// chain on this page: the id is cleared once and every marker goes with it.
+func (s *Sweep) dedupe(items []item) {
+	for i := range items {
+		it := &items[i]
+		if it.out != pending && it.out != deferred {
+			continue
+		}
+		dup, earlier, at := s.seen.add(int(it.lo), int(it.hi), i)
+		switch {
+		case !dup:
+			continue
+		case earlier:
+			it.out, it.primary = duplicate, -1
+			continue
+		}
+		it.out, it.primary = duplicate, int32(at)
+		j := at
+		for items[j].next != 0 {
+			j = int(items[j].next) - 1
+		}
+		items[j].next = int32(i) + 1
+	}
+}
+
+// settle acts on a page's outcomes: failed markers are put off for a retry
+// (moved in one call on a Mover), and the cleared, live-again, duplicate
+// and malformed ones are deleted in one call. It is the one place that
+// decides what becomes of a marker; see outcome.
 func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
 	st := p.st
 	del := s.del[:0]
+	from, to := s.moveFrom[:0], s.moveTo[:0]
 	oldest := int64(-1) // ms of the oldest cleared marker: it has the largest lag
+	now := s.clock.Now()
 	for i := range items {
 		it := &items[i]
 		switch it.out {
@@ -363,6 +428,17 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case bad:
 			st.Malformed++
 			p.notes.noteMalformed(it.err)
+		case duplicate:
+			if it.primary >= 0 {
+				switch items[it.primary].out {
+				case pending:
+					continue // kept with the first, which stays
+				case clearedGone:
+					st.Duplicates++
+					continue // deleted in the same transaction
+				}
+			}
+			st.Duplicates++
 		case cleared, clearedGone:
 			st.Cleared++
 			s.retries.forget(it.id)
@@ -375,18 +451,42 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case liveAgain:
 			st.LiveAgain++
 			s.retries.forget(it.id)
+		case unknown:
+			st.Failed++
+			p.notes.noteFailed(it.id, it.err)
+			st.Retried++
+			s.noteRetry(p, s.retries.failed(it.id, now))
+			continue
 		case failed:
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
-			if !s.retry(ctx, p, it.id, keys[i]) {
+			key, move := s.retry(ctx, p, it.id, keys[i])
+			if key == nil {
+				continue
+			}
+			if move {
+				from, to = append(from, keys[i]), append(to, key)
 				continue
 			}
 		}
 		del = append(del, keys[i])
 	}
-	s.del = del
+	s.del, s.moveFrom, s.moveTo = del, from, to
 	if oldest >= 0 {
 		st.MaxLag = max(st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
+	}
+	if len(from) > 0 {
+		err := s.move(ctx, p, from, to)
+		if err == nil && !p.putChecked {
+			p.putChecked = true
+			err = s.checkMove(ctx, p, from[0], to[0])
+		}
+		if err != nil {
+			// Each pair moved whole or not at all: the markers not moved
+			// stay, and their delays are kept in memory.
+			p.noPut = true
+			p.notes.rescheduleErr = err
+		}
 	}
 	if len(del) > 0 {
 		if err := s.delete(ctx, p, del); err != nil {

@@ -1,0 +1,443 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests of issue 15's guarantees on the paths added with batch clears:
+// atomic refusals, ambiguous failures, atomic reschedules, duplicates and
+// fences through wrappers.
+
+// refusingKV is an atomicKV whose ClearAndDelete refuses every batch that
+// holds a held id, naming it in a BatchError and changing nothing, as the
+// ClearDeleter contract says a failed call does.
+type refusingKV struct {
+	*atomicKV
+	held map[string]bool
+}
+
+func (r *refusingKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	perID := BatchError{}
+	for _, id := range ids {
+		if r.held[id] {
+			perID[id] = errors.New("on hold")
+		}
+	}
+	if len(perID) > 0 {
+		r.mu.Lock()
+		r.calls++
+		r.mu.Unlock()
+		return perID
+	}
+	return r.atomicKV.ClearAndDelete(ctx, ids, keys)
+}
+
+func newAtomicKV(t *testing.T, n int) (*atomicKV, []string) {
+	mem := NewMemKV()
+	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+	ids := markN(t, mem, n, t0)
+	for _, id := range ids {
+		kv.entities[id] = true
+	}
+	return kv, ids
+}
+
+// TestAtomicBatchErrorRefusesTheCall: a ClearDeleter that refuses [a b c]
+// because b is held clears none of them; a and c were not cleared, so their
+// markers must not go (on main at 350bc22 they were deleted with a plain
+// Delete, their entities left for ever). They are sent again without b.
+func TestAtomicBatchErrorRefusesTheCall(t *testing.T) {
+	t.Parallel()
+	base, ids := newAtomicKV(t, 3)
+	kv := &refusingKV{atomicKV: base, held: map[string]bool{ids[1]: true}}
+	s, clock := newSweep(t, kv, Config{})
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Cleared)
+	assert.Equal(t, 1, st.Failed)
+	assert.Zero(t, st.DeleteCalls, "no marker goes but with its entity")
+	assert.Equal(t, map[string]bool{ids[1]: true}, kv.entities)
+	assert.Equal(t, map[string]int{ids[1]: 1}, markerIDs(t, kv.MemKV, "runs/"))
+	assert.Equal(t, 2, st.ClearCalls, "the refused call, then one for the ids it did not name")
+
+	// The hold is lifted: b is cleared after its delay, once.
+	kv.held = nil
+	clock.Advance(2 * time.Second)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Empty(t, kv.entities)
+	assert.Zero(t, kv.MemKV.Len())
+	for id, n := range kv.cleared {
+		assert.Equal(t, 1, n, "%s cleared once", id)
+	}
+}
+
+// lostReplyKV is an atomicKV whose calls commit and then report an error,
+// as a call does whose reply was lost or whose timeout fired as it
+// committed; commit false makes the calls fail without committing.
+type lostReplyKV struct {
+	*atomicKV
+	commit  bool
+	scanErr error // fails every Scan after a failed call
+	failed  atomic.Bool
+}
+
+func (l *lostReplyKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	if l.commit {
+		if err := l.atomicKV.ClearAndDelete(ctx, ids, keys); err != nil {
+			return err
+		}
+	}
+	l.failed.Store(true)
+	return fmt.Errorf("read reply: %w", context.DeadlineExceeded)
+}
+
+func (l *lostReplyKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if l.scanErr != nil && l.failed.Load() {
+		return nil, l.scanErr
+	}
+	return l.atomicKV.Scan(ctx, start, end, limit)
+}
+
+// TestAtomicAmbiguousFailure: after a ClearAndDelete that failed in a way
+// that may have committed, the sweep reads which markers are left before
+// it retries, splits or reschedules: committed batches count as cleared and
+// are neither sent again nor rescheduled (on main at 350bc22 they were
+// re-sent and their markers written back for entities already gone).
+func TestAtomicAmbiguousFailure(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                   string
+		commit                 bool
+		scanErr                error
+		cleared, failed, calls int
+		markers                int
+	}{
+		{name: "committed", commit: true, cleared: 8, calls: 1},
+		{name: "not committed", failed: 8, calls: 1 + 2, markers: 8},
+		{name: "unknown", commit: true, scanErr: errBoom, failed: 8, calls: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			base, _ := newAtomicKV(t, 8)
+			kv := &lostReplyKV{atomicKV: base, commit: tc.commit, scanErr: tc.scanErr}
+			s, clock := newSweep(t, kv, Config{})
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			if tc.scanErr != nil {
+				// The peek after the page fails too: the pass reports it.
+				require.ErrorIs(t, err, errBoom)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tc.cleared, st.Cleared)
+			assert.Equal(t, tc.failed, st.Failed)
+			assert.Equal(t, tc.calls, st.ClearCalls, "no batch sent again once it was found committed")
+			for id, n := range kv.cleared {
+				assert.Equal(t, 1, n, "%s cleared once", id)
+			}
+			assert.Len(t, kv.entities, tc.markers, "an entity is left iff its marker is")
+			assert.Equal(t, tc.markers, kv.MemKV.Len(), "no marker written back for a gone entity")
+		})
+	}
+}
+
+// TestRescheduleMovesOnce: on a Mover a failed marker is moved in one
+// atomic step, so there is never a moment with two markers of the id.
+func TestRescheduleMovesOnce(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := &watchingMover{MemKV: mem}
+	c := newClears()
+	c.set("a", errBoom)
+	c.set("b", errBoom)
+	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "a", t0)
+	mark(t, mem, "runs/", "b", t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Retried)
+	assert.Equal(t, 1, st.PutCalls, "both markers moved in one call")
+	assert.Zero(t, st.DeleteCalls)
+	assert.Equal(t, map[string]int{"a": 1, "b": 1}, markerIDs(t, mem, "runs/"))
+	assert.Equal(t, int64(1), kv.moves.Load())
+}
+
+// watchingMover is a MemKV that counts its Moves.
+type watchingMover struct {
+	*MemKV
+	moves atomic.Int64
+}
+
+func (w *watchingMover) Move(ctx context.Context, from, to [][]byte) error {
+	w.moves.Add(1)
+	return w.MemKV.Move(ctx, from, to)
+}
+
+// putOnlyNsKV is nsKV without MemKV's Move: a wrapper that inherits Put
+// from the store it wraps, writing where its Scan does not read.
+type putOnlyNsKV struct{ ns nsKV }
+
+func (p putOnlyNsKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return p.ns.Scan(ctx, start, end, limit)
+}
+
+func (p putOnlyNsKV) Delete(ctx context.Context, keys ...[]byte) error {
+	return p.ns.Delete(ctx, keys...)
+}
+
+func (p putOnlyNsKV) Put(ctx context.Context, key, value []byte) error {
+	return p.ns.MemKV.Put(ctx, key, value)
+}
+
+// TestReschedulePutReadBack: on a Putter that is no Mover, the first
+// rewrite is read back before the old key may go.
+func TestReschedulePutReadBack(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := putOnlyNsKV{nsKV{MemKV: mem, ns: "tenant1/"}}
+	c := newClears()
+	c.set("a", errBoom)
+	var logs syncBuffer
+	s, clock := newSweep(t, kv, Config{Clear: c.clear, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	key, err := MarkerKey("runs/", t0, "a")
+	require.NoError(t, err)
+	require.NoError(t, mem.Put(context.Background(), append([]byte("tenant1/"), key...), nil))
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, map[string]int{"a": 1}, markerIDs(t, kv, "runs/"), "the marker stays where Scan reads")
+	assert.Contains(t, logs.String(), "is not seen by its Scan")
+}
+
+// TestDuplicateMarkersMerge: two markers of one id in one pass, on one page
+// or on two, clear the id once and both go; on the atomic path, in the
+// same transaction when they share a page.
+func TestDuplicateMarkersMerge(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"Clear", "ClearBatch", "ClearDeleter"} {
+		for _, pageSize := range []int{16, 2} {
+			t.Run(fmt.Sprintf("%s/page%d", mode, pageSize), func(t *testing.T) {
+				t.Parallel()
+				mem := NewMemKV()
+				calls := map[string]int{}
+				cfg := Config{PageSize: pageSize}
+				var kv KV = mem
+				var atomicStore *atomicKV
+				switch mode {
+				case "Clear":
+					cfg.Clear = func(_ context.Context, id string) error { calls[id]++; return nil }
+				case "ClearBatch":
+					cfg.ClearBatch = func(_ context.Context, ids []string) error {
+						for _, id := range ids {
+							calls[id]++
+						}
+						return nil
+					}
+				default:
+					atomicStore = &atomicKV{MemKV: mem, entities: map[string]bool{"x": true, "y": true}, cleared: calls, poison: map[string]bool{}}
+					kv = atomicStore
+				}
+				mark(t, mem, "runs/", "x", t0)
+				mark(t, mem, "runs/", "y", t0.Add(time.Millisecond))
+				mark(t, mem, "runs/", "x", t0.Add(2*time.Millisecond)) // a second marker of x
+				mark(t, mem, "runs/", "x", t0.Add(3*time.Millisecond)) // and a third
+				s, clock := newSweep(t, kv, cfg)
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, map[string]int{"x": 1, "y": 1}, calls, "each id cleared once")
+				assert.Equal(t, 2, st.Cleared)
+				assert.Equal(t, 2, st.Duplicates)
+				assert.Zero(t, mem.Len(), "every marker went")
+				if atomicStore != nil && pageSize > 2 {
+					assert.Zero(t, st.DeleteCalls, "the duplicates went in the clear's transaction")
+				}
+			})
+		}
+	}
+}
+
+// TestDuplicateOfFailedIDKeepsOne: the second marker of an id whose clear
+// failed goes, and the first, moved to its retry time, stands for both.
+func TestDuplicateOfFailedIDKeepsOne(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	c.set("x", errBoom)
+	s, clock := newSweep(t, mem, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "x", t0)
+	mark(t, mem, "runs/", "x", t0.Add(time.Millisecond))
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.calls["x"])
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, 1, st.Duplicates)
+	assert.Equal(t, map[string]int{"x": 1}, markerIDs(t, mem, "runs/"))
+	c.set("x", nil)
+	clock.Advance(2 * time.Second)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Zero(t, mem.Len())
+}
+
+// typedFenceKV is a store that only its own kind of lease can fence: it
+// applies a fence carried on a write's context, as the adapters do.
+type typedFenceKV struct {
+	*MemKV
+}
+
+func (k *typedFenceKV) Delete(ctx context.Context, keys ...[]byte) error {
+	if f, err := Fenced(ctx, k); f != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return f.Delete(ctx, keys...)
+	}
+	return k.MemKV.Delete(ctx, keys...)
+}
+
+// typedFencer fences *typedFenceKV only.
+type typedFencer struct{ fencingLease }
+
+func (l typedFencer) Fence(kv KV) (KV, bool) {
+	k, ok := kv.(*typedFenceKV)
+	if !ok {
+		return nil, false
+	}
+	return fencedKV{KV: k.MemKV, lease: l.fakeLease}, true
+}
+
+type typedFencingLocker struct{ fencingLocker }
+
+func (f *typedFencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fencingLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return typedFencer{l.(fencingLease)}, nil
+}
+
+// loggingKV wraps a KV as users do to log or trace its calls; with unwrap
+// set it has an Unwrap method.
+type loggingKV struct {
+	inner   KV
+	deletes atomic.Int64
+}
+
+func (w *loggingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return w.inner.Scan(ctx, start, end, limit)
+}
+
+func (w *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
+	err := w.inner.Delete(ctx, keys...)
+	if err == nil {
+		w.deletes.Add(1)
+	}
+	return err
+}
+
+type unwrappingKV struct{ *loggingKV }
+
+func (w unwrappingKV) Unwrap() KV { return w.inner }
+
+// TestFenceThroughWrapper: a wrapper with Unwrap keeps the lease's fence
+// (on main at 350bc22 the fence was dropped with one Warn line, and the old
+// holder deleted after losing the lease); one without is refused unless
+// Config.AllowUnfenced says otherwise.
+func TestFenceThroughWrapper(t *testing.T) {
+	t.Run("Unwrap", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			store := &typedFenceKV{MemKV: mem}
+			wrapper := unwrappingKV{&loggingKV{inner: store}}
+			locker := &typedFencingLocker{}
+			for i := range 20 {
+				mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
+			}
+			var log passLog
+			var stolen atomic.Bool
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+				Clear: func(ctx context.Context, id string) error {
+					if id == "m09" {
+						locker.stealSilently()
+						stolen.Store(true)
+					}
+					return nil
+				},
+				OnPass: log.onPass,
+			})
+			require.NoError(t, err)
+			stop := runInBackground(t.Context(), s)
+			synctest.Wait()
+			assert.Equal(t, 12, mem.Len(), "the fence refused the page in flight")
+			assert.Equal(t, int64(2), wrapper.deletes.Load(), "the two pages before the loss; none after")
+			require.GreaterOrEqual(t, log.len(), 1)
+			assert.ErrorIs(t, log.err(0), ErrLeaseLost)
+			require.ErrorIs(t, stop(), context.Canceled)
+		})
+	})
+	t.Run("no Unwrap", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			wrapper := &loggingKV{inner: &typedFenceKV{MemKV: mem}}
+			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
+			locker := &typedFencingLocker{}
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: locker,
+				Clear: func(context.Context, string) error { return nil }})
+			require.NoError(t, err)
+			err = s.Run(t.Context())
+			require.ErrorIs(t, err, ErrUnfenced)
+			assert.Contains(t, err.Error(), "AllowUnfenced")
+			assert.Equal(t, 1, mem.Len(), "nothing deleted unfenced")
+			assert.Nil(t, locker.holder, "the lease was released")
+
+			_, err = s.LeasedPass(t.Context())
+			require.ErrorIs(t, err, ErrUnfenced)
+			assert.Equal(t, 1, mem.Len())
+		})
+	})
+	t.Run("AllowUnfenced", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			wrapper := &loggingKV{inner: &typedFenceKV{MemKV: mem}}
+			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: &typedFencingLocker{}, AllowUnfenced: true,
+				Clear: func(context.Context, string) error { return nil }})
+			require.NoError(t, err)
+			st, err := s.LeasedPass(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Cleared)
+			assert.Zero(t, mem.Len())
+		})
+	})
+}
+
+// TestFencedRefusesAForeignFence: a store write under a fence that cannot
+// fence the store fails rather than goes out unfenced.
+func TestFencedRefusesAForeignFence(t *testing.T) {
+	t.Parallel()
+	ctx := withFence(context.Background(), typedFencer{fencingLease{&fakeLease{}}})
+	view, err := Fenced(ctx, NewMemKV())
+	require.ErrorIs(t, err, ErrUnfenced)
+	assert.Nil(t, view)
+	view, err = Fenced(context.Background(), NewMemKV())
+	require.NoError(t, err)
+	assert.Nil(t, view, "no fence on the context: write as usual")
+}
