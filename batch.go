@@ -102,7 +102,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 type batching struct {
 	s      *Sweep
 	ctx    context.Context
-	kv     KV     // the pass's KV, to read which markers are left
+	kv     KV // the pass's KV, to read which markers are left
 	items  []item
 	keys   [][]byte     // the page's keys: keys[i] is items[i]'s
 	atomic ClearDeleter // nil: ClearBatch, then the sweep deletes
