@@ -51,9 +51,10 @@ type Config struct {
 	// ClearBatch, set instead of Clear, clears the entities of many ids in
 	// one call: up to BatchSize ids of one page, oldest first. It returns
 	// nil when every id is cleared, and a BatchError to report ids one by
-	// one (ids not in it were cleared). Every rule of Clear holds per id:
-	// idempotent, a marker deleted only once its id is cleared, failures
-	// retried after RetryDelay. Any other error, a panic, a timeout or a
+	// one (ids of the batch not in it were cleared; one that names an id
+	// not in the batch fails the call as a whole). Every rule of Clear
+	// holds per id: idempotent, a marker deleted only once its id is
+	// cleared, failures retried after RetryDelay. Any other error, a panic, a timeout or a
 	// runtime.Goexit fails the call as a whole: the sweep then tries each
 	// half of the batch and splits further the half that fails, so one id
 	// that always fails costs about 2·log2(BatchSize) more calls and keeps
@@ -77,7 +78,7 @@ type Config struct {
 	// negative value means no limit; otherwise at least 1ms.
 	ClearTimeout time.Duration
 
-	// StoreTimeout bounds each call to the KV (Scan, Delete, Put). A call
+	// StoreTimeout bounds each call to the KV (Scan, Delete, Put, Move). A call
 	// that runs out fails the pass, which Run retries after its backoff.
 	// Zero means DefaultStoreTimeout; a negative value means no limit;
 	// otherwise at least 1ms.
@@ -89,11 +90,13 @@ type Config struct {
 	// DefaultRetryDelay and MaxRetryDelay zero means DefaultMaxRetryDelay;
 	// otherwise 1ms <= RetryDelay <= MaxRetryDelay.
 	//
-	// On a KV that is a Putter, the sweep reschedules the marker: it writes
-	// the marker again with a time that makes it fall due after the wait,
-	// then deletes the old one, so passes in between do not read it again
-	// (a crash in between leaves both, and the id is cleared twice, never
-	// lost). The rescheduled marker no longer records the entity's finish
+	// On a KV that is a Mover, the sweep reschedules the marker: it moves
+	// it, in one atomic step, to a key with a time that makes it fall due
+	// after the wait, so passes in between do not read it again and no
+	// crash leaves two markers of one id. On a KV that is only a Putter it
+	// writes the new key, then deletes the old one (a crash in between
+	// leaves both; the pass that meets both clears the id once and deletes
+	// both). The rescheduled marker no longer records the entity's finish
 	// time. On any other KV the wait is kept in memory and the marker is
 	// skipped, unread by Clear, until it is over. The count of failures
 	// behind a wait lives in memory: after a restart an id starts again at
