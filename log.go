@@ -97,7 +97,7 @@ func (s *Sweep) logPass(p *passState) {
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log.Debug("retention pass", "cleared", st.Cleared, "failed", st.Failed, "retried", st.Retried,
-			"deferred", st.Deferred, "malformed", st.Malformed, "foreign", st.Foreign, "live_again", st.LiveAgain,
+			"deferred", st.Deferred, "malformed", st.Malformed, "foreign", st.Foreign, "live_again", st.LiveAgain, "duplicates", st.Duplicates,
 			"max_lag", st.MaxLag, "next_due", st.NextDue, "duration", st.Duration)
 	}
 }

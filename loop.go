@@ -90,7 +90,7 @@ func (l *loop) run(ctx context.Context) error {
 			progress := false
 			for i, m := range l.members {
 				wait = min(wait, m.untilDue(stats[i]))
-				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried > 0
+				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried+stats[i].Duplicates > 0
 			}
 			if wait <= 0 && !progress {
 				// Due, yet the pass found nothing to do: the store or the

@@ -7,7 +7,7 @@
 //
 // The instruments, each with the attribute retention.prefix:
 //
-//	retention.markers          counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, deferred, malformed, foreign, live_again)
+//	retention.markers          counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, deferred, malformed, foreign, live_again, duplicate)
 //	retention.passes           counter {pass}, by retention.pass.result (ok, error, canceled, lease_lost)
 //	retention.pass.duration    histogram s: how long passes take
 //	retention.clear.lag        histogram s: how long past due each entity was cleared
@@ -68,7 +68,7 @@ type Options struct {
 	BacklogLimit int
 }
 
-var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again"}
+var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again", "duplicate"}
 
 var results = [...]string{"ok", "error", "canceled", "lease_lost"}
 
@@ -146,7 +146,7 @@ func New(opts Options) (*Observer, error) {
 		return h
 	}
 	o.markers = counter("retention.markers", "{marker}",
-		"Markers a sweep handled, by outcome: cleared, failed, retried, deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again.")
+		"Markers a sweep handled, by outcome: cleared, failed, retried, deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again, duplicate.")
 	o.passes = counter("retention.passes", "{pass}", "Passes a sweep made, by result: ok, error, canceled, lease_lost.")
 	o.leaseEvents = counter("retention.lease.events", "{event}", "Lease events: acquired, held (by another replica), lost, released.")
 	o.backlogErrors = counter("retention.backlog.errors", "{error}", "Collections whose read of the backlog failed.")
@@ -221,7 +221,7 @@ func (o *Observer) attrs(prefix string) *attrs {
 // ObservePass implements retention.Observer.
 func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 	a, ctx := o.attrs(prefix), context.Background()
-	for i, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain} {
+	for i, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates} {
 		if n > 0 {
 			o.markers.Add(ctx, int64(n), a.outcome[i])
 		}

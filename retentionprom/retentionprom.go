@@ -6,7 +6,7 @@
 //
 // Every series is labelled by the sweep's prefix:
 //
-//	retention_markers_total{outcome}        counter: markers handled, by outcome (cleared, failed, retried, deferred, malformed, foreign, live_again)
+//	retention_markers_total{outcome}        counter: markers handled, by outcome (cleared, failed, retried, deferred, malformed, foreign, live_again, duplicate)
 //	retention_passes_total{result}          counter: passes, by result (ok, error, canceled, lease_lost)
 //	retention_pass_duration_seconds         histogram: how long passes take
 //	retention_clear_lag_seconds             histogram: how long past due each entity was cleared
@@ -72,7 +72,7 @@ type Options struct {
 }
 
 // The outcomes of retention_markers_total, in the order of outcomeCounts.
-var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again"}
+var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again", "duplicate"}
 
 // The results of retention_passes_total.
 var results = [...]string{"ok", "error", "canceled", "lease_lost"}
@@ -152,7 +152,7 @@ func New(opts Options) (*Collector, error) {
 		markers: prometheus.NewDesc(name("markers_total"),
 			"Markers a sweep handled, by outcome: cleared, failed (Clear failed; the marker stays), retried (put off until its retry delay is over), "+
 				"deferred (skipped in its retry delay, counted at every pass), malformed (deleted without Clear), "+
-				"foreign (keys under the prefix that are not markers, seen again at every pass), live_again.",
+				"foreign (keys under the prefix that are not markers, seen again at every pass), live_again, duplicate (further markers of an id met earlier in the pass).",
 			[]string{"prefix", "outcome"}, nil),
 		passes: prometheus.NewDesc(name("passes_total"),
 			"Passes a sweep made, by result: ok, error (the store failed), canceled (shutdown), lease_lost.",
@@ -227,7 +227,7 @@ func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(prefix)
-	for j, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain} {
+	for j, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates} {
 		s.markers[j] += uint64(n)
 	}
 	s.passes[result]++
