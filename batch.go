@@ -77,7 +77,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 		n := min(len(todo), s.batchSize)
 		batches, todo = append(batches, todo[:n:n]), todo[n:]
 	}
-	b := &batching{s: s, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd}
+	b := &batching{s: s, ctx: ctx, wctx: p.writeCtx(ctx), kv: p.kv, items: items, keys: keys, atomic: cd}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(s.concurrency, len(batches)) {
@@ -102,7 +102,8 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 type batching struct {
 	s      *Sweep
 	ctx    context.Context
-	kv     KV // the pass's KV, to read which markers are left
+	wctx   context.Context // ctx, with the lease's fence for a ClearDeleter's writes
+	kv     KV              // the pass's KV, to read which markers are left
 	items  []item
 	keys   [][]byte     // the page's keys: keys[i] is items[i]'s
 	atomic ClearDeleter // nil: ClearBatch, then the sweep deletes
@@ -193,7 +194,7 @@ func (b *batching) named(perID BatchError, idx []int) error {
 func (b *batching) tryAtomic(idx []int) error {
 	keys := b.keysOf(idx)
 	b.calls.Add(1)
-	err := b.s.callAtomic(b.ctx, b.atomic, b.idsOf(idx), keys)
+	err := b.s.callAtomic(b.wctx, b.atomic, b.idsOf(idx), keys)
 	var perID BatchError
 	switch {
 	case err == nil:

@@ -441,3 +441,69 @@ func TestFencedRefusesAForeignFence(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, view, "no fence on the context: write as usual")
 }
+
+// probeAtomic is an atomicKV that records whether its ClearAndDelete ran
+// under a fence carried on its context.
+type probeAtomic struct {
+	*atomicKV
+	fenced, unfenced atomic.Int64
+}
+
+func (p *probeAtomic) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	if f, err := Fenced(ctx, p); f != nil && err == nil {
+		p.fenced.Add(1)
+	} else {
+		p.unfenced.Add(1)
+	}
+	return p.atomicKV.ClearAndDelete(ctx, ids, keys)
+}
+
+// probeFencer fences *probeAtomic only.
+type probeFencer struct{ fencingLease }
+
+func (l probeFencer) Fence(kv KV) (KV, bool) {
+	if _, ok := kv.(*probeAtomic); !ok {
+		return nil, false
+	}
+	return kv, true
+}
+
+type probeLocker struct{ fencingLocker }
+
+func (f *probeLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fencingLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return probeFencer{l.(fencingLease)}, nil
+}
+
+// atomicWrapper wraps a ClearDeleter, with Unwrap.
+type atomicWrapper struct{ inner ClearDeleter }
+
+func (w atomicWrapper) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return w.inner.Scan(ctx, start, end, limit)
+}
+func (w atomicWrapper) Delete(ctx context.Context, keys ...[]byte) error {
+	return w.inner.Delete(ctx, keys...)
+}
+func (w atomicWrapper) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	return w.inner.ClearAndDelete(ctx, ids, keys)
+}
+func (w atomicWrapper) Unwrap() KV { return w.inner }
+
+// TestFenceThroughAtomicWrapper: the atomic clear through a wrapper carries
+// the fence on its context too.
+func TestFenceThroughAtomicWrapper(t *testing.T) {
+	t.Parallel()
+	base, _ := newAtomicKV(t, 10)
+	probe := &probeAtomic{atomicKV: base}
+	s, err := New(atomicWrapper{probe}, Config{Prefix: "runs/", Retention: time.Hour, Lease: &probeLocker{},
+		Clock: NewManualClock(t0.Add(2 * time.Hour)), BatchSize: 4})
+	require.NoError(t, err)
+	st, err := s.LeasedPass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 10, st.Cleared)
+	assert.Equal(t, int64(3), probe.fenced.Load())
+	assert.Zero(t, probe.unfenced.Load())
+}
