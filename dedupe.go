@@ -6,42 +6,47 @@ import "hash/maphash"
 // id (a crash between the write of a rescheduled marker and the delete of
 // the old one, on a store that is no Mover, or a marker written twice) is
 // deleted with the first rather than cleared again. It costs a hash and a
-// probe per marker and no allocation once grown: entries of earlier passes
-// are told apart by a generation number instead of being cleared.
+// probe of a compact table per marker, and no allocation once grown.
+//
+// Over a whole pass the table is as large as the pass, and a probe of it
+// misses the CPU's caches once a pass holds more than some ten thousand
+// markers: that costs more than the rest of the sweep's own work per
+// marker. So the pass keeps the ids of the whole pass only on a store
+// that leaves duplicates when it crashes (a Putter that is no Mover), and
+// otherwise those of one page at a time, in a table that stays in cache.
 type seenIDs struct {
 	seed  maphash.Seed
-	gen   uint32
-	n     int         // entries of this generation
-	slots []seenEntry // open addressing; len is a power of two or zero
-	pages []string    // the id buffer of each page of the pass
+	ready bool
+	wide  bool // the whole pass's ids, not only the page's
+	// slots is an open-addressing table: a slot holds the upper 32 bits of
+	// an id's hash and one more than the index of its record, or 0. Its
+	// length is a power of two, or zero.
+	slots []uint64
+	recs  []seenRec // the ids met, in order
+	pages []string  // the id buffer of each page of the pass
 }
 
-// seenEntry is one id met in the pass: pages[page][lo:hi], items[idx] of
+// seenRec is one id met in the pass: pages[page][lo:hi], items[idx] of
 // that page.
-type seenEntry struct {
-	hash        uint64
-	gen         uint32
-	page        uint32
-	lo, hi, idx uint32
+type seenRec struct {
+	page, lo, hi, idx uint32
 }
 
-// reset starts a pass. A table grown by one large pass is dropped once a
-// later pass needs far less.
-func (s *seenIDs) reset() {
-	if s.gen == 0 {
-		s.seed = maphash.MakeSeed()
+// reset starts a pass, over its whole length when wide. A table grown by
+// one large pass is dropped once a later pass needs far less.
+func (s *seenIDs) reset(wide bool) {
+	s.wide = wide
+	if !s.ready {
+		s.seed, s.ready = maphash.MakeSeed(), true
 	}
-	if len(s.slots) > 1<<16 && s.n < len(s.slots)/16 {
+	switch {
+	case len(s.slots) > 1<<14 && len(s.recs) < len(s.slots)/16:
 		s.slots = nil
-	}
-	s.gen++
-	if s.gen == 0 { // wrapped: old entries would look current
+	case len(s.recs) > 0:
 		clear(s.slots)
-		s.gen = 1
 	}
-	s.n = 0
-	clear(s.pages)
-	s.pages = s.pages[:0]
+	s.recs = s.recs[:0]
+	s.end()
 }
 
 // end drops the pass's references to its pages' ids.
@@ -52,46 +57,53 @@ func (s *seenIDs) end() {
 
 // page starts a page whose ids are substrings of all.
 func (s *seenIDs) page(all string) {
+	if !s.wide && len(s.pages) > 0 {
+		if len(s.recs) > 0 {
+			clear(s.slots)
+			s.recs = s.recs[:0]
+		}
+		s.pages[0], s.pages = "", s.pages[:0]
+	}
 	s.pages = append(s.pages, all)
 }
 
 // add records the id all[lo:hi] of items[idx] of the current page. When
-// the pass met the id before, it returns where: first is true when that
-// was an earlier page, else idx is its item in this page.
-func (s *seenIDs) add(lo, hi, idx int) (dup, first bool, at int) {
-	if 2*(s.n+1) > len(s.slots) {
+// the pass met the id before, it returns where: earlier is true when that
+// was on an earlier page, else at is its item on this page.
+func (s *seenIDs) add(lo, hi, idx int) (dup, earlier bool, at int) {
+	if 2*(len(s.recs)+1) > len(s.slots) {
 		s.grow()
 	}
 	page := uint32(len(s.pages) - 1)
 	id := s.pages[page][lo:hi]
-	h := maphash.String(s.seed, id)
+	tag := maphash.String(s.seed, id) >> 32 << 32
 	mask := uint64(len(s.slots) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
-		e := &s.slots[i]
-		if e.gen != s.gen {
-			*e = seenEntry{hash: h, gen: s.gen, page: page, lo: uint32(lo), hi: uint32(hi), idx: uint32(idx)}
-			s.n++
+	for i := tag >> 32 & mask; ; i = (i + 1) & mask {
+		slot := s.slots[i]
+		if slot == 0 {
+			s.recs = append(s.recs, seenRec{page: page, lo: uint32(lo), hi: uint32(hi), idx: uint32(idx)})
+			s.slots[i] = tag | uint64(len(s.recs))
 			return false, false, 0
 		}
-		if e.hash == h && s.pages[e.page][e.lo:e.hi] == id {
-			return true, e.page != page, int(e.idx)
+		if slot>>32<<32 != tag {
+			continue
+		}
+		if r := s.recs[uint32(slot)-1]; s.pages[r.page][r.lo:r.hi] == id {
+			return true, r.page != page, int(r.idx)
 		}
 	}
 }
 
-// grow doubles the table, keeping this pass's entries.
+// grow doubles the table.
 func (s *seenIDs) grow() {
-	old := s.slots
-	s.slots = make([]seenEntry, max(2*len(old), 512))
+	s.slots = make([]uint64, max(2*len(s.slots), 256))
 	mask := uint64(len(s.slots) - 1)
-	for _, e := range old {
-		if e.gen != s.gen {
-			continue
-		}
-		i := e.hash & mask
-		for s.slots[i].gen == s.gen {
+	for j, r := range s.recs {
+		tag := maphash.String(s.seed, s.pages[r.page][r.lo:r.hi]) >> 32 << 32
+		i := tag >> 32 & mask
+		for s.slots[i] != 0 {
 			i = (i + 1) & mask
 		}
-		s.slots[i] = e
+		s.slots[i] = tag | uint64(j+1)
 	}
 }

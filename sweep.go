@@ -158,12 +158,12 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	}
 	defer func() { <-s.busy }()
 
-	s.seen.reset()
-	defer s.seen.end()
 	start := s.clock.Now()
 	p := &passState{kv: kv, fence: fence, st: &st, cutoff: start.Add(-s.retention)}
 	p.putter, _ = kv.(Putter)
 	p.mover, _ = kv.(Mover)
+	s.seen.reset(p.putter != nil && p.mover == nil)
+	defer s.seen.end()
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	p.cutoffKey = s.dueEnd(p.cutoffMs)
 	var next *prefetch // a read of the next page in flight
