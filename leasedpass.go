@@ -13,7 +13,9 @@ import (
 // during which the lease is lost is cancelled before it deletes another
 // marker, and LeasedPass then returns an error matching ErrLeaseLost. When
 // another replica holds the lease it makes no pass and returns an error
-// matching ErrLeaseHeld. Without a lease it makes the pass unguarded.
+// matching ErrLeaseHeld, and when the lease is a Fencer that cannot fence
+// the KV, an error matching ErrUnfenced (see Config.AllowUnfenced). Without
+// a lease it makes the pass unguarded.
 // Config.OnPass and Config.Observer see the pass, and the Observer the
 // lease's events, as they do under Run. Most callers want Run.
 func (s *Sweep) LeasedPass(ctx context.Context) (Stats, error) {

@@ -340,7 +340,9 @@ func sleep(ctx context.Context, d time.Duration) error {
 // to take it before each pass and, once held, keeps it until ctx is done or
 // it is lost; a pass during which the lease is lost is cancelled before it
 // deletes another marker. A lease that is a Fencer also fences the pass's
-// deletes in the store. A replica without the lease retries every
+// writes in the store (through a wrapper too, see Fencer); when it cannot
+// fence the KV, Run releases it and returns an error matching ErrUnfenced,
+// unless Config.AllowUnfenced is set. A replica without the lease retries every
 // Interval. Run releases a held lease and leaves no goroutine behind when it
 // returns.
 //
