@@ -175,7 +175,7 @@ func (p *cutProxy) frontend(client, server net.Conn) {
 		}
 	}
 	statements := map[string][]byte{} // prepared statement name -> its SQL
-	fenced := false                    // the statement bound last holds needle
+	fenced := false                   // the statement bound last holds needle
 	for {
 		msg, err := readMessage(r, true)
 		if err != nil {
