@@ -88,7 +88,8 @@ type LockerOptions struct {
 // host vanished between the two would leave the row locked by an open,
 // "active" transaction until TCP gives up on the connection (hours by
 // default; neither statement_timeout nor idle_in_transaction_session_timeout
-// applies to a server waiting for the rest of a batch), and every TryAcquire
+// ends a server waiting for the rest of a batch, as TestHalfSentClearFreesLease
+// found on PostgreSQL 15), and every TryAcquire
 // of the fleet would wait for it. A lock_timeout on the takeover would only
 // turn the wait into a failure. With one Query message, a holder cut off
 // mid-message leaves nothing running, and a takeover comes within the TTL.
