@@ -1,9 +1,11 @@
 package pgkv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,8 +17,20 @@ import (
 // example a DELETE of their rows with ids as the parameter (see the example
 // of KV.WithClear).
 //
-// They run with the deletion of the ids' markers in one transaction. It
-// returns an error to clear nothing.
+// They run after the deletion of the ids' markers, in its transaction, and
+// only when that deleted every marker of the call (see
+// AtomicKV.ClearAndDelete). The statements go to the server as one
+// simple-protocol query (see AtomicKV): their arguments are interpolated
+// as literals by pgx on the client, so give an array parameter a cast
+// where PostgreSQL cannot infer its type (unnest($1::text[])); an argument
+// list may start with pgx.NamedArgs, and no statement may have a result
+// callback. Their results are not read: a statement should not return many
+// rows.
+//
+// A ClearFunc that returns an error refuses the whole call: nothing is
+// sent, and ClearAndDelete returns that error. A retention.BatchError
+// names the ids at fault (ErrLiveAgain for an entity that must stay); the
+// sweep retries the ids it does not name in a call of their own.
 //
 // A DELETE by id = ANY looks every id up in the table's primary key, and
 // that lookup is most of a batch's cost: key the table by bigint, or by
@@ -39,78 +53,140 @@ type ClearFunc func(b *pgx.Batch, ids []string) error
 // join the transaction: use Config.ClearBatch there, which clears at least
 // once. Under a pgkv Locker the lease's fence joins the transaction too, so
 // a replica that lost its lease clears nothing.
+//
+// A call goes to the server as one simple-protocol Query message holding
+// every statement, which PostgreSQL runs as one implicit transaction once
+// the whole message has arrived. A pgx batch in the extended protocol
+// (what SendBatch does on a pool of the default QueryExecMode) runs each
+// statement as soon as its Execute arrives and commits at the Sync that
+// ends the batch: a client whose host vanished between the two would leave
+// the server holding the rows it touched (markers, entities, and under a
+// lease the lease row) in an open transaction until TCP gives up, hours
+// later, and the fleet could neither take the lease over nor delete those
+// markers. A message cut off midway runs nothing. The price is that pgx
+// interpolates the arguments on the client (see ClearFunc).
 type AtomicKV struct {
 	*KV
 	clear ClearFunc
-	send  batchSender
 }
 
-// batchSender is what an AtomicKV needs of its DB: *pgxpool.Pool and
-// *pgx.Conn have it.
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
+var (
+	_ retention.ClearDeleter = (*AtomicKV)(nil)
+	_ retention.Mover        = (*AtomicKV)(nil)
+)
 
-var _ retention.ClearDeleter = (*AtomicKV)(nil)
-
-// WithClear returns an AtomicKV over k's table whose clear is clear. k's DB
-// must be able to send a batch (a *pgxpool.Pool or a *pgx.Conn).
+// WithClear returns an AtomicKV over k's table whose clear is clear.
 func (k *KV) WithClear(clear ClearFunc) (*AtomicKV, error) {
 	if clear == nil {
 		return nil, errors.New("pgkv: WithClear: clear must not be nil")
 	}
-	send, ok := k.db.(batchSender)
-	if !ok {
-		return nil, fmt.Errorf("pgkv: WithClear: the KV's DB (%T) cannot send a batch: use a *pgxpool.Pool or a *pgx.Conn", k.db)
-	}
-	return &AtomicKV{KV: k, clear: clear, send: send}, nil
+	return &AtomicKV{KV: k, clear: clear}, nil
 }
 
-// ClearAndDelete implements retention.ClearDeleter: the statements of the
-// ClearFunc and the deletion of keys go to the server as one batch, in one
-// round trip, and run in one implicit transaction.
+// ClearAndDelete implements retention.ClearDeleter. One statement deletes
+// keys, and fails the transaction, changing nothing, unless it deleted
+// every one of them: it returns an error matching retention.ErrMarkerGone
+// then. Only after it come the statements of the ClearFunc, all in one
+// simple-protocol query (see AtomicKV), so a call sent twice clears
+// nothing twice. When ctx carries a lease's fence (retention.Fenced), the
+// call is fenced by it.
 func (a *AtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	if len(keys) == 0 {
-		return a.clearAndDelete(ctx, ids, func(*pgx.Batch) {}, nil)
+	view, err := retention.Fenced(ctx, a)
+	switch {
+	case err != nil:
+		return err
+	case view != nil:
+		f, ok := view.(*fencedAtomicKV)
+		if !ok {
+			return fmt.Errorf("pgkv: the fenced view of an AtomicKV is a %T, not a ClearDeleter", view)
+		}
+		return f.ClearAndDelete(ctx, ids, keys)
 	}
-	return a.clearAndDelete(ctx, ids, func(b *pgx.Batch) { b.Queue(a.deleteSQL, a.deleteArgs(keys)...) }, nil)
+	return a.clearAndDelete(ctx, ids, keys, a.markersSQL, nil)
 }
 
-// clearAndDelete queues the ClearFunc's statements, then last (which adds
-// the statement that deletes the markers), and sends the batch. lastErr
-// may translate an error of that last statement.
-func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, last func(*pgx.Batch), lastErr func(error) error) error {
+// markerDeleteSQL is the statement that deletes the keys $1 (first $2,
+// last $3) and fails, with a message that holds markerGoneToken, unless it
+// deleted $4 rows. The failure is an integer cast of a text that is not
+// constant, so that the planner cannot raise it while folding constants.
+func markerDeleteSQL(table string) string {
+	return `WITH ` + deleteCTEs(table, "$1", "$2", "$3", "") + `,
+n AS (SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM a) AS deleted)
+SELECT CASE WHEN deleted = $4::bigint THEN 0
+	ELSE ('` + markerGoneToken + ` ' || deleted || ' of ' || $4::bigint || ' markers deleted')::int END
+FROM n`
+}
+
+// markerGoneToken and leaseLostToken start the texts whose failed cast
+// aborts a clear's transaction; the error's message quotes them.
+const (
+	markerGoneToken = "pgkv: marker gone:"
+	leaseLostToken  = "pgkv: lease lost:"
+)
+
+// castFailure reports whether err is the failed cast of a text starting
+// with token.
+func castFailure(err error, token string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && // invalid_text_representation
+		strings.Contains(pgErr.Message, `"`+token)
+}
+
+// distinct counts the distinct keys of an ascending list.
+func distinct(keys [][]byte) int {
+	n := 0
+	for i := range keys {
+		if i == 0 || !bytes.Equal(keys[i], keys[i-1]) {
+			n++
+		}
+	}
+	return n
+}
+
+// clearAndDelete sends the statement sql, which deletes the markers (its
+// arguments lead, then keys, their first and last key and their number),
+// followed by the ClearFunc's statements, in one simple-protocol query.
+// lease, when not nil, is the lease sql checks.
+func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byte, sql string, lease *pgLease) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
+	var first, last []byte
+	if len(keys) > 0 {
+		first, last = keys[0], keys[len(keys)-1]
+	}
+	markerArgs := []any{keys, first, last, distinct(keys)}
+	if lease != nil {
+		markerArgs = append([]any{lease.l.name, lease.holder, lease.fence}, markerArgs...)
+	}
+	// The markers go first: when one is gone, the ClearFunc's statements
+	// never run.
+	b.Queue(sql, markerArgs...)
 	if err := a.clear(b, ids); err != nil {
 		return err
 	}
-	if b.Len() == 0 {
+	if b.Len() == 1 {
 		return errors.New("pgkv: the ClearFunc queued no statement")
 	}
-	n := b.Len()
-	last(b)
-	br := a.send.SendBatch(ctx, b)
-	var err error
-	for i := range b.Len() {
-		_, e := br.Exec()
-		if e == nil || err != nil {
-			continue
-		}
-		if i >= n && lastErr != nil {
-			e = lastErr(e)
-		}
-		err = e
+	text, args, err := joinBatch(ctx, b)
+	if err != nil {
+		return err
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	op := "clear and delete from " + a.table
+	_, err = a.db.Exec(ctx, text, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+	switch {
+	case err == nil:
+		return nil
+	case lease != nil && castFailure(err, leaseLostToken):
+		lease.markLost()
+		return lease.refused(op)
+	case castFailure(err, markerGoneToken):
+		var pgErr *pgconn.PgError
+		errors.As(err, &pgErr)
+		return fmt.Errorf("pgkv: %s: %w (%s)", op, retention.ErrMarkerGone, pgErr.Message)
 	}
-	if err != nil && !errors.Is(err, retention.ErrLeaseLost) {
-		return wrap(ctx, "clear and delete from "+a.table, err)
-	}
-	return err
+	return wrap(ctx, op, err)
 }
 
 // fencedAtomicKV is the view of an AtomicKV under a pgLease: the marker
@@ -122,18 +198,25 @@ type fencedAtomicKV struct {
 	checkSQL string
 }
 
-var _ retention.ClearDeleter = (*fencedAtomicKV)(nil)
+var (
+	_ retention.ClearDeleter = (*fencedAtomicKV)(nil)
+	_ retention.Mover        = (*fencedAtomicKV)(nil)
+)
 
 // fenceAtomic returns the fenced view of a.
 func (p *pgLease) fenceAtomic(a *AtomicKV) *fencedAtomicKV {
 	f := p.fenceKV(a.KV)
-	// A count of zero, the lease gone, divides by zero: the error aborts
-	// the implicit transaction, entities' statements included. The lease
-	// row is locked (FOR SHARE) to the end of the transaction, so a
-	// takeover waits for it to commit.
+	// The lease row is locked (FOR SHARE) to the end of the transaction, so
+	// a takeover waits for it to commit; the whole transaction is one
+	// Query message (see AtomicKV), so it never waits for a client.
 	return &fencedAtomicKV{fencedKV: f, atomic: a, checkSQL: `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `),
-` + fencedDeleteCTEs(a.table) + `
-SELECT 1 / (SELECT count(*) FROM l)::int`}
+` + fencedDeleteCTEs(a.table) + `,
+n AS (SELECT (SELECT count(*) FROM l) AS held, (SELECT count(*) FROM r) + (SELECT count(*) FROM a) AS deleted)
+SELECT CASE
+	WHEN held = 0 THEN ('` + leaseLostToken + ` ' || held)::int
+	WHEN deleted = $7::bigint THEN 0
+	ELSE ('` + markerGoneToken + ` ' || deleted || ' of ' || $7::bigint || ' markers deleted')::int END
+FROM n`}
 }
 
 func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
@@ -141,20 +224,5 @@ func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys 
 	if p.isLost() {
 		return p.refused("clear and delete from " + f.atomic.table)
 	}
-	return f.atomic.clearAndDelete(ctx, ids,
-		func(b *pgx.Batch) {
-			if len(keys) == 0 {
-				b.Queue(f.checkSQL, p.l.name, p.holder, p.fence, keys, nil, nil)
-				return
-			}
-			b.Queue(f.checkSQL, p.l.name, p.holder, p.fence, keys, keys[0], keys[len(keys)-1])
-		},
-		func(err error) error {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "22012" { // division_by_zero: the lease is gone
-				p.markLost()
-				return p.refused("clear and delete from " + f.atomic.table)
-			}
-			return err
-		})
+	return f.atomic.clearAndDelete(ctx, ids, keys, f.checkSQL, p)
 }

@@ -116,10 +116,6 @@ func TestAtomicClearRollsBack(t *testing.T) {
 
 	_, err = kv.WithClear(nil)
 	require.Error(t, err)
-	plain, err := pgkv.New(struct{ pgkv.DB }{pool}, markers) // a DB without SendBatch
-	require.NoError(t, err)
-	_, err = plain.WithClear(func(*pgx.Batch, []string) error { return nil })
-	assert.ErrorContains(t, err, "cannot send a batch")
 }
 
 // TestFencedAtomicClear: under a lease, the marker deletion checks the

@@ -59,12 +59,17 @@ type LockerOptions struct {
 // makes it give up early: it closes Lost a tenth of the TTL before the
 // server could expire the row.
 //
-// Its leases are retention.Fencers for a *KV in the same database: a fenced
-// Delete or Put is one statement that locks the lease row FOR SHARE, checks
-// that it still names this holder and is unexpired, and writes only then. A
-// takeover updates that row, so it waits for the fenced statement to
+// Its leases are retention.Fencers for a *KV or an *AtomicKV in the same
+// database: a fenced Delete, Put or Move is one statement that locks the
+// lease row FOR SHARE, checks that it still names this holder and is
+// unexpired, and writes only then; a fenced ClearAndDelete does the same in
+// the statement that deletes the markers, the first of its transaction. A
+// takeover updates that row, so it waits for the fenced transaction to
 // commit: no marker write of an old holder can commit after a new holder's
 // TryAcquire returned, whatever the old holder's clock or scheduling did.
+// The same fence applies to the writes of a KV that wraps a *KV or an
+// *AtomicKV, when the sweep puts the lease on their context (see
+// retention.Fenced).
 //
 // Compared with a session advisory lock, which PostgreSQL frees the moment
 // it sees the holder's session end, a lease row is not freed by a crash: the
@@ -74,12 +79,20 @@ type LockerOptions struct {
 // hours by default) blocks the fleet for one TTL at most. A clean Release
 // expires the row at once.
 //
-// Every statement that locks the lease row goes out in the simple query
-// protocol: one message, run and committed only once it has arrived whole.
-// In the extended protocol a holder cut off between Execute and Sync would
-// leave the server holding the row lock in an open implicit transaction
-// until TCP keepalive ends the session, and every takeover would wait for
-// it.
+// Every transaction that locks the lease row goes out in the simple query
+// protocol, as one Query message that the server runs, and commits, only
+// once it has arrived whole: the fenced writes, and a fenced
+// ClearAndDelete with all the statements of its ClearFunc. In the extended
+// protocol, which a pgx batch uses, the server runs each statement when
+// its Execute arrives and ends the transaction at the Sync: a holder whose
+// host vanished between the two would leave the row locked by an open,
+// "active" transaction until TCP gives up on the connection (hours by
+// default; neither statement_timeout nor idle_in_transaction_session_timeout
+// ends a server waiting for the rest of a batch, as TestHalfSentClearFreesLease
+// found on PostgreSQL 15), and every TryAcquire
+// of the fleet would wait for it. A lock_timeout on the takeover would only
+// turn the wait into a failure. With one Query message, a holder cut off
+// mid-message leaves nothing running, and a takeover comes within the TTL.
 type Locker struct {
 	pool  *pgxpool.Pool
 	name  string
@@ -293,6 +306,8 @@ func (p *pgLease) fenceKV(k *KV) *fencedKV {
 SELECT EXISTS (SELECT 1 FROM l)`,
 		insertSQL: with + `w AS (INSERT INTO ` + k.table + ` (key) SELECT $4::bytea WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)
 SELECT EXISTS (SELECT 1 FROM l)`,
+		moveSQL: with + moveCTEs(k.table, "$4", "$5", "EXISTS (SELECT 1 FROM l)") + `
+SELECT EXISTS (SELECT 1 FROM l)`,
 	}
 }
 
@@ -304,14 +319,15 @@ func fencedDeleteCTEs(table string) string {
 
 // fencedKV is a KV whose writes take effect only while its lease holds.
 type fencedKV struct {
-	kv                   *KV
-	lease                *pgLease
-	deleteSQL, insertSQL string
+	kv                            *KV
+	lease                         *pgLease
+	deleteSQL, insertSQL, moveSQL string
 }
 
 var (
 	_ retention.KV     = (*fencedKV)(nil)
 	_ retention.Putter = (*fencedKV)(nil)
+	_ retention.Mover  = (*fencedKV)(nil)
 )
 
 func (f *fencedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
@@ -336,6 +352,13 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 		return fmt.Errorf("pgkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
 	}
 	return f.write(ctx, "insert into", f.insertSQL, key)
+}
+
+func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
+		return err
+	}
+	return f.write(ctx, "move in", f.moveSQL, from, to)
 }
 
 // write runs one fenced statement; args are its $4 on.

@@ -7,10 +7,23 @@
 // records the entity's terminal state (MarkKeyTx with the key of
 // Sweep.MarkerKey for a sweep with its own id rule).
 //
+// A KV is a retention.Putter and a retention.Mover: the sweep reschedules
+// the marker of a failed clear with Move, one statement that replaces the
+// old key by the new one, so no crash leaves two markers of one id.
+//
+// When the entities live in the same database, KV.WithClear makes an
+// AtomicKV, which clears them in the transaction that deletes their
+// markers, and only while every one of those markers still exists: a
+// batch sent twice (after a timeout whose commit went unheard) changes
+// nothing the second time and reports retention.ErrMarkerGone.
+//
 // Replicas that share the table take turns with a Locker: a lease row with
-// a TTL in a table created by MigrateLeases. Its leases fence the KV: a
-// holder's marker deletes take effect only while it holds the lease,
-// checked in the same statement (see Locker).
+// a TTL in a table created by MigrateLeases. Its leases fence the KV and
+// the AtomicKV: a holder's marker writes and atomic clears take effect only
+// while it holds the lease, checked in the same statement (see Locker),
+// also through a KV that wraps them (see retention.Fenced). A transaction
+// that locks the lease row is always sent as one simple-protocol message,
+// so a holder cut off mid-send cannot keep the row locked.
 //
 // # Vacuum after a big sweep
 //
@@ -88,10 +101,14 @@ type KV struct {
 	db    DB
 	table string // quoted, possibly schema-qualified
 
-	scanSQL, deleteSQL, insertSQL string
+	scanSQL, deleteSQL, insertSQL, moveSQL, markersSQL string
 }
 
-var _ retention.KV = (*KV)(nil)
+var (
+	_ retention.KV     = (*KV)(nil)
+	_ retention.Putter = (*KV)(nil)
+	_ retention.Mover  = (*KV)(nil)
+)
 
 // quoteTable validates and quotes a table name: "name" or "schema.name".
 // Each part is quoted as an identifier, so any character but NUL is safe.
@@ -222,7 +239,9 @@ func New(db DB, table string) (*KV, error) {
 		scanSQL: `SELECT key FROM ` + quoted + ` WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3`,
 		deleteSQL: `WITH ` + deleteCTEs(quoted, "$3", "$1", "$2", "") + `
 SELECT exact FROM eq`,
-		insertSQL: `INSERT INTO ` + quoted + ` (key) VALUES ($1) ON CONFLICT DO NOTHING`,
+		insertSQL:  `INSERT INTO ` + quoted + ` (key) VALUES ($1) ON CONFLICT DO NOTHING`,
+		moveSQL:    `WITH ` + moveCTEs(quoted, "$1", "$2", "") + ` SELECT 1`,
+		markersSQL: markerDeleteSQL(quoted),
 	}, nil
 }
 
@@ -259,17 +278,40 @@ func deleteCTEs(table, keys, first, last, guard string) string {
 	}
 	return `eq AS (SELECT coalesce((SELECT array_agg(key ORDER BY key) FROM ` + table +
 		` WHERE key BETWEEN ` + first + ` AND ` + last + `) = ` + keys + `::bytea[], false) AS exact),
-r AS (DELETE FROM ` + table + ` WHERE key BETWEEN ` + first + ` AND ` + last + ` AND (SELECT exact FROM eq)` + guard + `),
-a AS (DELETE FROM ` + table + ` WHERE key = ANY(` + keys + `) AND NOT (SELECT exact FROM eq)` + guard + `)`
+r AS (DELETE FROM ` + table + ` WHERE key BETWEEN ` + first + ` AND ` + last + ` AND (SELECT exact FROM eq)` + guard + ` RETURNING 1),
+a AS (DELETE FROM ` + table + ` WHERE key = ANY(` + keys + `) AND NOT (SELECT exact FROM eq)` + guard + ` RETURNING 1)`
+}
+
+// moveCTEs are the CTEs of one statement that moves the keys of the bytea
+// array parameter from to the keys of to, pair by pair, in table, where
+// guard (an SQL condition, or "") also holds. Only the pairs whose from
+// key the DELETE found get their to key: a pair whose from is gone writes
+// nothing. A to key that exists already stays as it is.
+func moveCTEs(table, from, to, guard string) string {
+	if guard != "" {
+		guard = " AND " + guard
+	}
+	return `m AS (SELECT f, t FROM unnest(` + from + `::bytea[], ` + to + `::bytea[]) AS m (f, t)),
+d AS (DELETE FROM ` + table + ` WHERE key = ANY(` + from + `::bytea[])` + guard + ` RETURNING key),
+i AS (INSERT INTO ` + table + ` (key) SELECT m.t FROM m JOIN d ON d.key = m.f ON CONFLICT DO NOTHING)`
 }
 
 // Delete implements retention.KV with one DELETE statement for the batch:
 // a range delete when the keys are all the rows from the first to the last
 // in ascending order (about 1.7 times as fast for a page of 1,000), else a
 // lookup per key.
+//
+// When ctx carries a lease's fence (retention.Fenced), the delete is fenced
+// by it; so are Put and Move.
 func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if view, err := retention.Fenced(ctx, k); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		return view.Delete(ctx, keys...)
 	}
 	if len(keys) == 0 {
 		return nil
@@ -291,7 +333,52 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 	if len(value) != 0 {
 		return fmt.Errorf("pgkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
 	}
+	if view, err := retention.Fenced(ctx, k); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		p, ok := view.(retention.Putter)
+		if !ok {
+			return fmt.Errorf("pgkv: the fenced view of a KV is a %T, not a Putter", view)
+		}
+		return p.Put(ctx, key, value)
+	}
 	return k.put(ctx, k.db, key)
+}
+
+// Move implements retention.Mover in one statement: it deletes the from
+// keys that exist and inserts the to key of each pair whose from it
+// deleted, so that all the pairs move in one transaction, and a pair
+// whose from is missing writes nothing.
+func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
+		return err
+	}
+	if view, err := retention.Fenced(ctx, k); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		m, ok := view.(retention.Mover)
+		if !ok {
+			return fmt.Errorf("pgkv: the fenced view of a KV is a %T, not a Mover", view)
+		}
+		return m.Move(ctx, from, to)
+	}
+	if _, err := k.db.Exec(ctx, k.moveSQL, from, to); err != nil {
+		return wrap(ctx, "move in "+k.table, err)
+	}
+	return nil
+}
+
+// checkMove checks the context and the arguments of a Move.
+func checkMove(ctx context.Context, from, to [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(from) != len(to) {
+		return fmt.Errorf("pgkv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	return nil
 }
 
 // MarkTx writes the marker of id, finished at t, under prefix, through tx:

@@ -1,0 +1,316 @@
+package pgkv_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/pgkv"
+)
+
+// cutProxy forwards PostgreSQL connections and reads the frontend
+// messages on their way. Once armed, it cuts the traffic in the middle of
+// the first transaction that runs a statement holding needle: in the
+// extended protocol right after the Execute of that statement (before the
+// batch's Sync), in the simple protocol in the middle of the Query message,
+// just after needle. From then on it passes nothing on any connection, in
+// either direction, and closes nothing: the holder's host vanished.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	needle []byte
+
+	mu     sync.Mutex
+	conns  []net.Conn
+	armed  bool
+	closed bool
+	cut    chan struct{}
+	wg     sync.WaitGroup
+}
+
+func newCutProxy(t testing.TB, target, needle string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &cutProxy{ln: ln, target: target, needle: []byte(needle), cut: make(chan struct{})}
+	p.wg.Go(p.accept)
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) arm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = true
+}
+
+func (p *cutProxy) isArmed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.armed
+}
+
+func (p *cutProxy) cutNow() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.cut:
+	default:
+		close(p.cut)
+	}
+}
+
+func (p *cutProxy) isCut() bool {
+	select {
+	case <-p.cut:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *cutProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns = append(p.conns, c)
+	return true
+}
+
+// close closes every connection: the server sees the holder's sessions
+// end and rolls back what they left open.
+func (p *cutProxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	conns := p.conns
+	p.mu.Unlock()
+	p.ln.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+	p.wg.Wait()
+}
+
+func (p *cutProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(client) {
+			client.Close()
+			return
+		}
+		if p.isCut() {
+			p.wg.Go(func() { _, _ = io.Copy(io.Discard, client) }) // held open, never answered
+			continue
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		if !p.track(server) {
+			server.Close()
+			client.Close()
+			return
+		}
+		p.wg.Go(func() { p.frontend(client, server) })
+		p.wg.Go(func() { p.backend(server, client) })
+	}
+}
+
+// backend passes the server's replies until the cut, and drops them after.
+func (p *cutProxy) backend(server, client net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && !p.isCut() {
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// frontend passes the client's messages one by one, cutting where the
+// proxy is told to.
+func (p *cutProxy) frontend(client, server net.Conn) {
+	r := bufio.NewReader(client)
+	send := func(b []byte) bool {
+		if p.isCut() {
+			return true // dropped
+		}
+		_, err := server.Write(b)
+		return err == nil
+	}
+	// Untyped start-up messages: an SSL or GSS request is followed by
+	// another one.
+	for {
+		msg, err := readMessage(r, false)
+		if err != nil || !send(msg) {
+			return
+		}
+		if code := binary.BigEndian.Uint32(msg[4:8]); code != 80877103 && code != 80877104 {
+			break
+		}
+	}
+	statements := map[string][]byte{} // prepared statement name -> its SQL
+	fenced := false                   // the statement bound last holds needle
+	for {
+		msg, err := readMessage(r, true)
+		if err != nil {
+			return
+		}
+		body := msg[5:]
+		armed := p.isArmed() && !p.isCut()
+		switch msg[0] {
+		case 'P': // Parse: statement name, query, ...
+			name, rest, _ := bytes.Cut(body, []byte{0})
+			query, _, _ := bytes.Cut(rest, []byte{0})
+			statements[string(name)] = query
+		case 'B': // Bind: portal name, statement name, ...
+			_, rest, _ := bytes.Cut(body, []byte{0})
+			name, _, _ := bytes.Cut(rest, []byte{0})
+			fenced = bytes.Contains(statements[string(name)], p.needle)
+		case 'Q': // Query: the whole transaction in one message
+			if i := bytes.Index(body, p.needle); armed && i >= 0 {
+				send(msg[:5+i+len(p.needle)])
+				p.cutNow()
+				continue
+			}
+		}
+		if !send(msg) {
+			return
+		}
+		if armed && msg[0] == 'E' && fenced {
+			p.cutNow() // the Sync that would end the transaction never arrives
+		}
+	}
+}
+
+// readMessage reads one frontend message: a type byte (when typed), an
+// int32 length that counts itself, and the body.
+func readMessage(r *bufio.Reader, typed bool) ([]byte, error) {
+	head := 4
+	if typed {
+		head = 5
+	}
+	msg := make([]byte, head)
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return nil, err
+	}
+	n := int(binary.BigEndian.Uint32(msg[head-4:]))
+	if n < 4 || n > 1<<30 {
+		return nil, io.ErrUnexpectedEOF
+	}
+	msg = append(msg, make([]byte, n-4)...)
+	_, err := io.ReadFull(r, msg[head:])
+	return msg, err
+}
+
+// TestHalfSentClearFreesLease: a holder whose host vanishes in the middle
+// of a fenced atomic clear (after the server got the lease check, before
+// the transaction could end) blocks the fleet for one TTL, not until TCP
+// gives up: another replica takes the lease within the TTL and a margin,
+// and the half-sent clear changed nothing.
+func TestHalfSentClearFreesLease(t *testing.T) {
+	admin := connect(t)
+	markers := freshTable(t, admin)
+	jobs, _ := jobsTable(t, admin, markers)
+	leases := freshLeaseTable(t, admin)
+	ctx := context.Background()
+
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "FOR SHARE")
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	p, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.MaxConns = 4
+	holderPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+
+	const ttl = time.Second
+	opts := &pgkv.LockerOptions{TTL: ttl, Table: leases}
+	holderLocker, err := pgkv.NewLocker(holderPool, "halfsent", opts)
+	require.NoError(t, err)
+	lease, err := holderLocker.TryAcquire(ctx)
+	require.NoError(t, err)
+
+	writer, err := pgkv.New(admin, markers)
+	require.NoError(t, err)
+	ids := finishJobs(t, admin, writer, jobs, 10, time.Now().Add(-2*time.Hour))
+	keys, err := writer.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+	require.NoError(t, err)
+	holderKV, err := pgkv.New(holderPool, markers)
+	require.NoError(t, err)
+	akv, err := holderKV.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	view, ok := lease.(retention.Fencer).Fence(akv)
+	require.True(t, ok)
+
+	proxy.arm()
+	clearDone := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		clearDone <- view.(retention.ClearDeleter).ClearAndDelete(cctx, ids, keys)
+	}()
+	select {
+	case <-proxy.cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the clear never reached the lease check")
+	}
+	cutAt := time.Now()
+
+	other, err := pgkv.NewLocker(admin, "halfsent", opts)
+	require.NoError(t, err)
+	deadline := cutAt.Add(ttl + time.Second)
+	var taken retention.Lease
+	attempts := 0
+	for taken == nil && time.Now().Before(deadline) {
+		attempts++
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		taken, err = other.TryAcquire(actx)
+		cancel()
+		if err != nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	took := time.Since(cutAt)
+	t.Logf("takeover after %v (%d attempts, TTL %v); last error: %v", took.Round(time.Millisecond), attempts, ttl, err)
+	require.NotNil(t, taken, "no takeover within TTL + 1s of the cut: the half-sent clear holds the lease row")
+	assert.Equal(t, 10, count(t, admin, jobs), "the half-sent clear cleared nothing")
+	assert.Equal(t, 10, count(t, admin, markers), "nor deleted a marker")
+	require.NoError(t, taken.Release(ctx))
+
+	proxy.close()
+	<-clearDone
+	_ = lease.Release(ctx)
+	holderPool.Close()
+}

@@ -1,0 +1,190 @@
+package pgkv
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// joinBatch joins the statements of b into one SQL text for a single
+// simple-protocol Query message, numbering their placeholders across the
+// statements ($1 of the second statement becomes $n+1 when the first takes
+// n arguments), and returns the arguments in that order. pgx interpolates
+// them on the client when the text is run with QueryExecModeSimpleProtocol.
+//
+// PostgreSQL runs the statements of one Query message in one implicit
+// transaction, and starts it only once the whole message has arrived: a
+// client cut off mid-message leaves no transaction open and no row locked
+// (see Locker). pgx sends a Batch as one Query message only on a
+// connection whose DefaultQueryExecMode is the simple protocol, which the
+// caller's pool need not be; hence this.
+//
+// A statement's arguments may start with pgx.NamedArgs or
+// pgx.StrictNamedArgs; other query options, and result callbacks
+// (QueuedQuery.Exec, Query, QueryRow), are refused: the statements' results
+// are not read one by one.
+func joinBatch(ctx context.Context, b *pgx.Batch) (string, []any, error) {
+	var sql strings.Builder
+	var args []any
+	for i, q := range b.QueuedQueries {
+		if q.Fn != nil {
+			return "", nil, fmt.Errorf("pgkv: statement %d of the ClearFunc has a result callback, which an AtomicKV does not call: queue it without one", i+1)
+		}
+		text, qargs := q.SQL, q.Arguments
+		if len(qargs) > 0 {
+			switch opt := qargs[0].(type) {
+			case pgx.NamedArgs, pgx.StrictNamedArgs:
+				// Neither looks at the connection.
+				var err error
+				if text, qargs, err = opt.(pgx.QueryRewriter).RewriteQuery(ctx, nil, text, qargs[1:]); err != nil {
+					return "", nil, fmt.Errorf("pgkv: statement %d of the ClearFunc: %w", i+1, err)
+				}
+			case pgx.QueryExecMode, pgx.QueryRewriter:
+				return "", nil, fmt.Errorf("pgkv: statement %d of the ClearFunc has a %T option: an AtomicKV sends its batch in the simple protocol, with plain arguments or pgx.NamedArgs", i+1, opt)
+			}
+		}
+		if i > 0 {
+			// The newline ends a line comment the statement may end with.
+			sql.WriteString("\n;\n")
+		}
+		if err := renumber(&sql, text, len(args), len(qargs)); err != nil {
+			return "", nil, fmt.Errorf("pgkv: statement %d of the ClearFunc: %w", i+1, err)
+		}
+		args = append(args, qargs...)
+	}
+	return sql.String(), args, nil
+}
+
+// renumber writes sql to w with each placeholder $n shifted by offset, and
+// refuses one beyond the statement's nargs arguments. It finds placeholders
+// by the rules pgx's own interpolation follows, so that both agree on
+// which $n are placeholders: outside quoted strings ('...', E'...',
+// "...", $tag$...$tag$) and comments (--, nested /* */), a $ followed by
+// a digit.
+func renumber(w *strings.Builder, sql string, offset, nargs int) error {
+	if !utf8.ValidString(sql) {
+		return fmt.Errorf("SQL is not valid UTF-8")
+	}
+	i := 0
+	for i < len(sql) {
+		c := sql[i]
+		switch {
+		case (c == 'e' || c == 'E') && i+1 < len(sql) && sql[i+1] == '\'':
+			end := quotedEnd(sql, i+2, '\'', true)
+			w.WriteString(sql[i:end])
+			i = end
+		case c == '\'' || c == '"':
+			end := quotedEnd(sql, i+1, c, false)
+			w.WriteString(sql[i:end])
+			i = end
+		case c == '-' && strings.HasPrefix(sql[i:], "--"):
+			end := len(sql)
+			if j := strings.IndexAny(sql[i:], "\r\n"); j >= 0 {
+				end = i + j + 1
+			}
+			w.WriteString(sql[i:end])
+			i = end
+		case c == '/' && strings.HasPrefix(sql[i:], "/*"):
+			end := commentEnd(sql, i+2)
+			w.WriteString(sql[i:end])
+			i = end
+		case c == '$' && i+1 < len(sql) && isDigit(sql[i+1]):
+			j := i + 1
+			for j < len(sql) && isDigit(sql[j]) {
+				j++
+			}
+			n, err := strconv.Atoi(sql[i+1 : j])
+			if err != nil || n < 1 || n > nargs {
+				return fmt.Errorf("placeholder %s with %d arguments", sql[i:j], nargs)
+			}
+			w.WriteString("$" + strconv.Itoa(n+offset))
+			i = j
+		case c == '$':
+			if tag, ok := dollarTag(sql[i+1:]); ok {
+				closer := "$" + tag + "$"
+				end := len(sql)
+				if j := strings.Index(sql[i+len(closer):], closer); j >= 0 {
+					end = i + len(closer) + j + len(closer)
+				}
+				w.WriteString(sql[i:end])
+				i = end
+				continue
+			}
+			w.WriteByte(c)
+			i++
+		default:
+			w.WriteByte(c)
+			i++
+		}
+	}
+	return nil
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// quotedEnd returns the index just past the quote that closes a string
+// (or identifier) opened by quote, whose body starts at i. A doubled quote
+// is part of the body, and so is the byte after a backslash when escapes
+// is set (E'...'). An unterminated body runs to the end.
+func quotedEnd(sql string, i int, quote byte, escapes bool) int {
+	for i < len(sql) {
+		switch sql[i] {
+		case '\\':
+			if escapes {
+				i++
+			}
+		case quote:
+			if i+1 < len(sql) && sql[i+1] == quote {
+				i++
+				break
+			}
+			return i + 1
+		}
+		i++
+	}
+	return len(sql)
+}
+
+// commentEnd returns the index just past the */ that closes a block
+// comment whose body starts at i; block comments nest.
+func commentEnd(sql string, i int) int {
+	depth := 0
+	for i+1 < len(sql) {
+		switch sql[i : i+2] {
+		case "/*":
+			depth++
+			i += 2
+			continue
+		case "*/":
+			if depth == 0 {
+				return i + 2
+			}
+			depth--
+			i += 2
+			continue
+		}
+		i++
+	}
+	return len(sql)
+}
+
+// dollarTag reports whether s (the text after a $) starts with the rest of
+// a dollar-quote opener, tag$, and returns tag, which may be empty. A tag
+// is a letter, _ or non-ASCII character, then those or digits.
+func dollarTag(s string) (string, bool) {
+	for i, r := range s {
+		switch {
+		case r == '$':
+			return s[:i], true
+		case r == '_', 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', r >= utf8.RuneSelf:
+		case i > 0 && '0' <= r && r <= '9':
+		default:
+			return "", false
+		}
+	}
+	return "", false
+}
