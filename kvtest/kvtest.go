@@ -478,11 +478,16 @@ func testSweepRetries(t *testing.T, s Store) {
 		t.Errorf("first Pass() = %+v, want 30 cleared, 10 failed and retried", st)
 	}
 	_, isPutter := s.KV.(retention.Putter)
+	_, isMover := s.KV.(retention.Mover)
 	left := scanAll(t, s, prefix, "retry0", 100)
 	if len(left) != 10+len(foreign) {
 		t.Errorf("keys left after the first pass = %q, want the 10 failed markers and the foreign keys", left)
 	}
-	if isPutter && st.PutCalls != 10 {
+	switch {
+	case isMover && (st.PutCalls < 1 || st.PutCalls > 5):
+		// 40 markers in pages of 8: the failed ones of a page move in one call.
+		t.Errorf("first Pass().PutCalls = %d, want 1 to 5: a Mover moves the failed markers of a page in one call", st.PutCalls)
+	case !isMover && isPutter && st.PutCalls != 10:
 		t.Errorf("first Pass().PutCalls = %d, want 10: a Putter reschedules each failed marker", st.PutCalls)
 	}
 
