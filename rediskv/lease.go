@@ -226,6 +226,7 @@ type fencedKV struct {
 var (
 	_ retention.KV     = (*fencedKV)(nil)
 	_ retention.Putter = (*fencedKV)(nil)
+	_ retention.Mover  = (*fencedKV)(nil)
 )
 
 func (f *fencedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
@@ -251,10 +252,28 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(value) != 0 {
-		return fmt.Errorf("rediskv: Put of %q with a %d-byte value: the sorted set stores keys only", key, len(value))
+	if err := checkValue(key, value); err != nil {
+		return err
 	}
 	return f.run(ctx, "put", fencedPutScript, []any{f.lease.token, string(key)})
+}
+
+func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
+	if f.err != nil {
+		return fmt.Errorf("rediskv: fenced move: %w", f.err)
+	}
+	if f.lease.isLost() {
+		return f.refused("move")
+	}
+	n, err := f.kv.move(ctx, f.lease.l.key, f.lease.token, from, to)
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		f.lease.markLost()
+		return f.refused("move")
+	}
+	return nil
 }
 
 func (f *fencedKV) run(ctx context.Context, op string, script *redis.Script, args []any) error {

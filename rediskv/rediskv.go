@@ -42,7 +42,11 @@ type KV struct {
 	key string
 }
 
-var _ retention.KV = (*KV)(nil)
+var (
+	_ retention.KV     = (*KV)(nil)
+	_ retention.Putter = (*KV)(nil)
+	_ retention.Mover  = (*KV)(nil)
+)
 
 // New returns a KV over the sorted set stored at key. rdb may be a
 // *redis.Client, *redis.ClusterClient or *redis.Ring.
@@ -81,8 +85,20 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	return keys, nil
 }
 
-// Delete implements retention.KV with one ZREM for the batch.
+// Delete implements retention.KV with one ZREM for the batch. Under a
+// fence on ctx (see retention.Fenced) it is the lease's fenced delete.
 func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
+	view, err := retention.Fenced(ctx, k)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return view.Delete(ctx, keys...)
+	}
+	return k.delete(ctx, keys)
+}
+
+func (k *KV) delete(ctx context.Context, keys [][]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -97,12 +113,118 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // Put adds a marker key on its own. Members carry no value, so value must
-// be empty. It makes KV a retention.Putter.
+// be empty. It makes KV a retention.Putter. Under a fence on ctx (see
+// retention.Fenced) it is the lease's fenced put.
 func (k *KV) Put(ctx context.Context, key, value []byte) error {
+	view, err := retention.Fenced(ctx, k)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return putThrough(ctx, view, key, value)
+	}
+	return k.put(ctx, key, value)
+}
+
+func (k *KV) put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkValue(key, value); err != nil {
+		return err
+	}
+	return k.wrap(ctx, "put", k.rdb.ZAdd(ctx, k.key, member(key)).Err())
+}
+
+// Move implements retention.Mover with one script for the whole call: for
+// each pair whose from[i] is in the set, to[i] is added and from[i]
+// removed. Each pair is whole even when the call fails part way (Redis
+// does not roll a script back), because to[i] goes in before from[i] goes.
+// Under a fence on ctx (see retention.Fenced) it is the lease's fenced
+// move.
+func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
+	view, err := retention.Fenced(ctx, k)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return moveThrough(ctx, view, from, to)
+	}
+	_, err = k.move(ctx, "", "", from, to)
+	return err
+}
+
+// moveScript moves the pairs ARGV[2], ARGV[3]; ARGV[4], ARGV[5]; ... within
+// the set KEYS[2] and returns how many it moved; with a token in ARGV[1] (a
+// fence), only while the lease key KEYS[1] holds it, returning -1, having
+// done nothing, when it does not. Without one, KEYS[1] repeats the set.
+// Commands with one pair each keep every call clear of unpack's limit.
+var moveScript = redis.NewScript(`if ARGV[1] ~= "" and redis.call("get", KEYS[1]) ~= ARGV[1] then
+	return -1
+end
+local n = 0
+for i = 2, #ARGV - 1, 2 do
+	local from, to = ARGV[i], ARGV[i + 1]
+	if redis.call("zscore", KEYS[2], from) then
+		if from ~= to then
+			redis.call("zadd", KEYS[2], 0, to)
+			redis.call("zrem", KEYS[2], from)
+		end
+		n = n + 1
+	end
+end
+return n`)
+
+// move runs moveScript, fenced by lease and token when token is not
+// empty. It returns the script's count: -1 when the fence refused.
+func (k *KV) move(ctx context.Context, lease, token string, from, to [][]byte) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if len(from) != len(to) {
+		return 0, fmt.Errorf("rediskv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	if len(from) == 0 {
+		return 0, nil
+	}
+	if token == "" {
+		lease = k.key
+	}
+	args := make([]any, 1, 1+2*len(from))
+	args[0] = token
+	for i := range from {
+		args = append(args, string(from[i]), string(to[i]))
+	}
+	n, err := moveScript.Run(ctx, k.rdb, []string{lease, k.key}, args...).Int64()
+	if err != nil {
+		return 0, k.wrap(ctx, "move", err)
+	}
+	return n, nil
+}
+
+// putThrough and moveThrough write through the view a fence returned.
+func putThrough(ctx context.Context, view retention.KV, key, value []byte) error {
+	p, ok := view.(retention.Putter)
+	if !ok {
+		return fmt.Errorf("rediskv: put: the fenced view (%T) cannot put: %w", view, retention.ErrUnfenced)
+	}
+	return p.Put(ctx, key, value)
+}
+
+func moveThrough(ctx context.Context, view retention.KV, from, to [][]byte) error {
+	m, ok := view.(retention.Mover)
+	if !ok {
+		return fmt.Errorf("rediskv: move: the fenced view (%T) cannot move: %w", view, retention.ErrUnfenced)
+	}
+	return m.Move(ctx, from, to)
+}
+
+// checkValue refuses a value: the set's members are keys alone.
+func checkValue(key, value []byte) error {
 	if len(value) != 0 {
 		return fmt.Errorf("rediskv: Put of %q with a %d-byte value: the sorted set stores keys only", key, len(value))
 	}
-	return k.wrap(ctx, "put", k.rdb.ZAdd(ctx, k.key, member(key)).Err())
+	return nil
 }
 
 // MarkTx queues the marker of id, finished at t, under prefix on pipe: pass
