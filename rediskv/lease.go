@@ -61,11 +61,11 @@ return 0`)
 // its pass is cancelled while the lease is still its own. Create one with
 // NewLocker.
 //
-// Its leases are retention.Fencers for a *KV: a fenced Delete or Put is a
-// script that writes the marker set only while the lease key still holds
-// the holder's token, so that no marker write of an old holder takes effect
-// after another took the key, whatever the old holder's clock or
-// scheduling did.
+// Its leases are retention.Fencers for a *KV and an *AtomicKV: a fenced
+// Delete, Put, Move or ClearAndDelete is a script that writes only while
+// the lease key still holds the holder's token, so that no write of an old
+// holder takes effect after another took the key, whatever the old
+// holder's clock or scheduling did.
 type Locker struct {
 	rdb redis.Cmdable
 	key string
@@ -213,8 +213,9 @@ func (r *redisLease) Release(ctx context.Context) error {
 // Give both keys one hash tag, e.g. "{runs}:done" and "{runs}:lease".
 var ErrCrossSlot = errors.New("rediskv: the marker set and the lease key hash to different slots")
 
-// unpackChunk bounds the arguments a script passes to one ZREM: Lua's
-// unpack fails beyond its C stack (8000 values in Redis).
+// unpackChunk bounds the arguments a script passes to one command (ZREM,
+// ZMSCORE, UNLINK): Lua's unpack fails beyond its C stack (8000 values in
+// Redis).
 const unpackChunk = 4000
 
 // Scripts that write markers only while the lease key still holds the
@@ -236,9 +237,10 @@ return redis.call("zadd", KEYS[2], 0, ARGV[2])`)
 
 var _ retention.Fencer = (*redisLease)(nil)
 
-// Fence implements retention.Fencer for a *KV: its Delete and Put are
-// scripts that check the lease key's token and write the marker set in one
-// atomic step, run through the KV's own client. On Redis Cluster (or a
+// Fence implements retention.Fencer for a *KV and an *AtomicKV: the
+// view's Delete, Put, Move and ClearAndDelete are scripts that check the
+// lease key's token and write in the same atomic step, run through the
+// KV's own client. On Redis Cluster (or a
 // Ring) both keys must hash to one slot (shard): writes return ErrCrossSlot
 // otherwise, rather than going out unfenced.
 func (r *redisLease) Fence(kv retention.KV) (retention.KV, bool) {

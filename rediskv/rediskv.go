@@ -3,11 +3,20 @@
 //
 // Every marker is a member with score 0; members of equal score are ordered
 // bytewise, so Scan is one ZRANGE ... BYLEX ... LIMIT (Redis 6.2 or later)
-// and Delete one ZREM. Write a marker with MarkTx inside the MULTI (or
-// pipeline) that records the entity's terminal state (MarkKeyTx with the
-// key of Sweep.MarkerKey for a sweep with its own id rule). Replicas that share
-// the set take turns with a Locker, whose leases fence the KV: a holder's
-// ZREM runs in a script only while the lease key still holds its token.
+// and Delete one ZREM. Move, with which the sweep reschedules the markers
+// of failed clears, is one script that replaces each marker only if it is
+// still there. Write a marker with MarkTx inside the MULTI (or pipeline)
+// that records the entity's terminal state (MarkKeyTx with the key of
+// Sweep.MarkerKey for a sweep with its own id rule). KV.WithClear makes an
+// AtomicKV, which deletes entities' state keys in the script that removes
+// their markers.
+//
+// Replicas that share the set take turns with a Locker, whose leases fence
+// the KV: a holder's writes run in scripts that check that the lease key
+// still holds its token. A KV wrapped by one of your own (to log or trace
+// its calls) keeps that fence when the wrapper has an Unwrap method (see
+// retention.Fencer): every write method of KV and AtomicKV applies the
+// fence the sweep puts on its context.
 //
 // # Redis Cluster
 //
