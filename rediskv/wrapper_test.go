@@ -154,7 +154,7 @@ func TestFenceThroughWrapper(t *testing.T) {
 			require.Eventually(t, func() bool {
 				w.mu.Lock()
 				defer w.mu.Unlock()
-				return w.writes["delete"]+w.writes["clear"] >= 3 && (clearDeleter || w.writes["put"] >= 1)
+				return w.writes["delete"]+w.writes["clear"] >= 3 && (clearDeleter || w.writes["put"]+w.writes["move"] >= 1)
 			}, 10*time.Second, time.Millisecond, "the sweep writes through the wrapper")
 
 			// Take the lease and read the set in one step: from here on,
