@@ -11,7 +11,9 @@ import (
 )
 
 // KeysFunc returns the keys that hold the state of the entities ids: an
-// AtomicKV deletes them with the ids' markers.
+// AtomicKV deletes them with the ids' markers. It must not fail, and must
+// name keys of the marker set's Redis (on Redis Cluster, of its hash slot).
+// An id may come twice in one call, when it has several markers.
 type KeysFunc func(ids []string) []string
 
 // AtomicKV is a KV that clears entities itself, deleting their state keys
@@ -21,21 +23,37 @@ type KeysFunc func(ids []string) []string
 //
 // A script runs whole or not at all, and nothing else runs in between, so a
 // crash can no longer leave an entity's keys deleted with its marker still
-// there: each entity is cleared exactly once, with no lease. It applies to
-// state held in keys of the same Redis (on Redis Cluster, of the same hash
-// slot: give state keys the set's hash tag). State elsewhere cannot join
-// the script: use Config.ClearBatch there. Under a rediskv Locker the
-// script checks the lease key's token too, so a replica that lost its lease
-// clears nothing.
+// there. The script first checks that every marker of the batch is still in
+// the set, and changes nothing when one is gone (an error matching
+// retention.ErrMarkerGone): a batch sent again after a timeout whose
+// first call did commit, or one another replica cleared meanwhile, clears
+// nothing a second time. With a sweep that reschedules failed markers by
+// moving them (retention.Mover, which KV is), each entity is then cleared
+// exactly once, even with no lease. It applies to state held in keys of
+// the same Redis (on Redis Cluster, of the same hash slot: give state keys
+// the set's hash tag). State elsewhere cannot join the script: use
+// Config.ClearBatch there. Under a rediskv Locker the script checks the
+// lease key's token too, so a replica that lost its lease clears nothing.
+//
+// An error that Redis returns for ClearAndDelete (marker gone, lease lost,
+// a refused script) means that nothing changed; the sweep keeps the
+// batch's markers and tries their ids again. Only a call whose reply never
+// came (a timeout, a lost connection) may have committed unheard, as
+// retention.ClearDeleter says.
 type AtomicKV struct {
 	*KV
 	keysOf KeysFunc
 }
 
-var _ retention.ClearDeleter = (*AtomicKV)(nil)
+var (
+	_ retention.ClearDeleter = (*AtomicKV)(nil)
+	_ retention.Putter       = (*AtomicKV)(nil)
+	_ retention.Mover        = (*AtomicKV)(nil)
+)
 
 // WithClear returns an AtomicKV over k's set whose ClearAndDelete deletes
-// the keys keysOf names for each batch of ids.
+// the keys keysOf names for each batch of ids, only if every marker of the
+// batch is still in the set.
 func (k *KV) WithClear(keysOf KeysFunc) (*AtomicKV, error) {
 	if keysOf == nil {
 		return nil, errors.New("rediskv: WithClear: keysOf must not be nil")
@@ -43,12 +61,64 @@ func (k *KV) WithClear(keysOf KeysFunc) (*AtomicKV, error) {
 	return &AtomicKV{KV: k, keysOf: keysOf}, nil
 }
 
-// clearScript deletes KEYS[3..] and removes ARGV[2..] from the set KEYS[2];
-// with a token in ARGV[1] (a fence), only while the lease key KEYS[1] holds
-// it, returning -1, having done nothing, when it does not. Without one,
-// KEYS[1] repeats the set, so every key stays in the set's slot.
+// Delete is KV.Delete; under a fence on ctx it asks the fence for a view
+// of the AtomicKV, the KV the sweep was given.
+func (a *AtomicKV) Delete(ctx context.Context, keys ...[]byte) error {
+	view, err := retention.Fenced(ctx, a)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return view.Delete(ctx, keys...)
+	}
+	return a.delete(ctx, keys)
+}
+
+// Put is KV.Put; under a fence on ctx it asks the fence for a view of the
+// AtomicKV.
+func (a *AtomicKV) Put(ctx context.Context, key, value []byte) error {
+	view, err := retention.Fenced(ctx, a)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return putThrough(ctx, view, key, value)
+	}
+	return a.put(ctx, key, value)
+}
+
+// Move is KV.Move; under a fence on ctx it asks the fence for a view of
+// the AtomicKV.
+func (a *AtomicKV) Move(ctx context.Context, from, to [][]byte) error {
+	view, err := retention.Fenced(ctx, a)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return moveThrough(ctx, view, from, to)
+	}
+	_, err = a.move(ctx, "", "", from, to)
+	return err
+}
+
+// clearScript checks that every member ARGV[2..] is in the set KEYS[2],
+// then deletes KEYS[3..] and removes the members; with a token in ARGV[1]
+// (a fence), only while the lease key KEYS[1] holds it. It returns the
+// number of members removed, -1 when the fence refused and -2-i when
+// ARGV[2+i] is missing, having done nothing in either case. Without a
+// token, KEYS[1] repeats the set, so every key stays in the set's slot.
+// Every check comes before the first write: Redis does not roll back a
+// script that fails part way.
 var clearScript = redis.NewScript(`if ARGV[1] ~= "" and redis.call("get", KEYS[1]) ~= ARGV[1] then
 	return -1
+end
+for i = 2, #ARGV, ` + fmt.Sprint(unpackChunk) + ` do
+	local scores = redis.call("zmscore", KEYS[2], unpack(ARGV, i, math.min(i + ` + fmt.Sprint(unpackChunk-1) + `, #ARGV)))
+	for j = 1, #scores do
+		if not scores[j] then
+			return -1 - (i - 2 + j)
+		end
+	end
 end
 for i = 3, #KEYS, ` + fmt.Sprint(unpackChunk) + ` do
 	redis.call("unlink", unpack(KEYS, i, math.min(i + ` + fmt.Sprint(unpackChunk-1) + `, #KEYS)))
@@ -60,17 +130,39 @@ end
 return n`)
 
 // ClearAndDelete implements retention.ClearDeleter with one script call:
-// the entities' keys and the markers go together.
+// the entities' keys and the markers go together, only if every marker in
+// keys is still in the set. When one is gone it changes nothing and
+// returns an error matching retention.ErrMarkerGone. Under a fence on ctx
+// (see retention.Fenced) it is the lease's fenced clear.
 func (a *AtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	_, err := a.run(ctx, a.key, "", ids, keys)
+	view, err := retention.Fenced(ctx, a)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		cd, ok := view.(retention.ClearDeleter)
+		if !ok {
+			return fmt.Errorf("rediskv: clear and delete: the fenced view (%T) cannot clear: %w", view, retention.ErrUnfenced)
+		}
+		return cd.ClearAndDelete(ctx, ids, keys)
+	}
+	_, err = a.run(ctx, "", "", ids, keys)
 	return err
 }
 
-// run calls clearScript, fenced by lease and token when lease is not empty,
-// and reports whether the fence let it through.
-func (a *AtomicKV) run(ctx context.Context, lease, token string, ids []string, keys [][]byte) (bool, error) {
+// errFenceRefused is run's error when the lease key no longer holds the
+// token: the fenced view turns it into its own error.
+var errFenceRefused = errors.New("rediskv: fence refused")
+
+// run calls clearScript, fenced by lease and token when token is not
+// empty. It returns errFenceRefused when the fence refused, and an error
+// matching retention.ErrMarkerGone when a marker is gone.
+func (a *AtomicKV) run(ctx context.Context, lease, token string, ids []string, keys [][]byte) (int64, error) {
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return 0, err
+	}
+	if token == "" {
+		lease = a.key
 	}
 	state := a.keysOf(ids)
 	scriptKeys := make([]string, 0, 2+len(state))
@@ -82,10 +174,16 @@ func (a *AtomicKV) run(ctx context.Context, lease, token string, ids []string, k
 		args = append(args, string(k))
 	}
 	n, err := clearScript.Run(ctx, a.rdb, scriptKeys, args...).Int64()
-	if err != nil {
-		return false, a.wrap(ctx, "clear and delete", err)
+	switch {
+	case err != nil:
+		return 0, a.wrap(ctx, "clear and delete", err)
+	case n == -1:
+		return 0, errFenceRefused
+	case n < -1:
+		return 0, fmt.Errorf("rediskv: clear and delete %q: marker %q is not in the set, nothing changed: %w",
+			a.key, keys[-n-2], retention.ErrMarkerGone)
 	}
-	return n >= 0, nil
+	return n, nil
 }
 
 // fencedAtomicKV is the view of an AtomicKV under a redisLease.
@@ -103,13 +201,10 @@ func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys 
 	if f.lease.isLost() {
 		return f.refused("clear and delete")
 	}
-	ok, err := f.atomic.run(ctx, f.lease.l.key, f.lease.token, ids, keys)
-	if err != nil {
-		return err
-	}
-	if !ok {
+	_, err := f.atomic.run(ctx, f.lease.l.key, f.lease.token, ids, keys)
+	if errors.Is(err, errFenceRefused) {
 		f.lease.markLost()
 		return f.refused("clear and delete")
 	}
-	return nil
+	return err
 }

@@ -117,3 +117,66 @@ func TestFencedAtomicClear(t *testing.T) {
 		t.Error("Lost is open after a refused clear")
 	}
 }
+
+// TestClearMarkerGone: a batch with a marker that is no longer in the set
+// changes nothing, plain or fenced, and says which marker; sent again after
+// it committed, it clears nothing twice. More keys than ids (an id with two
+// markers) go together.
+func TestClearMarkerGone(t *testing.T) {
+	rdb := connect(t)
+	ctx := context.Background()
+	for _, fenced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fenced=%v", fenced), func(t *testing.T) {
+			set := freshKey(t, rdb)
+			tag := strings.TrimSuffix(set, ":markers")
+			state := func(id string) string { return tag + ":state:" + id }
+			kv, err := rediskv.New(rdb, set)
+			require.NoError(t, err)
+			akv, err := kv.WithClear(func(ids []string) []string {
+				keys := make([]string, len(ids))
+				for i, id := range ids {
+					keys[i] = state(id)
+				}
+				return keys
+			})
+			require.NoError(t, err)
+			var cd retention.ClearDeleter = akv
+			if fenced {
+				view, ok := acquire(t, rdb, set).(retention.Fencer).Fence(akv)
+				require.True(t, ok)
+				cd = view.(retention.ClearDeleter)
+			}
+			t0 := time.Now().Add(-2 * time.Hour)
+			marker := func(id string, d time.Duration) []byte {
+				key, err := retention.MarkerKey("runs/", t0.Add(d), id)
+				require.NoError(t, err)
+				return key
+			}
+			ids := []string{"a", "b", "c"}
+			for _, id := range ids {
+				require.NoError(t, rdb.Set(ctx, state(id), "done", 0).Err())
+				require.NoError(t, kv.Put(ctx, marker(id, 0), nil))
+			}
+			t.Cleanup(func() { rdb.Del(context.Background(), state("a"), state("b"), state("c")) })
+			require.NoError(t, kv.Put(ctx, marker("b", time.Second), nil)) // b has two markers
+
+			gone := marker("z", 0) // never written
+			err = cd.ClearAndDelete(ctx, []string{"a", "z"}, [][]byte{marker("a", 0), gone})
+			require.ErrorIs(t, err, retention.ErrMarkerGone)
+			assert.ErrorContains(t, err, string(gone))
+			assert.Equal(t, int64(3), rdb.Exists(ctx, state("a"), state("b"), state("c")).Val(), "no state deleted")
+			assert.Equal(t, int64(4), rdb.ZCard(ctx, set).Val(), "no marker deleted")
+
+			batch := [][]byte{marker("a", 0), marker("b", 0), marker("b", time.Second)}
+			require.NoError(t, cd.ClearAndDelete(ctx, []string{"a", "b", "b"}, batch))
+			assert.Equal(t, int64(1), rdb.Exists(ctx, state("a"), state("b"), state("c")).Val())
+			assert.Equal(t, []string{string(marker("c", 0))}, members(t, rdb, set))
+
+			// The same batch again, as after a reply that never came.
+			require.NoError(t, rdb.Set(ctx, state("a"), "a new entity of the same id", 0).Err())
+			err = cd.ClearAndDelete(ctx, []string{"a", "b", "b"}, batch)
+			require.ErrorIs(t, err, retention.ErrMarkerGone)
+			assert.Equal(t, "a new entity of the same id", rdb.Get(ctx, state("a")).Val(), "cleared once only")
+		})
+	}
+}

@@ -27,8 +27,13 @@ const DefaultLeaseTTL = 10 * time.Second
 // LockerOptions tune a Locker. A nil *LockerOptions means the defaults.
 type LockerOptions struct {
 	// TTL is how long the lease key outlives a holder that stops renewing
-	// it; the holder renews it every third of the TTL. Zero means
-	// DefaultLeaseTTL; otherwise at least MinLeaseTTL.
+	// it; the holder renews it every third of the TTL. A holder whose
+	// renewals do not get through gives the lease up (closes Lost) a tenth
+	// of the TTL before Redis can expire the key, counted from when the
+	// last renewal that got through was sent: room for the round trip
+	// that set the expiry and for the holder's and the server's clocks
+	// running at different rates. Zero means DefaultLeaseTTL; otherwise at
+	// least MinLeaseTTL.
 	TTL time.Duration
 }
 
@@ -50,15 +55,17 @@ return 0`)
 // ttl takes the lease, a script renews it every third of the TTL while the
 // key still holds the holder's random token, and another script deletes it
 // on release under the same check. A holder that cannot renew considers the
-// lease lost once the TTL has run out since its last successful renewal was
-// sent, which is no later than Redis expires the key. Create one with
+// lease lost once nine tenths of the TTL have run out since its last
+// successful renewal (or the SET) was sent: at least a tenth of the TTL
+// before Redis can expire the key and another replica take it, so that
+// its pass is cancelled while the lease is still its own. Create one with
 // NewLocker.
 //
-// Its leases are retention.Fencers for a *KV: a fenced Delete or Put is a
-// script that writes the marker set only while the lease key still holds
-// the holder's token, so that no marker write of an old holder takes effect
-// after another took the key, whatever the old holder's clock or
-// scheduling did.
+// Its leases are retention.Fencers for a *KV and an *AtomicKV: a fenced
+// Delete, Put, Move or ClearAndDelete is a script that writes only while
+// the lease key still holds the holder's token, so that no write of an old
+// holder takes effect after another took the key, whatever the old
+// holder's clock or scheduling did.
 type Locker struct {
 	rdb redis.Cmdable
 	key string
@@ -101,9 +108,15 @@ func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 		return nil, fmt.Errorf("rediskv: lease %q: %w", l.key, retention.ErrLeaseHeld)
 	}
 	lease := &redisLease{l: l, token: token, lost: make(chan struct{}), stop: make(chan struct{})}
-	lease.wg.Go(func() { lease.keepAlive(sent.Add(l.ttl)) })
+	lease.wg.Go(func() { lease.keepAlive(sent.Add(l.ttl - l.safetyMargin())) })
 	return lease, nil
 }
+
+// safetyMargin is how much earlier than Redis the holder gives its lease
+// up. The key expires a TTL after Redis ran the SET or the renewal, which
+// is after the holder sent it; the margin covers a clock of the holder
+// that runs slower than the server's.
+func (l *Locker) safetyMargin() time.Duration { return l.ttl / 10 }
 
 type redisLease struct {
 	l     *Locker
@@ -120,9 +133,10 @@ func (r *redisLease) Lost() <-chan struct{} { return r.lost }
 
 func (r *redisLease) markLost() { r.lostOnce.Do(func() { close(r.lost) }) }
 
-// keepAlive renews the lease every third of its TTL. validUntil is when the
-// key expires at the latest if no renewal gets through: the lease counts as
-// lost from then on, or at once when the key no longer holds the token.
+// keepAlive renews the lease every third of its TTL. validUntil is the
+// safety margin before the key can expire if no renewal gets through: the
+// lease counts as lost from then on, or at once when the key no longer
+// holds the token.
 func (r *redisLease) keepAlive(validUntil time.Time) {
 	defer r.markLost()
 	tick := time.NewTicker(r.l.ttl / 3)
@@ -137,20 +151,49 @@ func (r *redisLease) keepAlive(validUntil time.Time) {
 			return
 		case <-tick.C:
 		}
-		// A renewal may not outlast the lease it renews.
-		ctx, cancel := context.WithDeadline(context.Background(), validUntil)
 		sent := time.Now()
-		n, err := renewScript.Run(ctx, r.l.rdb, []string{r.l.key}, r.token, r.l.ttl.Milliseconds()).Int()
-		cancel()
+		n, err, ok := r.renew(validUntil, expiry.C)
 		switch {
+		case !ok:
+			return
 		case err == nil && n == 1:
-			validUntil = sent.Add(r.l.ttl)
+			validUntil = sent.Add(r.l.ttl - r.l.safetyMargin())
 			expiry.Reset(time.Until(validUntil))
 		case err == nil:
 			return // the key expired or belongs to another holder
 		}
 		// On an error, try again at the next tick until validUntil.
 	}
+}
+
+// renew runs the renewal script with a deadline of validUntil, since a
+// renewal may not outlast the lease it renews. A client that does not
+// honour a context's deadline (go-redis without ContextTimeoutEnabled
+// waits out its ReadTimeout instead) must not hold Lost open past
+// validUntil either: when expiry fires or Release is called first, renew
+// closes Lost at once, waits for the call to end, and reports !ok.
+func (r *redisLease) renew(validUntil time.Time, expiry <-chan time.Time) (n int, err error, ok bool) {
+	ctx, cancel := context.WithDeadline(context.Background(), validUntil)
+	defer cancel()
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := renewScript.Run(ctx, r.l.rdb, []string{r.l.key}, r.token, r.l.ttl.Milliseconds()).Int()
+		done <- result{n, err}
+	}()
+	select {
+	case res := <-done:
+		return res.n, res.err, true
+	case <-expiry:
+	case <-r.stop:
+	}
+	r.markLost()
+	cancel()
+	<-done
+	return 0, nil, false
 }
 
 // Release stops renewing and deletes the key if it still holds this
@@ -170,8 +213,9 @@ func (r *redisLease) Release(ctx context.Context) error {
 // Give both keys one hash tag, e.g. "{runs}:done" and "{runs}:lease".
 var ErrCrossSlot = errors.New("rediskv: the marker set and the lease key hash to different slots")
 
-// unpackChunk bounds the arguments a script passes to one ZREM: Lua's
-// unpack fails beyond its C stack (8000 values in Redis).
+// unpackChunk bounds the arguments a script passes to one command (ZREM,
+// ZMSCORE, UNLINK): Lua's unpack fails beyond its C stack (8000 values in
+// Redis).
 const unpackChunk = 4000
 
 // Scripts that write markers only while the lease key still holds the
@@ -193,9 +237,10 @@ return redis.call("zadd", KEYS[2], 0, ARGV[2])`)
 
 var _ retention.Fencer = (*redisLease)(nil)
 
-// Fence implements retention.Fencer for a *KV: its Delete and Put are
-// scripts that check the lease key's token and write the marker set in one
-// atomic step, run through the KV's own client. On Redis Cluster (or a
+// Fence implements retention.Fencer for a *KV and an *AtomicKV: the
+// view's Delete, Put, Move and ClearAndDelete are scripts that check the
+// lease key's token and write in the same atomic step, run through the
+// KV's own client. On Redis Cluster (or a
 // Ring) both keys must hash to one slot (shard): writes return ErrCrossSlot
 // otherwise, rather than going out unfenced.
 func (r *redisLease) Fence(kv retention.KV) (retention.KV, bool) {
@@ -226,6 +271,7 @@ type fencedKV struct {
 var (
 	_ retention.KV     = (*fencedKV)(nil)
 	_ retention.Putter = (*fencedKV)(nil)
+	_ retention.Mover  = (*fencedKV)(nil)
 )
 
 func (f *fencedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
@@ -251,10 +297,28 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(value) != 0 {
-		return fmt.Errorf("rediskv: Put of %q with a %d-byte value: the sorted set stores keys only", key, len(value))
+	if err := checkValue(key, value); err != nil {
+		return err
 	}
 	return f.run(ctx, "put", fencedPutScript, []any{f.lease.token, string(key)})
+}
+
+func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
+	if f.err != nil {
+		return fmt.Errorf("rediskv: fenced move: %w", f.err)
+	}
+	if f.lease.isLost() {
+		return f.refused("move")
+	}
+	n, err := f.kv.move(ctx, f.lease.l.key, f.lease.token, from, to)
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		f.lease.markLost()
+		return f.refused("move")
+	}
+	return nil
 }
 
 func (f *fencedKV) run(ctx context.Context, op string, script *redis.Script, args []any) error {

@@ -257,3 +257,44 @@ func TestSlot(t *testing.T) {
 	assert.Equal(t, rediskv.Slot("{user1000}.following"), rediskv.Slot("{user1000}.followers"))
 	assert.NotEqual(t, rediskv.Slot("foo{}{bar}"), rediskv.Slot("bar"), "an empty first tag means the whole key")
 }
+
+// TestLeaseLostBeforeExpiry cuts a holder off from Redis: its renewals
+// never arrive, and it must give the lease up (close Lost) while the key
+// still exists with its token, a safety margin (a tenth of the TTL) before
+// Redis can expire it and another replica take it.
+func TestLeaseLostBeforeExpiry(t *testing.T) {
+	admin := connect(t)
+	ctx := context.Background()
+	key := freshKey(t, admin)
+	proxy := newBlackhole(t, kvtest.ServerAddr(t, "RETENTION_REDIS_ADDR"))
+	holder := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = holder.Close() })
+	const ttl = time.Second
+	l, err := rediskv.NewLocker(holder, key, &rediskv.LockerOptions{TTL: ttl})
+	require.NoError(t, err)
+	lease, err := l.TryAcquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	token := admin.Get(ctx, key).Val()
+	require.NotEmpty(t, token)
+
+	time.Sleep(ttl / 2) // a renewal or so gets through
+	cut := time.Now()
+	proxy.Cut()
+	select {
+	case <-lease.Lost():
+	case <-time.After(5 * ttl):
+		t.Fatal("Lost still open long after the key expired")
+	}
+	left, err := admin.PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	t.Logf("Lost closed %v after the cut, with the key's PTTL at %v (margin %v)", time.Since(cut).Round(time.Millisecond), left, ttl/10)
+	assert.Equal(t, token, admin.Get(ctx, key).Val(), "the key still holds the holder's token when Lost closes")
+	assert.Greater(t, left, time.Duration(0), "the key had not expired when Lost closed")
+	assert.GreaterOrEqual(t, left, ttl/20, "Lost closed at least about a tenth of the TTL before the key expires")
+	other, err := rediskv.NewLocker(admin, key, &rediskv.LockerOptions{TTL: ttl})
+	require.NoError(t, err)
+	_, err = other.TryAcquire(ctx)
+	require.ErrorIs(t, err, retention.ErrLeaseHeld, "no other replica can take the lease before the old holder gave it up")
+	proxy.Close() // the holder's calls in flight fail now, rather than at their ReadTimeout
+}

@@ -3,11 +3,20 @@
 //
 // Every marker is a member with score 0; members of equal score are ordered
 // bytewise, so Scan is one ZRANGE ... BYLEX ... LIMIT (Redis 6.2 or later)
-// and Delete one ZREM. Write a marker with MarkTx inside the MULTI (or
-// pipeline) that records the entity's terminal state (MarkKeyTx with the
-// key of Sweep.MarkerKey for a sweep with its own id rule). Replicas that share
-// the set take turns with a Locker, whose leases fence the KV: a holder's
-// ZREM runs in a script only while the lease key still holds its token.
+// and Delete one ZREM. Move, with which the sweep reschedules the markers
+// of failed clears, is one script that replaces each marker only if it is
+// still there. Write a marker with MarkTx inside the MULTI (or pipeline)
+// that records the entity's terminal state (MarkKeyTx with the key of
+// Sweep.MarkerKey for a sweep with its own id rule). KV.WithClear makes an
+// AtomicKV, which deletes entities' state keys in the script that removes
+// their markers.
+//
+// Replicas that share the set take turns with a Locker, whose leases fence
+// the KV: a holder's writes run in scripts that check that the lease key
+// still holds its token. A KV wrapped by one of your own (to log or trace
+// its calls) keeps that fence when the wrapper has an Unwrap method (see
+// retention.Fencer): every write method of KV and AtomicKV applies the
+// fence the sweep puts on its context.
 //
 // # Redis Cluster
 //
@@ -42,7 +51,11 @@ type KV struct {
 	key string
 }
 
-var _ retention.KV = (*KV)(nil)
+var (
+	_ retention.KV     = (*KV)(nil)
+	_ retention.Putter = (*KV)(nil)
+	_ retention.Mover  = (*KV)(nil)
+)
 
 // New returns a KV over the sorted set stored at key. rdb may be a
 // *redis.Client, *redis.ClusterClient or *redis.Ring.
@@ -81,8 +94,20 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	return keys, nil
 }
 
-// Delete implements retention.KV with one ZREM for the batch.
+// Delete implements retention.KV with one ZREM for the batch. Under a
+// fence on ctx (see retention.Fenced) it is the lease's fenced delete.
 func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
+	view, err := retention.Fenced(ctx, k)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return view.Delete(ctx, keys...)
+	}
+	return k.delete(ctx, keys)
+}
+
+func (k *KV) delete(ctx context.Context, keys [][]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -97,12 +122,118 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // Put adds a marker key on its own. Members carry no value, so value must
-// be empty. It makes KV a retention.Putter.
+// be empty. It makes KV a retention.Putter. Under a fence on ctx (see
+// retention.Fenced) it is the lease's fenced put.
 func (k *KV) Put(ctx context.Context, key, value []byte) error {
+	view, err := retention.Fenced(ctx, k)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return putThrough(ctx, view, key, value)
+	}
+	return k.put(ctx, key, value)
+}
+
+func (k *KV) put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkValue(key, value); err != nil {
+		return err
+	}
+	return k.wrap(ctx, "put", k.rdb.ZAdd(ctx, k.key, member(key)).Err())
+}
+
+// Move implements retention.Mover with one script for the whole call: for
+// each pair whose from[i] is in the set, to[i] is added and from[i]
+// removed. Each pair is whole even when the call fails part way (Redis
+// does not roll a script back), because to[i] goes in before from[i] goes.
+// Under a fence on ctx (see retention.Fenced) it is the lease's fenced
+// move.
+func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
+	view, err := retention.Fenced(ctx, k)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return moveThrough(ctx, view, from, to)
+	}
+	_, err = k.move(ctx, "", "", from, to)
+	return err
+}
+
+// moveScript moves the pairs ARGV[2], ARGV[3]; ARGV[4], ARGV[5]; ... within
+// the set KEYS[2] and returns how many it moved; with a token in ARGV[1] (a
+// fence), only while the lease key KEYS[1] holds it, returning -1, having
+// done nothing, when it does not. Without one, KEYS[1] repeats the set.
+// Commands with one pair each keep every call clear of unpack's limit.
+var moveScript = redis.NewScript(`if ARGV[1] ~= "" and redis.call("get", KEYS[1]) ~= ARGV[1] then
+	return -1
+end
+local n = 0
+for i = 2, #ARGV - 1, 2 do
+	local from, to = ARGV[i], ARGV[i + 1]
+	if redis.call("zscore", KEYS[2], from) then
+		if from ~= to then
+			redis.call("zadd", KEYS[2], 0, to)
+			redis.call("zrem", KEYS[2], from)
+		end
+		n = n + 1
+	end
+end
+return n`)
+
+// move runs moveScript, fenced by lease and token when token is not
+// empty. It returns the script's count: -1 when the fence refused.
+func (k *KV) move(ctx context.Context, lease, token string, from, to [][]byte) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if len(from) != len(to) {
+		return 0, fmt.Errorf("rediskv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	if len(from) == 0 {
+		return 0, nil
+	}
+	if token == "" {
+		lease = k.key
+	}
+	args := make([]any, 1, 1+2*len(from))
+	args[0] = token
+	for i := range from {
+		args = append(args, string(from[i]), string(to[i]))
+	}
+	n, err := moveScript.Run(ctx, k.rdb, []string{lease, k.key}, args...).Int64()
+	if err != nil {
+		return 0, k.wrap(ctx, "move", err)
+	}
+	return n, nil
+}
+
+// putThrough and moveThrough write through the view a fence returned.
+func putThrough(ctx context.Context, view retention.KV, key, value []byte) error {
+	p, ok := view.(retention.Putter)
+	if !ok {
+		return fmt.Errorf("rediskv: put: the fenced view (%T) cannot put: %w", view, retention.ErrUnfenced)
+	}
+	return p.Put(ctx, key, value)
+}
+
+func moveThrough(ctx context.Context, view retention.KV, from, to [][]byte) error {
+	m, ok := view.(retention.Mover)
+	if !ok {
+		return fmt.Errorf("rediskv: move: the fenced view (%T) cannot move: %w", view, retention.ErrUnfenced)
+	}
+	return m.Move(ctx, from, to)
+}
+
+// checkValue refuses a value: the set's members are keys alone.
+func checkValue(key, value []byte) error {
 	if len(value) != 0 {
 		return fmt.Errorf("rediskv: Put of %q with a %d-byte value: the sorted set stores keys only", key, len(value))
 	}
-	return k.wrap(ctx, "put", k.rdb.ZAdd(ctx, k.key, member(key)).Err())
+	return nil
 }
 
 // MarkTx queues the marker of id, finished at t, under prefix on pipe: pass

@@ -1,0 +1,581 @@
+package rediskv_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/kvtest"
+	"github.com/marksweep/retention/rediskv"
+)
+
+// The crash test kills a process that sweeps an AtomicKV with SIGKILL,
+// again and again, and checks after every kill that no entity was lost or
+// cleared twice. The child process is this test binary run again with
+// rcrashEnvSet set.
+const (
+	rcrashEnvSet   = "RETENTION_RCRASH_SET"   // the marker set's key
+	rcrashEnvStart = "RETENTION_RCRASH_START" // the parent's start, Unix nanoseconds: the children's clocks agree on it
+	rcrashEnvSeed  = "RETENTION_RCRASH_SEED"  // the child's fault seed
+	rcrashEnvConc  = "RETENTION_RCRASH_CONC"  // the child's Concurrency
+
+	rcrashPrefix    = "runs/"
+	rcrashRetention = time.Hour
+	rcrashExpired   = 20_000
+	rcrashUnexpired = 1_000
+	rcrashKills     = 24
+	rcrashChild     = "rcrash-child" // the children's client name, in CLIENT LIST
+	rcrashTimeout   = 100 * time.Millisecond
+)
+
+// rcrashBase is "now" when the test starts: the unexpired entities
+// finished then, and fall due long after the test.
+var rcrashBase = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func rcrashID(expired bool, i int) string {
+	if expired {
+		return fmt.Sprintf("x%05d", i)
+	}
+	return fmt.Sprintf("u%04d", i)
+}
+
+// rcrashPoison reports whether id always fails to clear in a child.
+func rcrashPoison(id string) bool {
+	i, err := strconv.Atoi(id[1:])
+	return err == nil && id[0] == 'x' && i%101 == 0
+}
+
+// rcrashMarker is the marker the test writes for an entity: expired ones
+// spread over a few seconds two hours back.
+func rcrashMarker(expired bool, i int) []byte {
+	t := rcrashBase
+	if expired {
+		t = rcrashBase.Add(-2*time.Hour + time.Duration(i)*time.Millisecond/4)
+	}
+	key, err := retention.MarkerKey(rcrashPrefix, t, rcrashID(expired, i))
+	if err != nil {
+		panic(err)
+	}
+	return key
+}
+
+// rcrashState is the key of an entity's state: it has the set's hash tag.
+func rcrashState(set, id string) string {
+	return strings.TrimSuffix(set, ":markers") + ":state:" + id
+}
+
+func rcrashKeysFunc(set string) rediskv.KeysFunc {
+	return func(ids []string) []string {
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = rcrashState(set, id)
+		}
+		return keys
+	}
+}
+
+// rcrashClock reads rcrashBase plus the real time since the parent
+// started, the same in every child, so a marker one child rescheduled
+// falls due for the next at the same moment.
+type rcrashClock struct{ start time.Time }
+
+func (c rcrashClock) Now() time.Time { return rcrashBase.Add(time.Since(c.start)) }
+
+// TestCrashAtomic: a child process runs a Sweep over 20,000 expired and
+// 1,000 unexpired entities of an AtomicKV, each a state key and a marker,
+// and is killed with SIGKILL, then started again, rcrashKills times.
+// Children alternate Concurrency 1 and 4. In the child, a wrapper around
+// the AtomicKV fails every batch that holds a poison id (the sweep bisects
+// it down to the id and reschedules its marker), and lets about one clear
+// in twelve commit and then wait past ClearTimeout before it returns, as a
+// reply lost after the commit. The parent kills a child at a random
+// moment: early, after some commits, right after a reschedule (Put or
+// Move), or right after a batch whose ClearTimeout fired.
+//
+// The parent counts every committed clear of every id: MONITOR, on a
+// connection of its own, shows each command a script runs, and the clear
+// script runs its UNLINK of the state keys only once every check passed,
+// so an UNLINK naming an id's state key is one commit of a clear of that
+// id. State keys are never written again, so a second commit for an id is
+// a second clear, even though its UNLINK finds nothing to delete.
+//
+// After every kill, once the server has no connection of the child left:
+// no id was committed twice; an expired entity's state exists exactly when
+// one marker of its id does (a state without a marker is lost, a marker
+// without a state will clear its id again, two markers may clear it
+// twice); a state is gone exactly when its id was committed; unexpired
+// entities are untouched. Finally one pass in this process, without
+// faults, clears the rest, and every expired id was committed exactly
+// once.
+func TestCrashAtomic(t *testing.T) {
+	if set := os.Getenv(rcrashEnvSet); set != "" {
+		rcrashRun(t, set)
+		return
+	}
+	if testing.Short() {
+		t.Skip("crash test: starts and kills dozens of processes")
+	}
+	addr := kvtest.ServerAddr(t, "RETENTION_REDIS_ADDR")
+	start := time.Now()
+	seed := rand.Uint64()
+	if s := os.Getenv("RETENTION_RCRASH_SEED0"); s != "" {
+		var err error
+		seed, err = strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err)
+	}
+	t.Logf("seed %d (set RETENTION_RCRASH_SEED0 to repeat the kills)", seed)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	admin := connect(t)
+	ctx := context.Background()
+	set := freshKey(t, admin)
+	rcrashSetup(t, admin, set)
+	mon := newMonitor(t, addr, strings.TrimSuffix(set, ":markers")+":state:")
+
+	v := &rcrashViolations{}
+	kinds := map[string]int{}
+	for n := 1; n <= rcrashKills; n++ {
+		// How to pick the moment: at random early on, or on the k-th line
+		// the child prints of a kind.
+		kind, k := "early", 0
+		switch r := rng.IntN(20); {
+		case r < 4:
+		case r < 9:
+			kind, k = "clear", 1+rng.IntN(25)
+		case r < 15:
+			kind, k = "reschedule", 1+rng.IntN(12)
+		default:
+			kind, k = "timeout", 1+rng.IntN(3)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashAtomic$", "-test.count=1")
+		cmd.Env = append(os.Environ(),
+			rcrashEnvSet+"="+set,
+			rcrashEnvStart+"="+strconv.FormatInt(start.UnixNano(), 10),
+			rcrashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
+			rcrashEnvConc+"="+strconv.Itoa([]int{1, 4}[n%2]),
+		)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		lines := make(chan string, 1024)
+		go func() {
+			defer close(lines)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+		}()
+		got := kind
+		if kind == "early" {
+			time.Sleep(time.Duration(rng.Int64N(int64(400 * time.Millisecond))))
+		} else {
+			got = rcrashWait(lines, kind, k, 4*time.Second)
+		}
+		require.NoError(t, cmd.Process.Kill())
+		_ = cmd.Wait()
+		for range lines { // the pipe's reader ends
+		}
+		if ps := cmd.ProcessState; ps != nil && ps.Exited() {
+			require.Failf(t, "child exited by itself", "child %d: %s\n%s", n, ps, stderr.String())
+		}
+		kinds[got]++
+		rcrashSettle(t, admin, mon, n)
+		v.check(t, admin, set, mon, n, got)
+	}
+
+	// One pass without faults clears the rest, rescheduled markers and
+	// poison ids included: its clock is past every retry but before the
+	// unexpired entities fall due.
+	kv, err := rediskv.New(admin, set)
+	require.NoError(t, err)
+	akv, err := kv.WithClear(rcrashKeysFunc(set))
+	require.NoError(t, err)
+	s, err := retention.New(akv, retention.Config{
+		Prefix: rcrashPrefix, Retention: rcrashRetention, BatchSize: 100, PageSize: 1000,
+		Clock:  retention.NewManualClock(rcrashClock{start}.Now().Add(30 * time.Minute)),
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	rcrashSettle(t, admin, mon, rcrashKills+1)
+	v.check(t, admin, set, mon, rcrashKills+1, "final")
+	left, err := admin.ZCard(ctx, set).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(rcrashUnexpired), left, "markers left after the final pass: the unexpired ones")
+	commits := mon.snapshot()
+	once := 0
+	for i := range rcrashExpired {
+		if commits[rcrashID(true, i)] == 1 {
+			once++
+		}
+	}
+	t.Logf("kills by moment: %v; final pass: %d cleared, %d failed", kinds, st.Cleared, st.Failed)
+	t.Logf("expired ids committed exactly once: %d of %d; %s", once, rcrashExpired, v.summary())
+	var afterOrphan, afterDouble, unseen int
+	for id := range v.ids["committed twice"] {
+		switch {
+		case v.ids["marker without state"][id]:
+			afterOrphan++
+		case v.ids["two markers"][id]:
+			afterDouble++
+		default:
+			unseen++
+		}
+	}
+	t.Logf("ids committed twice: %d seen before with a marker and no state, %d with two markers, %d in neither state at a check",
+		afterOrphan, afterDouble, unseen)
+	assert.Equal(t, rcrashExpired, once, "expired ids committed exactly once")
+	v.report(t)
+}
+
+// rcrashWait reads the child's lines until the k-th of kind ("reschedule"
+// counts PUT and MOVE lines), and returns kind, or "idle" when the child
+// printed no such line within d.
+func rcrashWait(lines <-chan string, kind string, k int, d time.Duration) string {
+	deadline := time.After(d)
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				return "exited"
+			}
+			switch {
+			case kind == "clear" && line == "CLEAR",
+				kind == "reschedule" && (line == "PUT" || line == "MOVE"),
+				kind == "timeout" && line == "TIMEOUT":
+				if k--; k == 0 {
+					return kind
+				}
+			}
+		case <-deadline:
+			return "idle"
+		}
+	}
+}
+
+// rcrashSetup writes every entity's state and marker.
+func rcrashSetup(t *testing.T, admin *redis.Client, set string) {
+	ctx := context.Background()
+	pipe := admin.Pipeline()
+	var states []string
+	add := func(expired bool, i int) {
+		id := rcrashID(expired, i)
+		states = append(states, rcrashState(set, id))
+		pipe.Set(ctx, rcrashState(set, id), "done", 0)
+		pipe.ZAdd(ctx, set, redis.Z{Member: string(rcrashMarker(expired, i))})
+	}
+	for i := range rcrashExpired {
+		add(true, i)
+	}
+	for i := range rcrashUnexpired {
+		add(false, i)
+	}
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for len(states) > 0 {
+			n := min(len(states), 1000)
+			admin.Unlink(context.Background(), states[:n]...)
+			states = states[n:]
+		}
+	})
+}
+
+// rcrashSettle waits until the server has no connection of the killed
+// child left, so that no command it sent is still to run, and until the
+// monitor has read every line up to now.
+func rcrashSettle(t *testing.T, admin *redis.Client, mon *monitor, n int) {
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		list, err := admin.ClientList(ctx).Result()
+		return err == nil && !strings.Contains(list, "name="+rcrashChild)
+	}, 10*time.Second, 5*time.Millisecond, "the killed child's connections close")
+	mon.sync(t, admin, fmt.Sprintf("rcrash-sync-%d", n))
+}
+
+// rcrashViolations collects the ids each check after a kill found at
+// fault, by kind of fault, and the first few findings.
+type rcrashViolations struct {
+	ids      map[string]map[string]bool // kind -> ids
+	examples []string
+}
+
+// The kinds of fault, in the order a check looks for them.
+var rcrashKinds = []string{"committed twice", "lost", "marker without state", "two markers", "state/commit mismatch", "unexpired touched"}
+
+func (v *rcrashViolations) add(kind, id, format string, args ...any) {
+	if v.ids == nil {
+		v.ids = map[string]map[string]bool{}
+	}
+	if v.ids[kind] == nil {
+		v.ids[kind] = map[string]bool{}
+	}
+	if v.ids[kind][id] {
+		return
+	}
+	v.ids[kind][id] = true
+	if len(v.examples) < 12 {
+		v.examples = append(v.examples, fmt.Sprintf(format, args...))
+	}
+}
+
+// check reads the store, with no child running, and checks the invariants.
+func (v *rcrashViolations) check(t *testing.T, admin *redis.Client, set string, mon *monitor, n int, kind string) {
+	ctx := context.Background()
+	markers, err := admin.ZRange(ctx, set, 0, -1).Result()
+	require.NoError(t, err)
+	perID := map[string][]string{}
+	for _, m := range markers {
+		_, id, err := retention.ParseMarkerKey(rcrashPrefix, []byte(m))
+		require.NoError(t, err, "a marker the sweep wrote")
+		perID[string(id)] = append(perID[string(id)], m)
+	}
+	pipe := admin.Pipeline()
+	exists := map[string]*redis.IntCmd{}
+	for i := range rcrashExpired {
+		exists[rcrashID(true, i)] = pipe.Exists(ctx, rcrashState(set, rcrashID(true, i)))
+	}
+	for i := range rcrashUnexpired {
+		exists[rcrashID(false, i)] = pipe.Exists(ctx, rcrashState(set, rcrashID(false, i)))
+	}
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+	commits := mon.snapshot()
+	at := fmt.Sprintf("after kill %d (%s)", n, kind)
+	for i := range rcrashExpired {
+		id := rcrashID(true, i)
+		state, m, c := exists[id].Val() == 1, len(perID[id]), commits[id]
+		switch {
+		case c > 1:
+			v.add("committed twice", id, "%s: %s committed %d times", at, id, c)
+		case state && m == 0:
+			v.add("lost", id, "%s: %s has its state and no marker: never cleared", at, id)
+		case !state && m > 0:
+			v.add("marker without state", id, "%s: %s has %d markers and no state: it will be cleared again", at, id, m)
+		case m > 1:
+			v.add("two markers", id, "%s: %s has %d markers %q", at, id, m, perID[id])
+		case state == (c == 1):
+			v.add("state/commit mismatch", id, "%s: %s: state present %v, %d commits", at, id, state, c)
+		}
+	}
+	for i := range rcrashUnexpired {
+		id := rcrashID(false, i)
+		if exists[id].Val() != 1 || commits[id] != 0 || len(perID[id]) != 1 || perID[id][0] != string(rcrashMarker(false, i)) {
+			v.add("unexpired touched", id, "%s: unexpired %s touched: state %d, commits %d, markers %q", at, id, exists[id].Val(), commits[id], perID[id])
+		}
+	}
+}
+
+// summary counts the ids at fault, by kind.
+func (v *rcrashViolations) summary() string {
+	parts := make([]string, len(rcrashKinds))
+	for i, kind := range rcrashKinds {
+		parts[i] = fmt.Sprintf("%s %d", kind, len(v.ids[kind]))
+	}
+	return "ids at fault: " + strings.Join(parts, ", ")
+}
+
+func (v *rcrashViolations) report(t *testing.T) {
+	if len(v.examples) > 0 {
+		t.Errorf("%s; first findings:\n%s", v.summary(), strings.Join(v.examples, "\n"))
+	}
+}
+
+// monitor counts, from a MONITOR connection, the commits of the clear
+// script per id: its UNLINKs of state keys under statePrefix.
+type monitor struct {
+	conn        net.Conn
+	statePrefix string
+	done        chan struct{}
+
+	mu      sync.Mutex
+	commits map[string]int
+	seen    map[string]chan struct{} // sync tokens waited for
+	err     error
+}
+
+func newMonitor(t *testing.T, addr, statePrefix string) *monitor {
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	_, err = io.WriteString(conn, "MONITOR\r\n")
+	require.NoError(t, err)
+	m := &monitor{conn: conn, statePrefix: statePrefix, done: make(chan struct{}),
+		commits: map[string]int{}, seen: map[string]chan struct{}{}}
+	go m.read()
+	t.Cleanup(func() {
+		conn.Close()
+		<-m.done
+	})
+	return m
+}
+
+func (m *monitor) read() {
+	defer close(m.done)
+	r := bufio.NewReaderSize(m.conn, 1<<20)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			m.mu.Lock()
+			m.err = err
+			m.mu.Unlock()
+			return
+		}
+		m.line(strings.TrimRight(line, "\r\n"))
+	}
+}
+
+// line takes one line of MONITOR: +<time> [<db> <client>] "cmd" "arg" ...
+func (m *monitor) line(line string) {
+	_, rest, ok := strings.Cut(line, "[")
+	if !ok {
+		return
+	}
+	client, rest, ok := strings.Cut(rest, "] ")
+	if !ok {
+		return
+	}
+	args := strings.Split(strings.Trim(rest, `"`), `" "`)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case strings.HasSuffix(client, " lua") && strings.EqualFold(args[0], "unlink"):
+		for _, key := range args[1:] {
+			if id, ok := strings.CutPrefix(key, m.statePrefix); ok {
+				m.commits[id]++
+			}
+		}
+	case strings.EqualFold(args[0], "echo") && len(args) == 2:
+		if ch, ok := m.seen[args[1]]; ok {
+			close(ch)
+			delete(m.seen, args[1])
+		}
+	}
+}
+
+// sync sends token with ECHO and waits until the monitor read it: every
+// command the server ran before is counted then.
+func (m *monitor) sync(t *testing.T, admin *redis.Client, token string) {
+	ch := make(chan struct{})
+	m.mu.Lock()
+	m.seen[token] = ch
+	m.mu.Unlock()
+	require.NoError(t, admin.Echo(context.Background(), token).Err())
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		require.Failf(t, "the monitor did not see the sync token", "%s: %v", token, m.err)
+	}
+}
+
+func (m *monitor) snapshot() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]int, len(m.commits))
+	for id, n := range m.commits {
+		out[id] = n
+	}
+	return out
+}
+
+// rcrashRun is the child: it sweeps until it is killed, printing a line
+// for each commit (CLEAR), reschedule (PUT, MOVE) and clear that committed
+// and timed out (TIMEOUT).
+func rcrashRun(t *testing.T, set string) {
+	startNs, err := strconv.ParseInt(os.Getenv(rcrashEnvStart), 10, 64)
+	require.NoError(t, err)
+	seed, err := strconv.ParseUint(os.Getenv(rcrashEnvSeed), 10, 64)
+	require.NoError(t, err)
+	conc, err := strconv.Atoi(os.Getenv(rcrashEnvConc))
+	require.NoError(t, err)
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("RETENTION_REDIS_ADDR"), ClientName: rcrashChild, PoolSize: 8})
+	kv, err := rediskv.New(rdb, set)
+	require.NoError(t, err)
+	akv, err := kv.WithClear(rcrashKeysFunc(set))
+	require.NoError(t, err)
+	f := &faultyKV{AtomicKV: akv, rng: rand.New(rand.NewPCG(seed, seed))}
+	s, err := retention.New(f, retention.Config{
+		Prefix: rcrashPrefix, Retention: rcrashRetention,
+		BatchSize: 50, PageSize: 200, Concurrency: conc,
+		ClearTimeout: rcrashTimeout, RetryDelay: 200 * time.Millisecond, MaxRetryDelay: 2 * time.Second,
+		Clock:  rcrashClock{time.Unix(0, startNs)},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	err = s.Run(context.Background())
+	t.Fatalf("Run returned %v before the kill", err)
+}
+
+// faultyKV is the child's store: the AtomicKV, with faults in its clears,
+// and a line printed for every write the parent may kill on.
+type faultyKV struct {
+	*rediskv.AtomicKV
+	mu  sync.Mutex
+	rng *rand.Rand
+}
+
+var errPoison = errors.New("rcrash: a poison id is in the batch")
+
+func say(line string) { _, _ = os.Stdout.WriteString(line + "\n") }
+
+func (f *faultyKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	for _, id := range ids {
+		if rcrashPoison(id) {
+			return errPoison // the sweep bisects the batch down to the id
+		}
+	}
+	f.mu.Lock()
+	lostReply := f.rng.IntN(12) == 0
+	f.mu.Unlock()
+	if err := f.AtomicKV.ClearAndDelete(ctx, ids, keys); err != nil {
+		return err
+	}
+	say("CLEAR")
+	if lostReply {
+		<-ctx.Done() // ClearTimeout: the reply never came
+		say("TIMEOUT")
+		return ctx.Err()
+	}
+	return nil
+}
+
+// Put and Move widen the window after a reschedule a little, so that a
+// kill on its line lands there more often.
+func (f *faultyKV) Put(ctx context.Context, key, value []byte) error {
+	err := f.AtomicKV.Put(ctx, key, value)
+	if err == nil {
+		say("PUT")
+		time.Sleep(time.Millisecond)
+	}
+	return err
+}
+
+func (f *faultyKV) Move(ctx context.Context, from, to [][]byte) error {
+	err := f.AtomicKV.Move(ctx, from, to)
+	if err == nil {
+		say("MOVE")
+		time.Sleep(time.Millisecond)
+	}
+	return err
+}
