@@ -180,6 +180,7 @@ type fencedKV struct {
 var (
 	_ retention.KV     = (*fencedKV)(nil)
 	_ retention.Putter = (*fencedKV)(nil)
+	_ retention.Mover  = (*fencedKV)(nil)
 )
 
 func (f *fencedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
@@ -194,19 +195,7 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ops := make([]clientv3.Op, 0, min(len(keys), f.kv.maxOps))
-	for len(keys) > 0 {
-		n := min(len(keys), f.kv.maxOps)
-		ops = ops[:0]
-		for _, key := range keys[:n] {
-			ops = append(ops, clientv3.OpDelete(f.kv.ns+string(key)))
-		}
-		if err := f.commit(ctx, fmt.Sprintf("delete %d keys", n), ops); err != nil {
-			return err
-		}
-		keys = keys[n:]
-	}
-	return nil
+	return f.kv.deleteIf(ctx, f, keys)
 }
 
 func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
@@ -214,6 +203,20 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 		return err
 	}
 	return f.commit(ctx, "put", []clientv3.Op{clientv3.OpPut(f.kv.ns+string(key), string(value))})
+}
+
+// Move is KV.Move with every transaction conditioned on the lock: the If
+// of the transaction holds the lock's check and the Then its pairs, each a
+// nested transaction whose If checks that its from key exists, so that
+// both are checked in the revision that moves the key.
+func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(from) != len(to) {
+		return fmt.Errorf("etcdkv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	return f.kv.moveIf(ctx, f, from, to)
 }
 
 func (f *fencedKV) commit(ctx context.Context, op string, ops []clientv3.Op) error {

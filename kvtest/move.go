@@ -23,6 +23,9 @@ func mover(t *testing.T, s Store) retention.Mover {
 func move(t *testing.T, m retention.Mover, from, to []string) {
 	t.Helper()
 	if err := m.Move(ctxFor(t), bytesOf(from), bytesOf(to)); err != nil {
+		if len(from) > 4 {
+			t.Fatalf("Move(%d keys from %q, to %q) error = %v", len(from), from[0], to[0], err)
+		}
 		t.Fatalf("Move(%q, %q) error = %v", from, to, err)
 	}
 }
