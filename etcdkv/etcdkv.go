@@ -2,12 +2,15 @@
 // the clientv3 API, so that replicas of a service can sweep one shared store.
 //
 // Delete batches the keys into transactions of at most Options.MaxTxnOps
-// operations each, the server's per-transaction limit. Write a marker by
-// adding MarkOp's operation to the Txn that records the entity's terminal
-// state (MarkKeyOp's, with the key of Sweep.MarkerKey, for a sweep with its
-// own id rule). Replicas that share the keys take turns with a Locker, whose
-// leases fence the KV: a holder's deletes are transactions that apply only
-// while its lock key still exists.
+// operations each, the server's per-transaction limit; Move, with which a
+// sweep reschedules a failed marker, moves each key in a nested
+// transaction that checks it exists. Write a marker by adding MarkOp's
+// operation to the Txn that records the entity's terminal state
+// (MarkKeyOp's, with the key of Sweep.MarkerKey, for a sweep with its own
+// id rule). Replicas that share the keys take turns with a Locker, whose
+// leases fence the KV: a holder's writes are transactions that apply only
+// while its lock key still exists, also when they go through a KV of yours
+// that wraps this one (see retention.Fenced).
 //
 // The caller owns the client and closes it; a KV never does.
 //
@@ -73,8 +76,9 @@ const DefaultMaxTxnOps = 128
 
 // Options tune a KV. A nil *Options means the defaults.
 type Options struct {
-	// MaxTxnOps is the most deletes sent in one transaction; set it to the
-	// server's --max-txn-ops. Zero means DefaultMaxTxnOps.
+	// MaxTxnOps is the most deletes sent in one transaction, and two more
+	// than the most keys Move moves in one; set it to the server's
+	// --max-txn-ops. Zero means DefaultMaxTxnOps.
 	MaxTxnOps int
 }
 

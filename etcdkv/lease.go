@@ -36,9 +36,9 @@ type LockerOptions struct {
 	// the TTL after it sent the last renewal etcd answered (or the Grant),
 	// less the margin. etcd restarts a lease's TTL when it receives a
 	// renewal, after it was sent, so the holder gives up first. With the
-	// default 10s, a holder cut off from etcd stops sweeping at most 9s
-	// after its last renewal went out, and another replica can take over
-	// 10s after it.
+	// default 10s, a holder cut off from etcd considers the lease lost 9s
+	// after its last renewal went out; etcd keeps it for at least 10s
+	// after, and only then can another replica take it.
 	TTL time.Duration
 }
 
@@ -257,9 +257,10 @@ func (e *etcdLease) Release(ctx context.Context) error {
 	return e.err
 }
 
-// Fence implements retention.Fencer for a *KV: its writes are transactions
-// conditioned on the lock, sent through the KV's own client with its
-// namespace. The lock key is compared as the Locker's client names it, so
+// Fence implements retention.Fencer for a *KV: its writes (Delete, Put and
+// Move) are transactions conditioned on the lock, sent through the KV's own
+// client with its namespace. The *KV's own write methods apply the same
+// view when their context carries this lease's fence (retention.Fenced). The lock key is compared as the Locker's client names it, so
 // the KV's client must not add a namespace of its own (clientv3/namespace):
 // the check would then never find the key and refuse every write.
 func (e *etcdLease) Fence(kv retention.KV) (retention.KV, bool) {

@@ -8,7 +8,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/etcdkv"
 	"github.com/marksweep/retention/kvtest"
 	"github.com/marksweep/retention/leasetest"
@@ -60,4 +62,33 @@ func TestLostBeforeExpiry(t *testing.T) {
 	resp, err := admin.Get(ctx, ns+"lease/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	require.NoError(t, err)
 	require.EqualValues(t, 1, resp.Count, "the holder's lock key is gone already")
+}
+
+// TestExcludesConcurrencyMutex: a Locker and a concurrency.Mutex on the
+// same name exclude each other, either way round, as holders of an older
+// version of this package (which took a concurrency.Mutex) and of this one
+// must during a rolling upgrade.
+func TestExcludesConcurrencyMutex(t *testing.T) {
+	cli := connect(t)
+	ns := freshNamespace(t, cli)
+	ctx := context.Background()
+	name := ns + "lease"
+	locker, err := etcdkv.NewLocker(cli, name, &etcdkv.LockerOptions{TTL: leaseTTL})
+	require.NoError(t, err)
+
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(int(leaseTTL/time.Second)))
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, sess.Close()) }()
+	mu := concurrency.NewMutex(sess, name)
+	require.NoError(t, mu.TryLock(ctx))
+	_, err = locker.TryAcquire(ctx)
+	require.ErrorIs(t, err, retention.ErrLeaseHeld, "TryAcquire while a concurrency.Mutex holds the name")
+	require.NoError(t, mu.Unlock(ctx))
+
+	lease, err := locker.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.ErrorIs(t, concurrency.NewMutex(sess, name).TryLock(ctx), concurrency.ErrLocked,
+		"concurrency.Mutex.TryLock while a Locker holds the name")
+	require.NoError(t, lease.Release(ctx))
+	require.NoError(t, concurrency.NewMutex(sess, name).TryLock(ctx), "TryLock after Release")
 }
