@@ -4,7 +4,8 @@
 // entity is cleared exactly once, a dead holder is replaced within the
 // lease's TTL, a holder that loses its lease deletes nothing more, and a
 // lease that implements retention.Fencer has its store refuse the writes of
-// a holder it no longer names.
+// a holder it no longer names, also through a KV the user wraps around the
+// adapter's.
 //
 // An adapter's test calls Run with a function that sets up a fresh store
 // and returns a Harness over it. RunProcesses proves the same with
