@@ -30,7 +30,11 @@ type KV struct {
 	bucket []byte
 }
 
-var _ retention.KV = (*KV)(nil)
+var (
+	_ retention.KV     = (*KV)(nil)
+	_ retention.Putter = (*KV)(nil)
+	_ retention.Mover  = (*KV)(nil)
+)
 
 // New returns a KV over the named top-level bucket of db, creating the
 // bucket if it does not exist.
@@ -100,9 +104,7 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // Put writes key with value in its own write transaction. It makes KV a
-// retention.Putter: retention.Mark uses it, and a Sweep reschedules a
-// marker whose Clear failed with it (one write transaction per failed
-// marker).
+// retention.Putter: retention.Mark uses it.
 func (k *KV) Put(ctx context.Context, key, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -113,6 +115,40 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 			return err
 		}
 		return b.Put(key, value)
+	}))
+}
+
+// Move implements retention.Mover: every pair is moved in one write
+// transaction, so all of them commit or none does. A pair whose from key
+// is missing (deleted by another process sharing the file) writes nothing.
+// A Sweep reschedules the markers of failed Clears with it, so a crash
+// never leaves a marker at both its old key and its new one.
+func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(from) != len(to) {
+		return fmt.Errorf("boltkv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	return k.wrap("move", k.db.Update(func(tx *bbolt.Tx) error {
+		b, err := k.bucketOf(tx)
+		if err != nil {
+			return err
+		}
+		for i, key := range from {
+			// Get cannot tell a missing key from one with an empty value,
+			// which is what markers have: seek for the key itself.
+			if found, _ := b.Cursor().Seek(key); !bytes.Equal(found, key) {
+				continue
+			}
+			if err := b.Delete(key); err != nil {
+				return err
+			}
+			if err := b.Put(to[i], []byte{}); err != nil {
+				return err
+			}
+		}
+		return nil
 	}))
 }
 

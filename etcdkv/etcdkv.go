@@ -2,12 +2,15 @@
 // the clientv3 API, so that replicas of a service can sweep one shared store.
 //
 // Delete batches the keys into transactions of at most Options.MaxTxnOps
-// operations each, the server's per-transaction limit. Write a marker by
-// adding MarkOp's operation to the Txn that records the entity's terminal
-// state (MarkKeyOp's, with the key of Sweep.MarkerKey, for a sweep with its
-// own id rule). Replicas that share the keys take turns with a Locker, whose
-// leases fence the KV: a holder's deletes are transactions that apply only
-// while its lock key still exists.
+// operations each, the server's per-transaction limit; Move, with which a
+// sweep reschedules a failed marker, moves each key in a nested
+// transaction that checks it exists. Write a marker by adding MarkOp's
+// operation to the Txn that records the entity's terminal state
+// (MarkKeyOp's, with the key of Sweep.MarkerKey, for a sweep with its own
+// id rule). Replicas that share the keys take turns with a Locker, whose
+// leases fence the KV: a holder's writes are transactions that apply only
+// while its lock key still exists, also when they go through a KV of yours
+// that wraps this one (see retention.Fenced).
 //
 // The caller owns the client and closes it; a KV never does.
 //
@@ -73,8 +76,9 @@ const DefaultMaxTxnOps = 128
 
 // Options tune a KV. A nil *Options means the defaults.
 type Options struct {
-	// MaxTxnOps is the most deletes sent in one transaction; set it to the
-	// server's --max-txn-ops. Zero means DefaultMaxTxnOps.
+	// MaxTxnOps is the most deletes sent in one transaction, and two more
+	// than the most keys Move moves in one; set it to the server's
+	// --max-txn-ops. Zero means DefaultMaxTxnOps.
 	MaxTxnOps int
 }
 
@@ -87,7 +91,11 @@ type KV struct {
 	families families // where Scan's windows go: hints, never needed for correctness
 }
 
-var _ retention.KV = (*KV)(nil)
+var (
+	_ retention.KV     = (*KV)(nil)
+	_ retention.Putter = (*KV)(nil)
+	_ retention.Mover  = (*KV)(nil)
+)
 
 // New returns a KV whose keys live in etcd under namespace, which must not
 // be empty (e.g. "myservice/retention/"). kv is usually a *clientv3.Client.
@@ -193,10 +201,24 @@ func (k *KV) get(ctx context.Context, start, end []byte, limit int) ([][]byte, i
 
 // Delete implements retention.KV: the keys go in transactions of at most
 // MaxTxnOps deletes. A failure can leave earlier transactions applied.
+// Under a Locker's lease carried by ctx (see retention.Fenced), the
+// transactions are fenced by it.
 func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if view, err := k.fenced(ctx); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		return view.Delete(ctx, keys...)
+	}
+	return k.deleteIf(ctx, nil, keys)
+}
+
+// deleteIf deletes keys in transactions of at most MaxTxnOps deletes, each
+// fenced by fence when it is not nil.
+func (k *KV) deleteIf(ctx context.Context, fence *fencedKV, keys [][]byte) error {
 	ops := make([]clientv3.Op, 0, min(len(keys), k.maxOps))
 	for len(keys) > 0 {
 		n := min(len(keys), k.maxOps)
@@ -204,8 +226,8 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 		for _, key := range keys[:n] {
 			ops = append(ops, clientv3.OpDelete(k.ns+string(key)))
 		}
-		if _, err := k.kv.Txn(ctx).Then(ops...).Commit(); err != nil {
-			return wrap(ctx, fmt.Sprintf("delete %d keys", n), err)
+		if err := k.commit(ctx, fence, fmt.Sprintf("delete %d keys", n), ops); err != nil {
+			return err
 		}
 		keys = keys[n:]
 	}
@@ -213,13 +235,116 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // Put writes key with value under the namespace. It makes KV a
-// retention.Putter.
+// retention.Putter. Under a Locker's lease carried by ctx (see
+// retention.Fenced), the write is fenced by it.
 func (k *KV) Put(ctx context.Context, key, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if _, err := k.kv.Put(ctx, k.ns+string(key), string(value)); err != nil {
-		return wrap(ctx, "put", err)
+	if view, err := k.fenced(ctx); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		p, ok := view.(retention.Putter)
+		if !ok {
+			return unfencedOp(view, "Put")
+		}
+		return p.Put(ctx, key, value)
+	}
+	return k.commit(ctx, nil, "put", []clientv3.Op{clientv3.OpPut(k.ns+string(key), string(value))})
+}
+
+// Move implements retention.Mover. Each pair is a nested transaction that
+// deletes from[i] and writes to[i] only if from[i] exists (its create
+// revision is not 0), and up to MaxTxnOps-2 pairs go in one transaction
+// (etcd counts a nested transaction's operations against what its parent
+// left of the limit); a call with more pairs, or with a key in two pairs,
+// takes several, each applied whole, and a failure can leave earlier ones
+// applied. It needs etcd 3.3 or later (nested transactions) and a
+// MaxTxnOps of at least 3. Under a Locker's lease carried by ctx (see
+// retention.Fenced), every transaction is fenced by it.
+func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(from) != len(to) {
+		return fmt.Errorf("etcdkv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	if view, err := k.fenced(ctx); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		m, ok := view.(retention.Mover)
+		if !ok {
+			return unfencedOp(view, "Move")
+		}
+		return m.Move(ctx, from, to)
+	}
+	return k.moveIf(ctx, nil, from, to)
+}
+
+// moveIf moves the pairs in transactions of at most MaxTxnOps pairs, each
+// fenced by fence when it is not nil. etcd refuses a transaction that
+// writes one key twice, so a pair that shares a key with an earlier pair
+// of the batch starts the next one: the pairs then apply in order, as one
+// after the other would.
+func (k *KV) moveIf(ctx context.Context, fence *fencedKV, from, to [][]byte) error {
+	// etcd lets a nested transaction hold only what the outer branch left
+	// of MaxTxnOps: a pair takes 2, so one transaction holds MaxTxnOps-2.
+	perTxn := max(k.maxOps-2, 1)
+	ops := make([]clientv3.Op, 0, min(len(from), perTxn))
+	batch := make(map[string]bool, 2*cap(ops))
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		err := k.commit(ctx, fence, fmt.Sprintf("move %d keys", len(ops)), ops)
+		ops = ops[:0]
+		clear(batch)
+		return err
+	}
+	for i := range from {
+		f, t := k.ns+string(from[i]), k.ns+string(to[i])
+		if len(ops) == perTxn || batch[f] || batch[t] {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		batch[f], batch[t] = true, true
+		exists := clientv3.Compare(clientv3.CreateRevision(f), ">", 0)
+		if f == t {
+			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{exists}, []clientv3.Op{clientv3.OpPut(t, "")}, nil))
+			continue
+		}
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{exists}, []clientv3.Op{clientv3.OpDelete(f), clientv3.OpPut(t, "")}, nil))
+	}
+	return flush()
+}
+
+// fenced returns the view of k fenced by the lease ctx carries, or nil
+// when ctx carries none. A view of this package's leases writes through
+// k's unexported methods, never back through Delete, Put or Move.
+func (k *KV) fenced(ctx context.Context) (retention.KV, error) {
+	view, err := retention.Fenced(ctx, k)
+	if err != nil {
+		return nil, fmt.Errorf("etcdkv: %w", err)
+	}
+	return view, nil
+}
+
+// unfencedOp is the error of a write the fence's view cannot make.
+func unfencedOp(view retention.KV, op string) error {
+	return fmt.Errorf("etcdkv: the fenced view (%T) has no %s: %w", view, op, retention.ErrUnfenced)
+}
+
+// commit sends ops in one transaction: fenced by the lease of fence when
+// it is not nil, else unconditionally.
+func (k *KV) commit(ctx context.Context, fence *fencedKV, op string, ops []clientv3.Op) error {
+	if fence != nil {
+		return fence.commit(ctx, op, ops)
+	}
+	if _, err := k.kv.Txn(ctx).Then(ops...).Commit(); err != nil {
+		return wrap(ctx, op, err)
 	}
 	return nil
 }

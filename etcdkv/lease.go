@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/marksweep/retention"
 )
@@ -28,20 +28,38 @@ type LockerOptions struct {
 	// outlives a holder whose keep-alives stop. It is rounded up to whole
 	// seconds, etcd's granularity, and must be at least MinLeaseTTL; etcd
 	// may raise very short TTLs to its own minimum (1.5 times its election
-	// timeout). Zero means DefaultLeaseTTL.
+	// timeout), and the Locker then goes by the TTL etcd granted. Zero
+	// means DefaultLeaseTTL.
+	//
+	// The holder renews the lease every third of the TTL, and considers it
+	// lost (closes Lost) a tenth of the TTL before etcd could expire it:
+	// the TTL after it sent the last renewal etcd answered (or the Grant),
+	// less the margin. etcd restarts a lease's TTL when it receives a
+	// renewal, after it was sent, so the holder gives up first. With the
+	// default 10s, a holder cut off from etcd considers the lease lost 9s
+	// after its last renewal went out; etcd keeps it for at least 10s
+	// after, and only then can another replica take it.
 	TTL time.Duration
 }
 
-// Locker is a retention.Locker built on etcd's concurrency package: each
-// attempt grants an etcd lease, keeps it alive in a session, and takes a
-// concurrency.Mutex on it. When the holder dies its keep-alives stop and
-// etcd drops the lease, and with it the mutex, after the TTL. Create one
-// with NewLocker.
+// Locker is a retention.Locker on etcd: each attempt grants an etcd lease
+// and takes a mutex under the key prefix name with it, with the keys and
+// order of concurrency.Mutex (the key name/<lease ID in hex>, written with
+// the lease; the holder is the key created first), so that it excludes
+// holders of concurrency.Mutex on the same name too. The Locker keeps the
+// lease alive itself rather than through a concurrency.Session, whose
+// keep-alives report a loss only once etcd has expired the lease, so that
+// its leases count down from the send time of each renewal and give up a
+// margin before etcd can expire them (see LockerOptions.TTL). When the
+// holder dies its renewals stop and etcd drops the lease, and with it the
+// mutex key, after the TTL. Create one with NewLocker.
 //
 // Its leases are retention.Fencers for a *KV on the same cluster: a fenced
-// Delete or Put is a Txn whose If is the mutex's ownership check (its key
-// still exists with the revision that created it), so that etcd applies it
-// only while the lock is held, in the same revision that checks it.
+// Delete, Put or Move is a Txn whose If is the mutex's ownership check
+// (its key still exists with the revision that created it), so that etcd
+// applies it only while the lock is held, in the same revision that checks
+// it. A *KV also applies a lease's fence that its context carries
+// (retention.Fenced), so a KV wrapped by the caller is fenced too.
 type Locker struct {
 	cli  *clientv3.Client
 	name string
@@ -73,52 +91,89 @@ func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	sent := time.Now()
 	grant, err := l.cli.Grant(ctx, int64(l.ttl))
 	if err != nil {
 		return nil, wrap(ctx, "grant lease", err)
 	}
-	// The session keeps the lease alive under the client's own context, not
-	// ctx: the lease must outlive this call.
-	sess, err := concurrency.NewSession(l.cli, concurrency.WithLease(grant.ID), concurrency.WithTTL(l.ttl))
-	if err != nil {
+	e := &etcdLease{
+		cli:  l.cli,
+		id:   grant.ID,
+		name: l.name,
+		ttl:  time.Duration(grant.TTL) * time.Second,
+		lost: make(chan struct{}),
+	}
+	if err := e.lock(ctx); err != nil {
 		_, _ = l.cli.Revoke(context.WithoutCancel(ctx), grant.ID)
-		return nil, wrap(ctx, "start lease session", err)
+		return nil, err
 	}
-	m := concurrency.NewMutex(sess, l.name)
-	if err := m.TryLock(ctx); err != nil {
-		_ = sess.Close()
-		if errors.Is(err, concurrency.ErrLocked) {
-			return nil, fmt.Errorf("etcdkv: lease %q: %w", l.name, retention.ErrLeaseHeld)
-		}
-		return nil, wrap(ctx, "lock "+l.name, err)
-	}
-	e := &etcdLease{sess: sess, name: l.name, owner: m.IsOwner(), lost: make(chan struct{}), stop: make(chan struct{})}
-	e.wg.Go(e.watch)
+	// The renewals run under a context of their own, not ctx: the lease
+	// must outlive this call.
+	kctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	e.wg.Go(func() { e.keepAlive(kctx, sent) })
 	return e, nil
 }
 
+// leaseMargin is how long before etcd could expire a lease its holder
+// considers it lost.
+func leaseMargin(ttl time.Duration) time.Duration { return ttl / 10 }
+
 type etcdLease struct {
-	sess *concurrency.Session
+	cli  *clientv3.Client
+	id   clientv3.LeaseID
 	name string
+	ttl  time.Duration // as etcd granted it
 	// owner is true while the mutex key exists with the revision that
-	// created it: TryLock deletes a key that did not get the lock, and keys
-	// created later have higher revisions, so the key's existence means
-	// the lock is held.
+	// created it: a key that did not get the lock is deleted at once, and
+	// keys created later have higher revisions, so the key's existence
+	// means the lock is held.
 	owner clientv3.Cmp
 
 	lost     chan struct{}
 	lostOnce sync.Once
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	once     sync.Once
-	err      error
+	cancel   context.CancelFunc
+	// Written by keepAlive, read by Release once it has returned.
+	expired   bool      // etcd said the lease is gone: nothing to revoke
+	expiresAt time.Time // etcd keeps the lease until then at least
+	wg        sync.WaitGroup
+	once      sync.Once
+	err       error
 }
 
 var _ retention.Fencer = (*etcdLease)(nil)
 
-// Lost closes when the session ends (keep-alives stopped getting through
-// for the TTL, or the lease was revoked or expired), when a fenced write
-// is refused, and on Release.
+// lock takes the mutex with the lease, as concurrency.Mutex.TryLock does:
+// write the key name/<lease> unless it exists, and hold the lock when the
+// oldest key under name/ is this one. It returns an error matching
+// retention.ErrLeaseHeld when another key is older.
+func (e *etcdLease) lock(ctx context.Context) error {
+	prefix := e.name + "/"
+	key := fmt.Sprintf("%s%x", prefix, int64(e.id))
+	oldest := clientv3.OpGet(prefix, clientv3.WithFirstCreate()...)
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, "", clientv3.WithLease(e.id)), oldest).
+		Else(clientv3.OpGet(key), oldest).
+		Commit()
+	if err != nil {
+		return wrap(ctx, "lock "+e.name, err)
+	}
+	rev := resp.Header.Revision
+	if !resp.Succeeded { // a fresh lease's key cannot exist; but if it does, it is ours
+		rev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+	}
+	if first := resp.Responses[1].GetResponseRange().Kvs; len(first) > 0 && first[0].CreateRevision != rev {
+		return fmt.Errorf("etcdkv: lease %q: %w", e.name, retention.ErrLeaseHeld)
+	}
+	e.owner = clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
+	return nil
+}
+
+// Lost closes a tenth of the TTL before etcd could expire the lease
+// (renewals stopped getting through), when etcd says the lease is gone
+// (revoked or expired), when the client is closed, when a fenced write is
+// refused, and on Release.
 func (e *etcdLease) Lost() <-chan struct{} { return e.lost }
 
 func (e *etcdLease) markLost() { e.lostOnce.Do(func() { close(e.lost) }) }
@@ -132,35 +187,80 @@ func (e *etcdLease) isLost() bool {
 	}
 }
 
-func (e *etcdLease) watch() {
-	select {
-	case <-e.sess.Done():
-		e.markLost()
-	case <-e.stop:
+// keepAlive renews the lease every third of its TTL until ctx is done or
+// the lease is lost. The lease counts as held until lostAt: the send time
+// of the last renewal etcd answered (at first, of the Grant) plus the TTL,
+// less the margin. It is measured from the send time because etcd renews
+// the lease when the request arrives, which is later; the client's own
+// keep-alive deadline counts from the answer, which may be after etcd
+// expired the lease.
+func (e *etcdLease) keepAlive(ctx context.Context, sent time.Time) {
+	defer e.markLost()
+	e.expiresAt = sent.Add(e.ttl)
+	lostAt := e.expiresAt.Add(-leaseMargin(e.ttl))
+	deadline := time.NewTimer(time.Until(lostAt))
+	defer deadline.Stop()
+	next := time.NewTimer(e.ttl / 3)
+	defer next.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			return
+		case <-next.C:
+		}
+		sent := time.Now()
+		// KeepAliveOnce retries until its context ends: past lostAt, a
+		// renewal would come too late anyway.
+		rctx, cancel := context.WithDeadline(ctx, lostAt)
+		resp, err := e.cli.KeepAliveOnce(rctx, e.id)
+		cancel()
+		switch {
+		case err == nil:
+			ttl := time.Duration(resp.TTL) * time.Second
+			e.expiresAt = sent.Add(ttl)
+			lostAt = e.expiresAt.Add(-leaseMargin(ttl))
+			deadline.Reset(time.Until(lostAt))
+			next.Reset(ttl / 3)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			e.expired = true
+			return
+		case e.cli.Ctx().Err() != nil:
+			return // the client was closed
+		default:
+			next.Reset(e.ttl / 20) // try again while lostAt lasts
+		}
 	}
 }
 
-// Release revokes the etcd lease, which deletes the mutex key at once.
-func (e *etcdLease) Release(context.Context) error {
+// Release revokes the etcd lease, which deletes the mutex key at once. It
+// revokes a lease its holder considers lost too: etcd may keep it until
+// the margin has passed. The revoke goes out even when ctx is done, since
+// it frees the lease for the other replicas sooner, and gives up when
+// etcd must have dropped the lease anyway, a TTL at most after the last
+// renewal: a holder cut off from etcd does not wait for it longer.
+func (e *etcdLease) Release(ctx context.Context) error {
 	e.once.Do(func() {
-		close(e.stop)
+		e.cancel()
 		e.wg.Wait()
-		select {
-		case <-e.sess.Done():
-			e.sess.Orphan() // already gone: nothing to revoke
-		default:
-			if err := e.sess.Close(); err != nil {
-				e.err = fmt.Errorf("etcdkv: release lease: %w", err)
-			}
-		}
 		e.markLost()
+		if e.expired || e.cli.Ctx().Err() != nil || !time.Now().Before(e.expiresAt) {
+			return // nothing to revoke, or no client to revoke it with
+		}
+		rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), e.expiresAt)
+		defer cancel()
+		if _, err := e.cli.Revoke(rctx, e.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			e.err = fmt.Errorf("etcdkv: release lease: %w", err)
+		}
 	})
 	return e.err
 }
 
-// Fence implements retention.Fencer for a *KV: its writes are transactions
-// conditioned on the lock, sent through the KV's own client with its
-// namespace. The lock key is compared as the Locker's client names it, so
+// Fence implements retention.Fencer for a *KV: its writes (Delete, Put and
+// Move) are transactions conditioned on the lock, sent through the KV's own
+// client with its namespace. The *KV's own write methods apply the same
+// view when their context carries this lease's fence (retention.Fenced). The lock key is compared as the Locker's client names it, so
 // the KV's client must not add a namespace of its own (clientv3/namespace):
 // the check would then never find the key and refuse every write.
 func (e *etcdLease) Fence(kv retention.KV) (retention.KV, bool) {
@@ -180,6 +280,7 @@ type fencedKV struct {
 var (
 	_ retention.KV     = (*fencedKV)(nil)
 	_ retention.Putter = (*fencedKV)(nil)
+	_ retention.Mover  = (*fencedKV)(nil)
 )
 
 func (f *fencedKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
@@ -194,19 +295,7 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ops := make([]clientv3.Op, 0, min(len(keys), f.kv.maxOps))
-	for len(keys) > 0 {
-		n := min(len(keys), f.kv.maxOps)
-		ops = ops[:0]
-		for _, key := range keys[:n] {
-			ops = append(ops, clientv3.OpDelete(f.kv.ns+string(key)))
-		}
-		if err := f.commit(ctx, fmt.Sprintf("delete %d keys", n), ops); err != nil {
-			return err
-		}
-		keys = keys[n:]
-	}
-	return nil
+	return f.kv.deleteIf(ctx, f, keys)
 }
 
 func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
@@ -214,6 +303,20 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 		return err
 	}
 	return f.commit(ctx, "put", []clientv3.Op{clientv3.OpPut(f.kv.ns+string(key), string(value))})
+}
+
+// Move is KV.Move with every transaction conditioned on the lock: the If
+// of the transaction holds the lock's check and the Then its pairs, each a
+// nested transaction whose If checks that its from key exists, so that
+// both are checked in the revision that moves the key.
+func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(from) != len(to) {
+		return fmt.Errorf("etcdkv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	return f.kv.moveIf(ctx, f, from, to)
 }
 
 func (f *fencedKV) commit(ctx context.Context, op string, ops []clientv3.Op) error {

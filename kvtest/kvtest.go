@@ -44,7 +44,11 @@ type Store struct {
 type Factory func(t testing.TB) Store
 
 // Run runs every behaviour of the KV contract against stores made by
-// newStore, each as a subtest of t.
+// newStore, each as a subtest of t. A KV that is a retention.Mover has its
+// Move checked too (the Move behaviours skip a KV that is not one): moved
+// keys are where Scan reads, a missing from key writes nothing, racing
+// Moves of one key move it once, and from and to of different lengths are
+// refused.
 func Run(t *testing.T, newStore Factory) {
 	t.Helper()
 	for _, b := range behaviours {
@@ -76,6 +80,11 @@ var behaviours = []struct {
 	{"SweepClearsExactlyExpired", testSweep},
 	{"SweepRetriesFailedClears", testSweepRetries},
 	{"SweepBacklog", testSweepBacklog},
+	// A KV that is a retention.Mover; skipped for one that is not.
+	{"MovePresentKeys", testMovePresent},
+	{"MoveSkipsMissingFrom", testMoveMissing},
+	{"MovePairsWhole", testMoveWhole},
+	{"MoveLengthsAndContext", testMoveLengths},
 }
 
 // opTimeout bounds each store call so a hung store fails instead of stalling.
@@ -498,7 +507,7 @@ func testSweepRetries(t *testing.T, s Store) {
 	if st.Cleared+st.Failed != 0 {
 		t.Errorf("second Pass() = %+v, want no Clear before the retry delay", st)
 	}
-	if isPutter && st.Scanned > 1+len(foreign) {
+	if (isPutter || isMover) && st.Scanned > 1+len(foreign) {
 		t.Errorf("second Pass() read %d keys: rescheduled markers must be past the cutoff", st.Scanned)
 	}
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -30,13 +31,16 @@ var broken = map[string]struct {
 	wrap    func(*retention.MemKV) retention.KV
 	catches []string
 }{
-	"unsorted":         {func(m *retention.MemKV) retention.KV { return unsorted{m} }, []string{"AscendingByteOrder"}},
-	"end inclusive":    {func(m *retention.MemKV) retention.KV { return endInclusive{m} }, []string{"StartInclusiveEndExclusive", "PrefixIsolation"}},
-	"limit ignored":    {func(m *retention.MemKV) retention.KV { return limitIgnored{m} }, []string{"LimitAndShortPage", "PageSizesAgree"}},
-	"short pages":      {func(m *retention.MemKV) retention.KV { return shortPages{m} }, []string{"LimitAndShortPage", "PageSizesAgree", "SweepBacklog"}},
-	"aliasing slices":  {func(m *retention.MemKV) retention.KV { return &aliasing{MemKV: m} }, []string{"CallerOwnsSlices"}},
-	"error on missing": {func(m *retention.MemKV) retention.KV { return errOnMissing{m} }, []string{"DeleteMissingKey", "BatchDelete"}},
-	"ignores context":  {func(m *retention.MemKV) retention.KV { return ignoresCtx{m} }, []string{"CancelledContext"}},
+	"unsorted":          {func(m *retention.MemKV) retention.KV { return unsorted{m} }, []string{"AscendingByteOrder"}},
+	"end inclusive":     {func(m *retention.MemKV) retention.KV { return endInclusive{m} }, []string{"StartInclusiveEndExclusive", "PrefixIsolation"}},
+	"limit ignored":     {func(m *retention.MemKV) retention.KV { return limitIgnored{m} }, []string{"LimitAndShortPage", "PageSizesAgree"}},
+	"short pages":       {func(m *retention.MemKV) retention.KV { return shortPages{m} }, []string{"LimitAndShortPage", "PageSizesAgree", "SweepBacklog"}},
+	"aliasing slices":   {func(m *retention.MemKV) retention.KV { return &aliasing{MemKV: m} }, []string{"CallerOwnsSlices"}},
+	"error on missing":  {func(m *retention.MemKV) retention.KV { return errOnMissing{m} }, []string{"DeleteMissingKey", "BatchDelete"}},
+	"ignores context":   {func(m *retention.MemKV) retention.KV { return ignoresCtx{m} }, []string{"CancelledContext"}},
+	"moves missing":     {func(m *retention.MemKV) retention.KV { return movesMissing{m} }, []string{"MoveSkipsMissingFrom"}},
+	"moves in steps":    {func(m *retention.MemKV) retention.KV { return movesInSteps{m} }, []string{"MovePairsWhole"}},
+	"moves any lengths": {func(m *retention.MemKV) retention.KV { return movesAnyLengths{m} }, []string{"MoveLengthsAndContext"}},
 }
 
 func TestBrokenKVsAreCaught(t *testing.T) {
@@ -157,6 +161,54 @@ func (k ignoresCtx) Scan(_ context.Context, start, end []byte, limit int) ([][]b
 
 func (k ignoresCtx) Delete(_ context.Context, keys ...[]byte) error {
 	return k.MemKV.Delete(context.Background(), keys...)
+}
+
+// movesMissing writes each to key whether or not its from key exists.
+type movesMissing struct{ *retention.MemKV }
+
+func (k movesMissing) Move(ctx context.Context, from, to [][]byte) error {
+	if err := k.Delete(ctx, from...); err != nil {
+		return err
+	}
+	for _, key := range to {
+		if err := k.Put(ctx, key, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// movesInSteps checks that a from key exists and moves it in separate
+// steps, with a pause between, so that racing Moves all find it.
+type movesInSteps struct{ *retention.MemKV }
+
+func (k movesInSteps) Move(ctx context.Context, from, to [][]byte) error {
+	for i, key := range from {
+		_, ok, err := k.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		time.Sleep(time.Millisecond)
+		if err := k.Put(ctx, to[i], nil); err != nil {
+			return err
+		}
+		if err := k.Delete(ctx, key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// movesAnyLengths moves the pairs it can make of from and to, and ignores
+// the rest.
+type movesAnyLengths struct{ *retention.MemKV }
+
+func (k movesAnyLengths) Move(ctx context.Context, from, to [][]byte) error {
+	n := min(len(from), len(to))
+	return k.MemKV.Move(ctx, from[:n], to[:n])
 }
 
 func BenchmarkMemKV(b *testing.B) {

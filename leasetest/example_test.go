@@ -25,7 +25,7 @@ func memHarness(testing.TB) leasetest.Harness {
 		NewReplica: func(testing.TB) leasetest.Replica {
 			killed := &atomic.Bool{}
 			return leasetest.Replica{
-				KV:     kv,
+				KV:     &memStore{MemKV: kv},
 				Locker: &memLocker{m: leases, kv: kv, ttl: ttl, killed: killed},
 				Clear: func(context.Context, string) error {
 					return nil

@@ -4,7 +4,8 @@
 // entity is cleared exactly once, a dead holder is replaced within the
 // lease's TTL, a holder that loses its lease deletes nothing more, and a
 // lease that implements retention.Fencer has its store refuse the writes of
-// a holder it no longer names.
+// a holder it no longer names, also through a KV the user wraps around the
+// adapter's.
 //
 // An adapter's test calls Run with a function that sets up a fresh store
 // and returns a Harness over it. RunProcesses proves the same with
@@ -61,7 +62,8 @@ type Harness struct {
 	TTL time.Duration
 
 	// Unfenced says that the Locker's leases do not implement
-	// retention.Fencer; FencedWrites is then skipped. Leave it false for a
+	// retention.Fencer; FencedWrites and FenceThroughWrapper are then
+	// skipped. Leave it false for a
 	// Locker that fences: the suite then fails if a lease does not.
 	Unfenced bool
 }
@@ -80,10 +82,17 @@ type Harness struct {
 //   - NoDeleteAfterLoss: the holder loses its lease mid-pass; no delete of
 //     it succeeds once it knows, and another replica finishes the work;
 //   - FencedWrites: a lease fences the replica's KV (and not a wrapped
-//     one): fenced Delete and Put work while it is held, and once the lease
-//     was taken away from outside and another replica acquired it, before
-//     the old holder noticed, they are refused with retention.ErrLeaseLost,
-//     change nothing, and Lost is closed;
+//     one): fenced Delete, Put and Move (as far as the KV has them) work
+//     while it is held, and once the lease was taken away from outside and
+//     another replica acquired it, before the old holder noticed, they are
+//     refused with retention.ErrLeaseLost, change nothing, and Lost is
+//     closed;
+//   - FenceThroughWrapper: a sweep under the lease over a KV that wraps the
+//     replica's (forwarding every call, with an Unwrap method); the lease
+//     is taken away mid-pass and another replica acquires it; no Delete
+//     through the wrapper that begins after that succeeds: the replica's
+//     KV applies the fence Run puts on each write's context
+//     (retention.Fenced);
 //   - LeasedPass: Sweep.LeasedPass is refused with retention.ErrLeaseHeld
 //     while another replica holds the lease, clears every due entity once
 //     it is free, and releases the lease after its pass.
@@ -96,6 +105,7 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("TakeoverAfterKill", func(t *testing.T) { testTakeover(t, newHarness(t)) })
 	t.Run("NoDeleteAfterLoss", func(t *testing.T) { testLoss(t, newHarness(t)) })
 	t.Run("FencedWrites", func(t *testing.T) { testFence(t, newHarness(t)) })
+	t.Run("FenceThroughWrapper", func(t *testing.T) { testWrapper(t, newHarness(t)) })
 	t.Run("LeasedPass", func(t *testing.T) { testLeasedPass(t, newHarness(t)) })
 }
 
@@ -550,30 +560,40 @@ func testFence(t *testing.T, h Harness) {
 	if canPut && !fencedPut {
 		t.Errorf("the fenced KV (%T) is not a retention.Putter although the KV (%T) is", fa, a.KV)
 	}
+	_, canMove := a.KV.(retention.Mover)
+	moveA, fencedMove := fa.(retention.Mover)
+	if canMove && !fencedMove {
+		t.Errorf("the fenced KV (%T) is not a retention.Mover although the KV (%T) is", fa, a.KV)
+	}
 
 	const prefix = "fence/"
 	at := start.Add(-time.Hour)
-	if err := h.Finish(ctx, prefix, []string{"held", "taken", "kept"}, at); err != nil {
+	if err := h.Finish(ctx, prefix, []string{"held", "taken", "kept", "move-held", "move-taken"}, at); err != nil {
 		t.Fatalf("Finish = %v", err)
 	}
-	key := func(id string) []byte {
+	keyAt := func(at time.Time, id string) []byte {
 		k, err := retention.MarkerKey(prefix, at, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return k
 	}
-	present := func(id string) bool {
+	key := func(id string) []byte { return keyAt(at, id) }
+	movedKey := func(id string) []byte { return keyAt(at.Add(time.Minute), id) }
+	presentKey := func(k []byte) bool {
 		t.Helper()
-		k := key(id)
 		keys, err := a.KV.Scan(ctx, k, append(k, 0), 1)
 		if err != nil {
 			t.Fatalf("Scan = %v", err)
 		}
 		return len(keys) == 1
 	}
-	if keys, err := fa.Scan(ctx, []byte(prefix), []byte(prefix+"\xff"), 10); err != nil || len(keys) != 3 {
-		t.Errorf("fenced Scan = %d keys, %v; want the 3 markers", len(keys), err)
+	present := func(id string) bool {
+		t.Helper()
+		return presentKey(key(id))
+	}
+	if keys, err := fa.Scan(ctx, []byte(prefix), []byte(prefix+"\xff"), 10); err != nil || len(keys) != 5 {
+		t.Errorf("fenced Scan = %d keys, %v; want the 5 markers", len(keys), err)
 	}
 
 	// While the lease is held, fenced writes go through.
@@ -589,6 +609,14 @@ func testFence(t *testing.T, h Harness) {
 		}
 		if !present("put-held") {
 			t.Error("fenced Put while held wrote nothing")
+		}
+	}
+	if fencedMove {
+		if err := moveA.Move(ctx, [][]byte{key("move-held")}, [][]byte{movedKey("move-held")}); err != nil {
+			t.Fatalf("fenced Move while held = %v", err)
+		}
+		if present("move-held") || !presentKey(movedKey("move-held")) {
+			t.Error("fenced Move while held did not move the marker")
 		}
 	}
 
@@ -626,6 +654,15 @@ func testFence(t *testing.T, h Harness) {
 		}
 		if present("put-taken") {
 			t.Error("fenced Put by the old holder wrote the marker")
+		}
+	}
+	if fencedMove {
+		err := moveA.Move(ctx, [][]byte{key("move-taken")}, [][]byte{movedKey("move-taken")})
+		if !errors.Is(err, retention.ErrLeaseLost) {
+			t.Errorf("fenced Move by the old holder = %v, want ErrLeaseLost", err)
+		}
+		if !present("move-taken") || presentKey(movedKey("move-taken")) {
+			t.Error("fenced Move by the old holder moved the marker")
 		}
 	}
 	if noticed {

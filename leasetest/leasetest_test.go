@@ -36,10 +36,56 @@ func (m *memLeases) expire() {
 	m.token = ""
 }
 
+// memStore is the harness's KV: a MemKV whose writes apply a fence their
+// context carries (retention.Fenced), as an adapter's do, so that a KV
+// wrapped around it is fenced too. ignoresCtxFence makes it forget to.
+type memStore struct {
+	*retention.MemKV
+	ignoresCtxFence bool
+}
+
+// fenced returns the view to write through instead, if ctx carries a fence.
+func (s *memStore) fenced(ctx context.Context) (retention.KV, error) {
+	if s.ignoresCtxFence {
+		return nil, nil
+	}
+	return retention.Fenced(ctx, s)
+}
+
+func (s *memStore) Delete(ctx context.Context, keys ...[]byte) error {
+	if view, err := s.fenced(ctx); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		return view.Delete(ctx, keys...)
+	}
+	return s.MemKV.Delete(ctx, keys...)
+}
+
+func (s *memStore) Put(ctx context.Context, key, value []byte) error {
+	if view, err := s.fenced(ctx); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		return view.(retention.Putter).Put(ctx, key, value)
+	}
+	return s.MemKV.Put(ctx, key, value)
+}
+
+func (s *memStore) Move(ctx context.Context, from, to [][]byte) error {
+	if view, err := s.fenced(ctx); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		return view.(retention.Mover).Move(ctx, from, to)
+	}
+	return s.MemKV.Move(ctx, from, to)
+}
+
 // memLocker is one replica's view of memLeases; killed stops its renewals.
 type memLocker struct {
 	m      *memLeases
-	kv     *retention.MemKV // the store its leases fence
+	kv     *retention.MemKV // the store its leases fence, inside a memStore
 	ttl    time.Duration
 	killed *atomic.Bool
 }
@@ -77,7 +123,7 @@ func (e *memLease) markLost() { e.lostOnce.Do(func() { close(e.lost) }) }
 // Fence fences the MemKV of its harness: memLeases' mutex stands for the
 // store's atomicity, held across the check and the write.
 func (e *memLease) Fence(kv retention.KV) (retention.KV, bool) {
-	if m, ok := kv.(*retention.MemKV); !ok || m != e.l.kv {
+	if m, ok := kv.(*memStore); !ok || m.MemKV != e.l.kv {
 		return nil, false
 	}
 	return memFenced{e}, true
@@ -95,6 +141,10 @@ func (f memFenced) Delete(ctx context.Context, keys ...[]byte) error {
 
 func (f memFenced) Put(ctx context.Context, key, value []byte) error {
 	return f.write(func() error { return f.e.l.kv.Put(ctx, key, value) })
+}
+
+func (f memFenced) Move(ctx context.Context, from, to [][]byte) error {
+	return f.write(func() error { return f.e.l.kv.Move(ctx, from, to) })
 }
 
 func (f memFenced) write(do func() error) error {
@@ -159,14 +209,20 @@ func TestInMemory(t *testing.T) {
 	leasetest.Run(t, memHarness)
 }
 
-// Broken lockers the proofs must catch, each with the subtest that fails.
+// Broken lockers, and a broken store, that the proofs must catch, each
+// with the subtest that fails.
 var broken = map[string]struct {
 	wrap    func(retention.Locker) retention.Locker
 	catches string
+	store   func(*memStore) // breaks the replica's store, when not nil
 }{
-	"grants everyone": {func(retention.Locker) retention.Locker { return grantsAll{} }, "LockerContract"},
-	"never loses":     {func(l retention.Locker) retention.Locker { return neverLoses{l} }, "NoDeleteAfterLoss"},
-	"fences by timer": {func(l retention.Locker) retention.Locker { return timerFence{l} }, "FencedWrites"},
+	"grants everyone": {func(retention.Locker) retention.Locker { return grantsAll{} }, "LockerContract", nil},
+	"never loses":     {func(l retention.Locker) retention.Locker { return neverLoses{l} }, "NoDeleteAfterLoss", nil},
+	"fences by timer": {func(l retention.Locker) retention.Locker { return timerFence{l} }, "FencedWrites", nil},
+	// A store that does not call retention.Fenced: a sweep over a KV
+	// wrapped around it writes unfenced.
+	"store ignores the fence on ctx": {func(l retention.Locker) retention.Locker { return l }, "FenceThroughWrapper",
+		func(s *memStore) { s.ignoresCtxFence = true }},
 }
 
 // grantsAll hands a lease to every caller: no mutual exclusion.
@@ -223,10 +279,11 @@ func (f timerFence) TryAcquire(ctx context.Context) (retention.Lease, error) {
 }
 
 func (l timerFenceLease) Fence(kv retention.KV) (retention.KV, bool) {
-	if _, ok := kv.(*retention.MemKV); !ok {
+	m, ok := kv.(*memStore)
+	if !ok {
 		return nil, false
 	}
-	return timerFenced{KV: kv, lost: l.Lost()}, true
+	return timerFenced{KV: m.MemKV, lost: l.Lost()}, true
 }
 
 func (f timerFenced) check() error {
@@ -282,6 +339,9 @@ func TestBrokenChild(t *testing.T) {
 		h.NewReplica = func(t testing.TB) leasetest.Replica {
 			r := newReplica(t)
 			r.Locker = broken[name].wrap(r.Locker)
+			if breakStore := broken[name].store; breakStore != nil {
+				breakStore(r.KV.(*memStore))
+			}
 			return r
 		}
 		return h

@@ -364,7 +364,7 @@ type procFleet struct {
 type replicaProc struct {
 	cmd   *exec.Cmd
 	log   string
-	proxy *proxy
+	proxy *Proxy
 	done  chan struct{} // closed when the process has exited
 }
 
@@ -386,7 +386,7 @@ func newProcFleet(t testing.TB, e Engine) *procFleet {
 func (f *procFleet) start(env ...string) {
 	t := f.t
 	i := len(f.procs)
-	p := newProxy(t, f.e.Addr)
+	p := NewProxy(t, f.e.Addr)
 	logPath := filepath.Join(f.dir, fmt.Sprintf("replica-%d.log", i))
 	out, err := os.Create(filepath.Join(f.dir, fmt.Sprintf("replica-%d.out", i)))
 	if err != nil {
@@ -395,7 +395,7 @@ func (f *procFleet) start(env ...string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		envReplica+"="+logPath,
-		envAddr+"="+p.addr(),
+		envAddr+"="+p.Addr(),
 		envStore+"="+f.store,
 		envTTL+"="+f.e.TTL.String(),
 		envInterval+"="+procInterval.String(),
@@ -711,7 +711,7 @@ func testHostCrash(t *testing.T, e Engine) {
 	// The host vanishes: nothing gets through any more and no connection
 	// closes, as far as the server can tell; the process dies behind it.
 	crashedAt := time.Now()
-	f.procs[old].proxy.blackhole()
+	f.procs[old].proxy.Blackhole()
 	_ = f.procs[old].cmd.Process.Kill()
 	bound := e.TTL + procInterval + 5*time.Second // slack for loaded machines
 	next, acquired, ok := f.takeover(old, lease, crashedAt, bound)

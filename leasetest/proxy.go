@@ -6,10 +6,14 @@ import (
 	"testing"
 )
 
-// proxy forwards TCP connections to a server until blackhole is called;
+// Proxy forwards TCP connections to a server until Blackhole is called;
 // from then on it passes nothing in either direction and closes nothing,
-// the way a host that vanished from the network looks to the server.
-type proxy struct {
+// the way a host that vanished from the network looks to the server, and
+// the server to the client. Connect one replica's client through it (to
+// Addr) to cut that replica off while the others go on. RunProcesses gives
+// each replica process one; an adapter's own tests may use it too. Create
+// one with NewProxy.
+type Proxy struct {
 	ln     net.Listener
 	target string
 
@@ -22,20 +26,25 @@ type proxy struct {
 	once   sync.Once
 }
 
-func newProxy(t testing.TB, target string) *proxy {
+// NewProxy starts a Proxy to the server at target (host:port) on a free
+// port of 127.0.0.1. It closes every connection when t ends.
+func NewProxy(t testing.TB, target string) *Proxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{ln: ln, target: target, hole: make(chan struct{}), done: make(chan struct{})}
+	p := &Proxy{ln: ln, target: target, hole: make(chan struct{}), done: make(chan struct{})}
 	p.wg.Go(p.accept)
 	t.Cleanup(p.close)
 	return p
 }
 
-func (p *proxy) addr() string { return p.ln.Addr().String() }
+// Addr is the address (host:port) to connect to instead of the server's.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-func (p *proxy) blackhole() {
+// Blackhole stops the proxy passing data, on the connections it has and on
+// those it accepts from now on, without closing any. It cannot be undone.
+func (p *Proxy) Blackhole() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	select {
@@ -45,7 +54,7 @@ func (p *proxy) blackhole() {
 	}
 }
 
-func (p *proxy) holed() bool {
+func (p *Proxy) holed() bool {
 	select {
 	case <-p.hole:
 		return true
@@ -56,7 +65,7 @@ func (p *proxy) holed() bool {
 
 // track remembers c to close it with the proxy; false when the proxy is
 // closed already.
-func (p *proxy) track(c net.Conn) bool {
+func (p *Proxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -66,7 +75,7 @@ func (p *proxy) track(c net.Conn) bool {
 	return true
 }
 
-func (p *proxy) accept() {
+func (p *Proxy) accept() {
 	for {
 		client, err := p.ln.Accept()
 		if err != nil {
@@ -95,7 +104,7 @@ func (p *proxy) accept() {
 
 // pipe copies src to dst until either ends, or stops passing data, without
 // closing either, once the proxy is a black hole.
-func (p *proxy) pipe(dst, src net.Conn) {
+func (p *Proxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -116,7 +125,7 @@ func (p *proxy) pipe(dst, src net.Conn) {
 	}
 }
 
-func (p *proxy) close() {
+func (p *Proxy) close() {
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.closed = true
