@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -377,6 +378,9 @@ func (w *modelWorld) violate(kind, id, format string, args ...any) {
 		return
 	}
 	w.reported[kind+" "+id] = true
+	if e := w.entities[id]; e != nil && e.dup {
+		kind += " (duplicate id)" // a separate finding: the id was written with two markers
+	}
 	msg := fmt.Sprintf(format, args...)
 	w.tracef("!! %s %s: %s", kind, id, msg)
 	p := 0
@@ -548,7 +552,8 @@ func (w *modelWorld) commitEffect(id string, left int) *modelEffect {
 			w.tracef("%s committed again, allowed: %s", id, reason)
 		}
 	}
-	e.present = false
+	// Committed: whatever the reply, a read of the markers tells the sweep.
+	e.present, e.acked = false, true
 	ef := &modelEffect{pass: p.n, hadUnexpired: p.unexpiredIDs[id], leftAfter: left}
 	e.effects = append(e.effects, ef)
 	return ef
@@ -1549,7 +1554,7 @@ func TestModel(t *testing.T) {
 	const parts = 4
 	var mu sync.Mutex
 	var failing []*modelResult
-	kinds := map[string]int{}
+	kinds := map[string][]uint64{} // runs per kind of violation
 	reasons := map[string]int{}
 	var crashes, passes int
 	for part := range parts {
@@ -1569,7 +1574,7 @@ func TestModel(t *testing.T) {
 					for _, v := range res.violations {
 						if !seen[v.kind] {
 							seen[v.kind] = true
-							kinds[v.kind]++
+							kinds[v.kind] = append(kinds[v.kind], res.cfg.seed)
 						}
 					}
 				}
@@ -1587,7 +1592,13 @@ func TestModel(t *testing.T) {
 		for _, r := range failing {
 			seeds = append(seeds, strconv.FormatUint(r.cfg.seed, 10))
 		}
-		t.Errorf("%d of %d runs broke the model; runs per kind of violation: %v\nseeds: %s", len(failing), runs, kinds, strings.Join(seeds, " "))
+		var b strings.Builder
+		for _, kind := range slices.Sorted(maps.Keys(kinds)) {
+			s := kinds[kind]
+			slices.Sort(s)
+			fmt.Fprintf(&b, "\n  %s: %d runs, e.g. seeds %v", kind, len(s), s[:min(len(s), 4)])
+		}
+		t.Errorf("%d of %d runs broke the model; by kind of violation:%s\nseeds: %s", len(failing), runs, b.String(), strings.Join(seeds, " "))
 		for _, r := range failing[:min(len(failing), 3)] {
 			t.Error(r.report(false))
 		}
