@@ -63,3 +63,36 @@ func TestJoinBatch(t *testing.T) {
 	_, _, err = joinBatch(ctx, b)
 	assert.ErrorContains(t, err, "callback")
 }
+
+// FuzzRenumber: renumbering never panics, leaves a statement unchanged at
+// offset 0 (once its placeholders are spelt without leading zeros), and
+// renumbering back by the same offset restores it: quoted
+// strings and comments are found alike whatever the placeholders' digits.
+func FuzzRenumber(f *testing.F) {
+	for _, seed := range []string{
+		"SELECT $1, $2", "SELECT $1 -- $2\n, $2", "SELECT 'it''s $1', $1", `SELECT E'\'$1', $1`,
+		`SELECT "a""$1", $1`, "SELECT /* $1 /* $1 */ $1 */ $1", "SELECT $$ $1 $$, $tag$ $1 $tag$, $1",
+		"SELECT $10", "SELECT 'unterminated $1", "DELETE FROM t WHERE id = ANY($1) AND $2::int > 0",
+	} {
+		f.Add(seed, 3)
+	}
+	f.Fuzz(func(t *testing.T, sql string, offset int) {
+		if offset < 0 || offset > 1000 {
+			return
+		}
+		const nargs = 1 << 20
+		var canon, same strings.Builder
+		if err := renumber(&canon, sql, 0, nargs); err != nil {
+			return // refused: not valid UTF-8, or a placeholder out of range
+		}
+		// Offset 0 changes nothing but the spelling of a placeholder ($01
+		// is $1), and then nothing at all.
+		sql = canon.String()
+		require.NoError(t, renumber(&same, sql, 0, nargs))
+		require.Equal(t, sql, same.String(), "renumber at offset 0")
+		var up, down strings.Builder
+		require.NoError(t, renumber(&up, sql, offset, nargs))
+		require.NoError(t, renumber(&down, up.String(), -offset, nargs+offset), "renumber back %q", up.String())
+		require.Equal(t, sql, down.String(), "renumbered by %d and back, via %q", offset, up.String())
+	})
+}
