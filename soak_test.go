@@ -143,9 +143,15 @@ var soakScenarios = []struct {
 	}},
 }
 
-// soakEntity is one finished entity of the soak.
+// soakEntity is one finished entity of the soak, and what became of it.
 type soakEntity struct {
-	finish time.Time
+	id      string
+	finish  time.Time
+	present bool // not cleared
+	calls   int  // clear calls
+	cleared int  // clears the sweep was told of
+	effects int  // clears that happened
+	commits int  // ClearAndDelete commits
 }
 
 // soakState is what the soak knows about its entities and their clears.
@@ -155,6 +161,10 @@ type soakEntity struct {
 // that does not name the id, or a ClearAndDelete commits. Where the clear
 // happens (which a lost reply, a partial batch or a late one may do without
 // telling), it counts it in effects.
+//
+// An entity's id is a letter and its number, its index in ents: the checks,
+// which run every few milliseconds over every entity, then walk slices
+// rather than look ids up in maps.
 type soakState struct {
 	t   testing.TB
 	mem *MemKV
@@ -164,13 +174,7 @@ type soakState struct {
 	atomic bool
 
 	mu       sync.Mutex
-	entities map[string]soakEntity
-	present  map[string]bool // entities not cleared
-	marked   []string        // ids whose marker was written, in order
-	calls    map[string]int  // clear calls per id
-	cleared  map[string]int  // clears per id the sweep was told of
-	effects  map[string]int  // clears per id that happened
-	commits  map[string]int  // ClearAndDelete commits per id
+	ents     []soakEntity
 	problems []string        // invariant violations, reported at the end
 	reported map[string]bool // what problems holds already, by check and id
 
@@ -191,35 +195,50 @@ func (s *soakState) requireNoProblems() {
 }
 
 func newSoakState(t testing.TB, mem *MemKV) *soakState {
-	return &soakState{
-		t: t, mem: mem,
-		entities: map[string]soakEntity{},
-		present:  map[string]bool{},
-		calls:    map[string]int{},
-		cleared:  map[string]int{},
-		effects:  map[string]int{},
-		commits:  map[string]int{},
-		reported: map[string]bool{},
-	}
+	return &soakState{t: t, mem: mem, reported: map[string]bool{}}
 }
 
-// finish records entity id as finished at at and writes its marker, as a
-// service would when the entity reaches its terminal state: in one step
-// under the MemKV's lock, as a transaction would.
-func (s *soakState) finish(id string, at time.Time) {
-	key, err := MarkerKey(soakPrefix, at, id)
-	if err != nil {
-		s.problem("MarkerKey(%q): %v", id, err)
-		return
-	}
+// finish records a new entity, named kind and its number, as finished at
+// at and writes its marker, as a service would when the entity reaches its
+// terminal state: in one step under the MemKV's lock, as a transaction
+// would.
+func (s *soakState) finish(kind byte, at time.Time) {
 	s.mem.mu.Lock()
 	defer s.mem.mu.Unlock()
-	s.mem.putLocked(key, nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.entities[id] = soakEntity{finish: at}
-	s.present[id] = true
-	s.marked = append(s.marked, id)
+	id := fmt.Sprintf("%c%06d", kind, len(s.ents))
+	key, err := MarkerKey(soakPrefix, at, id)
+	if err != nil {
+		s.problemLocked("MarkerKey "+id, "MarkerKey(%q): %v", id, err)
+		return
+	}
+	s.mem.putLocked(key, nil)
+	s.ents = append(s.ents, soakEntity{id: id, finish: at, present: true})
+}
+
+// number returns the number of the entity of id, or -1.
+func soakNumber[S string | []byte](id S) int {
+	if len(id) < 2 {
+		return -1
+	}
+	n := 0
+	for i := 1; i < len(id); i++ {
+		if id[i] < '0' || id[i] > '9' || n > 1<<24 {
+			return -1
+		}
+		n = 10*n + int(id[i]-'0')
+	}
+	return n
+}
+
+// entityLocked returns the entity of id, or nil; s.mu is held, and the
+// pointer is good until it is released.
+func (s *soakState) entityLocked(id string) *soakEntity {
+	if n := soakNumber(id); n >= 0 && n < len(s.ents) && s.ents[n].id == id {
+		return &s.ents[n]
+	}
+	return nil
 }
 
 func (s *soakState) problem(format string, args ...any) {
@@ -243,23 +262,26 @@ func (s *soakState) called(id string) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls[id]++
-	e, ok := s.entities[id]
+	e := s.entityLocked(id)
 	switch {
-	case !ok:
+	case e == nil:
 		s.problemLocked("unknown "+id, "clear of %q: not an entity", id)
+		return
 	case now.Sub(e.finish) <= soakRetention:
 		s.problemLocked("early "+id, "clear of %q at %v, only %v after it finished: retention is %v",
 			id, now, now.Sub(e.finish), soakRetention)
 	}
+	e.calls++
 }
 
 // effect is the real clear of an entity, for Clear and ClearBatch.
 func (s *soakState) effect(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.effects[id]++
-	s.present[id] = false
+	if e := s.entityLocked(id); e != nil {
+		e.effects++
+		e.present = false
+	}
 	return nil
 }
 
@@ -267,7 +289,9 @@ func (s *soakState) effect(_ context.Context, id string) error {
 func (s *soakState) returned(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cleared[id]++
+	if e := s.entityLocked(id); e != nil {
+		e.cleared++
+	}
 }
 
 // returnedBatch runs in a ClearBatch of ids that returns err, just before
@@ -289,7 +313,9 @@ func (s *soakState) returnedBatch(ids []string, err error) {
 	defer s.mu.Unlock()
 	for _, id := range ids {
 		if _, ok := perID[id]; !ok {
-			s.cleared[id]++
+			if e := s.entityLocked(id); e != nil {
+				e.cleared++
+			}
 		}
 	}
 }
@@ -300,78 +326,91 @@ func (s *soakState) returnedBatch(ids []string, err error) {
 func (s *soakState) committed(ids []string, keys [][]byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	has := map[string]bool{}
+	has := make([]bool, len(ids))
 	for _, key := range keys {
 		_, id, err := ParseMarkerKey(soakPrefix, key)
+		i := slices.Index(ids, string(id))
 		switch {
 		case err != nil:
 			s.problemLocked("commit key "+string(key), "ClearAndDelete(%q) deleted %q, not a marker: %v", ids, key, err)
-		case !slices.Contains(ids, string(id)):
+		case i < 0:
 			s.problemLocked("commit key "+string(key), "ClearAndDelete(%q) deleted %q, a marker of another id", ids, key)
+		default:
+			has[i] = true
 		}
-		has[string(id)] = true
 	}
-	for _, id := range ids {
-		if !has[id] {
+	for i, id := range ids {
+		if !has[i] {
 			s.problemLocked("commit id "+id, "ClearAndDelete(%q, %q) cleared %q without a marker of it", ids, keys, id)
 		}
-		s.commits[id]++
-		s.effects[id]++
-		s.cleared[id]++
-		s.present[id] = false
-		if s.commits[id] > 1 {
-			s.problemLocked("twice "+id, "ClearAndDelete committed %q %d times (%d calls)", id, s.commits[id], s.calls[id])
+		e := s.entityLocked(id)
+		if e == nil {
+			continue // called reported it
+		}
+		e.commits++
+		e.effects++
+		e.cleared++
+		e.present = false
+		if e.commits > 1 {
+			s.problemLocked("twice "+id, "ClearAndDelete committed %q %d times (%d calls)", id, e.commits, e.calls)
 		}
 	}
 }
 
-// snapshot returns the ids that have a marker and the foreign keys present,
-// read under the MemKV's lock. For an atomic clear it checks, under the
-// same lock, that an entity is present iff exactly one marker of it is.
-func (s *soakState) snapshot() (ids map[string]int, foreign map[string]bool) {
+// snapshot returns how many markers each entity has, by number, and the
+// foreign keys present, read under the MemKV's lock: an entity and its
+// marker are written in one step under it, so every entity it counts for
+// was written before. For an atomic clear it checks, under the same lock,
+// that an entity is present iff exactly one marker of it is.
+func (s *soakState) snapshot() (markers []int32, foreign map[string]bool) {
 	m := s.mem
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	ids, foreign = make(map[string]int, m.n), map[string]bool{}
+	s.mu.Lock()
+	n := len(s.ents)
+	s.mu.Unlock()
+	markers, foreign = make([]int32, n), map[string]bool{}
 	end := []byte(soakPrefix + "\xff")
 	for x := m.seek([]byte(soakPrefix), nil); x != nil && bytes.Compare(x.key, end) < 0; x = x.next[0] {
-		if _, id, err := ParseMarkerKey(soakPrefix, x.key); err == nil {
-			ids[string(id)]++
-		} else {
+		_, id, err := ParseMarkerKey(soakPrefix, x.key)
+		if err != nil {
 			foreign[string(x.key)] = true
+			continue
+		}
+		if i := soakNumber(id); i >= 0 && i < n {
+			markers[i]++
+		} else {
+			s.problem("marker %q of no entity", x.key)
 		}
 	}
 	if !s.atomic {
-		return ids, foreign
+		return markers, foreign
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for id := range s.entities {
-		if n := ids[id]; s.present[id] != (n == 1) {
-			s.problemLocked("presence "+id, "entity %q present %v with %d markers (%d calls, %d commits)",
-				id, s.present[id], n, s.calls[id], s.commits[id])
+	for i, k := range markers {
+		if e := &s.ents[i]; e.present != (k == 1) {
+			s.problemLocked("presence "+e.id, "entity %q present %v with %d markers (%d calls, %d commits)",
+				e.id, e.present, k, e.calls, e.commits)
 		}
 	}
-	return ids, foreign
+	return markers, foreign
 }
 
 // check tests invariant (a): no id loses its last marker before the sweep
-// was told it is cleared. The order matters: ids marked are read before the
-// snapshot, and the clears reported after it. Reading the clears first would
-// miss one that returned, and had its marker deleted, in between.
+// was told it is cleared. The order matters: the markers are read before
+// the clears reported. Reading the clears first would miss one that
+// returned, and had its marker deleted, in between.
 func (s *soakState) check() {
 	s.checks.Add(1)
-	s.mu.Lock()
-	marked := s.marked[:len(s.marked):len(s.marked)]
-	s.mu.Unlock()
-
-	ids, foreign := s.snapshot()
+	markers, foreign := s.snapshot()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range marked {
-		if ids[id] == 0 && s.cleared[id] == 0 {
-			s.problemLocked("lost "+id, "marker of %q gone, but the sweep was never told it is cleared (%d calls, %d clears)", id, s.calls[id], s.effects[id])
+	for i, k := range markers {
+		if e := &s.ents[i]; k == 0 && e.cleared == 0 {
+			s.problemLocked("lost "+e.id, "marker of %q gone, but the sweep was never told it is cleared (%d calls, %d clears)",
+				e.id, e.calls, e.effects)
 		}
 	}
 	for key := range foreign {
@@ -389,16 +428,13 @@ func (s *soakState) check() {
 // overdue returns the ids that fell due before cutoff-Retention but have a
 // marker still or were never cleared.
 func (s *soakState) overdue(cutoff time.Time) []string {
-	s.mu.Lock()
-	marked := s.marked[:len(s.marked):len(s.marked)]
-	s.mu.Unlock()
-	ids, _ := s.snapshot()
+	markers, _ := s.snapshot()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var late []string
-	for _, id := range marked {
-		if s.entities[id].finish.Add(soakRetention).Before(cutoff) && (ids[id] > 0 || s.cleared[id] == 0) {
-			late = append(late, id)
+	for i, k := range markers {
+		if e := &s.ents[i]; e.finish.Add(soakRetention).Before(cutoff) && (k > 0 || e.cleared == 0) {
+			late = append(late, e.id)
 		}
 	}
 	return late
@@ -572,8 +608,8 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 		require.NoError(t, mem.Put(ctx, []byte(key), nil))
 	}
 	start := time.Now()
-	for i := range soakBacklog {
-		state.finish(fmt.Sprintf("b%05d", i), start.Add(-soakRetention-time.Duration(rnd.float()*float64(soakRetention))))
+	for range soakBacklog {
+		state.finish('b', start.Add(-soakRetention-time.Duration(rnd.float()*float64(soakRetention))))
 	}
 
 	logs := newCountHandler()
@@ -651,7 +687,7 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 	// or after it.
 	var written atomic.Int64
 	bg.Go(func() {
-		for i := 0; ; i++ {
+		for {
 			select {
 			case <-stopWriter:
 				return
@@ -661,7 +697,7 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 				continue
 			}
 			age := time.Duration(rnd.float() * 1.2 * float64(soakRetention))
-			state.finish(fmt.Sprintf("w%06d", i), time.Now().Add(-age))
+			state.finish('w', time.Now().Add(-age))
 			written.Add(1)
 		}
 	})
@@ -726,26 +762,27 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 
 	// The store ends with the unexpired markers, each entity's once, and
 	// the foreign keys; nothing unexpired was ever cleared.
-	ids, foreign := state.snapshot()
+	markers, foreign := state.snapshot()
 	state.mu.Lock()
 	defer state.mu.Unlock()
 	unexpired, dupClears, maxCalls, maxCommits := 0, 0, 0, 0
-	for id, e := range state.entities {
+	for i, e := range state.ents {
 		due := e.finish.Add(soakRetention)
 		switch {
 		case due.Before(end.Add(-soakLag)):
-			assert.Zero(t, ids[id], "marker of %q left %v after it fell due", id, end.Sub(due))
-			assert.NotZero(t, state.cleared[id], "%q never cleared", id)
+			assert.Zero(t, markers[i], "marker of %q left %v after it fell due", e.id, end.Sub(due))
+			assert.NotZero(t, e.cleared, "%q never cleared", e.id)
 		case due.After(end):
 			unexpired++
-			assert.Equal(t, 1, ids[id], "markers of unexpired %q", id)
-			assert.Zero(t, state.calls[id], "Clear calls of unexpired %q", id)
+			assert.Equal(t, int32(1), markers[i], "markers of unexpired %q", e.id)
+			assert.Zero(t, e.calls, "clear calls of unexpired %q", e.id)
+			assert.True(t, e.present, "unexpired %q cleared", e.id)
 		}
-		if state.effects[id] > 1 {
+		if e.effects > 1 {
 			dupClears++
 		}
-		maxCalls = max(maxCalls, state.calls[id])
-		maxCommits = max(maxCommits, state.commits[id])
+		maxCalls = max(maxCalls, e.calls)
+		maxCommits = max(maxCommits, e.commits)
 	}
 	assert.Len(t, foreign, len(soakForeign), "foreign keys left")
 	assert.Greater(t, unexpired, 1000, "the soak must end with unexpired markers to check")
@@ -754,7 +791,7 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 		assert.Zero(t, dupClears, "entities cleared more than once by an atomic clear")
 	}
 	t.Logf("end: %d entities, %d unexpired, %d cleared more than once, most clear calls of one id %d (commits %d), %d invariant checks",
-		len(state.entities), unexpired, dupClears, maxCalls, maxCommits, state.checks.Load())
+		len(state.ents), unexpired, dupClears, maxCalls, maxCommits, state.checks.Load())
 	t.Logf("end; store: %s", fkv.report())
 	t.Logf("end; clears: %s", fc.report())
 	t.Logf("end; %s", &passes)
