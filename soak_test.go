@@ -217,7 +217,7 @@ func (s *soakState) finish(kind byte, at time.Time) {
 	s.ents = append(s.ents, soakEntity{id: id, finish: at, present: true})
 }
 
-// number returns the number of the entity of id, or -1.
+// soakNumber returns the number of the entity of id, or -1.
 func soakNumber[S string | []byte](id S) int {
 	if len(id) < 2 {
 		return -1
