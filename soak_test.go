@@ -1,10 +1,11 @@
 package retention
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -72,11 +73,16 @@ var soakScenarios = []struct {
 			kv.set(op, storeLost, 0.01)
 		}
 		kv.set(opDelete, storePartial, 0.01)
+		kv.set(opMove, storePartial, 0.01)
 		c.set(clearErr, 0.04)
 		c.set(clearPanic, 0.02)
 		c.set(clearHang, 0.01)
 		c.set(clearStall, 0.01)
 		c.set(clearGoexit, 0.01)
+		c.set(clearLost, 0.01)
+		c.set(clearLate, 0.005)
+		c.set(clearNamed, 0.02)
+		c.set(clearPartial, 0.01)
 	}},
 	{"store down", func(kv *faultKV, _ *faultClear) {
 		for op := range numFaultOps {
@@ -91,11 +97,34 @@ var soakScenarios = []struct {
 			kv.set(op, storeLost, 0.05)
 		}
 		kv.set(opDelete, storePartial, 0.1)
+		kv.set(opMove, storePartial, 0.1)
 	}},
 	{"downstream down", func(_ *faultKV, c *faultClear) { c.set(clearErr, 1) }},
 	{"downstream slow", func(_ *faultKV, c *faultClear) {
 		c.set(clearHang, 0.2)
 		c.set(clearStall, 0.1)
+		c.set(clearLate, 0.05)
+	}},
+	{"ambiguous", func(kv *faultKV, c *faultClear) { // replies lost: did it happen?
+		for op := range numFaultOps {
+			kv.set(op, storeLost, 0.05)
+		}
+		c.set(clearLost, 0.2)
+		c.set(clearLate, 0.05)
+		c.set(clearPartial, 0.1)
+	}},
+	{"refusals", func(_ *faultKV, c *faultClear) { c.set(clearNamed, 0.5) }},
+	{"reschedules fail", func(kv *faultKV, c *faultClear) { // clears fail, and so do the moves or puts that put them off
+		for _, op := range []faultOp{opPut, opMove} {
+			kv.set(op, storeErr, 0.1)
+			kv.set(op, storeSlow, 0.1)
+			kv.set(op, storeHang, 0.05)
+			kv.set(op, storeLost, 0.2)
+		}
+		kv.set(opMove, storePartial, 0.3)
+		kv.set(opDelete, storePartial, 0.1)
+		c.set(clearErr, 0.3)
+		c.set(clearNamed, 0.2)
 	}},
 	{"outage", func(kv *faultKV, c *faultClear) { // both down, or nearly
 		for op := range numFaultOps {
@@ -104,6 +133,7 @@ var soakScenarios = []struct {
 			kv.set(op, storeLost, 0.05)
 		}
 		kv.set(opDelete, storePartial, 0.1)
+		kv.set(opMove, storePartial, 0.1)
 		c.set(clearErr, 0.5)
 		c.set(clearHang, 0.1)
 	}},
@@ -113,21 +143,38 @@ var soakScenarios = []struct {
 	}},
 }
 
-// soakEntity is one finished entity of the soak.
+// soakEntity is one finished entity of the soak, and what became of it.
 type soakEntity struct {
-	finish time.Time
+	id      string
+	finish  time.Time
+	present bool // not cleared
+	calls   int  // clear calls
+	cleared int  // clears the sweep was told of
+	effects int  // clears that happened
+	commits int  // ClearAndDelete commits
 }
 
 // soakState is what the soak knows about its entities and their clears.
+//
+// Where a clear mode tells the sweep an id is cleared, the soak counts it in
+// cleared: when Clear returns nil, ClearBatch returns nil or a BatchError
+// that does not name the id, or a ClearAndDelete commits. Where the clear
+// happens (which a lost reply, a partial batch or a late one may do without
+// telling), it counts it in effects.
+//
+// An entity's id is a letter and its number, its index in ents: the checks,
+// which run every few milliseconds over every entity, then walk slices
+// rather than look ids up in maps.
 type soakState struct {
 	t   testing.TB
 	mem *MemKV
+	// atomic is set for a ClearDeleter, which clears an entity and deletes
+	// its marker in one step: then at every check an entity is present iff
+	// exactly one marker of its id is, and no id is committed twice.
+	atomic bool
 
 	mu       sync.Mutex
-	entities map[string]soakEntity
-	marked   []string        // ids whose marker was written, in order
-	calls    map[string]int  // Clear calls per id
-	cleared  map[string]int  // Clear calls per id that returned nil
+	ents     []soakEntity
 	problems []string        // invariant violations, reported at the end
 	reported map[string]bool // what problems holds already, by check and id
 
@@ -148,33 +195,50 @@ func (s *soakState) requireNoProblems() {
 }
 
 func newSoakState(t testing.TB, mem *MemKV) *soakState {
-	return &soakState{
-		t: t, mem: mem,
-		entities: map[string]soakEntity{},
-		calls:    map[string]int{},
-		cleared:  map[string]int{},
-		reported: map[string]bool{},
-	}
+	return &soakState{t: t, mem: mem, reported: map[string]bool{}}
 }
 
-// finish records entity id as finished at at and writes its marker, as a
-// service would when the entity reaches its terminal state.
-func (s *soakState) finish(id string, at time.Time) {
+// finish records a new entity, named kind and its number, as finished at
+// at and writes its marker, as a service would when the entity reaches its
+// terminal state: in one step under the MemKV's lock, as a transaction
+// would.
+func (s *soakState) finish(kind byte, at time.Time) {
+	s.mem.mu.Lock()
+	defer s.mem.mu.Unlock()
 	s.mu.Lock()
-	s.entities[id] = soakEntity{finish: at}
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	id := fmt.Sprintf("%c%06d", kind, len(s.ents))
 	key, err := MarkerKey(soakPrefix, at, id)
 	if err != nil {
-		s.problem("MarkerKey(%q): %v", id, err)
+		s.problemLocked("MarkerKey "+id, "MarkerKey(%q): %v", id, err)
 		return
 	}
-	if err := s.mem.Put(context.Background(), key, nil); err != nil {
-		s.problem("Put(%q): %v", key, err)
-		return
+	s.mem.putLocked(key, nil)
+	s.ents = append(s.ents, soakEntity{id: id, finish: at, present: true})
+}
+
+// soakNumber returns the number of the entity of id, or -1.
+func soakNumber[S string | []byte](id S) int {
+	if len(id) < 2 {
+		return -1
 	}
-	s.mu.Lock()
-	s.marked = append(s.marked, id)
-	s.mu.Unlock()
+	n := 0
+	for i := 1; i < len(id); i++ {
+		if id[i] < '0' || id[i] > '9' || n > 1<<24 {
+			return -1
+		}
+		n = 10*n + int(id[i]-'0')
+	}
+	return n
+}
+
+// entityLocked returns the entity of id, or nil; s.mu is held, and the
+// pointer is good until it is released.
+func (s *soakState) entityLocked(id string) *soakEntity {
+	if n := soakNumber(id); n >= 0 && n < len(s.ents) && s.ents[n].id == id {
+		return &s.ents[n]
+	}
+	return nil
 }
 
 func (s *soakState) problem(format string, args ...any) {
@@ -191,70 +255,162 @@ func (s *soakState) problemLocked(what, format string, args ...any) {
 	}
 }
 
-// called runs first in every Clear: invariant (b), Clear is never called for
-// an id before its retention ran out, nor for an id that is not an entity.
+// called runs first in every clear call, for each of its ids: invariant
+// (b), no clear of an id before its retention ran out, nor of an id that is
+// not an entity.
 func (s *soakState) called(id string) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls[id]++
-	e, ok := s.entities[id]
+	e := s.entityLocked(id)
 	switch {
-	case !ok:
-		s.problemLocked("unknown "+id, "Clear(%q): not an entity", id)
+	case e == nil:
+		s.problemLocked("unknown "+id, "clear of %q: not an entity", id)
+		return
 	case now.Sub(e.finish) <= soakRetention:
-		s.problemLocked("early "+id, "Clear(%q) at %v, only %v after it finished: retention is %v",
+		s.problemLocked("early "+id, "clear of %q at %v, only %v after it finished: retention is %v",
 			id, now, now.Sub(e.finish), soakRetention)
 	}
+	e.calls++
 }
 
-// done runs last in a Clear that returns nil, just before it returns.
-func (s *soakState) done(_ context.Context, id string) error {
+// effect is the real clear of an entity, for Clear and ClearBatch.
+func (s *soakState) effect(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cleared[id]++
+	if e := s.entityLocked(id); e != nil {
+		e.effects++
+		e.present = false
+	}
 	return nil
 }
 
-// snapshot returns the ids that have a marker and the foreign keys present,
-// read in one MemKV Scan, which holds the store's lock throughout.
-func (s *soakState) snapshot() (ids map[string]int, foreign map[string]bool) {
-	keys, err := s.mem.Scan(context.Background(), []byte(soakPrefix), []byte(soakPrefix+"\xff"), math.MaxInt32)
-	if err != nil {
-		s.problem("snapshot scan: %v", err)
-		return nil, nil
+// returned runs in a Clear that returns nil, just before it returns.
+func (s *soakState) returned(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entityLocked(id); e != nil {
+		e.cleared++
 	}
-	ids, foreign = make(map[string]int, len(keys)), map[string]bool{}
-	for _, key := range keys {
-		if _, id, err := ParseMarkerKey(soakPrefix, key); err == nil {
-			ids[string(id)]++
-		} else {
-			foreign[string(key)] = true
-		}
-	}
-	return ids, foreign
 }
 
-// check tests invariant (a): no id loses its last marker before a Clear of
-// it returned nil. The order matters: ids marked are read before the scan,
-// and the clears that returned nil after it. Reading the clears first would
-// miss one that returned, and had its marker deleted, in between.
-func (s *soakState) check() {
-	s.checks.Add(1)
-	s.mu.Lock()
-	marked := s.marked[:len(s.marked):len(s.marked)]
-	s.mu.Unlock()
-
-	ids, foreign := s.snapshot()
-	if ids == nil {
+// returnedBatch runs in a ClearBatch of ids that returns err, just before
+// it returns: it counts the ids err reports cleared.
+func (s *soakState) returnedBatch(ids []string, err error) {
+	var perID BatchError
+	switch {
+	case err == nil:
+	case errors.As(err, &perID):
+		for id := range perID {
+			if !slices.Contains(ids, id) {
+				return // fails the call as a whole
+			}
+		}
+	default:
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := perID[id]; !ok {
+			if e := s.entityLocked(id); e != nil {
+				e.cleared++
+			}
+		}
+	}
+}
+
+// committed runs in a ClearAndDelete that commits, with the MemKV's lock
+// held, once keys are deleted: it clears the entities of ids. No id may be
+// committed twice, and keys must be markers of ids, at least one each.
+func (s *soakState) committed(ids []string, keys [][]byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	has := make([]bool, len(ids))
+	for _, key := range keys {
+		_, id, err := ParseMarkerKey(soakPrefix, key)
+		i := slices.Index(ids, string(id))
+		switch {
+		case err != nil:
+			s.problemLocked("commit key "+string(key), "ClearAndDelete(%q) deleted %q, not a marker: %v", ids, key, err)
+		case i < 0:
+			s.problemLocked("commit key "+string(key), "ClearAndDelete(%q) deleted %q, a marker of another id", ids, key)
+		default:
+			has[i] = true
+		}
+	}
+	for i, id := range ids {
+		if !has[i] {
+			s.problemLocked("commit id "+id, "ClearAndDelete(%q, %q) cleared %q without a marker of it", ids, keys, id)
+		}
+		e := s.entityLocked(id)
+		if e == nil {
+			continue // called reported it
+		}
+		e.commits++
+		e.effects++
+		e.cleared++
+		e.present = false
+		if e.commits > 1 {
+			s.problemLocked("twice "+id, "ClearAndDelete committed %q %d times (%d calls)", id, e.commits, e.calls)
+		}
+	}
+}
+
+// snapshot returns how many markers each entity has, by number, and the
+// foreign keys present, read under the MemKV's lock: an entity and its
+// marker are written in one step under it, so every entity it counts for
+// was written before. For an atomic clear it checks, under the same lock,
+// that an entity is present iff exactly one marker of it is.
+func (s *soakState) snapshot() (markers []int32, foreign map[string]bool) {
+	m := s.mem
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	s.mu.Lock()
+	n := len(s.ents)
+	s.mu.Unlock()
+	markers, foreign = make([]int32, n), map[string]bool{}
+	end := []byte(soakPrefix + "\xff")
+	for x := m.seek([]byte(soakPrefix), nil); x != nil && bytes.Compare(x.key, end) < 0; x = x.next[0] {
+		_, id, err := ParseMarkerKey(soakPrefix, x.key)
+		if err != nil {
+			foreign[string(x.key)] = true
+			continue
+		}
+		if i := soakNumber(id); i >= 0 && i < n {
+			markers[i]++
+		} else {
+			s.problem("marker %q of no entity", x.key)
+		}
+	}
+	if !s.atomic {
+		return markers, foreign
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, k := range markers {
+		if e := &s.ents[i]; e.present != (k == 1) {
+			s.problemLocked("presence "+e.id, "entity %q present %v with %d markers (%d calls, %d commits)",
+				e.id, e.present, k, e.calls, e.commits)
+		}
+	}
+	return markers, foreign
+}
+
+// check tests invariant (a): no id loses its last marker before the sweep
+// was told it is cleared. The order matters: the markers are read before
+// the clears reported. Reading the clears first would miss one that
+// returned, and had its marker deleted, in between.
+func (s *soakState) check() {
+	s.checks.Add(1)
+	markers, foreign := s.snapshot()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range marked {
-		if ids[id] == 0 && s.cleared[id] == 0 {
-			s.problemLocked("lost "+id, "marker of %q gone, but no Clear of it returned nil (%d calls)", id, s.calls[id])
+	for i, k := range markers {
+		if e := &s.ents[i]; k == 0 && e.cleared == 0 {
+			s.problemLocked("lost "+e.id, "marker of %q gone, but the sweep was never told it is cleared (%d calls, %d clears)",
+				e.id, e.calls, e.effects)
 		}
 	}
 	for key := range foreign {
@@ -272,16 +428,13 @@ func (s *soakState) check() {
 // overdue returns the ids that fell due before cutoff-Retention but have a
 // marker still or were never cleared.
 func (s *soakState) overdue(cutoff time.Time) []string {
-	s.mu.Lock()
-	marked := s.marked[:len(s.marked):len(s.marked)]
-	s.mu.Unlock()
-	ids, _ := s.snapshot()
+	markers, _ := s.snapshot()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var late []string
-	for _, id := range marked {
-		if s.entities[id].finish.Add(soakRetention).Before(cutoff) && (ids[id] > 0 || s.cleared[id] == 0) {
-			late = append(late, id)
+	for i, k := range markers {
+		if e := &s.ents[i]; e.finish.Add(soakRetention).Before(cutoff) && (k > 0 || e.cleared == 0) {
+			late = append(late, e.id)
 		}
 	}
 	return late
@@ -319,14 +472,16 @@ func (p *soakPasses) onPass(st Stats, err error) {
 	p.sum.Foreign += st.Foreign
 	p.sum.PutCalls += st.PutCalls
 	p.sum.Deferred += st.Deferred
+	p.sum.Duplicates += st.Duplicates
+	p.sum.ClearCalls += st.ClearCalls
 }
 
 func (p *soakPasses) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, deferred %d, malformed %d, live again %d, foreign keys seen %d; %d scans, %d deletes, %d puts",
-		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.sum.Retried, p.sum.Deferred, p.sum.Malformed, p.sum.LiveAgain, p.sum.Foreign,
-		p.sum.ScanCalls, p.sum.DeleteCalls, p.sum.PutCalls)
+	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, deferred %d, duplicates %d, malformed %d, live again %d, foreign keys seen %d; %d clear calls, %d scans, %d deletes, %d puts or moves",
+		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.sum.Retried, p.sum.Deferred, p.sum.Duplicates, p.sum.Malformed, p.sum.LiveAgain, p.sum.Foreign,
+		p.sum.ClearCalls, p.sum.ScanCalls, p.sum.DeleteCalls, p.sum.PutCalls)
 }
 
 // countHandler is a slog.Handler that counts records by level.
@@ -357,23 +512,68 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// soakStore is what the soak's store can do besides Scan and Delete, which
+// decides how the sweep reschedules a failed marker.
+type soakStore int
+
+const (
+	soakMover   soakStore = iota // Move: one atomic step per marker
+	soakPutOnly                  // Put, then Delete: a failure in between leaves two markers
+	soakNoPut                    // neither: retry delays are kept in memory
+)
+
+// soakMode is how the soak's entities are cleared.
+type soakMode int
+
+const (
+	soakClear  soakMode = iota // Config.Clear
+	soakBatch                  // Config.ClearBatch
+	soakAtomic                 // a ClearDeleter
+)
+
+// putOnlyKV is a KV that can Put but not Move.
+type putOnlyKV struct {
+	KV
+	Putter
+}
+
+// soakAtomicKV is the soak's ClearDeleter: a faultAtomic whose calls count
+// as clear calls of their ids.
+type soakAtomicKV struct {
+	*faultAtomic
+	state *soakState
+}
+
+func (a soakAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	for _, id := range ids {
+		a.state.called(id)
+	}
+	return a.faultAtomic.ClearAndDelete(ctx, ids, keys)
+}
+
 // TestSoakFaults runs Run over a store and clears that fail in every way
-// faultKV and faultClear know, while a writer keeps finishing entities, and
-// checks the invariants all along: (a) no id loses its last marker before a
-// Clear of it returned nil, (b) no Clear before the retention ran out, and
-// no foreign key is deleted; then, once the faults stop, (c) every expired
-// entity is cleared within a bounded time and only unexpired markers stay.
+// faultKV, faultClear and faultAtomic know, while a writer keeps finishing
+// entities, and checks the invariants all along: (a) no id loses its last
+// marker before the sweep was told it is cleared, (b) no clear before the
+// retention ran out, and no foreign key is deleted; then, once the faults
+// stop, (c) every expired entity is cleared within a bounded time and only
+// unexpired markers stay. Each way of rescheduling (Move, Put, in memory)
+// and each clear mode (Clear, ClearBatch, a ClearDeleter) has a variant; the
+// atomic one checks too that no entity is ever cleared twice and that an
+// entity is present iff exactly one marker of it is.
+//
+// RETENTION_SOAK_SEED replays the draws of a logged seed (not the
+// interleaving of goroutines); -run picks the variant.
 func TestSoakFaults(t *testing.T) {
-	for _, tt := range []struct {
-		name        string
-		concurrency int
-		noPut       bool // hide Put: retry delays are then kept in memory
-	}{
-		{"concurrency=1", 1, false},
-		{"concurrency=8", 8, false},
-		{"no-put/concurrency=4", 4, true},
+	for _, v := range []soakVariant{
+		{"mover/concurrency=1", 1, soakMover, soakClear},
+		{"mover/concurrency=8", 8, soakMover, soakClear},
+		{"put-only/concurrency=4", 4, soakPutOnly, soakClear},
+		{"no-put/concurrency=4", 4, soakNoPut, soakClear},
+		{"batch/concurrency=4", 4, soakMover, soakBatch},
+		{"atomic/concurrency=4", 4, soakMover, soakAtomic},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
+		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
 			seed := rand.Uint64()
 			if env := os.Getenv("RETENTION_SOAK_SEED"); env != "" {
@@ -381,18 +581,26 @@ func TestSoakFaults(t *testing.T) {
 				seed, err = strconv.ParseUint(env, 10, 64)
 				require.NoError(t, err, "RETENTION_SOAK_SEED")
 			}
-			synctest.Test(t, func(t *testing.T) { soak(t, tt.concurrency, tt.noPut, seed) })
+			synctest.Test(t, func(t *testing.T) { soak(t, v, seed) })
 		})
 	}
 }
 
-func soak(t *testing.T, concurrency int, noPut bool, seed uint64) {
+// soakVariant is one way TestSoakFaults runs.
+type soakVariant struct {
+	name        string
+	concurrency int
+	store       soakStore
+	mode        soakMode
+}
+
+func soak(t *testing.T, v soakVariant, seed uint64) {
 	rnd := newFaultRand(t, seed)
 	mem := NewMemKV()
 	state := newSoakState(t, mem)
 	fkv := newFaultKV(mem, rnd, 20*time.Millisecond)
 	fkv.enable(true)
-	fc := newFaultClear(state.done, rnd, 150*time.Millisecond)
+	fc := newFaultClear(state.effect, rnd, 150*time.Millisecond)
 	fc.enable(true)
 
 	ctx := context.Background()
@@ -400,22 +608,24 @@ func soak(t *testing.T, concurrency int, noPut bool, seed uint64) {
 		require.NoError(t, mem.Put(ctx, []byte(key), nil))
 	}
 	start := time.Now()
-	for i := range soakBacklog {
-		state.finish(fmt.Sprintf("b%05d", i), start.Add(-soakRetention-time.Duration(rnd.float()*float64(soakRetention))))
+	for range soakBacklog {
+		state.finish('b', start.Add(-soakRetention-time.Duration(rnd.float()*float64(soakRetention))))
 	}
 
 	logs := newCountHandler()
 	passes := soakPasses{logs: logs}
 	var kv KV = fkv
-	if noPut {
+	switch v.store {
+	case soakPutOnly:
+		kv = putOnlyKV{fkv, fkv}
+	case soakNoPut:
 		kv = readOnlyKV{fkv}
 	}
-	s, err := New(kv, Config{
+	cfg := Config{
 		Prefix:        soakPrefix,
 		Retention:     soakRetention,
-		Clear:         func(ctx context.Context, id string) error { state.called(id); return fc.clear(ctx, id) },
 		PageSize:      16,
-		Concurrency:   concurrency,
+		Concurrency:   v.concurrency,
 		Interval:      soakInterval,
 		Jitter:        0.1,
 		Logger:        slog.New(logs),
@@ -424,7 +634,34 @@ func soak(t *testing.T, concurrency int, noPut bool, seed uint64) {
 		StoreTimeout:  50 * time.Millisecond,
 		RetryDelay:    10 * time.Millisecond,
 		MaxRetryDelay: soakMaxRetry,
-	})
+	}
+	switch v.mode {
+	case soakClear:
+		cfg.Clear = func(ctx context.Context, id string) error {
+			state.called(id)
+			err := fc.clear(ctx, id)
+			if err == nil {
+				state.returned(id)
+			}
+			return err
+		}
+	case soakBatch:
+		cfg.BatchSize = 4
+		cfg.ClearBatch = func(ctx context.Context, ids []string) error {
+			for _, id := range ids {
+				state.called(id)
+			}
+			err := fc.clearBatch(ctx, ids)
+			state.returnedBatch(ids, err)
+			return err
+		}
+	case soakAtomic:
+		require.Equal(t, soakMover, v.store, "an atomic clear needs a Mover, or a reschedule may leave two markers")
+		state.atomic = true
+		cfg.BatchSize = 4
+		kv = soakAtomicKV{&faultAtomic{faultKV: fkv, c: fc, commit: state.committed}, state}
+	}
+	s, err := New(kv, cfg)
 	require.NoError(t, err)
 
 	// stop ends every goroutine of the soak; deferred too, so that a failed
@@ -450,7 +687,7 @@ func soak(t *testing.T, concurrency int, noPut bool, seed uint64) {
 	// or after it.
 	var written atomic.Int64
 	bg.Go(func() {
-		for i := 0; ; i++ {
+		for {
 			select {
 			case <-stopWriter:
 				return
@@ -460,7 +697,7 @@ func soak(t *testing.T, concurrency int, noPut bool, seed uint64) {
 				continue
 			}
 			age := time.Duration(rnd.float() * 1.2 * float64(soakRetention))
-			state.finish(fmt.Sprintf("w%06d", i), time.Now().Add(-age))
+			state.finish('w', time.Now().Add(-age))
 			written.Add(1)
 		}
 	})
@@ -525,31 +762,36 @@ func soak(t *testing.T, concurrency int, noPut bool, seed uint64) {
 
 	// The store ends with the unexpired markers, each entity's once, and
 	// the foreign keys; nothing unexpired was ever cleared.
-	ids, foreign := state.snapshot()
+	markers, foreign := state.snapshot()
 	state.mu.Lock()
 	defer state.mu.Unlock()
-	unexpired, dupClears, maxCalls := 0, 0, 0
-	for id, e := range state.entities {
+	unexpired, dupClears, maxCalls, maxCommits := 0, 0, 0, 0
+	for i, e := range state.ents {
 		due := e.finish.Add(soakRetention)
 		switch {
 		case due.Before(end.Add(-soakLag)):
-			assert.Zero(t, ids[id], "marker of %q left %v after it fell due", id, end.Sub(due))
-			assert.NotZero(t, state.cleared[id], "%q never cleared", id)
+			assert.Zero(t, markers[i], "marker of %q left %v after it fell due", e.id, end.Sub(due))
+			assert.NotZero(t, e.cleared, "%q never cleared", e.id)
 		case due.After(end):
 			unexpired++
-			assert.Equal(t, 1, ids[id], "markers of unexpired %q", id)
-			assert.Zero(t, state.calls[id], "Clear calls of unexpired %q", id)
+			assert.Equal(t, int32(1), markers[i], "markers of unexpired %q", e.id)
+			assert.Zero(t, e.calls, "clear calls of unexpired %q", e.id)
+			assert.True(t, e.present, "unexpired %q cleared", e.id)
 		}
-		if state.cleared[id] > 1 {
+		if e.effects > 1 {
 			dupClears++
 		}
-		maxCalls = max(maxCalls, state.calls[id])
+		maxCalls = max(maxCalls, e.calls)
+		maxCommits = max(maxCommits, e.commits)
 	}
 	assert.Len(t, foreign, len(soakForeign), "foreign keys left")
 	assert.Greater(t, unexpired, 1000, "the soak must end with unexpired markers to check")
 
-	t.Logf("end: %d entities, %d unexpired, %d cleared more than once, most Clear calls of one id %d, %d invariant checks",
-		len(state.entities), unexpired, dupClears, maxCalls, state.checks.Load())
+	if state.atomic {
+		assert.Zero(t, dupClears, "entities cleared more than once by an atomic clear")
+	}
+	t.Logf("end: %d entities, %d unexpired, %d cleared more than once, most clear calls of one id %d (commits %d), %d invariant checks",
+		len(state.ents), unexpired, dupClears, maxCalls, maxCommits, state.checks.Load())
 	t.Logf("end; store: %s", fkv.report())
 	t.Logf("end; clears: %s", fc.report())
 	t.Logf("end; %s", &passes)
