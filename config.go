@@ -95,8 +95,8 @@ type Config struct {
 	// after the wait, so passes in between do not read it again and no
 	// crash leaves two markers of one id. On a KV that is only a Putter it
 	// writes the new key, then deletes the old one (a crash in between
-	// leaves both; the pass that meets both clears the id once and deletes
-	// both). The rescheduled marker no longer records the entity's finish
+	// leaves both, and the id is cleared again when the second falls due,
+	// or once, with both deleted, by a pass that meets both). The rescheduled marker no longer records the entity's finish
 	// time. On any other KV the wait is kept in memory and the marker is
 	// skipped, unread by Clear, until it is over. The count of failures
 	// behind a wait lives in memory: after a restart an id starts again at
