@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -66,10 +67,16 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 				"it cannot clear and delete in one transaction, and the sweep will not do it in two")
 		}
 	}
-	var todo []int
+	// An id that failed before, most likely a poison id, goes alone: in a
+	// batch it would fail the batch and cost a bisection every time.
+	var todo, alone []int
 	for i := range items {
 		if items[i].out == pending {
-			todo = append(todo, i)
+			if s.retries.failures(items[i].id) > 0 {
+				alone = append(alone, i)
+			} else {
+				todo = append(todo, i)
+			}
 		}
 	}
 	var batches [][]int
@@ -77,7 +84,10 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 		n := min(len(todo), s.batchSize)
 		batches, todo = append(batches, todo[:n:n]), todo[n:]
 	}
-	b := &batching{s: s, ctx: ctx, wctx: p.writeCtx(ctx), kv: p.kv, items: items, keys: keys, atomic: cd}
+	for j := range alone {
+		batches = append(batches, alone[j:j+1:j+1])
+	}
+	b := &batching{s: s, p: p, ctx: ctx, wctx: p.writeCtx(ctx), kv: p.kv, items: items, keys: keys, atomic: cd}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(s.concurrency, len(batches)) {
@@ -97,10 +107,23 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	return int(b.calls.Load()), ctx.Err()
 }
 
+// callFailed counts, in the pass's Stats, a call of Clear, ClearBatch or a
+// ClearDeleter that failed as a whole with err, by cause.
+func (p *passState) callFailed(err error) {
+	p.failedCalls.Add(1)
+	switch {
+	case errors.Is(err, ErrClearPanicked) || errors.Is(err, errClearExited):
+		p.panickedCalls.Add(1)
+	case errors.Is(err, errClearTimedOut):
+		p.timedOutCalls.Add(1)
+	}
+}
+
 // batching is one page's batch clears in flight. Each item is written by
 // the one worker that holds its batch.
 type batching struct {
 	s      *Sweep
+	p      *passState
 	ctx    context.Context
 	wctx   context.Context // ctx, with the lease's fence for a ClearDeleter's writes
 	kv     KV              // the pass's KV, to read which markers are left
@@ -114,8 +137,27 @@ type batching struct {
 // run clears the items at idx: one call, and where it fails as a whole,
 // a bisection.
 func (b *batching) run(idx []int) {
-	if err := b.try(idx); err != nil {
-		b.bisect(idx, err)
+	err := b.try(idx)
+	if err == nil {
+		return
+	}
+	b.p.callFailed(err)
+	switch {
+	case b.ctx.Err() != nil:
+		return // the pass is over; the items stay pending
+	case len(idx) == 1:
+		it := &b.items[idx[0]]
+		it.out, it.err = failed, err
+	case b.p.outage.Load() && !b.p.up.Load():
+		// Every call of the pass failed, down to single ids: one call per
+		// batch until one succeeds.
+		b.fail(idx, err)
+	default:
+		budget := bits.Len(uint(len(idx)))
+		b.bisect(idx, err, &budget)
+		if !b.p.up.Load() && budget < 0 {
+			b.p.outage.Store(true)
+		}
 	}
 }
 
@@ -141,6 +183,7 @@ func (b *batching) try(idx []int) error {
 	var perID BatchError
 	switch {
 	case err == nil:
+		b.p.up.Store(true)
 		for _, i := range idx {
 			b.items[i].out = cleared
 		}
@@ -148,6 +191,7 @@ func (b *batching) try(idx []int) error {
 		if err := b.named(perID, idx); err != nil {
 			return err
 		}
+		b.p.up.Store(true) // it answered for each id
 		for _, i := range idx {
 			it := &b.items[i]
 			switch e, ok := perID[it.id]; {
@@ -160,6 +204,7 @@ func (b *batching) try(idx []int) error {
 			}
 		}
 	case errors.Is(err, ErrLiveAgain):
+		b.p.up.Store(true)
 		for _, i := range idx {
 			b.items[i].out = liveAgain
 		}
@@ -198,6 +243,7 @@ func (b *batching) tryAtomic(idx []int) error {
 	var perID BatchError
 	switch {
 	case err == nil:
+		b.p.up.Store(true)
 		for _, i := range idx {
 			b.items[i].out = clearedGone
 		}
@@ -213,6 +259,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		if len(perID) == 0 {
 			return fmt.Errorf("retention: the ClearDeleter refused the batch with a BatchError that names no id: %w", err)
 		}
+		b.p.up.Store(true) // it answered for each id
 		// Nothing was committed: the ids not named were not cleared.
 		var rest []int
 		for _, i := range idx {
@@ -231,6 +278,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		}
 		return nil
 	case errors.Is(err, ErrLiveAgain):
+		b.p.up.Store(true)
 		for _, i := range idx {
 			b.items[i].out = liveAgain
 		}
@@ -262,7 +310,10 @@ func (b *batching) tryAtomic(idx []int) error {
 	case len(rest) == len(idx):
 		return err // nothing committed: the call failed as a whole
 	case len(rest) > 0:
+		b.p.up.Store(true)
 		b.run(rest)
+	default:
+		b.p.up.Store(true)
 	}
 	return nil
 }
@@ -309,13 +360,18 @@ func (b *batching) left(keys [][]byte) ([][]byte, error) {
 }
 
 // bisect finds the ids at fault in a batch whose call failed as a whole
-// with err: it tries each half, and splits further the one half that
-// failed, down to single ids, so one id that always fails costs about
-// 2·log2(batch) calls and keeps no other id from being cleared. Where both
-// halves fail the fault is likely not any one id (a dependency is down):
-// every id of both halves is recorded as failed, to be retried after its
-// delay, rather than calling the dependency once per id.
-func (b *batching) bisect(idx []int, err error) {
+// with err: it tries each half, and splits further each half that fails,
+// down to single ids, so that each poison id costs about 2·log2(batch)
+// calls and keeps no other id from being cleared, however many there are.
+//
+// That holds while the dependency is seen to be up: some call of the pass
+// succeeded. Until then the calls come out of budget, about log2(batch):
+// the bisection follows the first half that fails down towards single ids,
+// where a healthy id succeeds at once unless the dependency is down. When
+// the budget runs out with nothing succeeded, the fault is taken to be no
+// one id's (an outage): the ids not tried wait out their retry delay
+// rather than being called one by one, and budget ends below zero.
+func (b *batching) bisect(idx []int, err error, budget *int) {
 	if b.ctx.Err() != nil {
 		return // the pass is over; the items stay pending
 	}
@@ -325,29 +381,47 @@ func (b *batching) bisect(idx []int, err error) {
 		return
 	}
 	h := len(idx) / 2
-	errL := b.try(idx[:h])
-	errR := b.try(idx[h:])
-	switch {
-	case errL != nil && errR != nil:
-		b.fail(idx[:h], errL)
-		b.fail(idx[h:], errR)
-	case errL != nil:
-		b.bisect(idx[:h], errL)
-	case errR != nil:
-		b.bisect(idx[h:], errR)
+	for _, half := range [][]int{idx[:h], idx[h:]} {
+		if !b.p.up.Load() {
+			if *budget <= 0 {
+				*budget = -1
+				b.fail(half, err)
+				continue
+			}
+			*budget--
+		}
+		if e := b.try(half); e != nil {
+			b.p.callFailed(e)
+			b.bisect(half, e, budget)
+		}
 	}
 }
 
-// fail records the items at idx as failed with err, unless the pass is over.
+// fail records the items at idx, not tried alone, as put off with err:
+// every call of the pass failed, so the dependency seems down. Unless the
+// pass is over.
 func (b *batching) fail(idx []int, err error) {
 	if b.ctx.Err() != nil {
 		return
 	}
 	for _, i := range idx {
 		it := &b.items[i]
-		it.out, it.err = failed, fmt.Errorf("retention: batch of %d failed as a whole: %w", len(idx), err)
+		it.out, it.err = failed, &outageError{n: len(idx), err: err}
 	}
 }
+
+// outageError is the error of an id put off, not tried alone, because
+// every call of its pass failed.
+type outageError struct {
+	n   int // ids put off with it
+	err error
+}
+
+func (e *outageError) Error() string {
+	return fmt.Sprintf("retention: not tried alone: every clear of the pass failed (the dependency seems down); %d ids put off: %v", e.n, e.err)
+}
+
+func (e *outageError) Unwrap() error { return e.err }
 
 // callBatch runs ClearBatch under ClearTimeout on a goroutine of its own,
 // so that a panic or a runtime.Goexit in it becomes an error of the call.
@@ -390,7 +464,7 @@ func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) e
 		}
 	}
 	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.As(err, new(BatchError)) {
-		err = fmt.Errorf("retention: clear of a batch timed out after ClearTimeout (%v): %w", s.clearTimeout, err)
+		err = fmt.Errorf("%w after ClearTimeout (%v): %w", errClearTimedOut, s.clearTimeout, err)
 	}
 	return err
 }

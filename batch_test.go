@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/bits"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -106,8 +108,10 @@ func TestBatchPoisonIsolated(t *testing.T) {
 	}
 }
 
-// TestBatchOutage: with the dependency down, a batch costs three calls (the
-// batch and its two halves), not one per id, and every id backs off.
+// TestBatchOutage: with the dependency down, the first batch of the pass
+// costs at most log2(BatchSize)+2 calls (the batch and one path of its
+// bisection towards single ids), every later batch one call, not one per
+// id, and every id backs off.
 func TestBatchOutage(t *testing.T) {
 	t.Parallel()
 	kv := NewMemKV()
@@ -120,7 +124,9 @@ func TestBatchOutage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1000, st.Failed)
 	assert.Equal(t, 1000, st.Retried)
-	assert.Equal(t, 4*3*3, st.ClearCalls, "4 pages of 3 batches (100, 100, the rest), 3 calls each")
+	assert.Equal(t, 1+bits.Len(100)+(4*3-1), st.ClearCalls, "4 pages of 3 batches (100, 100, the rest): the first bisected down one path, the others one call each")
+	assert.Equal(t, st.ClearCalls, st.FailedCalls)
+	assert.LessOrEqual(t, 1+bits.Len(100), int(math.Log2(100))+2)
 	assert.Len(t, markerIDs(t, kv, "runs/"), 1000)
 
 	// Within the retry delay: nothing is called.
@@ -347,4 +353,69 @@ func TestClearDeleterNeedsFencedView(t *testing.T) {
 		assert.Empty(t, kv.cleared)
 		require.ErrorIs(t, stop(), context.Canceled)
 	})
+}
+
+// TestBatchPoisonDensity: with poison ids at 0.5%, 1% and 5% of a backlog
+// and BatchSize 100 to 1,000, every healthy id is cleared in the first pass,
+// Failed is the number of poison ids, and the calls stay within about
+// batches + poison·2·log2(BatchSize). The poison ids then go alone.
+func TestBatchPoisonDensity(t *testing.T) {
+	t.Parallel()
+	const n = 20_000
+	for _, density := range []float64{0.005, 0.01, 0.05} {
+		for _, batch := range []int{100, 500, 1000} {
+			t.Run(fmt.Sprintf("poison%.1f%%/batch%d", 100*density, batch), func(t *testing.T) {
+				t.Parallel()
+				kv := NewMemKV()
+				ids := markN(t, kv, n, t0)
+				rnd := rand.New(rand.NewPCG(uint64(batch), uint64(density*1000)))
+				var poison []string
+				for _, i := range rnd.Perm(n)[:int(density*n)] {
+					poison = append(poison, ids[i])
+				}
+				r := newBatchRecorder(poison...)
+				s, clock := newSweep(t, kv, Config{ClearBatch: r.clear, BatchSize: batch, PageSize: 1000})
+				clock.Set(t0.Add(24 * time.Hour))
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, n-len(poison), st.Cleared, "every healthy id cleared in the first pass")
+				assert.Equal(t, len(poison), st.Failed, "Failed is the poison count")
+				batches := (n + batch - 1) / batch
+				bound := batches + len(poison)*2*bits.Len(uint(batch))
+				assert.LessOrEqual(t, st.ClearCalls, bound, "calls within batches + poison·2·log2(BatchSize)")
+				assert.GreaterOrEqual(t, st.FailedCalls, len(poison), "each poison id failed alone at least once, and those calls count")
+				t.Logf("%d ids, %d poison, BatchSize %d: %d calls (%d failed), bound %d", n, len(poison), batch, st.ClearCalls, st.FailedCalls, bound)
+
+				// Next time, the poison ids go alone: one call each.
+				clock.Advance(2 * time.Second)
+				st, err = s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, len(poison), st.ClearCalls, "poison ids are tried alone")
+				for _, c := range r.calls[len(r.calls)-st.ClearCalls:] {
+					assert.Len(t, c, 1)
+				}
+			})
+		}
+	}
+}
+
+// TestBatchOutageCallsPerBatch: with every call failing, a batch costs at
+// most log2(BatchSize)+2 calls, whatever its size.
+func TestBatchOutageCallsPerBatch(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{2, 3, 7, 64, 100, 500, 1000, 4096} {
+		t.Run(fmt.Sprint(batch), func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			markN(t, kv, batch, t0)
+			r := newBatchRecorder()
+			r.down = true
+			s, clock := newSweep(t, kv, Config{ClearBatch: r.clear, BatchSize: batch, PageSize: batch})
+			clock.Set(t0.Add(24 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, batch, st.Failed)
+			assert.LessOrEqual(t, float64(st.ClearCalls), math.Log2(float64(batch))+2)
+		})
+	}
 }

@@ -13,6 +13,9 @@ import (
 // runtime.Goexit (as t.FailNow does) instead of returning.
 var errClearExited = errors.New("retention: clear did not return: it called runtime.Goexit")
 
+// errClearTimedOut marks a clear that ran past ClearTimeout.
+var errClearTimedOut = errors.New("retention: clear timed out")
+
 // clearAll calls Clear for the page's pending items, at most Concurrency at
 // a time, oldest first, recording each outcome in its item. It returns
 // ctx.Err() if ctx is done before every Clear started.
@@ -36,7 +39,7 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 	if s.clearBatch != nil || s.clear == nil {
 		return s.clearBatches(ctx, p, keys, items)
 	}
-	c := &clearing{s: s, ctx: ctx, items: items}
+	c := &clearing{s: s, p: p, ctx: ctx, items: items}
 	if s.clearTimeout > 0 {
 		c.ctxs = make([]clearCtx, len(items))
 	}
@@ -56,6 +59,7 @@ func panicked(r any) error {
 // clearing is one page's clears in flight.
 type clearing struct {
 	s     *Sweep
+	p     *passState
 	ctx   context.Context
 	items []item
 	ctxs  []clearCtx   // ctxs[i] is items[i]'s, under ClearTimeout
@@ -90,8 +94,10 @@ func (c *clearing) clearOne(i int) {
 		it.out = failed
 		if r := recover(); r != nil {
 			it.err = panicked(r)
+			c.p.callFailed(it.err)
 			return // the worker goes on
 		}
+		c.p.callFailed(errClearExited)
 		// runtime.Goexit: this goroutine ends once the deferred calls ran.
 		// Another worker takes its place.
 		it.err = errClearExited
@@ -114,9 +120,10 @@ func (c *clearing) clearOne(i int) {
 	default:
 		it.out = failed
 		if cctx, ok := ctx.(*clearCtx); ok && cctx.timedOut() {
-			err = fmt.Errorf("retention: clear timed out after ClearTimeout (%v): %w", c.s.clearTimeout, err)
+			err = fmt.Errorf("%w after ClearTimeout (%v): %w", errClearTimedOut, c.s.clearTimeout, err)
 		}
 		it.err = err
+		c.p.callFailed(err)
 	}
 	returned = true
 }

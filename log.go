@@ -18,6 +18,8 @@ const maxExamples = 3
 // trouble, with a count and a few examples.
 type passNotes struct {
 	failed, panicked, malformed, foreign tally
+	putOff                               int   // ids not tried alone: every clear of the pass failed
+	outageErr                            error // the error of the first of them
 	rescheduleErr                        error // why failed markers could not be rewritten
 }
 
@@ -38,6 +40,14 @@ func (t *tally) add(example func() string) {
 
 // noteFailed records a failed Clear of id.
 func (n *passNotes) noteFailed(id string, err error) {
+	if oe := (*outageError)(nil); errors.As(err, &oe) {
+		// Not this id's fault: no example names it.
+		if n.putOff == 0 {
+			n.outageErr = oe.err
+		}
+		n.putOff++
+		return
+	}
 	if !errors.Is(err, ErrClearPanicked) {
 		n.failed.add(func() string { return strconv.Quote(id) + ": " + errString(err) })
 		return
@@ -76,6 +86,16 @@ func (s *Sweep) logPass(p *passState) {
 	if n.panicked.n > 0 {
 		s.log.Error("retention: clears panicked; their markers stay and are retried later",
 			"panicked", n.panicked.n, "examples", n.panicked.examples)
+	}
+	if n.putOff > 0 {
+		s.log.Error("retention: every clear of the pass failed (the dependency seems down); markers not tried alone are put off",
+			"put_off", n.putOff, "error", errString(n.outageErr))
+	}
+	if alone := st.Failed - n.putOff; st.FailedCalls > alone {
+		// Calls failed whose ids a bisection then cleared apart: no id
+		// ends the pass failed for them, yet they cost time.
+		s.log.Warn("retention: clear calls failed as a whole; a bisection cleared their other ids apart",
+			"failed_calls", st.FailedCalls, "timed_out", st.TimedOutCalls, "panicked", st.PanickedCalls, "failed_ids", st.Failed)
 	}
 	if n.rescheduleErr != nil {
 		s.log.Error("retention: could not reschedule failed markers; their retry delays are kept in memory",

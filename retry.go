@@ -87,6 +87,15 @@ func (r *retries) waiting(id string, now time.Time) bool {
 	return ok && now.Before(e.notBefore)
 }
 
+// failures returns how often in a row id failed, as far as this process
+// knows.
+func (r *retries) failures(id string) int {
+	if len(r.byID) == 0 {
+		return 0
+	}
+	return r.byID[id].failures
+}
+
 // due returns when id may be tried again, or the zero time.
 func (r *retries) due(id string) time.Time {
 	return r.byID[id].notBefore

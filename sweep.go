@@ -23,7 +23,15 @@ type Stats struct {
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
 	PutCalls    int // calls to Putter.Put or Mover.Move, rescheduling failed markers
-	ClearCalls  int // calls of Config.Clear or Config.ClearBatch
+	ClearCalls  int // calls of Config.Clear or Config.ClearBatch, or of a ClearDeleter
+
+	// FailedCalls counts the calls of ClearCalls that failed as a whole
+	// (an error other than a BatchError, a panic, runtime.Goexit or
+	// ClearTimeout), also those whose ids a bisection then cleared apart:
+	// Failed counts only the ids that end the pass failed. TimedOutCalls
+	// and PanickedCalls (runtime.Goexit included) are those of them that
+	// ran past ClearTimeout or panicked.
+	FailedCalls, TimedOutCalls, PanickedCalls int
 
 	// Duration is how long the pass took by the sweep's Clock.
 	Duration time.Duration
@@ -214,6 +222,17 @@ type passState struct {
 	cutoffMs   int64
 	cutoffKey  []byte
 	notes      passNotes
+
+	// Written by the clears of a page, which run concurrently.
+	up, outage                                atomic.Bool  // some clear of the pass succeeded; every one failed, down to single ids
+	failedCalls, timedOutCalls, panickedCalls atomic.Int64 // folded into st after each page
+}
+
+// foldCalls adds the page's failed calls to the pass's Stats.
+func (p *passState) foldCalls() {
+	p.st.FailedCalls += int(p.failedCalls.Swap(0))
+	p.st.TimedOutCalls += int(p.timedOutCalls.Swap(0))
+	p.st.PanickedCalls += int(p.panickedCalls.Swap(0))
 }
 
 // dueEnd returns the exclusive end of the range of markers due before
@@ -306,6 +325,7 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 	s.dedupe(items)
 	calls, err := s.clearAll(ctx, p, keys, items)
 	p.st.ClearCalls += calls
+	p.foldCalls()
 	if err == nil {
 		err = ctx.Err()
 	}
