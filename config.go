@@ -56,11 +56,14 @@ type Config struct {
 	// holds per id: idempotent, a marker deleted only once its id is
 	// cleared, failures retried after RetryDelay. Any other error, a panic, a timeout or a
 	// runtime.Goexit fails the call as a whole: the sweep then tries each
-	// half of the batch and splits further the half that fails, so one id
-	// that always fails costs about 2·log2(BatchSize) more calls and keeps
-	// no other id from being cleared. Where both halves fail, the fault is
-	// taken to be no one id's (a dependency is down): every id of the
-	// batch waits out its retry delay instead of being called one by one.
+	// half of the batch and splits further each half that fails, so each
+	// id that always fails costs about 2·log2(BatchSize) more calls and
+	// keeps no other id from being cleared; it goes alone afterwards. Until
+	// some clear of the pass succeeds, the sweep follows one path of the
+	// bisection, at most log2(BatchSize)+2 calls: when nothing succeeds,
+	// the fault is taken to be no one id's (a dependency is down), and the
+	// ids not tried alone wait out their retry delay instead of being
+	// called one by one.
 	// An error wrapping ErrLiveAgain for the whole call drops every marker
 	// of the batch. ClearTimeout bounds each call; Concurrency is the
 	// number of batches in flight.
