@@ -217,3 +217,87 @@ func TestReviewAtomicDupSurvivesMoveThenFailedDelete(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, kv.cleared["x"], "x cleared exactly once on the atomic path (markers now: %v)", markerIDs(t, kv, prefix))
 }
+
+// fenceMem is an adapter whose writes apply a fence carried on ctx
+// (retention.Fenced), as pgkv, rediskv and etcdkv do.
+type fenceMem struct {
+	*MemKV
+	mu              sync.Mutex
+	fenced, plain   int
+}
+
+func (f *fenceMem) Delete(ctx context.Context, keys ...[]byte) error {
+	view, err := Fenced(ctx, f)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return view.Delete(ctx, keys...)
+	}
+	f.mu.Lock()
+	f.plain++
+	f.mu.Unlock()
+	return f.MemKV.Delete(ctx, keys...)
+}
+
+type fenceMemView struct{ f *fenceMem }
+
+func (v fenceMemView) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
+	return v.f.MemKV.Scan(ctx, s, e, n)
+}
+func (v fenceMemView) Delete(ctx context.Context, keys ...[]byte) error {
+	v.f.mu.Lock()
+	v.f.fenced++
+	v.f.mu.Unlock()
+	return v.f.MemKV.Delete(ctx, keys...)
+}
+
+type fenceLease struct{ lost chan struct{} }
+
+func (l *fenceLease) Lost() <-chan struct{}         { return l.lost }
+func (l *fenceLease) Release(context.Context) error { return nil }
+func (l *fenceLease) Fence(kv KV) (KV, bool) {
+	if f, ok := kv.(*fenceMem); ok {
+		return fenceMemView{f}, true
+	}
+	return nil, false
+}
+
+type fenceLocker struct{}
+
+func (fenceLocker) TryAcquire(context.Context) (Lease, error) {
+	return &fenceLease{lost: make(chan struct{})}, nil
+}
+
+// dropCtxKV is a logging wrapper with Unwrap whose Delete does not pass
+// the call's context on (it uses its own, as code that adds a timeout from
+// context.Background() does).
+type dropCtxKV struct{ inner *fenceMem }
+
+func (d dropCtxKV) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
+	return d.inner.Scan(ctx, s, e, n)
+}
+func (d dropCtxKV) Delete(_ context.Context, keys ...[]byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return d.inner.Delete(ctx, keys...)
+}
+func (d dropCtxKV) Unwrap() KV { return d.inner }
+
+// TestReviewWrapperDroppingCtxIsUnfenced: issue 15 asks that an unfencable
+// store be a hard error for Run under a Fencer lease unless the user opts
+// out; README: "Under a lease that fences, Run and LeasedPass refuse a KV
+// they cannot fence". A wrapper with Unwrap that does not pass ctx on
+// writes unfenced, and LeasedPass neither refuses nor says so.
+func TestReviewWrapperDroppingCtxIsUnfenced(t *testing.T) {
+	inner := &fenceMem{MemKV: NewMemKV()}
+	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
+	s, _ := newSweep(t, dropCtxKV{inner}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+	st, err := s.LeasedPass(context.Background())
+	t.Logf("LeasedPass: %+v, %v; fenced deletes %d, unfenced %d", st, err, inner.fenced, inner.plain)
+	if err == nil {
+		assert.Zero(t, inner.plain, "a delete went out unfenced under a fencing lease, and LeasedPass returned nil")
+	} else {
+		assert.ErrorIs(t, err, ErrUnfenced)
+	}
+}

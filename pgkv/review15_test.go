@@ -1,0 +1,142 @@
+package pgkv_test
+
+// Adversarial review of issue 15 (branch review15).
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/pgkv"
+)
+
+// TestReviewMoveOntoItself: retention.Mover says each from[i] is replaced
+// by to[i]; MemKV, Redis, etcd and bbolt keep the key when to == from.
+func TestReviewMoveOntoItself(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	require.NoError(t, kv.Put(ctx, []byte("a"), nil))
+	require.NoError(t, kv.Move(ctx, bs("a"), bs("a")))
+	assert.Equal(t, []string{"a"}, keysOf(t, kv), "a Move of a key onto itself must keep it")
+
+	leases := freshLeaseTable(t, pool)
+	locker, err := pgkv.NewLocker(pool, "self", &pgkv.LockerOptions{TTL: 5 * time.Second, Table: leases})
+	require.NoError(t, err)
+	lease, err := locker.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	view, _ := lease.(retention.Fencer).Fence(kv)
+	require.NoError(t, kv.Put(ctx, []byte("b"), nil))
+	require.NoError(t, view.(retention.Mover).Move(ctx, bs("b"), bs("b")))
+	assert.Contains(t, keysOf(t, kv), "b", "a fenced Move of a key onto itself must keep it")
+}
+
+// TestReviewAtomicTrickySQL: the ClearFunc's statements, joined into one
+// simple-protocol query, with comments, dollar quotes, E'' strings and
+// NamedArgs, clear exactly the batch.
+func TestReviewAtomicTrickySQL(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "CREATE TABLE "+jobs+"_log (id text, note text)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+"_log") })
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[]) -- $2 in a comment", ids)
+		b.Queue("/* $1 /* nested $2 */ still $3 */ INSERT INTO "+jobs+"_log SELECT unnest($1::text[]), $$it's $1 $$ || E'\\' $2' || $tag$ $1 $tag$ || $2", ids, "x")
+		b.Queue("INSERT INTO "+jobs+"_log SELECT unnest(@ids::text[]), @note", pgx.NamedArgs{"ids": ids, "note": "n'amed"})
+		return nil
+	})
+	require.NoError(t, err)
+	ids := finishJobs(t, pool, kv, jobs, 5, time.Now().Add(-2*time.Hour))
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 5, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 0, count(t, pool, jobs))
+	assert.Equal(t, 10, count(t, pool, jobs+"_log"))
+	var note string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT note FROM "+jobs+"_log WHERE note <> 'n''amed' LIMIT 1").Scan(&note))
+	assert.Equal(t, "it's $1 ' $2 $1 x", note)
+	_ = ids
+}
+
+// TestReviewAtomicBigBatch: one ClearAndDelete of many keys (one
+// simple-protocol message with every key interpolated).
+func TestReviewAtomicBigBatch(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	const n = 65536
+	_, err = pool.Exec(ctx, fmt.Sprintf("INSERT INTO %s SELECT 'j' || lpad(g::text, 6, '0') FROM generate_series(0, %d) g", jobs, n-1))
+	require.NoError(t, err)
+	var keys [][]byte
+	at := time.Now().Add(-2 * time.Hour)
+	for i := range n {
+		k, err := retention.MarkerKey("jobs/done/", at.Add(time.Duration(i)*time.Microsecond), fmt.Sprintf("j%06d", i))
+		require.NoError(t, err)
+		keys = append(keys, k)
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO "+markers+" SELECT unnest($1::bytea[])", keys)
+	require.NoError(t, err)
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, PageSize: n, BatchSize: n})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, n, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 0, count(t, pool, jobs))
+}
+
+// TestReviewAtomicTrickyIDs: ids a custom ValidateID allows, sent through
+// the simple protocol (client-side interpolation of a text[]), reach the
+// ClearFunc's statement unchanged.
+func TestReviewAtomicTrickyIDs(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	ids := []string{`a"b`, `c\d`, `NULL`, ` sp `, `{x}`, `a,b`, `é`, `'q'`, `$1`, `--c`, `e'\'`}
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour,
+		ValidateID: func(string) error { return nil }})
+	require.NoError(t, err)
+	at := time.Now().Add(-2 * time.Hour)
+	for _, id := range ids {
+		_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (id) VALUES ($1)", id)
+		require.NoError(t, err)
+		key, err := s.MarkerKey(at, id)
+		require.NoError(t, err)
+		require.NoError(t, kv.Put(ctx, key, nil))
+	}
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, len(ids), st.Cleared, "stats %+v", st)
+	assert.Equal(t, 0, count(t, pool, jobs), "every job deleted")
+}
