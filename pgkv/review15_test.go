@@ -3,12 +3,16 @@ package pgkv_test
 // Adversarial review of issue 15 (branch review15).
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -139,4 +143,74 @@ func TestReviewAtomicTrickyIDs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, len(ids), st.Cleared, "stats %+v", st)
 	assert.Equal(t, 0, count(t, pool, jobs), "every job deleted")
+}
+
+// TestReviewHalfSentUnfencedMoveStrandsMarkers: README, atomic clears
+// "exactly once, without a lease" (several replicas, no lease). A replica
+// without a lease reschedules failed markers with KV.Move, one statement in
+// the extended protocol. If its host vanishes after the server got the
+// Execute and before the Sync, the server keeps the implicit transaction
+// open, holding the moved markers' rows, until TCP gives up (hours): every
+// other replica's atomic clear of those markers waits for them, times out
+// (ClearTimeout), reads them still there, bisects and fails. The issue asks
+// that no lock be strandable by the network; the lease row is safe now,
+// marker rows are not.
+func TestReviewHalfSentUnfencedMoveStrandsMarkers(t *testing.T) {
+	admin := connect(t)
+	markers := freshTable(t, admin)
+	jobs, _ := jobsTable(t, admin, markers)
+	ctx := context.Background()
+
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "unnest(")
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	p, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer vanishing.Close()
+	defer proxy.close()
+
+	writer, err := pgkv.New(admin, markers)
+	require.NoError(t, err)
+	ids := finishJobs(t, admin, writer, jobs, 4, time.Now().Add(-2*time.Hour))
+	keys, err := writer.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+	require.NoError(t, err)
+	require.Len(t, keys, 4)
+
+	// Replica A reschedules the first two markers (their clear failed) and
+	// vanishes mid-statement.
+	replicaA, err := pgkv.New(vanishing, markers)
+	require.NoError(t, err)
+	proxy.arm()
+	go func() {
+		mctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_ = replicaA.Move(mctx, keys[:2], [][]byte{append(bytes.Clone(keys[0]), 'x'), append(bytes.Clone(keys[1]), 'x')})
+	}()
+	select {
+	case <-proxy.cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Move never reached the server")
+	}
+
+	// Replica B sweeps with an atomic clear.
+	akv, err := writer.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, ClearTimeout: 300 * time.Millisecond, StoreTimeout: time.Second, RetryDelay: time.Millisecond, MaxRetryDelay: time.Millisecond})
+	require.NoError(t, err)
+	var st retention.Stats
+	for range 3 {
+		st, err = s.Pass(ctx)
+		t.Logf("replica B: %+v, %v", st, err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	left := count(t, admin, jobs)
+	assert.Equal(t, 0, left, "replica B could not clear %d of the expired jobs (%v): their marker rows are locked by a half-sent statement of a vanished replica", left, ids[:2])
 }
