@@ -214,3 +214,59 @@ func TestReviewHalfSentUnfencedMoveStrandsMarkers(t *testing.T) {
 	left := count(t, admin, jobs)
 	assert.Equal(t, 0, left, "replica B could not clear %d of the expired jobs (%v): their marker rows are locked by a half-sent statement of a vanished replica", left, ids[:2])
 }
+
+// TestReviewHalfSentUnfencedDeleteStallsSweep: the same with KV.Delete (a
+// replica without a lease, Clear mode): the other replica's Delete of the
+// page waits for the stranded rows, runs out of StoreTimeout and fails the
+// pass at that page, every pass, so no marker after it is ever deleted
+// until TCP gives up on the vanished host (and the page is cleared again
+// at every pass).
+func TestReviewHalfSentUnfencedDeleteStallsSweep(t *testing.T) {
+	admin := connect(t)
+	markers := freshTable(t, admin)
+	jobs, _ := jobsTable(t, admin, markers)
+	ctx := context.Background()
+
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "array_agg")
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	p, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer vanishing.Close()
+	defer proxy.close()
+
+	writer, err := pgkv.New(admin, markers)
+	require.NoError(t, err)
+	finishJobs(t, admin, writer, jobs, 4, time.Now().Add(-2*time.Hour))
+	keys, err := writer.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+	require.NoError(t, err)
+
+	replicaA, err := pgkv.New(vanishing, markers)
+	require.NoError(t, err)
+	proxy.arm()
+	go func() {
+		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_ = replicaA.Delete(dctx, keys[0])
+	}()
+	select {
+	case <-proxy.cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Delete never reached the server")
+	}
+	clears := map[string]int{}
+	s, err := retention.New(writer, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, PageSize: 2, StoreTimeout: time.Second,
+		Clear: func(_ context.Context, id string) error { clears[id]++; return nil }})
+	require.NoError(t, err)
+	for range 3 {
+		st, err := s.Pass(ctx)
+		t.Logf("replica B: cleared %d, deletes %d: %v", st.Cleared, st.DeleteCalls, err)
+	}
+	t.Logf("clears per id: %v", clears)
+	assert.Equal(t, 1, count(t, admin, markers), "every marker but the stranded one is deleted")
+}
