@@ -301,3 +301,33 @@ func TestReviewWrapperDroppingCtxIsUnfenced(t *testing.T) {
 		assert.ErrorIs(t, err, ErrUnfenced)
 	}
 }
+
+type selfUnwrap struct{ *MemKV }
+
+func (s selfUnwrap) Unwrap() KV { return s }
+
+type nilUnwrap struct{ *MemKV }
+
+func (nilUnwrap) Unwrap() KV { return nil }
+
+type nested struct{ KV }
+
+func (n nested) Unwrap() KV { return n.KV }
+
+// TestReviewUnwrapEdges (held): Unwrap returning itself or nil is refused
+// with ErrUnfenced, not a hang; nested wrappers over a fenceable KV are
+// fenced through the context.
+func TestReviewUnwrapEdges(t *testing.T) {
+	for _, kv := range []KV{selfUnwrap{NewMemKV()}, nilUnwrap{NewMemKV()}} {
+		s, _ := newSweep(t, kv, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+		_, err := s.LeasedPass(context.Background())
+		assert.ErrorIs(t, err, ErrUnfenced, "%T", kv)
+	}
+	inner := &fenceMem{MemKV: NewMemKV()}
+	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
+	s, _ := newSweep(t, nested{nested{inner}}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+	_, err := s.LeasedPass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, inner.fenced)
+	assert.Zero(t, inner.plain)
+}
