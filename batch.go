@@ -87,7 +87,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	for j := range alone {
 		batches = append(batches, alone[j:j+1:j+1])
 	}
-	b := &batching{s: s, p: p, ctx: ctx, wctx: p.writeCtx(ctx), kv: p.kv, items: items, keys: keys, atomic: cd}
+	b := &batching{s: s, p: p, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(s.concurrency, len(batches)) {
@@ -104,6 +104,9 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	wg.Wait()
 	p.st.ScanCalls += int(b.scans.Load())
 	p.st.Scanned += int(b.scanned.Load())
+	if ferr := p.fenceErr.Load(); ferr != nil {
+		return int(b.calls.Load()), *ferr
+	}
 	return int(b.calls.Load()), ctx.Err()
 }
 
@@ -125,8 +128,7 @@ type batching struct {
 	s      *Sweep
 	p      *passState
 	ctx    context.Context
-	wctx   context.Context // ctx, with the lease's fence for a ClearDeleter's writes
-	kv     KV              // the pass's KV, to read which markers are left
+	kv     KV // the pass's KV, to read which markers are left
 	items  []item
 	keys   [][]byte     // the page's keys: keys[i] is items[i]'s
 	atomic ClearDeleter // nil: ClearBatch, then the sweep deletes
@@ -239,13 +241,25 @@ func (b *batching) named(perID BatchError, idx []int) error {
 func (b *batching) tryAtomic(idx []int) error {
 	keys := b.keysOf(idx)
 	b.calls.Add(1)
-	err := b.s.callAtomic(b.wctx, b.atomic, b.idsOf(idx), keys)
+	wctx, mark := b.p.writeCtx(b.ctx)
+	err := b.s.callAtomic(wctx, b.atomic, b.idsOf(idx), keys)
+	if ferr := checkFenced(mark, b.kv, "ClearAndDelete"); ferr != nil {
+		// The call went out unfenced: what it did stands, but no other
+		// write may follow it; the page fails with ferr.
+		b.p.fenceErr.CompareAndSwap(nil, &ferr)
+		if err == nil {
+			for _, i := range idx {
+				b.items[i].out = clearedGone
+			}
+		}
+		return nil
+	}
 	var perID BatchError
 	switch {
 	case err == nil:
 		b.p.up.Store(true)
 		for _, i := range idx {
-			b.items[i].out = clearedGone
+			b.items[i].out, b.items[i].withDups = clearedGone, true
 		}
 		return nil
 	case b.ctx.Err() != nil:
@@ -298,12 +312,23 @@ func (b *batching) tryAtomic(idx []int) error {
 		}
 		return nil
 	}
+	// An id with a marker gone was cleared with it (by this call, or by
+	// another replica's with fewer of its markers): its other markers are
+	// duplicates the sweep deletes.
+	isLeft := func(key []byte) bool {
+		_, ok := slices.BinarySearchFunc(left, key, bytes.Compare)
+		return ok
+	}
 	var rest []int
 	for _, i := range idx {
-		if _, ok := slices.BinarySearchFunc(left, b.keys[i], bytes.Compare); ok {
-			rest = append(rest, i)
-		} else {
+		gone := !isLeft(b.keys[i])
+		for j := b.items[i].next; j != 0 && !gone; j = b.items[j-1].next {
+			gone = !isLeft(b.keys[j-1])
+		}
+		if gone {
 			b.items[i].out = clearedGone
+		} else {
+			rest = append(rest, i)
 		}
 	}
 	switch {

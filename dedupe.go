@@ -30,6 +30,7 @@ type seenIDs struct {
 // that page.
 type seenRec struct {
 	page, lo, hi, idx uint32
+	done              bool // its marker was cleared (or live again): the id is done with
 }
 
 // reset starts a pass, over its whole length when wide. A table grown by
@@ -67,10 +68,11 @@ func (s *seenIDs) page(all string) {
 	s.pages = append(s.pages, all)
 }
 
-// add records the id all[lo:hi] of items[idx] of the current page. When
-// the pass met the id before, it returns where: earlier is true when that
-// was on an earlier page, else at is its item on this page.
-func (s *seenIDs) add(lo, hi, idx int) (dup, earlier bool, at int) {
+// add records the id all[lo:hi] of items[idx] of the current page, and
+// returns its record. When the pass met the id before, dup is true and it
+// says where: earlier is true when that was on an earlier page, else at is
+// its item on this page.
+func (s *seenIDs) add(lo, hi, idx int) (rec int, dup, earlier bool, at int) {
 	if 2*(len(s.recs)+1) > len(s.slots) {
 		s.grow()
 	}
@@ -83,13 +85,13 @@ func (s *seenIDs) add(lo, hi, idx int) (dup, earlier bool, at int) {
 		if slot == 0 {
 			s.recs = append(s.recs, seenRec{page: page, lo: uint32(lo), hi: uint32(hi), idx: uint32(idx)})
 			s.slots[i] = tag | uint64(len(s.recs))
-			return false, false, 0
+			return len(s.recs) - 1, false, false, 0
 		}
 		if slot>>32<<32 != tag {
 			continue
 		}
 		if r := s.recs[uint32(slot)-1]; s.pages[r.page][r.lo:r.hi] == id {
-			return true, r.page != page, int(r.idx)
+			return int(uint32(slot) - 1), true, r.page != page, int(r.idx)
 		}
 	}
 }
@@ -106,4 +108,16 @@ func (s *seenIDs) grow() {
 		}
 		s.slots[i] = tag | uint64(j+1)
 	}
+}
+
+// done reports whether the marker of record rec was cleared.
+func (s *seenIDs) done(rec int) bool { return s.recs[rec].done }
+
+// markDone records that the marker of record rec was cleared.
+func (s *seenIDs) markDone(rec int) { s.recs[rec].done = true }
+
+// repoint makes record rec stand for the id all[lo:hi] of items[idx] of
+// the current page.
+func (s *seenIDs) repoint(rec, lo, hi, idx int) {
+	s.recs[rec] = seenRec{page: uint32(len(s.pages) - 1), lo: uint32(lo), hi: uint32(hi), idx: uint32(idx)}
 }

@@ -404,7 +404,7 @@ func TestFenceThroughWrapper(t *testing.T) {
 			stop := runInBackground(t.Context(), s)
 			synctest.Wait()
 			assert.Equal(t, 12, mem.Len(), "the fence refused the page in flight")
-			assert.Equal(t, int64(2), wrapper.deletes.Load(), "the two pages before the loss; none after")
+			assert.Equal(t, int64(3), wrapper.deletes.Load(), "the probe of the fence (a write of nothing) and the two pages before the loss; none after")
 			require.GreaterOrEqual(t, log.len(), 1)
 			assert.ErrorIs(t, log.err(0), ErrLeaseLost)
 			require.ErrorIs(t, stop(), context.Canceled)
@@ -450,7 +450,7 @@ func TestFenceThroughWrapper(t *testing.T) {
 // fence the store fails rather than goes out unfenced.
 func TestFencedRefusesAForeignFence(t *testing.T) {
 	t.Parallel()
-	ctx := withFence(context.Background(), typedFencer{fencingLease{&fakeLease{}}})
+	ctx, _ := withFence(context.Background(), typedFencer{fencingLease{&fakeLease{}}})
 	view, err := Fenced(ctx, NewMemKV())
 	require.ErrorIs(t, err, ErrUnfenced)
 	assert.Nil(t, view)
@@ -464,6 +464,16 @@ func TestFencedRefusesAForeignFence(t *testing.T) {
 type probeAtomic struct {
 	*atomicKV
 	fenced, unfenced atomic.Int64
+}
+
+func (p *probeAtomic) Delete(ctx context.Context, keys ...[]byte) error {
+	if f, err := Fenced(ctx, p); f != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return p.MemKV.Delete(ctx, keys...) // the fake fence lets every write through
+	}
+	return p.MemKV.Delete(ctx, keys...)
 }
 
 func (p *probeAtomic) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {

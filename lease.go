@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 )
 
 // Locker hands out the lease that lets one replica of a fleet sweep a shared
@@ -77,28 +78,52 @@ type unwrapper interface {
 // fenceKey is the context key of the fence a write must apply.
 type fenceKey struct{}
 
-// withFence returns ctx carrying f for the writes made under it.
-func withFence(ctx context.Context, f Fencer) context.Context {
-	return context.WithValue(ctx, fenceKey{}, f)
+// fenceMark is the fence on the context of one write: Fenced counts the
+// adapters that found it, so that a wrapper that does not pass the
+// context on is found out.
+type fenceMark struct {
+	f    Fencer
+	seen atomic.Int32
+}
+
+// withFence returns ctx carrying f for the writes made under it, and the
+// mark that tells whether an adapter found it.
+func withFence(ctx context.Context, f Fencer) (context.Context, *fenceMark) {
+	m := &fenceMark{f: f}
+	return context.WithValue(ctx, fenceKey{}, m), m
+}
+
+// checkFenced returns an error matching ErrUnfenced when a write made
+// through kv under the mark m never reached an adapter that applied it.
+func checkFenced(m *fenceMark, kv KV, op string) error {
+	if m == nil || m.seen.Load() > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s through a %T reached no adapter that applied the lease's fence: "+
+		"a wrapper must pass each call's context on to the KV it wraps (see Fencer)", ErrUnfenced, op, kv)
 }
 
 // Fenced is for implementers of KV and Fencer. It returns the view of kv
 // fenced by the lease whose fence ctx carries, when ctx carries one: Run
 // puts it on the context of every write of a pass over a wrapped KV (see
 // Fencer). An adapter whose leases fence it calls Fenced first in each of
-// its write methods (Delete, Put, Move, ClearAndDelete) and, when it
-// returns a view, writes through the view instead, which must not call
-// back into those methods. It returns nil and no error when ctx carries
+// its write methods (Delete, Put, Move, ClearAndDelete), even one given
+// nothing to write, and, when it returns a view, writes through the view
+// instead, which must not call back into those methods. Run checks that
+// each write reached Fenced: before a pass it sends an empty Delete
+// through the wrapper, and a write that did not reach it fails the pass
+// with ErrUnfenced. It returns nil and no error when ctx carries
 // no fence, and an error matching ErrUnfenced when the fence cannot fence
 // kv: the write must then fail rather than go out unfenced.
 func Fenced(ctx context.Context, kv KV) (KV, error) {
-	f, ok := ctx.Value(fenceKey{}).(Fencer)
+	m, ok := ctx.Value(fenceKey{}).(*fenceMark)
 	if !ok {
 		return nil, nil
 	}
-	view, ok := f.Fence(kv)
+	m.seen.Add(1)
+	view, ok := m.f.Fence(kv)
 	if !ok {
-		return nil, fmt.Errorf("%w: a write to a %T under a lease of %T", ErrUnfenced, kv, f)
+		return nil, fmt.Errorf("%w: a write to a %T under a lease of %T", ErrUnfenced, kv, m.f)
 	}
 	return view, nil
 }

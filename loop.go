@@ -138,13 +138,18 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 		}()
 	}
 	stats = make([]Stats, len(l.members))
-	var errs []error
+	// Every member's fence is settled before any passes: one that cannot
+	// be fenced stops the round before the others have swept.
+	kvs, fences := make([]KV, len(l.members)), make([]Fencer, len(l.members))
 	for i, m := range l.members {
-		kv, fence, err := l.fenced(lease, m)
-		if err != nil {
+		var err error
+		if kvs[i], fences[i], err = l.fenced(passCtx, lease, m); err != nil {
 			return stats, false, err
 		}
-		st, err := m.pass(passCtx, kv, fence)
+	}
+	var errs []error
+	for i, m := range l.members {
+		st, err := m.pass(passCtx, kvs[i], fences[i])
 		if err != nil && lease != nil && (isLost(lease) || errors.Is(err, ErrLeaseLost)) {
 			err, lost = fmt.Errorf("%w: %w", ErrLeaseLost, err), true
 		}
@@ -167,7 +172,7 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 // or its KV with the fence on the context when it wraps one the lease can
 // fence. When the lease is a Fencer that can do neither, it returns an
 // error matching ErrUnfenced, unless the member allows unfenced writes.
-func (l *loop) fenced(lease Lease, m *Sweep) (KV, Fencer, error) {
+func (l *loop) fenced(ctx context.Context, lease Lease, m *Sweep) (KV, Fencer, error) {
 	f, ok := lease.(Fencer)
 	if !ok {
 		return m.kv, nil, nil
@@ -175,6 +180,16 @@ func (l *loop) fenced(lease Lease, m *Sweep) (KV, Fencer, error) {
 	view, onCtx, ok := fenceFor(f, m.kv)
 	switch {
 	case ok && onCtx:
+		// A wrapper that does not pass the context on would write
+		// unfenced: find out with a write of nothing.
+		pctx, mark := withFence(ctx, f)
+		err := m.kv.Delete(pctx)
+		if err == nil {
+			err = checkFenced(mark, m.kv, "Delete")
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("prefix %q: %w", m.prefix, err)
+		}
 		return m.kv, f, nil
 	case ok:
 		return view, nil, nil

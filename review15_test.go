@@ -21,8 +21,10 @@ type putOnlyMem struct{ m *MemKV }
 func (p putOnlyMem) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
 	return p.m.Scan(ctx, s, e, n)
 }
-func (p putOnlyMem) Delete(ctx context.Context, keys ...[]byte) error { return p.m.Delete(ctx, keys...) }
-func (p putOnlyMem) Put(ctx context.Context, k, v []byte) error      { return p.m.Put(ctx, k, v) }
+func (p putOnlyMem) Delete(ctx context.Context, keys ...[]byte) error {
+	return p.m.Delete(ctx, keys...)
+}
+func (p putOnlyMem) Put(ctx context.Context, k, v []byte) error { return p.m.Put(ctx, k, v) }
 
 // TestReviewPutOnlyClockStepBackLosesClear: README "Failures stay local"
 // and "Clear, then delete": a marker goes only once its Clear succeeded.
@@ -201,7 +203,10 @@ func TestReviewAtomicDupSurvivesMoveThenFailedDelete(t *testing.T) {
 	kv.delErr = func() error { return errors.New("store down (or SIGKILL)") }
 	s, clock := newSweep(t, kv, Config{Prefix: prefix})
 	_, err := s.Pass(context.Background())
-	require.Error(t, err, "the Delete failed")
+	// Fixed: the duplicate moves onto the first's new key in the same Move,
+	// so the pass makes no Delete for the failing Delete to hit.
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int{"x": 1}, markerIDs(t, kv, prefix), "one marker of x after the reschedule")
 	t.Logf("after pass 1: %v", markerIDs(t, kv, prefix))
 
 	// Restart: a new Sweep, the faults gone.
@@ -222,8 +227,8 @@ func TestReviewAtomicDupSurvivesMoveThenFailedDelete(t *testing.T) {
 // (retention.Fenced), as pgkv, rediskv and etcdkv do.
 type fenceMem struct {
 	*MemKV
-	mu              sync.Mutex
-	fenced, plain   int
+	mu            sync.Mutex
+	fenced, plain int
 }
 
 func (f *fenceMem) Delete(ctx context.Context, keys ...[]byte) error {
@@ -328,6 +333,6 @@ func TestReviewUnwrapEdges(t *testing.T) {
 	s, _ := newSweep(t, nested{nested{inner}}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
 	_, err := s.LeasedPass(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, 1, inner.fenced)
+	assert.Equal(t, 2, inner.fenced, "the probe of the fence and the pass's delete")
 	assert.Zero(t, inner.plain)
 }

@@ -224,8 +224,9 @@ type passState struct {
 	notes      passNotes
 
 	// Written by the clears of a page, which run concurrently.
-	up, outage                                atomic.Bool  // some clear of the pass succeeded; every one failed, down to single ids
-	failedCalls, timedOutCalls, panickedCalls atomic.Int64 // folded into st after each page
+	up, outage                                atomic.Bool           // some clear of the pass succeeded; every one failed, down to single ids
+	failedCalls, timedOutCalls, panickedCalls atomic.Int64          // folded into st after each page
+	fenceErr                                  atomic.Pointer[error] // a ClearDeleter's call that did not apply the fence
 }
 
 // foldCalls adds the page's failed calls to the pass's Stats.
@@ -311,7 +312,9 @@ type item struct {
 	// page, or -1 when that was on an earlier page; for the others, next is
 	// one more than the item of the id's next marker in the page, or 0.
 	primary, next int32
+	seen          int32 // one more than its record in the pass's seenIDs, or 0
 	out           outcome
+	withDups      bool // cleared by a ClearDeleter's call that deleted its duplicates too
 }
 
 // page handles one page of the expired range.
@@ -405,12 +408,19 @@ func (s *Sweep) dedupe(items []item) {
 		if it.out != pending && it.out != deferred {
 			continue
 		}
-		dup, earlier, at := s.seen.add(int(it.lo), int(it.hi), i)
+		rec, dup, earlier, at := s.seen.add(int(it.lo), int(it.hi), i)
+		it.seen = int32(rec) + 1
 		switch {
 		case !dup:
 			continue
-		case earlier:
+		case earlier && s.seen.done(rec):
 			it.out, it.primary = duplicate, -1
+			continue
+		case earlier:
+			// Its first marker in the pass was not cleared: it failed and
+			// moved, maybe to this very key (a clock that stepped back).
+			// Deleting this one could lose the id, so it is cleared anew.
+			s.seen.repoint(rec, int(it.lo), int(it.hi), i)
 			continue
 		}
 		it.out, it.primary = duplicate, int32(at)
@@ -430,7 +440,8 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	st := p.st
 	del := s.del[:0]
 	from, to := s.moveFrom[:0], s.moveTo[:0]
-	oldest := int64(-1) // ms of the oldest cleared marker: it has the largest lag
+	var targets map[int][]byte // where a failed marker with duplicates moves
+	oldest := int64(-1)        // ms of the oldest cleared marker: it has the largest lag
 	now := s.clock.Now()
 	for i := range items {
 		it := &items[i]
@@ -454,14 +465,30 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 				case pending:
 					continue // kept with the first, which stays
 				case clearedGone:
-					st.Duplicates++
-					continue // deleted in the same transaction
+					if items[it.primary].withDups {
+						st.Duplicates++
+						continue // deleted in the clear's transaction
+					}
+				case failed:
+					if target, ok := targets[int(it.primary)]; ok {
+						// Moved onto the first's new key in the same call: no
+						// crash leaves one of them behind, due before it.
+						st.Duplicates++
+						from, to = append(from, keys[i]), append(to, target)
+						continue
+					}
 				}
 			}
+			// The id is cleared (a ClearDeleter's call deleted this marker
+			// already, or its marker was gone: deleting it again is free),
+			// live again, or its first marker stays for it.
 			st.Duplicates++
 		case cleared, clearedGone:
 			st.Cleared++
 			s.retries.forget(it.id)
+			if it.seen != 0 {
+				s.seen.markDone(int(it.seen) - 1)
+			}
 			if oldest < 0 {
 				oldest = it.ms // items ascend, so the first cleared is the oldest
 			}
@@ -471,6 +498,9 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case liveAgain:
 			st.LiveAgain++
 			s.retries.forget(it.id)
+			if it.seen != 0 {
+				s.seen.markDone(int(it.seen) - 1)
+			}
 		case unknown:
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
@@ -486,6 +516,12 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			}
 			if move {
 				from, to = append(from, keys[i]), append(to, key)
+				if it.next != 0 {
+					if targets == nil {
+						targets = map[int][]byte{}
+					}
+					targets[i] = key
+				}
 				continue
 			}
 		}

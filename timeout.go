@@ -66,40 +66,44 @@ func (f *prefetch) wait(p *passState, err error) ([][]byte, error) {
 }
 
 func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
-	cctx, cancel := withTimeout(p.writeCtx(ctx), s.storeTimeout)
+	wctx, mark := p.writeCtx(ctx)
+	cctx, cancel := withTimeout(wctx, s.storeTimeout)
 	defer cancel()
 	p.st.DeleteCalls++
 	if err := p.kv.Delete(cctx, keys...); err != nil {
 		return s.storeErr(ctx, cctx, fmt.Sprintf("delete %d markers", len(keys)), err)
 	}
-	return nil
+	return checkFenced(mark, p.kv, "Delete")
 }
 
 func (s *Sweep) put(ctx context.Context, p *passState, key []byte) error {
-	cctx, cancel := withTimeout(p.writeCtx(ctx), s.storeTimeout)
+	wctx, mark := p.writeCtx(ctx)
+	cctx, cancel := withTimeout(wctx, s.storeTimeout)
 	defer cancel()
 	p.st.PutCalls++
 	if err := p.putter.Put(cctx, key, nil); err != nil {
 		return s.storeErr(ctx, cctx, "reschedule marker", err)
 	}
-	return nil
+	return checkFenced(mark, p.kv, "Put")
 }
 
 func (s *Sweep) move(ctx context.Context, p *passState, from, to [][]byte) error {
-	cctx, cancel := withTimeout(p.writeCtx(ctx), s.storeTimeout)
+	wctx, mark := p.writeCtx(ctx)
+	cctx, cancel := withTimeout(wctx, s.storeTimeout)
 	defer cancel()
 	p.st.PutCalls++
 	if err := p.mover.Move(cctx, from, to); err != nil {
 		return s.storeErr(ctx, cctx, fmt.Sprintf("reschedule %d markers", len(from)), err)
 	}
-	return nil
+	return checkFenced(mark, p.kv, "Move")
 }
 
 // writeCtx is the context of a write of the pass: ctx, carrying the
-// lease's fence when the pass writes through a wrapper (see Fencer).
-func (p *passState) writeCtx(ctx context.Context) context.Context {
+// lease's fence when the pass writes through a wrapper (see Fencer), with
+// the mark that tells whether the write applied it.
+func (p *passState) writeCtx(ctx context.Context) (context.Context, *fenceMark) {
 	if p.fence == nil {
-		return ctx
+		return ctx, nil
 	}
 	return withFence(ctx, p.fence)
 }

@@ -316,7 +316,11 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	if _, err := k.db.Exec(ctx, k.deleteSQL, k.deleteArgs(keys)...); err != nil {
+	// The simple protocol, as every write of the sweep: one message, run only
+	// once it has arrived whole. In the extended protocol, a holder cut off
+	// between Execute and Sync would leave the rows locked in an open
+	// transaction until TCP gives up (hours), stalling every replica.
+	if _, err := k.db.Exec(ctx, k.deleteSQL, append([]any{pgx.QueryExecModeSimpleProtocol}, k.deleteArgs(keys)...)...); err != nil {
 		return wrap(ctx, "delete from "+k.table, err)
 	}
 	return nil
@@ -343,7 +347,7 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 		}
 		return p.Put(ctx, key, value)
 	}
-	return k.put(ctx, k.db, key)
+	return k.put(ctx, k.db, key, pgx.QueryExecModeSimpleProtocol) // see Delete
 }
 
 // Move implements retention.Mover in one statement: it deletes the from
@@ -364,7 +368,7 @@ func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
 		}
 		return m.Move(ctx, from, to)
 	}
-	if _, err := k.db.Exec(ctx, k.moveSQL, from, to); err != nil {
+	if _, err := k.db.Exec(ctx, k.moveSQL, pgx.QueryExecModeSimpleProtocol, from, to); err != nil { // see Delete
 		return wrap(ctx, "move in "+k.table, err)
 	}
 	return nil
@@ -407,8 +411,8 @@ func (k *KV) MarkKeyTx(ctx context.Context, tx DB, key []byte) error {
 	return k.put(ctx, tx, key)
 }
 
-func (k *KV) put(ctx context.Context, db DB, key []byte) error {
-	if _, err := db.Exec(ctx, k.insertSQL, key); err != nil {
+func (k *KV) put(ctx context.Context, db DB, key []byte, mode ...any) error {
+	if _, err := db.Exec(ctx, k.insertSQL, append(mode, key)...); err != nil {
 		return wrap(ctx, "insert into "+k.table, err)
 	}
 	return nil
