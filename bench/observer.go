@@ -79,13 +79,15 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 }
 
 // logCounter is a slog.Handler that counts the records of Warn and above
-// and keeps the text of the first few Error records, which name the ids
-// and errors a failed clear is blamed on.
+// and keeps the text of the first Error record and of the one with the
+// largest "failed" count: they show which ids a failed clear is blamed on.
 type logCounter struct {
-	mu      sync.Mutex
-	errors  int
-	warns   int
-	samples []string
+	mu          sync.Mutex
+	errors      int
+	warns       int
+	first       string
+	worst       string
+	worstFailed int64
 }
 
 func (h *logCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
@@ -98,16 +100,37 @@ func (h *logCounter) Handle(_ context.Context, r slog.Record) error {
 		return nil
 	}
 	h.errors++
-	if len(h.samples) < 3 {
-		var b strings.Builder
-		b.WriteString(r.Message)
-		r.Attrs(func(a slog.Attr) bool {
-			b.WriteString(" " + a.String())
-			return true
-		})
-		h.samples = append(h.samples, b.String())
+	var b strings.Builder
+	b.WriteString(r.Message)
+	var failed int64
+	r.Attrs(func(a slog.Attr) bool {
+		b.WriteString(" " + a.String())
+		if a.Key == "failed" && a.Value.Kind() == slog.KindInt64 {
+			failed = a.Value.Int64()
+		}
+		return true
+	})
+	if h.errors == 1 {
+		h.first = b.String()
+	}
+	if failed > h.worstFailed {
+		h.worst, h.worstFailed = b.String(), failed
 	}
 	return nil
+}
+
+// samples returns the Error lines kept, the first and the worst.
+func (h *logCounter) samples() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	if h.first != "" {
+		out = append(out, "first: "+h.first)
+	}
+	if h.worst != "" && h.worst != h.first {
+		out = append(out, "most failed: "+h.worst)
+	}
+	return out
 }
 
 func (h *logCounter) WithAttrs([]slog.Attr) slog.Handler { return h }

@@ -301,7 +301,7 @@ loop:
 	res.LocksTaken = int(r.locksTaken.Load())
 	res.LocksMissed = int(r.locksMissed.Load())
 	res.Sweep, res.Passes, res.PassErrors, res.MaxLag, res.Lags = rec.Summary()
-	res.ErrorLines, res.WarnLines, res.ErrorSamples = logs.errors, logs.warns, logs.samples
+	res.ErrorLines, res.WarnLines, res.ErrorSamples = logs.errors, logs.warns, logs.samples()
 	res.BacklogMax, res.DBHealthyMax, res.DBAnyMax, res.BacklogBlind, res.Samples = mon.backlogMax, mon.healthyMax, mon.anyMax, mon.blindMax, mon.n
 	return res, r.truth(ctx, &res)
 }
@@ -473,13 +473,13 @@ func (r *poisonRun) truth(ctx context.Context, res *PoisonResult) error {
 			COALESCE(extract(epoch FROM percentile_disc(0.5) WITHIN GROUP (ORDER BY deleted_at - due_at)), 0)::float8,
 			COALESCE(extract(epoch FROM percentile_disc(0.99) WITHIN GROUP (ORDER BY deleted_at - due_at)), 0)::float8,
 			COALESCE(extract(epoch FROM max(deleted_at - due_at)), 0)::float8
-		FROM `+r.log+` GROUP BY fault`)
+		FROM `+r.log+` GROUP BY ROLLUP (fault)`)
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
 		var (
-			fault                      string
+			fault                      *string // nil: the total
 			n, distinct, early, over1s int
 			p50, p99, maxLag           float64
 		)
@@ -488,7 +488,12 @@ func (r *poisonRun) truth(ctx context.Context, res *PoisonResult) error {
 			return err
 		}
 		l := DBLags{Cleared: n, Over1s: over1s, P50: seconds(p50), P99: seconds(p99), Max: seconds(maxLag)}
-		switch fault {
+		if fault == nil {
+			res.All = l
+			res.ClearedTwice, res.Early = n-distinct, early
+			continue
+		}
+		switch *fault {
 		case faultNone:
 			res.Healthy = l
 		case faultPoison:
@@ -496,8 +501,6 @@ func (r *poisonRun) truth(ctx context.Context, res *PoisonResult) error {
 		case faultLocked:
 			res.LockedLags = l
 		}
-		res.ClearedTwice += n - distinct
-		res.Early += early
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

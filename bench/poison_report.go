@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,7 +30,8 @@ type PoisonResult struct {
 
 	// The database's figures.
 	Healthy, Poisoned, LockedLags DBLags
-	HealthyLeft, JobsLeft         int // jobs not deleted at the end
+	All                           DBLags // every job, whatever its fault
+	HealthyLeft, JobsLeft         int    // jobs not deleted at the end
 	MarkersLeft                   int
 	ClearedTwice, Early           int // correctness: both must be 0
 
@@ -66,12 +68,12 @@ func PoisonTables(w io.Writer, rs []PoisonResult) error {
 			r.ClearedTwice, r.Early)
 	}
 	b.WriteString("\nWhat the sweep reported (Stats summed over passes; lag samples from an Observer; Backlog polled every 250 ms beside the database's oldest due job):\n\n")
-	b.WriteString("| configuration | passes | Cleared | Failed (poison ids) | Retried | ClearCalls | Error lines | lag samples | lag p99 | lag max | Backlog.Age max | DB oldest healthy max | DB oldest any max | largest gap DB − Backlog | markers left |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| configuration | passes | Cleared | Failed (poison ids) | Retried | ClearCalls | Error lines | lag samples | > 1 s (DB, all jobs) | lag p99 (DB) | lag max (DB) | Backlog.Age max | DB oldest healthy max | DB oldest any max | largest gap DB − Backlog | markers left |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d | %d | %s | %s | %s | %s | %s | %s | %d |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d | %d | %d (%d) | %s (%s) | %s (%s) | %s | %s | %s | %s | %d |\n",
 			r.Config.Name, r.Passes, r.Sweep.Cleared, r.Sweep.Failed, r.PoisonJobs, r.Sweep.Retried, r.Sweep.ClearCalls, r.ErrorLines,
-			len(r.Lags), dur(quantile(r.Lags, 0.99)), dur(quantile(r.Lags, 1)),
+			len(r.Lags), over(r.Lags, time.Second), r.All.Over1s, dur(quantile(r.Lags, 0.99)), dur(r.All.P99), dur(quantile(r.Lags, 1)), dur(r.All.Max),
 			dur(r.BacklogMax), dur(r.DBHealthyMax), dur(r.DBAnyMax), dur(r.BacklogBlind), r.MarkersLeft)
 	}
 	b.WriteString("\n")
@@ -80,7 +82,7 @@ func PoisonTables(w io.Writer, rs []PoisonResult) error {
 			fmt.Fprintf(&b, "%s: %d passes ended in an error; row locks held %d, missed %d (row already deleted); jobs left %d; first Error lines:\n",
 				r.Config.Name, r.PassErrors, r.LocksTaken, r.LocksMissed, r.JobsLeft)
 			for _, s := range r.ErrorSamples {
-				fmt.Fprintf(&b, "    %.300s\n", s)
+				fmt.Fprintf(&b, "    %.400s\n", s)
 			}
 		}
 	}
@@ -98,4 +100,10 @@ func dur(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%.2f s", d.Seconds())
 	}
+}
+
+// over counts the samples of sorted above d.
+func over(sorted []time.Duration, d time.Duration) int {
+	i, _ := slices.BinarySearch(sorted, d+1)
+	return len(sorted) - i
 }
