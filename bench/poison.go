@@ -239,7 +239,6 @@ func (r *poisonRun) run(ctx context.Context, progress func(string)) (PoisonResul
 	}
 
 	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
 	var sweepers sync.WaitGroup
 	runErrs := make([]error, len(sweeps))
 	for i, s := range sweeps {
@@ -248,10 +247,16 @@ func (r *poisonRun) run(ctx context.Context, progress func(string)) (PoisonResul
 
 	start := time.Now()
 	writeCtx, stopWrite := context.WithCancel(ctx)
-	defer stopWrite()
-	var lockers sync.WaitGroup
+	var workers sync.WaitGroup // the writer and the row-lock holders it starts
 	writeErr := make(chan error, 1)
-	go func() { writeErr <- r.write(writeCtx, &lockers) }()
+	workers.Go(func() { writeErr <- r.write(writeCtx, &workers) })
+	// Every goroutine of the run ends before RunPoison drops the schema.
+	defer func() {
+		stopWrite()
+		stopRun()
+		workers.Wait()
+		sweepers.Wait()
+	}()
 
 	mon := &monitor{}
 	written := false
@@ -291,11 +296,11 @@ loop:
 	}
 	stopRun()
 	sweepers.Wait()
-	lockers.Wait()
+	workers.Wait()
 	res.Wall = time.Since(start)
 	for _, err := range runErrs {
 		if err != nil && !errors.Is(err, context.Canceled) {
-			return res, fmt.Errorf("Run: %w", err)
+			return res, fmt.Errorf("sweep run: %w", err)
 		}
 	}
 	res.LocksTaken = int(r.locksTaken.Load())
@@ -309,7 +314,7 @@ loop:
 // write finishes cfg.Jobs jobs at cfg.Rate, each job's row, its poison
 // entry and its marker in one transaction, and starts the holder of each
 // locked job's row lock.
-func (r *poisonRun) write(ctx context.Context, lockers *sync.WaitGroup) error {
+func (r *poisonRun) write(ctx context.Context, workers *sync.WaitGroup) error {
 	cfg := r.cfg
 	next := make(chan int)
 	errs := make(chan error, cfg.Writers)
@@ -317,7 +322,7 @@ func (r *poisonRun) write(ctx context.Context, lockers *sync.WaitGroup) error {
 	for range cfg.Writers {
 		writers.Go(func() {
 			for i := range next {
-				if err := r.writeJob(ctx, i, lockers); err != nil {
+				if err := r.writeJob(ctx, i, workers); err != nil {
 					errs <- err
 					return
 				}
@@ -352,7 +357,7 @@ pace:
 	return err
 }
 
-func (r *poisonRun) writeJob(ctx context.Context, i int, lockers *sync.WaitGroup) error {
+func (r *poisonRun) writeJob(ctx context.Context, i int, workers *sync.WaitGroup) error {
 	id := int64(i + 1)
 	fault := r.faults[i]
 	// The marker holds milliseconds: the row gets the same time, so that
@@ -385,7 +390,7 @@ func (r *poisonRun) writeJob(ctx context.Context, i int, lockers *sync.WaitGroup
 		}
 	}
 	if fault == faultLocked {
-		lockers.Go(func() { r.holdLock(ctx, id, due) })
+		workers.Go(func() { r.holdLock(ctx, id, due) })
 	}
 	return nil
 }
@@ -398,13 +403,16 @@ func (r *poisonRun) holdLock(ctx context.Context, id int64, due time.Time) {
 	case <-ctx.Done():
 		return
 	}
-	err := pgx.BeginFunc(context.WithoutCancel(ctx), r.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		var one int
 		if err := tx.QueryRow(ctx, `SELECT 1 FROM `+r.jobs+` WHERE id = $1 FOR UPDATE`, id).Scan(&one); err != nil {
 			return err
 		}
 		r.locksTaken.Add(1)
-		time.Sleep(r.cfg.LockFor)
+		select {
+		case <-time.After(r.cfg.LockFor):
+		case <-ctx.Done():
+		}
 		return nil
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -441,7 +449,7 @@ type monitor struct {
 func (r *poisonRun) sample(ctx context.Context, s *retention.Sweep, m *monitor) error {
 	b, err := s.Backlog(ctx, 1000)
 	if err != nil {
-		return fmt.Errorf("Backlog: %w", err)
+		return fmt.Errorf("sweep backlog: %w", err)
 	}
 	var healthy, all float64
 	err = r.pool.QueryRow(ctx, `SELECT
