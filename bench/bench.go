@@ -11,6 +11,13 @@
 // package only check, on a small backlog, that every contender clears what
 // it should.
 //
+// Poison is another kind of measure: the scenario of issue 16, a job
+// service on PostgreSQL whose sweep runs under Run while jobs finish at a
+// steady rate and a few of them cannot be deleted; RunPoison compares the
+// database's own record of every deletion with what the sweep reports
+// (Stats, an Observer's lag samples, Sweep.Backlog). The command
+// bench/cmd/poison runs it.
+//
 // The module is a module of its own so that no adapter depends on River or
 // asynq.
 package bench
