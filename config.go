@@ -107,6 +107,16 @@ type Config struct {
 	RetryDelay    time.Duration
 	MaxRetryDelay time.Duration
 
+	// MaxAttempts parks a marker whose clear failed this many times in a
+	// row: it moves to the sweep's parked range, where no pass reads it,
+	// is counted in Stats.Parked and logged at Error, and stays until
+	// Sweep.Requeue puts it back (list them with Sweep.Parked). Markers
+	// keep their count of failed attempts in the store, so it survives
+	// restarts and lease hand-overs. Zero means no limit: a marker is
+	// retried for ever, at most every MaxRetryDelay. It needs a KV that
+	// can write (a Mover or a Putter).
+	MaxAttempts int
+
 	// Clock tells the time. Nil means SystemClock.
 	Clock Clock
 
@@ -215,6 +225,10 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
 	case cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency:
 		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
+	case cfg.MaxAttempts < 0 || cfg.MaxAttempts > maxAttempts:
+		return invalidConfig("Config.MaxAttempts must be 0 (no limit) or 1 to %d, got %d", maxAttempts, cfg.MaxAttempts)
+	case cfg.MaxAttempts > 0 && !canWrite(kv):
+		return invalidConfig("Config.MaxAttempts is set, but the KV (%T) can neither Move nor Put: it cannot park a marker", kv)
 	case cfg.Interval < 0:
 		return invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
 	case cfg.ClearTimeout > 0 && cfg.ClearTimeout < time.Millisecond:
@@ -226,6 +240,13 @@ func checkConfig(kv KV, cfg *Config) error {
 		return err
 	}
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
+}
+
+// canWrite reports whether the sweep can write to kv.
+func canWrite(kv KV) bool {
+	_, mover := kv.(Mover)
+	_, putter := kv.(Putter)
+	return mover || putter
 }
 
 func isClearDeleter(kv KV) bool {

@@ -2,6 +2,7 @@ package retention
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -124,12 +125,22 @@ func appendTimestamp(dst []byte, ms uint64) []byte {
 }
 
 // ParseMarkerKey splits a marker key written by MarkerKey into the time it
-// records and its id. The returned id aliases key. Any key that MarkerKey
-// could not have produced for prefix is refused with an error matching
-// ErrMalformedMarker that says which part is wrong. It does not allocate on
-// success.
+// records and its id. The returned id aliases key. It also reads the keys
+// the sweep moves a marker to after a failed clear (its retry and parked
+// ranges, see Config.MaxAttempts), and returns the entity's finish time
+// they keep. Any other key is refused with an error matching
+// ErrMalformedMarker that says which part is wrong. It does not allocate
+// on success.
 func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err error) {
 	ms, id, _, err := parseKey(prefix, key)
+	if err != nil && len(key) > len(prefix) && string(key[:len(prefix)]) == prefix {
+		if infix := key[len(prefix)]; infix == retryInfix || infix == parkedInfix {
+			var k retryKey
+			if k, _, err = parseRetryKey(prefix, infix, key); err == nil {
+				ms, id = k.finished, k.id
+			}
+		}
+	}
 	if err != nil {
 		return time.Time{}, nil, err
 	}
@@ -252,4 +263,109 @@ func timestampError(key, rest []byte) error {
 
 func malformed(key []byte, part string, cause error) error {
 	return fmt.Errorf("%w %s: %s %w", ErrMalformedMarker, strconv.Quote(string(key)), part, cause)
+}
+
+// A marker whose clear failed moves to the sweep's retry range, and one
+// that failed Config.MaxAttempts times to its parked range. Both lie under
+// the prefix but outside the range of markers (the prefix followed by a
+// digit), where a sweep of an earlier version never reads, and keep the
+// entity's finish time and the number of failed attempts, so that lag,
+// backlog age and backoff count from the real due time across restarts:
+//
+//	<prefix>r<retry at, ms:020>/<finished, ms:020>/<attempts>/<id>
+//	<prefix>p<finished, ms:020>/<attempts>/<id>
+const (
+	retryInfix  = 'r'
+	parkedInfix = 'p'
+)
+
+// maxAttempts bounds the attempts a key records: nine digits.
+const maxAttempts = 999_999_999
+
+// retryKey is a parsed key of the retry or parked range.
+type retryKey struct {
+	at       int64 // retry range: when it falls due; parked range: finished
+	finished int64 // the entity's finish time, Unix ms
+	attempts int
+	id       []byte
+}
+
+// appendRetryKey appends the retry-range key of id, due again at atMs.
+func appendRetryKey(dst []byte, prefix string, atMs, finishedMs int64, attempts int, id string) []byte {
+	dst = append(append(dst, prefix...), retryInfix)
+	dst = append(appendTimestamp(dst, uint64(atMs)), '/')
+	dst = append(appendTimestamp(dst, uint64(finishedMs)), '/')
+	dst = append(strconv.AppendInt(dst, int64(min(attempts, maxAttempts)), 10), '/')
+	return append(dst, id...)
+}
+
+// appendParkedKey appends the parked-range key of id.
+func appendParkedKey(dst []byte, prefix string, finishedMs int64, attempts int, id string) []byte {
+	dst = append(append(dst, prefix...), parkedInfix)
+	dst = append(appendTimestamp(dst, uint64(finishedMs)), '/')
+	dst = append(strconv.AppendInt(dst, int64(min(attempts, maxAttempts)), 10), '/')
+	return append(dst, id...)
+}
+
+// parseRetryKey parses a key of the retry range (infix retryInfix) or of
+// the parked range (parkedInfix). foreign and err mean what they do for
+// parseKey: a key not of that shape is foreign; one whose time is out of
+// range is malformed. The id rule is left to the caller.
+func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign bool, err error) {
+	if len(key) <= len(prefix) || string(key[:len(prefix)]) != prefix || key[len(prefix)] != infix {
+		return k, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix+string(infix)))
+	}
+	rest := key[len(prefix)+1:]
+	stamps := []*int64{&k.at, &k.finished}
+	if infix == parkedInfix {
+		stamps = stamps[1:]
+		defer func() { k.at = k.finished }()
+	}
+	for _, stamp := range stamps {
+		v, ok := parseStamp(rest)
+		if !ok || rest[TimestampWidth] != '/' {
+			return k, true, malformed(key, "timestamp", fmt.Errorf("want %d digits and '/'", TimestampWidth))
+		}
+		if v > uint64(maxMarkerMs) {
+			return k, false, malformed(key, "timestamp", fmt.Errorf("%s is after %s (milliseconds)", rest[:TimestampWidth], MaxMarkerTime.Format(time.RFC3339Nano)))
+		}
+		*stamp, rest = int64(v), rest[TimestampWidth+1:]
+	}
+	n := 0
+	for n < len(rest) && n < 10 && '0' <= rest[n] && rest[n] <= '9' {
+		k.attempts = k.attempts*10 + int(rest[n]-'0')
+		n++
+	}
+	if n == 0 || n > 9 || n == len(rest) || rest[n] != '/' {
+		return k, true, malformed(key, "attempts", errors.New("want 1 to 9 digits and '/'"))
+	}
+	if k.id = rest[n+1:]; len(k.id) == 0 {
+		return k, true, malformed(key, "id", fmt.Errorf("%w: empty", ErrInvalidID))
+	}
+	return k, false, nil
+}
+
+// parseStamp reads the TimestampWidth digits at the start of b, when b
+// has them and a byte after them. A value past any marker time comes back
+// as one, rather than wrapped.
+func parseStamp(b []byte) (uint64, bool) {
+	if len(b) <= TimestampWidth {
+		return 0, false
+	}
+	hi, ok1 := parse8(b[0:8])
+	mid, ok2 := parse8(b[8:16])
+	var lo uint64
+	ok3 := true
+	for _, c := range b[16:TimestampWidth] {
+		d := c - '0' // a non-digit wraps past 9
+		ok3 = ok3 && d <= 9
+		lo = lo*10 + uint64(d)
+	}
+	if !ok1 || !ok2 || !ok3 {
+		return 0, false
+	}
+	if hi > uint64(maxMarkerMs)/1_000_000_000_000 {
+		return uint64(maxMarkerMs) + 1, true
+	}
+	return hi*1_000_000_000_000 + mid*10_000 + lo, true
 }

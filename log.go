@@ -18,6 +18,7 @@ const maxExamples = 3
 // trouble, with a count and a few examples.
 type passNotes struct {
 	failed, panicked, malformed, foreign tally
+	parked                               tally
 	putOff                               int   // ids not tried alone: every clear of the pass failed
 	outageErr                            error // the error of the first of them
 	rescheduleErr                        error // why failed markers could not be rewritten
@@ -64,6 +65,11 @@ func (n *passNotes) noteFailed(id string, err error) {
 	})
 }
 
+// noteParked records the marker of id parked after its last failure err.
+func (n *passNotes) noteParked(id string, err error) {
+	n.parked.add(func() string { return strconv.Quote(id) + ": " + errString(err) })
+}
+
 // noteMalformed records a malformed marker; err names the key.
 func (n *passNotes) noteMalformed(err error) {
 	n.malformed.add(func() string { return errString(err) })
@@ -96,6 +102,10 @@ func (s *Sweep) logPass(p *passState) {
 		// ends the pass failed for them, yet they cost time.
 		s.log.Warn("retention: clear calls failed as a whole; a bisection cleared their other ids apart",
 			"failed_calls", st.FailedCalls, "timed_out", st.TimedOutCalls, "panicked", st.PanickedCalls, "failed_ids", st.Failed)
+	}
+	if n.parked.n > 0 {
+		s.log.Error("retention: markers parked after Config.MaxAttempts failed clears; they stay until requeued (Sweep.Requeue)",
+			"parked", n.parked.n, "examples", n.parked.examples)
 	}
 	if n.rescheduleErr != nil {
 		s.log.Error("retention: could not reschedule failed markers; their retry delays are kept in memory",

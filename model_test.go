@@ -373,9 +373,23 @@ func (w *modelWorld) shortAll(keys [][]byte) string {
 	return "[" + strings.Join(s, " ") + "]"
 }
 
-// markerID returns the id of a valid marker key.
+// markerIDOf returns the id of a valid marker key, and the time ms that
+// makes it expired for a pass whose cutoff is above it: the marker time of
+// a marker; for one of the retry range, the later of its finish time and
+// its retry time less the retention (it is read once both have come);
+// never for one of the parked range.
 func markerIDOf(key []byte) (ms int64, id string, ok bool) {
 	ms, b, foreign, err := parseKey(modelPrefix, key)
+	if err != nil && len(key) > len(modelPrefix) {
+		if infix := key[len(modelPrefix)]; infix == retryInfix || infix == parkedInfix {
+			var k retryKey
+			k, foreign, err = parseRetryKey(modelPrefix, infix, key)
+			b, ms = k.id, max(k.finished, k.at-modelRetention.Milliseconds())
+			if infix == parkedInfix {
+				ms = math.MaxInt64
+			}
+		}
+	}
 	if err != nil || foreign || validateIDBytes(b) != nil {
 		return 0, "", false
 	}

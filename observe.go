@@ -1,9 +1,11 @@
 package retention
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -99,6 +101,11 @@ func (s *Sweep) observeLags(items []item, gone bool) {
 		lags = append(lags, lag)
 	}
 	s.lags = lags
+	// Markers of the retry range keep their finish times in no order: the
+	// Observer is promised lags that never increase.
+	if !slices.IsSortedFunc(lags, func(a, b time.Duration) int { return cmp.Compare(b, a) }) {
+		slices.SortFunc(lags, func(a, b time.Duration) int { return cmp.Compare(b, a) })
+	}
 	if len(lags) > 0 {
 		s.obs.ObserveLags(s.prefix, lags)
 	}

@@ -65,17 +65,18 @@ func (r *retries) delay(n int) time.Duration {
 	}
 }
 
-// failed records one more failure of id at now and returns when it may be
-// tried again.
-func (r *retries) failed(id string, now time.Time) time.Time {
+// failed records one more failure of id at now, after at least before
+// failures in a row (as its marker records), and returns how many in a row
+// that makes and when it may be tried again.
+func (r *retries) failed(id string, now time.Time, before int) (int, time.Time) {
 	if r.byID == nil {
 		r.byID = map[string]retry{}
 	}
 	e := r.byID[id]
-	e.failures++
+	e.failures = max(e.failures, before) + 1
 	e.notBefore = now.Add(r.delay(e.failures))
 	r.byID[id] = e
-	return e.notBefore
+	return e.failures, e.notBefore
 }
 
 // waiting reports whether id is in its retry delay at now.
@@ -136,15 +137,29 @@ func (r *retries) prune(now time.Time) {
 // that writes where Scan does not read (a wrapper that inherited Put from
 // the store it wraps) must not cost the marker. A key that lands on the old
 // one itself (the clock stepped back) moves nothing.
-func (s *Sweep) retry(ctx context.Context, p *passState, id string, old []byte) (key []byte, move bool) {
-	due := s.retries.failed(id, s.clock.Now())
-	p.st.Retried++
-	s.noteRetry(p, due)
-	if (p.mover == nil && p.putter == nil) || p.noPut {
-		return nil, false
+func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move bool) {
+	id := it.id
+	attempts, due := s.retries.failed(id, s.clock.Now(), int(it.attempts))
+	canWrite := (p.mover != nil || p.putter != nil) && !p.noPut
+	if canWrite && s.maxAttempts > 0 && attempts >= s.maxAttempts {
+		// Parked: out of every range a pass reads, until requeued.
+		p.st.Parked++
+		p.notes.noteParked(id, it.err)
+		s.retries.forget(id)
+		key = appendParkedKey(nil, s.prefix, it.ms, attempts, id)
+	} else {
+		p.st.Retried++
+		s.noteRetry(p, due)
+		if !canWrite {
+			return nil, false
+		}
+		dueMs, err := markerMillis(due)
+		if err != nil {
+			return nil, false
+		}
+		key = appendRetryKey(nil, s.prefix, dueMs, it.ms, attempts, id)
 	}
-	key, err := appendKey(nil, s.prefix, due.Add(-s.retention), id)
-	if err != nil || bytes.Equal(key, old) {
+	if bytes.Equal(key, old) {
 		return nil, false
 	}
 	if p.mover != nil {

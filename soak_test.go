@@ -800,7 +800,8 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 	t.Logf("end; log records: %d error, %d warn, %d info, %d debug; at most %d between two passes",
 		logs.error.Load(), logs.warn.Load(), logs.info.Load(), logs.debug.Load(), passes.mostRecords)
 	// However many clears fail, a pass logs at most a line per kind of
-	// trouble (failed and panicked clears, malformed and foreign keys) and a
-	// summary, and Run a line when the pass failed.
-	assert.LessOrEqual(t, passes.mostRecords, int64(6), "log records between two passes")
+	// trouble (failed, panicked and put-off clears, failed calls, parked
+	// markers, malformed and foreign keys) and a summary, and Run a line
+	// when the pass failed.
+	assert.LessOrEqual(t, passes.mostRecords, int64(9), "log records between two passes")
 }

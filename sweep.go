@@ -15,6 +15,7 @@ type Stats struct {
 	Cleared     int // markers whose Clear returned nil
 	Failed      int // markers whose Clear failed (error, panic, timeout, Goexit); they stay
 	Retried     int // failed markers put off until their retry delay is over
+	Parked      int // failed markers moved to the parked range, having failed Config.MaxAttempts times
 	Deferred    int // markers skipped because their retry delay is not over (KVs without Put)
 	Malformed   int // marker-shaped keys with a refused id or time, deleted without Clear
 	Foreign     int // keys under the prefix that are not marker-shaped, left alone
@@ -73,8 +74,12 @@ type Sweep struct {
 	startJitter  time.Duration
 	unfencedOK   bool
 
-	// lower and upper bound the marker space: the prefix followed by a digit.
-	lower, upper []byte
+	// lower and upper bound the marker space: the prefix followed by a
+	// digit; retryLower and retryUpper the retry range's, the prefix and
+	// 'r' followed by a digit.
+	lower, upper           []byte
+	retryLower, retryUpper []byte
+	maxAttempts            int
 
 	// running is set while a Run (or a Group's Run) runs the sweep.
 	running atomic.Bool
@@ -123,6 +128,9 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		unfencedOK:   cfg.AllowUnfenced,
 		lower:        append([]byte(cfg.Prefix), '0'),
 		upper:        append([]byte(cfg.Prefix), '9'+1),
+		retryLower:   append([]byte(cfg.Prefix), retryInfix, '0'),
+		retryUpper:   append([]byte(cfg.Prefix), retryInfix, '9'+1),
+		maxAttempts:  cfg.MaxAttempts,
 		busy:         make(chan struct{}, 1),
 		retries:      newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay)),
 	}
@@ -167,7 +175,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	defer func() { <-s.busy }()
 
 	start := s.clock.Now()
-	p := &passState{kv: kv, fence: fence, st: &st, cutoff: start.Add(-s.retention)}
+	p := &passState{kv: kv, fence: fence, st: &st, start: start, cutoff: start.Add(-s.retention)}
 	p.putter, _ = kv.(Putter)
 	p.mover, _ = kv.(Mover)
 	s.seen.reset(p.putter != nil && p.mover == nil)
@@ -205,8 +213,57 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	if err := s.peek(ctx, p); err != nil {
 		return st, err
 	}
+	if err := s.retryPass(ctx, p); err != nil {
+		return st, err
+	}
 	s.retries.prune(s.clock.Now())
 	return st, nil
+}
+
+// retryPass handles the markers of the retry range whose retry is due:
+// markers whose clear failed before, moved there with the time of their
+// next try. Most passes find none, in one Scan of one key, which also
+// tells when the next one falls due.
+func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
+	p.inRetry = true
+	defer func() { p.inRetry = false }()
+	p.retryDueMs = p.start.UnixMilli()
+	if time.UnixMilli(p.retryDueMs).Before(p.start) {
+		p.retryDueMs++ // due when at <= start: at < this
+	}
+	dueKey := appendTimestamp(append([]byte(nil), s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
+	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
+	if err != nil || len(first) == 0 {
+		return err
+	}
+	if k, _, err := parseRetryKey(s.prefix, retryInfix, first[0]); err == nil && k.at >= p.retryDueMs {
+		s.noteRetry(p, time.UnixMilli(k.at))
+		return nil
+	}
+	from := s.retryLower
+	for {
+		keys, err := s.scan(ctx, p, from, dueKey, s.pageSize)
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := s.page(ctx, p, keys); err != nil {
+				return err
+			}
+		}
+		if len(keys) < s.pageSize {
+			break
+		}
+		from = keyAfter(keys[len(keys)-1])
+	}
+	next, err := s.scan(ctx, p, dueKey, s.retryUpper, 1)
+	if err != nil || len(next) == 0 {
+		return err
+	}
+	if k, _, err := parseRetryKey(s.prefix, retryInfix, next[0]); err == nil {
+		s.noteRetry(p, time.UnixMilli(k.at))
+	}
+	return nil
 }
 
 // passState is what one pass carries from page to page.
@@ -218,6 +275,9 @@ type passState struct {
 	noPut      bool   // a rewrite failed this pass: keep retry delays in memory
 	putChecked bool   // a rewrite was read back this pass
 	st         *Stats
+	start      time.Time // the clock when the pass started
+	inRetry    bool      // the pages are the retry range's
+	retryDueMs int64     // a retry-range marker is due when its time is below this
 	cutoff     time.Time
 	cutoffMs   int64
 	cutoffKey  []byte
@@ -285,6 +345,8 @@ func cutoffMillis(cutoff time.Time) int64 {
 //	bad          deleted without a clear        Malformed
 //	foreign      kept                           Foreign
 //	deferred     kept: in its retry delay       Deferred
+//	unexpired    kept: a retry of a marker not
+//	             expired under today's Retention
 //	pending      kept: the clear never returned (a cancelled pass)
 type outcome uint8
 
@@ -299,6 +361,7 @@ const (
 	bad                        // malformed: deleted without Clear
 	foreign                    // not marker-shaped: left alone
 	deferred                   // in its retry delay: left for later
+	unexpired                  // in the retry range, not expired under today's Retention: left
 )
 
 // item is one key of a page on its way through a pass; items[i] stands for
@@ -313,6 +376,7 @@ type item struct {
 	// one more than the item of the id's next marker in the page, or 0.
 	primary, next int32
 	seen          int32 // one more than its record in the pass's seenIDs, or 0
+	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome
 	withDups      bool // cleared by a ClearDeleter's call that deleted its duplicates too
 }
@@ -349,11 +413,31 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	items := s.items[:0]
 	ids := s.ids[:0]
 	for _, key := range keys {
-		ms, id, isForeign, err := parseKey(s.prefix, key)
-		if err == nil && ms >= p.cutoffMs {
-			// Clearing this marker would delete state before its retention
-			// ran out.
-			break
+		var (
+			ms, at     int64
+			id         []byte
+			isForeign  bool
+			err        error
+			attempts   int
+			notExpired bool
+		)
+		if p.inRetry {
+			var k retryKey
+			k, isForeign, err = parseRetryKey(s.prefix, retryInfix, key)
+			ms, at, id, attempts = k.finished, k.at, k.id, k.attempts
+			if err == nil && at >= p.retryDueMs {
+				break // only a KV that breaks Scan's end bound returns it
+			}
+			// A Retention raised since the marker failed: it is not
+			// expired any more, and stays until it is.
+			notExpired = err == nil && ms >= p.cutoffMs
+		} else {
+			ms, id, isForeign, err = parseKey(s.prefix, key)
+			if err == nil && ms >= p.cutoffMs {
+				// Clearing this marker would delete state before its
+				// retention ran out.
+				break
+			}
 		}
 		if err == nil && s.validate == nil {
 			// The default rule runs on the bytes, before any string exists.
@@ -367,8 +451,10 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 			out = foreign
 		case err != nil:
 			out = bad
+		case notExpired:
+			out = unexpired
 		}
-		items = append(items, item{ms: ms, err: err, out: out, lo: int32(len(ids))})
+		items = append(items, item{ms: ms, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))})
 		if out == pending {
 			ids = append(ids, id...)
 		}
@@ -456,6 +542,9 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			continue
 		case pending:
 			continue // only a cancelled pass leaves one, and it returned before
+		case unexpired:
+			s.noteRetry(p, time.UnixMilli(it.ms).Add(s.retention))
+			continue
 		case bad:
 			st.Malformed++
 			p.notes.noteMalformed(it.err)
@@ -489,8 +578,8 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			if it.seen != 0 {
 				s.seen.markDone(int(it.seen) - 1)
 			}
-			if oldest < 0 {
-				oldest = it.ms // items ascend, so the first cleared is the oldest
+			if oldest < 0 || it.ms < oldest {
+				oldest = it.ms // the finish time: retries are not in its order
 			}
 			if it.out == clearedGone {
 				continue
@@ -505,12 +594,13 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
 			st.Retried++
-			s.noteRetry(p, s.retries.failed(it.id, now))
+			_, due := s.retries.failed(it.id, now, int(it.attempts))
+			s.noteRetry(p, due)
 			continue
 		case failed:
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
-			key, move := s.retry(ctx, p, it.id, keys[i])
+			key, move := s.retry(ctx, p, it, keys[i])
 			if key == nil {
 				continue
 			}
