@@ -19,12 +19,25 @@ type Backlog struct {
 	// clock: the figure to alert on. Zero when none is due.
 	Age time.Duration
 
-	// Due is how many due markers Backlog counted, at most the limit it
-	// was given.
+	// Due is how many due markers Backlog counted that were not tried yet,
+	// at most the limit it was given.
 	Due int
 
-	// More reports that there may be more due markers than Due: the limit
-	// was reached, or foreign keys filled the reads Backlog allows itself.
+	// Retrying is how many markers wait in the retry range: their clear
+	// failed and they are tried again later (see Config.RetryDelay). Their
+	// entities are due already, so the oldest of them counts for OldestID,
+	// OldestDue and Age like the others: an id that keeps failing makes
+	// the backlog grow older. At most the limit.
+	Retrying int
+
+	// Parked is how many markers are parked after Config.MaxAttempts failed
+	// clears, at most the limit: they are never cleared until requeued
+	// (Sweep.Requeue), and do not count in Age.
+	Parked int
+
+	// More reports that there may be more markers than Due, Retrying or
+	// Parked: a limit was reached, or foreign keys filled the reads
+	// Backlog allows itself.
 	More bool
 }
 
@@ -37,15 +50,16 @@ func (s *Sweep) Prefix() string { return s.prefix }
 
 // Backlog tells how far behind the sweep is, for a readiness probe or an
 // alert: the oldest marker that is due and not yet cleared, how long past
-// due it is, and how many markers are due, counting up to limit (1 to
-// MaxPageSize; a limit out of that range is an error, so that 0 is not
-// taken for "no limit"). It reads the KV through at most four Scan calls of
-// at most limit+1 keys each, never the whole range, whatever the number of
-// markers, and may run while a pass does.
+// due it is, and how many markers are due, retrying and parked, counting
+// each up to limit (1 to MaxPageSize; a limit out of that range is an
+// error, so that 0 is not taken for "no limit"). It reads each of the
+// three ranges through at most four Scan calls of at most limit+1 keys
+// each, never a whole range, whatever the number of markers, and may run
+// while a pass does.
 //
-// A marker waiting out a retry delay in memory (on a KV that is not a
-// Putter) counts as due; one rescheduled on a Putter falls due again at its
-// new time. Malformed markers and foreign keys are skipped.
+// A marker waiting out a retry delay in memory (on a KV that cannot write)
+// counts as due; one rescheduled by the sweep counts as retrying, from
+// its entity's due time. Malformed markers and foreign keys are skipped.
 func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 	var b Backlog
 	if err := s.configured("Backlog"); err != nil {
@@ -58,34 +72,74 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 		return b, fmt.Errorf("retention: Backlog's limit must be 1 to %d, got %d", MaxPageSize, limit)
 	}
 	now := s.clock.Now()
+	oldest := func(finishedMs int64, id []byte) {
+		if due := time.UnixMilli(finishedMs).Add(s.retention); b.OldestID == "" || due.Before(b.OldestDue) {
+			b.OldestID, b.OldestDue, b.Age = string(id), due, max(now.Sub(due), 0)
+		}
+	}
 	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
-	from := s.lower
-	for range backlogScans {
-		keys, err := s.scanKV(ctx, s.kv, from, cutoffKey, limit+1)
+	more, err := s.backlogRange(ctx, s.lower, cutoffKey, limit, func(key []byte) bool {
+		ms, id, isForeign, err := parseKey(s.prefix, key)
+		if isForeign || err != nil || s.checkIDBytes(key, id) != nil {
+			return false
+		}
+		if b.Due == 0 {
+			oldest(ms, id)
+		}
+		b.Due++
+		return true
+	})
+	if err != nil {
+		return Backlog{}, err
+	}
+	b.More = b.More || more
+	for _, r := range []struct {
+		infix byte
+		n     *int
+	}{{retryInfix, &b.Retrying}, {parkedInfix, &b.Parked}} {
+		lower := append([]byte(s.prefix), r.infix, '0')
+		upper := append([]byte(s.prefix), r.infix, '9'+1)
+		more, err := s.backlogRange(ctx, lower, upper, limit, func(key []byte) bool {
+			k, isForeign, err := parseRetryKey(s.prefix, r.infix, key)
+			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
+				return false
+			}
+			if r.infix == retryInfix {
+				oldest(k.finished, k.id)
+			}
+			*r.n++
+			return true
+		})
 		if err != nil {
 			return Backlog{}, err
 		}
+		b.More = b.More || more
+	}
+	return b, nil
+}
+
+// backlogRange reads [from, end) for Backlog, passing each key to count,
+// which reports whether it counted it, until limit keys counted. It
+// reports whether there may be more.
+func (s *Sweep) backlogRange(ctx context.Context, from, end []byte, limit int, count func([]byte) bool) (more bool, err error) {
+	n := 0
+	for range backlogScans {
+		keys, err := s.scanKV(ctx, s.kv, from, end, limit+1)
+		if err != nil {
+			return false, err
+		}
 		for _, key := range keys {
-			ms, id, isForeign, err := parseKey(s.prefix, key)
-			if isForeign || err != nil || s.checkIDBytes(key, id) != nil {
-				continue
+			if n == limit {
+				return true, nil
 			}
-			if b.Due == limit {
-				b.More = true
-				return b, nil
+			if count(key) {
+				n++
 			}
-			if b.Due == 0 {
-				b.OldestID = string(id)
-				b.OldestDue = time.UnixMilli(ms).Add(s.retention)
-				b.Age = max(now.Sub(b.OldestDue), 0)
-			}
-			b.Due++
 		}
 		if len(keys) <= limit {
-			return b, nil // a short page: the due range is read to its end
+			return false, nil // a short page: the range is read to its end
 		}
 		from = keyAfter(keys[len(keys)-1])
 	}
-	b.More = true
-	return b, nil
+	return true, nil
 }

@@ -72,7 +72,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	var todo, alone []int
 	for i := range items {
 		if items[i].out == pending {
-			if s.retries.failures(items[i].id) > 0 {
+			if items[i].attempts > 0 || s.retries.failures(items[i].id) > 0 {
 				alone = append(alone, i)
 			} else {
 				todo = append(todo, i)

@@ -175,7 +175,7 @@ func FuzzParseMarkerKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, prefix string, key []byte, ms int64, id string) {
 		// Parsing arbitrary bytes never panics, and what it accepts
 		// re-encodes to the very same key.
-		if at, gotID, err := ParseMarkerKey(prefix, key); err == nil {
+		if at, gotID, err := ParseMarkerKey(prefix, key); err == nil && isDigit(key[len(prefix)]) {
 			again, err := MarkerKey(prefix, at, string(gotID))
 			require.NoError(t, err)
 			require.Equal(t, key, again)
@@ -278,5 +278,53 @@ func FuzzClassifyKey(f *testing.F) {
 			require.Equal(t, int64(v), ms)
 			require.Equal(t, key[len(prefix)+TimestampWidth+1:], id)
 		}
+	})
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// FuzzParseRetryKey: parsing a key of the retry or parked range never
+// panics, what it accepts re-encodes to the same key, and every key the
+// sweep writes parses back to what it was written with.
+func FuzzParseRetryKey(f *testing.F) {
+	f.Add("runs/", []byte("runs/r00000001764000000123/00000001764000000000/3/run-42"), int64(1764000000123), int64(1764000000000), 3, "a", true)
+	f.Add("runs/", []byte("runs/p00000001764000000000/12/x"), int64(0), int64(1), 1, "b", false)
+	f.Add("p/", []byte("p/r99999999999999999999/00000000000000000000/1/x"), int64(-1), int64(0), 0, "", true)
+	f.Fuzz(func(t *testing.T, prefix string, key []byte, at, finished int64, attempts int, id string, retry bool) {
+		infix := byte(parkedInfix)
+		if retry {
+			infix = retryInfix
+		}
+		if k, _, err := parseRetryKey(prefix, infix, key); err == nil {
+			require.LessOrEqual(t, k.finished, maxMarkerMs)
+			require.NotEmpty(t, k.id)
+			var again []byte
+			if retry {
+				again = appendRetryKey(nil, prefix, k.at, k.finished, k.attempts, string(k.id))
+			} else {
+				again = appendParkedKey(nil, prefix, k.finished, k.attempts, string(k.id))
+			}
+			// Attempts may be spelt with leading zeros; the rest is exact.
+			if k2, _, err := parseRetryKey(prefix, infix, again); assert.NoError(t, err) {
+				require.Equal(t, k, k2)
+			}
+			if _, gotID, err := ParseMarkerKey(prefix, key); err == nil {
+				require.Equal(t, k.id, gotID)
+			}
+		}
+		if at < 0 || at > maxMarkerMs || finished < 0 || finished > maxMarkerMs || attempts < 0 || attempts > maxAttempts || id == "" {
+			return
+		}
+		var key2 []byte
+		if retry {
+			key2 = appendRetryKey(nil, prefix, at, finished, attempts, id)
+		} else {
+			key2 = appendParkedKey(nil, prefix, finished, attempts, id)
+			at = finished
+		}
+		k, foreign, err := parseRetryKey(prefix, infix, key2)
+		require.NoError(t, err, "%q", key2)
+		require.False(t, foreign)
+		require.Equal(t, retryKey{at: at, finished: finished, attempts: attempts, id: []byte(id)}, k)
 	})
 }

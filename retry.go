@@ -149,14 +149,14 @@ func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (
 		key = appendParkedKey(nil, s.prefix, it.ms, attempts, id)
 	} else {
 		p.st.Retried++
-		s.noteRetry(p, due)
-		if !canWrite {
-			return nil, false
-		}
 		dueMs, err := markerMillis(due)
-		if err != nil {
+		if !canWrite || err != nil {
+			s.noteRetry(p, due)
 			return nil, false
 		}
+		// The key keeps whole milliseconds, rounded up: a pass at due
+		// itself would not find it due yet.
+		s.noteRetry(p, time.UnixMilli(dueMs))
 		key = appendRetryKey(nil, s.prefix, dueMs, it.ms, attempts, id)
 	}
 	if bytes.Equal(key, old) {

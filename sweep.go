@@ -227,9 +227,10 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	p.inRetry = true
 	defer func() { p.inRetry = false }()
+	// Due, like a marker, once strictly past: at < start, in whole ms.
 	p.retryDueMs = p.start.UnixMilli()
 	if time.UnixMilli(p.retryDueMs).Before(p.start) {
-		p.retryDueMs++ // due when at <= start: at < this
+		p.retryDueMs++
 	}
 	dueKey := appendTimestamp(append([]byte(nil), s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
 	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
