@@ -30,6 +30,11 @@ type Backlog struct {
 	// the backlog grow older. At most the limit.
 	Retrying int
 
+	// RetryingAge is how long past due the oldest of the retrying markers'
+	// entities was when Backlog read the clock: the figure to alert on for
+	// stuck ids. Zero when none is retrying.
+	RetryingAge time.Duration
+
 	// Parked is how many markers are parked after Config.MaxAttempts failed
 	// clears, at most the limit: they are never cleared until requeued
 	// (Sweep.Requeue), and do not count in Age.
@@ -106,6 +111,8 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 			}
 			if r.infix == retryInfix {
 				oldest(k.finished, k.id)
+				due := time.UnixMilli(k.finished).Add(s.retention)
+				b.RetryingAge = max(b.RetryingAge, now.Sub(due))
 			}
 			*r.n++
 			return true

@@ -264,7 +264,14 @@ func (b *batching) tryAtomic(idx []int) error {
 		return nil
 	case b.ctx.Err() != nil:
 		// The pass is over: the markers stay for the next one, whose calls
-		// commit only where they are still there.
+		// commit only where they are still there. A call that committed
+		// as the pass was cut short is counted all the same, when a read
+		// outside the pass's context tells.
+		rctx, cancel := withTimeout(context.WithoutCancel(b.ctx), b.s.storeTimeout)
+		defer cancel()
+		if left, cerr := b.left(rctx, keys); cerr == nil {
+			b.markGone(idx, left)
+		}
 		return err
 	case errors.As(err, &perID):
 		if err := b.named(perID, idx); err != nil {
@@ -304,7 +311,7 @@ func (b *batching) tryAtomic(idx []int) error {
 	// timeout, a lost connection), or another replica's may have: the
 	// markers left say which. Markers are deleted only with their
 	// entities, so one that is gone is an entity cleared.
-	left, cerr := b.left(keys)
+	left, cerr := b.left(b.ctx, keys)
 	if cerr != nil {
 		for _, i := range idx {
 			it := &b.items[i]
@@ -312,14 +319,29 @@ func (b *batching) tryAtomic(idx []int) error {
 		}
 		return nil
 	}
-	// An id with a marker gone was cleared with it (by this call, or by
-	// another replica's with fewer of its markers): its other markers are
-	// duplicates the sweep deletes.
+	rest := b.markGone(idx, left)
+	switch {
+	case len(rest) == len(idx):
+		return err // nothing committed: the call failed as a whole
+	case len(rest) > 0:
+		b.p.up.Store(true)
+		b.run(rest)
+	default:
+		b.p.up.Store(true)
+	}
+	return nil
+}
+
+// markGone records as cleared the items at idx with a marker missing from
+// left (the markers left, ascending), and returns the others. An id with
+// a marker gone was cleared with it (by this call, or by another replica's
+// with fewer of its markers): its other markers are duplicates the sweep
+// deletes.
+func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	isLeft := func(key []byte) bool {
 		_, ok := slices.BinarySearchFunc(left, key, bytes.Compare)
 		return ok
 	}
-	var rest []int
 	for _, i := range idx {
 		gone := !isLeft(b.keys[i])
 		for j := b.items[i].next; j != 0 && !gone; j = b.items[j-1].next {
@@ -331,16 +353,7 @@ func (b *batching) tryAtomic(idx []int) error {
 			rest = append(rest, i)
 		}
 	}
-	switch {
-	case len(rest) == len(idx):
-		return err // nothing committed: the call failed as a whole
-	case len(rest) > 0:
-		b.p.up.Store(true)
-		b.run(rest)
-	default:
-		b.p.up.Store(true)
-	}
-	return nil
+	return rest
 }
 
 // keysOf returns the markers of the items at idx, ascending: each item's
@@ -362,11 +375,11 @@ func (b *batching) keysOf(idx []int) [][]byte {
 
 // left reads which of keys (ascending, all in the expired range) are
 // still in the store, and returns them, ascending.
-func (b *batching) left(keys [][]byte) ([][]byte, error) {
+func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	var found [][]byte
 	from, end := keys[0], keyAfter(keys[len(keys)-1])
 	for {
-		page, err := b.s.scanKV(b.ctx, b.kv, from, end, b.s.pageSize)
+		page, err := b.s.scanKV(ctx, b.kv, from, end, b.s.pageSize)
 		b.scans.Add(1)
 		b.scanned.Add(int64(len(page)))
 		if err != nil {

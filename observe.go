@@ -46,6 +46,20 @@ type Observer interface {
 	// call returns: do not keep it.
 	ObserveLags(prefix string, lags []time.Duration)
 
+	// ObservePage is called after each page of a pass is settled, just
+	// after ObserveLags for its cleared markers, with what the page did:
+	// its counts by outcome (Cleared, Failed, Retried, Parked, Deferred,
+	// Malformed, Foreign, LiveAgain, Duplicates) and of calls (Scanned,
+	// ScanCalls, DeleteCalls, PutCalls, ClearCalls, FailedCalls,
+	// TimedOutCalls, PanickedCalls); Duration, MaxLag and NextDue are
+	// zero. A last call just before ObservePass carries what the pass did
+	// outside its pages (the keys its reads past the due range met, the
+	// clears a ClearDeleter committed in a page the pass left unsettled).
+	// Over a pass the calls add up to the counts of ObservePass's Stats:
+	// counters fed from ObservePage advance with the lag histogram, page by
+	// page, and ObservePass is left to count passes.
+	ObservePage(prefix string, page Stats)
+
 	// ObserveLease is called when Run or LeasedPass acquires, loses or
 	// releases the lease, or finds it held by another replica. A Group
 	// calls it for each of its sweeps.
@@ -117,6 +131,39 @@ func (l *loop) observeLease(e LeaseEvent) {
 		if m.obs != nil {
 			m.obs.ObserveLease(m.prefix, e)
 		}
+	}
+}
+
+// observePage tells the observer what the pass did since the last call:
+// one page, or the rest of the pass.
+func (s *Sweep) observePage(p *passState) {
+	if s.obs == nil {
+		return
+	}
+	d := p.st.counts().minus(p.observed)
+	if d == (Stats{}) {
+		return
+	}
+	p.observed = p.st.counts()
+	s.obs.ObservePage(s.prefix, d)
+}
+
+// counts returns st with only its counts: no Duration, MaxLag or NextDue.
+func (st *Stats) counts() Stats {
+	c := *st
+	c.Duration, c.MaxLag, c.NextDue = 0, 0, time.Time{}
+	return c
+}
+
+// minus returns the counts of a less those of b.
+func (a Stats) minus(b Stats) Stats {
+	return Stats{
+		Scanned: a.Scanned - b.Scanned, Cleared: a.Cleared - b.Cleared, Failed: a.Failed - b.Failed,
+		Retried: a.Retried - b.Retried, Parked: a.Parked - b.Parked, Deferred: a.Deferred - b.Deferred,
+		Malformed: a.Malformed - b.Malformed, Foreign: a.Foreign - b.Foreign, LiveAgain: a.LiveAgain - b.LiveAgain,
+		Duplicates: a.Duplicates - b.Duplicates, ScanCalls: a.ScanCalls - b.ScanCalls, DeleteCalls: a.DeleteCalls - b.DeleteCalls,
+		PutCalls: a.PutCalls - b.PutCalls, ClearCalls: a.ClearCalls - b.ClearCalls, FailedCalls: a.FailedCalls - b.FailedCalls,
+		TimedOutCalls: a.TimedOutCalls - b.TimedOutCalls, PanickedCalls: a.PanickedCalls - b.PanickedCalls,
 	}
 }
 

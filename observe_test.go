@@ -21,6 +21,7 @@ import (
 type recorder struct {
 	mu     sync.Mutex
 	passes []Stats
+	pages  []Stats
 	errs   []error
 	lags   []time.Duration
 	calls  int // ObserveLags calls
@@ -39,6 +40,12 @@ func (r *recorder) ObserveLags(prefix string, lags []time.Duration) {
 	defer r.mu.Unlock()
 	r.calls++
 	r.lags = append(r.lags, lags...)
+}
+
+func (r *recorder) ObservePage(prefix string, page Stats) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pages = append(r.pages, page)
 }
 
 func (r *recorder) ObserveLease(prefix string, e LeaseEvent) {
@@ -368,6 +375,8 @@ func (h *histObserver) ObserveLags(_ string, lags []time.Duration) {
 }
 
 func (h *histObserver) ObserveLease(string, LeaseEvent) {}
+
+func (h *histObserver) ObservePage(string, Stats) {}
 
 // BenchmarkPassObserved measures a pass clearing 100,000 markers on MemKV
 // without an observer and with one that buckets every lag, alternating the
@@ -739,3 +748,42 @@ func TestClearDeleterLagsWhenPageDeleteFails(t *testing.T) {
 type failDeleteKV struct{ *atomicKV }
 
 func (failDeleteKV) Delete(context.Context, ...[]byte) error { return errBoom }
+
+// TestObservePageAddsUpToThePass: ObservePage comes after each page's
+// ObserveLags with that page's counts, so that counters advance with the
+// lag histogram, and the calls of a pass add up to its Stats.
+func TestObservePageAddsUpToThePass(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	rec := &recorder{}
+	c := newClears()
+	c.set("m03", errBoom)
+	s, clock := newSweep(t, mem, Config{Clear: c.clear, Observer: rec, PageSize: 4})
+	for i := range 10 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	require.NoError(t, mem.Put(context.Background(), []byte("runs/9-not-a-marker"), nil))
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Len(t, rec.passes, 1)
+	require.GreaterOrEqual(t, len(rec.pages), 3, "one call per page of 4, and the rest")
+	var sum Stats
+	cleared := 0
+	for _, pg := range rec.pages {
+		assert.Zero(t, pg.Duration)
+		assert.True(t, pg.NextDue.IsZero())
+		cleared += pg.Cleared
+		sum = sum.plus(pg)
+	}
+	assert.Equal(t, st.counts(), sum, "the pages add up to the pass")
+	assert.Equal(t, len(rec.lags), cleared, "a lag per cleared marker, page by page")
+	assert.Equal(t, 1, sum.Failed)
+	assert.Equal(t, 1, sum.Foreign, "the peek's foreign key comes in the last call")
+}
+
+// plus returns the counts of a and b added.
+func (a Stats) plus(b Stats) Stats {
+	var zero Stats
+	return a.minus(zero.minus(b))
+}

@@ -48,7 +48,7 @@ func TestRescheduledKeepsDueTime(t *testing.T) {
 		require.Equal(t, 1, st.Failed)
 		b, err := s.Backlog(context.Background(), 10)
 		require.NoError(t, err)
-		assert.Equal(t, Backlog{OldestID: "x", OldestDue: b.OldestDue, Age: clock.Now().Sub(due), Retrying: 1}, b)
+		assert.Equal(t, Backlog{OldestID: "x", OldestDue: b.OldestDue, Age: clock.Now().Sub(due), Retrying: 1, RetryingAge: clock.Now().Sub(due)}, b)
 		assert.True(t, b.OldestDue.Equal(due), "OldestDue = %v, want the entity's due time %v", b.OldestDue, due)
 		ages = append(ages, b.Age)
 		clock.Set(st.NextDue.Add(time.Millisecond)) // the first pass after the retry falls due, as Run makes it

@@ -189,6 +189,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		}
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		s.logPass(p)
+		s.observePage(p)
 		s.observePass(ctx, st, err)
 	}()
 
@@ -283,6 +284,7 @@ type passState struct {
 	cutoffMs   int64
 	cutoffKey  []byte
 	notes      passNotes
+	observed   Stats // the counts an Observer was told of, page by page
 
 	// Written by the clears of a page, which run concurrently.
 	up, outage                                atomic.Bool           // some clear of the pass succeeded; every one failed, down to single ids
@@ -402,9 +404,12 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 		// cut short; they are all retried by the next pass instead. The
 		// batches a ClearDeleter committed are gone already: count them.
 		s.countGone(p, items)
+		s.observePage(p)
 		return err
 	}
-	return s.settle(ctx, p, keys, items)
+	err = s.settle(ctx, p, keys, items)
+	s.observePage(p)
+	return err
 }
 
 // parsePage sorts the keys of a page into items: markers to clear (pending),

@@ -58,6 +58,9 @@ func (r *Recorder) ObserveLags(_ string, lags []time.Duration) {
 // ObserveLease implements retention.Observer.
 func (r *Recorder) ObserveLease(string, retention.LeaseEvent) {}
 
+// ObservePage implements retention.Observer.
+func (r *Recorder) ObservePage(string, retention.Stats) {}
+
 // Summary returns the summed Stats, the number of passes and of passes
 // that ended in an error, the largest Stats.MaxLag, and the lag samples,
 // sorted.

@@ -29,6 +29,8 @@ func (l *leaseEvents) ObservePass(string, retention.Stats, error) {
 
 func (l *leaseEvents) ObserveLags(string, []time.Duration) {}
 
+func (l *leaseEvents) ObservePage(string, retention.Stats) {}
+
 func (l *leaseEvents) ObserveLease(_ string, e retention.LeaseEvent) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
