@@ -195,7 +195,7 @@ func (l *loop) fenced(ctx context.Context, lease Lease, m *Sweep) (KV, Fencer, e
 		return view, nil, nil
 	case m.unfencedOK:
 		l.warnUnfenced.Do(func() {
-			l.log.Warn("retention: the lease cannot fence this store; deletes rely on the lease's timing alone (Config.AllowUnfenced)", "prefix", m.prefix)
+			m.log.Warn("retention: the lease cannot fence this store; deletes rely on the lease's timing alone (Config.AllowUnfenced)")
 		})
 		return m.kv, nil, nil
 	}
