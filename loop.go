@@ -161,10 +161,19 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 			return stats, lost, nil
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("prefix %q: %w", m.prefix, err))
+			errs = append(errs, l.named(m, err))
 		}
 	}
 	return stats, false, errors.Join(errs...)
+}
+
+// named names m's prefix in err when the loop runs several sweeps; the log
+// of a single sweep's loop names it already.
+func (l *loop) named(m *Sweep, err error) error {
+	if len(l.members) == 1 {
+		return err
+	}
+	return fmt.Errorf("prefix %q: %w", m.prefix, err)
 }
 
 // fenced returns the KV a member's pass writes through, and the fence
@@ -188,7 +197,7 @@ func (l *loop) fenced(ctx context.Context, lease Lease, m *Sweep) (KV, Fencer, e
 			err = checkFenced(mark, m.kv, "Delete")
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("prefix %q: %w", m.prefix, err)
+			return nil, nil, l.named(m, err)
 		}
 		return m.kv, f, nil
 	case ok:
