@@ -149,8 +149,9 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 // left alone.
 //
 // Pass reads only the expired range of keys, plus one key past it to learn
-// Stats.NextDue, so a pass with nothing expired costs two Scan calls however
-// many markers wait. It returns an error when the KV fails or does not
+// Stats.NextDue, and the due part of the retry range (one key when none is
+// due), so a pass with nothing expired costs three Scan calls however many
+// markers wait. It returns an error when the KV fails or does not
 // answer within StoreTimeout, and ctx.Err() when ctx is done; in every case
 // no marker whose Clear did not succeed has been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
