@@ -221,7 +221,7 @@ func pgCrashCheck(t testing.TB, admin *pgxpool.Pool, markers, jobs, cleared stri
 	var s pgCrashState
 	ctx := context.Background()
 	err := pgx.BeginTxFunc(ctx, admin, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `WITH m AS (SELECT split_part(convert_from(key, 'UTF8'), '/', 3) AS id FROM `+markers+`),
+		return tx.QueryRow(ctx, `WITH m AS (SELECT regexp_replace(convert_from(key, 'UTF8'), '^.*/', '') AS id FROM `+markers+`), -- the id, after the last '/' of a marker or a retry key
 mc AS (SELECT id, count(*) AS n FROM m GROUP BY id)
 SELECT
 	(SELECT count(*) FROM `+jobs+` WHERE expired),
