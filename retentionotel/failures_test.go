@@ -90,6 +90,7 @@ func TestCountersAdvancePerPageOfAPass(t *testing.T) {
 // Failed clear calls are counted by cause, also those a bisection got
 // past, which end no marker failed.
 func TestFailedCallsByCause(t *testing.T) {
+	t.Parallel()
 	t.Run("Clear", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			o, reader := newObserver(t)
