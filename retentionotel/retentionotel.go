@@ -7,15 +7,20 @@
 //
 // The instruments, each with the attribute retention.prefix:
 //
-//	retention.markers          counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, deferred, malformed, foreign, live_again, duplicate)
-//	retention.passes           counter {pass}, by retention.pass.result (ok, error, canceled, lease_lost)
-//	retention.pass.duration    histogram s: how long passes take
-//	retention.clear.lag        histogram s: how long past due each entity was cleared
-//	retention.backlog.age      gauge s: how long past due the oldest uncleared marker is
-//	retention.backlog.markers  gauge {marker}: due markers not yet cleared, counted up to Options.BacklogLimit
-//	retention.backlog.errors   counter {error}: collections whose backlog read failed
-//	retention.lease.held       gauge {lease}: 1 while this replica holds the sweep's lease
-//	retention.lease.events     counter {event}, by retention.lease.event: acquired, held, lost, released
+//	retention.markers             counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate)
+//	retention.clear.calls         counter {call}: calls of Clear, ClearBatch or a ClearDeleter
+//	retention.clear.calls.failed  counter {call}, by retention.cause: those calls that failed as a whole (error, timeout, panic)
+//	retention.passes              counter {pass}, by retention.pass.result (ok, error, canceled, lease_lost)
+//	retention.pass.duration       histogram s: how long passes take
+//	retention.clear.lag           histogram s: how long past due each entity was cleared
+//	retention.backlog.age         gauge s: how long past due the oldest uncleared marker is, retrying ones included
+//	retention.backlog.markers     gauge {marker}: due markers not yet cleared, counted up to Options.BacklogLimit
+//	retention.retrying.markers    gauge {marker}: markers whose clear failed, waiting to be tried again, counted up to Options.BacklogLimit
+//	retention.retrying.age        gauge s: how long past due the oldest retrying marker's entity is
+//	retention.parked.markers      gauge {marker}: markers parked after Config.MaxAttempts failed clears, counted up to Options.BacklogLimit
+//	retention.backlog.errors      counter {error}: collections whose backlog read failed
+//	retention.lease.held          gauge {lease}: 1 while this replica holds the sweep's lease
+//	retention.lease.events        counter {event}, by retention.lease.event: acquired, held, lost, released
 package retentionotel
 
 import (
@@ -61,14 +66,31 @@ type Options struct {
 	LagBuckets      []float64
 	DurationBuckets []float64
 
-	// BacklogLimit caps the count of retention.backlog.markers, and so the
+	// BacklogLimit caps the counts of retention.backlog.markers,
+	// retention.retrying.markers and retention.parked.markers, and so the
 	// keys a collection reads per watched sweep (see
 	// retention.Sweep.Backlog). Zero means DefaultBacklogLimit; otherwise 1
 	// to retention.MaxPageSize.
 	BacklogLimit int
 }
 
-var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again", "duplicate"}
+var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate"}
+
+// outcomeCounts returns the counts of st by outcome, in the order of
+// outcomes.
+func outcomeCounts(st *retention.Stats) [len(outcomes)]int {
+	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates}
+}
+
+// The causes of retention.clear.calls.failed, in the order of causeCounts.
+var causes = [...]string{"error", "timeout", "panic"}
+
+// causeCounts returns the failed clear calls of st by cause, in the order
+// of causes. Timed-out and panicked calls are counted among FailedCalls
+// too: the rest failed with an error.
+func causeCounts(st *retention.Stats) [len(causes)]int {
+	return [...]int{max(st.FailedCalls-st.TimedOutCalls-st.PanickedCalls, 0), st.TimedOutCalls, st.PanickedCalls}
+}
 
 var results = [...]string{"ok", "error", "canceled", "lease_lost"}
 
@@ -77,10 +99,10 @@ var results = [...]string{"ok", "error", "canceled", "lease_lost"}
 type Observer struct {
 	limit int
 
-	markers, passes, leaseEvents, backlogErrors metric.Int64Counter
-	duration, lag                               metric.Float64Histogram
-	backlogAge                                  metric.Float64ObservableGauge
-	backlogMarkers, leaseHeld                   metric.Int64ObservableGauge
+	markers, clearCalls, failedCalls, passes, leaseEvents, backlogErrors metric.Int64Counter
+	duration, lag                                                        metric.Float64Histogram
+	backlogAge, retryingAge                                              metric.Float64ObservableGauge
+	backlogMarkers, retryingMarkers, parkedMarkers, leaseHeld            metric.Int64ObservableGauge
 
 	mu       sync.Mutex
 	byPrefix map[string]*attrs
@@ -92,6 +114,7 @@ type Observer struct {
 type attrs struct {
 	prefix    metric.MeasurementOption
 	outcome   [len(outcomes)]metric.MeasurementOption
+	cause     [len(causes)]metric.MeasurementOption
 	result    [len(results)]metric.MeasurementOption
 	event     map[retention.LeaseEvent]metric.MeasurementOption
 	record    []metric.RecordOption // prefix, for the histograms
@@ -146,7 +169,12 @@ func New(opts Options) (*Observer, error) {
 		return h
 	}
 	o.markers = counter("retention.markers", "{marker}",
-		"Markers a sweep handled, by outcome: cleared, failed, retried, deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again, duplicate.")
+		"Markers a sweep handled, by outcome: cleared, failed, retried, parked (failed Config.MaxAttempts times; never cleared until requeued), "+
+			"deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again, duplicate.")
+	o.clearCalls = counter("retention.clear.calls", "{call}", "Calls of Clear, ClearBatch or a ClearDeleter.")
+	o.failedCalls = counter("retention.clear.calls.failed", "{call}",
+		"Calls of Clear, ClearBatch or a ClearDeleter that failed as a whole, also those whose ids a bisection then cleared apart, "+
+			"by cause: error, timeout (ran past ClearTimeout), panic.")
 	o.passes = counter("retention.passes", "{pass}", "Passes a sweep made, by result: ok, error, canceled, lease_lost.")
 	o.leaseEvents = counter("retention.lease.events", "{event}", "Lease events: acquired, held (by another replica), lost, released.")
 	o.backlogErrors = counter("retention.backlog.errors", "{error}", "Collections whose read of the backlog failed.")
@@ -154,10 +182,20 @@ func New(opts Options) (*Observer, error) {
 	o.lag = histogram("retention.clear.lag", "How long past due (marker time plus retention) each cleared entity's marker was deleted.", lagBuckets)
 	var e error
 	o.backlogAge, e = m.Float64ObservableGauge("retention.backlog.age", metric.WithUnit("s"),
-		metric.WithDescription("How long past due the oldest marker not yet cleared is; 0 when the sweep is caught up."))
+		metric.WithDescription("How long past due the oldest marker not yet cleared is, a retrying one included (from its entity's due time, "+
+			"not its retry time); 0 when the sweep is caught up."))
 	err = errors.Join(err, e)
 	o.backlogMarkers, e = m.Int64ObservableGauge("retention.backlog.markers", metric.WithUnit("{marker}"),
 		metric.WithDescription(fmt.Sprintf("Due markers not yet cleared, counted up to %d.", limit)))
+	err = errors.Join(err, e)
+	o.retryingMarkers, e = m.Int64ObservableGauge("retention.retrying.markers", metric.WithUnit("{marker}"),
+		metric.WithDescription(fmt.Sprintf("Markers whose clear failed, waiting to be tried again, counted up to %d.", limit)))
+	err = errors.Join(err, e)
+	o.retryingAge, e = m.Float64ObservableGauge("retention.retrying.age", metric.WithUnit("s"),
+		metric.WithDescription("How long past due the oldest retrying marker's entity is; 0 when none is retrying."))
+	err = errors.Join(err, e)
+	o.parkedMarkers, e = m.Int64ObservableGauge("retention.parked.markers", metric.WithUnit("{marker}"),
+		metric.WithDescription(fmt.Sprintf("Markers parked after Config.MaxAttempts failed clears, never cleared until requeued, counted up to %d.", limit)))
 	err = errors.Join(err, e)
 	o.leaseHeld, e = m.Int64ObservableGauge("retention.lease.held", metric.WithUnit("{lease}"),
 		metric.WithDescription("1 while this replica holds the sweep's lease, else 0."))
@@ -165,19 +203,20 @@ func New(opts Options) (*Observer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.RegisterCallback(o.observe, o.backlogAge, o.backlogMarkers, o.leaseHeld); err != nil {
+	if _, err := m.RegisterCallback(o.observe, o.backlogAge, o.backlogMarkers, o.retryingMarkers, o.retryingAge, o.parkedMarkers, o.leaseHeld); err != nil {
 		return nil, err
 	}
 	return o, nil
 }
 
 // Watch makes the Observer report the backlog of the sweeps
-// (retention.backlog.age and retention.backlog.markers), read with
-// retention.Sweep.Backlog at every collection, under the collection's
-// context. A sweep watched again is read once. Sweeps of one prefix (over
-// different stores) share its attributes: the counters add up, and the
-// gauges show the oldest backlog age and the sum of the counts, or nothing
-// when a read failed.
+// (retention.backlog.age, retention.backlog.markers,
+// retention.retrying.markers, retention.retrying.age and
+// retention.parked.markers), read with retention.Sweep.Backlog at every
+// collection, under the collection's context. A sweep watched again is
+// read once. Sweeps of one prefix (over different stores) share its
+// attributes: the counters add up, and the gauges show the oldest ages and
+// the sums of the counts, or nothing when a read failed.
 func (o *Observer) Watch(sweeps ...*retention.Sweep) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -202,6 +241,9 @@ func (o *Observer) get(prefix string) *attrs {
 	for i, v := range outcomes {
 		a.outcome[i] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("retention.outcome", v)))
 	}
+	for i, v := range causes {
+		a.cause[i] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("retention.cause", v)))
+	}
 	for i, v := range results {
 		a.result[i] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("retention.pass.result", v)))
 	}
@@ -218,16 +260,33 @@ func (o *Observer) attrs(prefix string) *attrs {
 	return o.get(prefix)
 }
 
-// ObservePass implements retention.Observer.
+// ObservePass implements retention.Observer. It counts the pass and its
+// duration; its markers and calls were counted page by page (ObservePage).
 func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 	a, ctx := o.attrs(prefix), context.Background()
-	for i, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates} {
+	o.passes.Add(ctx, 1, a.result[passResult(err)])
+	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
+}
+
+// ObservePage implements retention.Observer. It counts a page's markers by
+// outcome and its clear calls, so that the counters advance with the lag
+// histogram: a collection in the middle of a pass sees as many cleared
+// markers as lags.
+func (o *Observer) ObservePage(prefix string, page retention.Stats) {
+	a, ctx := o.attrs(prefix), context.Background()
+	for i, n := range outcomeCounts(&page) {
 		if n > 0 {
 			o.markers.Add(ctx, int64(n), a.outcome[i])
 		}
 	}
-	o.passes.Add(ctx, 1, a.result[passResult(err)])
-	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
+	if page.ClearCalls > 0 {
+		o.clearCalls.Add(ctx, int64(page.ClearCalls), a.prefix)
+	}
+	for i, n := range causeCounts(&page) {
+		if n > 0 {
+			o.failedCalls.Add(ctx, int64(n), a.cause[i])
+		}
+	}
 }
 
 // passResult is the index in results of a pass that ended with err. A
@@ -282,9 +341,9 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 	watched := append([]*retention.Sweep(nil), o.watched...)
 	o.mu.Unlock()
 	type backlog struct {
-		age    time.Duration
-		due    int
-		failed bool
+		age, retryingAge      time.Duration
+		due, retrying, parked int
+		failed                bool
 	}
 	// Read at once, so that a store that does not answer does not hold up
 	// the others until the collection's deadline.
@@ -312,6 +371,7 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 			continue
 		}
 		b.age, b.due = max(b.age, got.Age), b.due+got.Due
+		b.retryingAge, b.retrying, b.parked = max(b.retryingAge, got.RetryingAge), b.retrying+got.Retrying, b.parked+got.Parked
 	}
 	for _, prefix := range prefixes {
 		a, b := o.attrs(prefix), backlogs[prefix]
@@ -321,6 +381,9 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 		}
 		obs.ObserveFloat64(o.backlogAge, b.age.Seconds(), a.prefix)
 		obs.ObserveInt64(o.backlogMarkers, int64(b.due), a.prefix)
+		obs.ObserveInt64(o.retryingMarkers, int64(b.retrying), a.prefix)
+		obs.ObserveFloat64(o.retryingAge, b.retryingAge.Seconds(), a.prefix)
+		obs.ObserveInt64(o.parkedMarkers, int64(b.parked), a.prefix)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()

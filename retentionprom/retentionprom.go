@@ -6,15 +6,20 @@
 //
 // Every series is labelled by the sweep's prefix:
 //
-//	retention_markers_total{outcome}        counter: markers handled, by outcome (cleared, failed, retried, deferred, malformed, foreign, live_again, duplicate)
-//	retention_passes_total{result}          counter: passes, by result (ok, error, canceled, lease_lost)
-//	retention_pass_duration_seconds         histogram: how long passes take
-//	retention_clear_lag_seconds             histogram: how long past due each entity was cleared
-//	retention_backlog_age_seconds           gauge: how long past due the oldest uncleared marker is
-//	retention_backlog_markers               gauge: due markers not yet cleared, counted up to Options.BacklogLimit
-//	retention_backlog_errors_total          counter: scrapes whose backlog read failed
-//	retention_lease_held                    gauge: 1 while this replica holds the sweep's lease
-//	retention_lease_events_total{event}     counter: lease acquired, held (by another), lost, released
+//	retention_markers_total{outcome}           counter: markers handled, by outcome (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate)
+//	retention_clear_calls_total                counter: calls of Clear, ClearBatch or a ClearDeleter
+//	retention_clear_calls_failed_total{cause}  counter: those calls that failed as a whole, by cause (error, timeout, panic)
+//	retention_passes_total{result}             counter: passes, by result (ok, error, canceled, lease_lost)
+//	retention_pass_duration_seconds            histogram: how long passes take
+//	retention_clear_lag_seconds                histogram: how long past due each entity was cleared
+//	retention_backlog_age_seconds              gauge: how long past due the oldest uncleared marker is, retrying ones included
+//	retention_backlog_markers                  gauge: due markers not yet cleared, counted up to Options.BacklogLimit
+//	retention_retrying_markers                 gauge: markers whose clear failed, waiting to be tried again, counted up to Options.BacklogLimit
+//	retention_retrying_age_seconds             gauge: how long past due the oldest retrying marker's entity is
+//	retention_parked_markers                   gauge: markers parked after Config.MaxAttempts failed clears, counted up to Options.BacklogLimit
+//	retention_backlog_errors_total             counter: scrapes whose backlog read failed
+//	retention_lease_held                       gauge: 1 while this replica holds the sweep's lease
+//	retention_lease_events_total{event}        counter: lease acquired, held (by another), lost, released
 package retentionprom
 
 import (
@@ -61,7 +66,8 @@ type Options struct {
 	LagBuckets      []float64
 	DurationBuckets []float64
 
-	// BacklogLimit caps the count of retention_backlog_markers, and so the
+	// BacklogLimit caps the counts of retention_backlog_markers,
+	// retention_retrying_markers and retention_parked_markers, and so the
 	// keys a scrape reads per watched sweep (see retention.Sweep.Backlog).
 	// Zero means DefaultBacklogLimit; otherwise 1 to retention.MaxPageSize.
 	BacklogLimit int
@@ -72,7 +78,24 @@ type Options struct {
 }
 
 // The outcomes of retention_markers_total, in the order of outcomeCounts.
-var outcomes = [...]string{"cleared", "failed", "retried", "deferred", "malformed", "foreign", "live_again", "duplicate"}
+var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate"}
+
+// outcomeCounts returns the counts of st by outcome, in the order of
+// outcomes.
+func outcomeCounts(st *retention.Stats) [len(outcomes)]int {
+	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates}
+}
+
+// The causes of retention_clear_calls_failed_total, in the order of
+// causeCounts.
+var causes = [...]string{"error", "timeout", "panic"}
+
+// causeCounts returns the failed clear calls of st by cause, in the order
+// of causes. Timed-out and panicked calls are counted among FailedCalls
+// too: the rest failed with an error.
+func causeCounts(st *retention.Stats) [len(causes)]int {
+	return [...]int{max(st.FailedCalls-st.TimedOutCalls-st.PanickedCalls, 0), st.TimedOutCalls, st.PanickedCalls}
+}
 
 // The results of retention_passes_total.
 var results = [...]string{"ok", "error", "canceled", "lease_lost"}
@@ -87,7 +110,9 @@ var leaseEvents = [...]retention.LeaseEvent{retention.LeaseAcquired, retention.L
 type Collector struct {
 	opts Options
 
-	markers, passes, passDuration, lag, backlogAge, backlogMarkers, backlogErrors, leaseHeld, leaseEvents *prometheus.Desc
+	markers, clearCalls, clearCallsFailed, passes, passDuration, lag                       *prometheus.Desc
+	backlogAge, backlogMarkers, retryingMarkers, retryingAge, parkedMarkers, backlogErrors *prometheus.Desc
+	leaseHeld, leaseEvents                                                                 *prometheus.Desc
 
 	mu      sync.Mutex
 	series  map[string]*series // by prefix
@@ -97,6 +122,8 @@ type Collector struct {
 // series is what a Collector keeps for one prefix.
 type series struct {
 	markers       [len(outcomes)]uint64
+	clearCalls    uint64
+	failedCalls   [len(causes)]uint64
 	passes        [len(results)]uint64
 	duration, lag histogram
 	backlogErrors uint64
@@ -151,9 +178,16 @@ func New(opts Options) (*Collector, error) {
 		opts: opts,
 		markers: prometheus.NewDesc(name("markers_total"),
 			"Markers a sweep handled, by outcome: cleared, failed (Clear failed; the marker stays), retried (put off until its retry delay is over), "+
+				"parked (failed Config.MaxAttempts times; never cleared until requeued), "+
 				"deferred (skipped in its retry delay, counted at every pass), malformed (deleted without Clear), "+
 				"foreign (keys under the prefix that are not markers, seen again at every pass), live_again, duplicate (further markers of an id met earlier in the pass).",
 			[]string{"prefix", "outcome"}, nil),
+		clearCalls: prometheus.NewDesc(name("clear_calls_total"),
+			"Calls of Clear, ClearBatch or a ClearDeleter.", prefix, nil),
+		clearCallsFailed: prometheus.NewDesc(name("clear_calls_failed_total"),
+			"Calls of Clear, ClearBatch or a ClearDeleter that failed as a whole, also those whose ids a bisection then cleared apart, "+
+				"by cause: error, timeout (ran past ClearTimeout), panic.",
+			[]string{"prefix", "cause"}, nil),
 		passes: prometheus.NewDesc(name("passes_total"),
 			"Passes a sweep made, by result: ok, error (the store failed), canceled (shutdown), lease_lost.",
 			[]string{"prefix", "result"}, nil),
@@ -162,9 +196,16 @@ func New(opts Options) (*Collector, error) {
 		lag: prometheus.NewDesc(name("clear_lag_seconds"),
 			"How long past due (its marker time plus the retention) each cleared entity's marker was deleted.", prefix, nil),
 		backlogAge: prometheus.NewDesc(name("backlog_age_seconds"),
-			"How long past due the oldest marker not yet cleared is, read at scrape time; 0 when the sweep is caught up.", prefix, nil),
+			"How long past due the oldest marker not yet cleared is, a retrying one included (from its entity's due time, not its retry time), "+
+				"read at scrape time; 0 when the sweep is caught up.", prefix, nil),
 		backlogMarkers: prometheus.NewDesc(name("backlog_markers"),
 			fmt.Sprintf("Due markers not yet cleared, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
+		retryingMarkers: prometheus.NewDesc(name("retrying_markers"),
+			fmt.Sprintf("Markers whose clear failed, waiting to be tried again, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
+		retryingAge: prometheus.NewDesc(name("retrying_age_seconds"),
+			"How long past due the oldest retrying marker's entity is, read at scrape time; 0 when none is retrying.", prefix, nil),
+		parkedMarkers: prometheus.NewDesc(name("parked_markers"),
+			fmt.Sprintf("Markers parked after Config.MaxAttempts failed clears, never cleared until requeued, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
 		backlogErrors: prometheus.NewDesc(name("backlog_errors_total"),
 			"Scrapes whose read of the backlog failed; the backlog gauges are then missing.", prefix, nil),
 		leaseHeld: prometheus.NewDesc(name("lease_held"),
@@ -189,11 +230,13 @@ func checkBuckets(field string, b []float64) error {
 }
 
 // Watch makes the Collector report the backlog of the sweeps (gauges
-// retention_backlog_age_seconds and retention_backlog_markers), read with
-// retention.Sweep.Backlog at every scrape: at most a few Scan calls of up
-// to Options.BacklogLimit keys per sweep. A sweep watched again is read
+// retention_backlog_age_seconds, retention_backlog_markers,
+// retention_retrying_markers, retention_retrying_age_seconds and
+// retention_parked_markers), read with retention.Sweep.Backlog at every
+// scrape: at most a few Scan calls of up to Options.BacklogLimit keys per
+// sweep and range. A sweep watched again is read
 // once. Sweeps of one prefix (over different stores) share its series: the
-// counters add up, and the gauges show the oldest backlog age and the sum
+// counters add up, and the gauges show the oldest ages and the sums
 // of the counts, or are missing when a read failed.
 func (c *Collector) Watch(sweeps ...*retention.Sweep) {
 	c.mu.Lock()
@@ -219,7 +262,8 @@ func (c *Collector) get(prefix string) *series {
 	return s
 }
 
-// ObservePass implements retention.Observer.
+// ObservePass implements retention.Observer. It counts the pass and its
+// duration; its markers and calls were counted page by page (ObservePage).
 func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 	result := passResult(err)
 	d := st.Duration.Seconds()
@@ -227,12 +271,26 @@ func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(prefix)
-	for j, n := range [len(outcomes)]int{st.Cleared, st.Failed, st.Retried, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates} {
-		s.markers[j] += uint64(n)
-	}
 	s.passes[result]++
 	s.duration.counts[i]++
 	s.duration.sum += d
+}
+
+// ObservePage implements retention.Observer. It counts a page's markers by
+// outcome and its clear calls, so that the counters advance with the lag
+// histogram: a scrape in the middle of a pass sees as many cleared markers
+// as lags.
+func (c *Collector) ObservePage(prefix string, page retention.Stats) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.get(prefix)
+	for i, n := range outcomeCounts(&page) {
+		s.markers[i] += uint64(n)
+	}
+	s.clearCalls += uint64(page.ClearCalls)
+	for i, n := range causeCounts(&page) {
+		s.failedCalls[i] += uint64(n)
+	}
 }
 
 // passResult is the index in results of a pass that ended with err. A
@@ -306,8 +364,9 @@ func (c *Collector) ObserveLease(prefix string, e retention.LeaseEvent) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.markers, c.passes, c.passDuration, c.lag, c.backlogAge,
-		c.backlogMarkers, c.backlogErrors, c.leaseHeld, c.leaseEvents} {
+	for _, d := range []*prometheus.Desc{c.markers, c.clearCalls, c.clearCallsFailed, c.passes, c.passDuration, c.lag,
+		c.backlogAge, c.backlogMarkers, c.retryingMarkers, c.retryingAge, c.parkedMarkers, c.backlogErrors,
+		c.leaseHeld, c.leaseEvents} {
 		ch <- d
 	}
 }
@@ -323,9 +382,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.BacklogTimeout)
 	defer cancel()
 	type backlog struct {
-		age    time.Duration
-		due    int
-		failed bool
+		age, retryingAge      time.Duration
+		due, retrying, parked int
+		failed                bool
 	}
 	// Read at once, so that a store that does not answer leaves the
 	// others their whole BacklogTimeout.
@@ -353,11 +412,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		b.age, b.due = max(b.age, got.Age), b.due+got.Due
+		b.retryingAge, b.retrying, b.parked = max(b.retryingAge, got.RetryingAge), b.retrying+got.Retrying, b.parked+got.Parked
 	}
 	for _, prefix := range prefixes {
 		if b := backlogs[prefix]; !b.failed {
 			ch <- prometheus.MustNewConstMetric(c.backlogAge, prometheus.GaugeValue, b.age.Seconds(), prefix)
 			ch <- prometheus.MustNewConstMetric(c.backlogMarkers, prometheus.GaugeValue, float64(b.due), prefix)
+			ch <- prometheus.MustNewConstMetric(c.retryingMarkers, prometheus.GaugeValue, float64(b.retrying), prefix)
+			ch <- prometheus.MustNewConstMetric(c.retryingAge, prometheus.GaugeValue, b.retryingAge.Seconds(), prefix)
+			ch <- prometheus.MustNewConstMetric(c.parkedMarkers, prometheus.GaugeValue, float64(b.parked), prefix)
 		}
 	}
 
@@ -371,6 +434,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for prefix, s := range c.series {
 		for i, o := range outcomes {
 			ch <- prometheus.MustNewConstMetric(c.markers, prometheus.CounterValue, float64(s.markers[i]), prefix, o)
+		}
+		ch <- prometheus.MustNewConstMetric(c.clearCalls, prometheus.CounterValue, float64(s.clearCalls), prefix)
+		for i, cause := range causes {
+			ch <- prometheus.MustNewConstMetric(c.clearCallsFailed, prometheus.CounterValue, float64(s.failedCalls[i]), prefix, cause)
 		}
 		for i, r := range results {
 			ch <- prometheus.MustNewConstMetric(c.passes, prometheus.CounterValue, float64(s.passes[i]), prefix, r)

@@ -169,8 +169,16 @@ func TestScrapeOverHTTP(t *testing.T) {
 	}
 	assert.Equal(t, 2.0, find(t, f, "retention_passes_total", map[string]string{"result": "ok"}).GetCounter().GetValue())
 	assert.Equal(t, uint64(2), find(t, f, "retention_pass_duration_seconds", nil).GetHistogram().GetSampleCount())
-	// The failed marker was rescheduled: nothing is due now.
-	assert.Equal(t, 0.0, find(t, f, "retention_backlog_age_seconds", nil).GetGauge().GetValue())
+	// The failed marker was rescheduled, but its entity fell due 610s ago
+	// (written at t0-10s, due an hour later, now t0+70m): it is retrying,
+	// and the backlog age counts it from its real due time.
+	assert.Equal(t, 610.0, find(t, f, "retention_backlog_age_seconds", nil).GetGauge().GetValue())
+	assert.Equal(t, 0.0, find(t, f, "retention_backlog_markers", nil).GetGauge().GetValue(), "none due and not tried")
+	assert.Equal(t, 1.0, find(t, f, "retention_retrying_markers", nil).GetGauge().GetValue())
+	assert.Equal(t, 610.0, find(t, f, "retention_retrying_age_seconds", nil).GetGauge().GetValue())
+	assert.Equal(t, 0.0, find(t, f, "retention_parked_markers", nil).GetGauge().GetValue())
+	assert.Equal(t, float64(st.ClearCalls+st2.ClearCalls), find(t, f, "retention_clear_calls_total", nil).GetCounter().GetValue())
+	assert.Equal(t, 1.0, find(t, f, "retention_clear_calls_failed_total", map[string]string{"cause": "error"}).GetCounter().GetValue())
 	assert.Nil(t, f["retention_lease_held"], "no lease, no lease gauge")
 
 	problems, err := testutil.GatherAndLint(reg)

@@ -2,9 +2,12 @@
 // and serves Prometheus metrics of the sweep at /metrics. Jobs finish every
 // 20ms and are kept for one second; for the first three seconds the store
 // their state lives in is slow (a clear takes 40ms), so the sweep falls
-// behind and the backlog age grows, then it catches up. Every second the
-// service scrapes its own /metrics over HTTP and prints the backlog; at
-// the end it prints the whole scrape of the retention metrics.
+// behind and the backlog age grows, then it catches up. One job cannot be
+// deleted (a trigger refuses it): its clear fails, it is retried, and after
+// three failed attempts it is parked, out of the backlog age, counted by
+// retention_parked_markers. Every second the service scrapes its own
+// /metrics over HTTP and prints the backlog; at the end it prints the whole
+// scrape of the retention metrics.
 //
 //	go run ./examples/metrics                              # runs 5s, then exits
 //	go run ./examples/metrics -duration 0 -addr :9090      # serves until interrupted
@@ -38,6 +41,9 @@ import (
 )
 
 var jobs = []byte("jobs")
+
+// poison is the job whose deletion always fails.
+const poison = "job-00005"
 
 func main() {
 	duration := flag.Duration("duration", 5*time.Second, "how long to run; 0 serves until interrupted")
@@ -84,13 +90,18 @@ func run(duration time.Duration, addr string) error {
 	var slow atomic.Bool
 	slow.Store(true)
 	sweep, err := retention.New(kv, retention.Config{
-		Prefix:    "jobs/done/",
-		Retention: time.Second,
-		Observer:  metrics,
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Prefix:      "jobs/done/",
+		Retention:   time.Second,
+		RetryDelay:  250 * time.Millisecond,
+		MaxAttempts: 3, // then park it: an operator fixes the cause and calls Requeue
+		Observer:    metrics,
+		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Clear: func(ctx context.Context, id string) error {
 			if slow.Load() {
 				time.Sleep(40 * time.Millisecond) // a slow dependency
+			}
+			if id == poison {
+				return errors.New("trigger refused the delete")
 			}
 			return db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(jobs).Delete([]byte(id)) })
 		},
@@ -133,7 +144,7 @@ loop:
 				slow.Store(false)
 				fmt.Printf("%4.1fs  the store is fast again\n", time.Since(start).Seconds())
 			}
-			lines, err := scrape(url, "retention_backlog_")
+			lines, err := scrape(url, "retention_backlog_age", "retention_backlog_markers", "retention_retrying_", "retention_parked_")
 			if err != nil {
 				return err
 			}
@@ -182,8 +193,9 @@ func finishJobs(ctx context.Context, db *bbolt.DB, kv *boltkv.KV) {
 	}
 }
 
-// scrape fetches url and returns its sample lines that start with prefix.
-func scrape(url, prefix string) ([]string, error) {
+// scrape fetches url and returns its sample lines that start with one of
+// prefixes.
+func scrape(url string, prefixes ...string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -201,8 +213,12 @@ func scrape(url, prefix string) ([]string, error) {
 	var lines []string
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if l := sc.Text(); strings.HasPrefix(l, prefix) {
-			lines = append(lines, l)
+		l := sc.Text()
+		for _, p := range prefixes {
+			if strings.HasPrefix(l, p) {
+				lines = append(lines, l)
+				break
+			}
 		}
 	}
 	return lines, sc.Err()
