@@ -32,7 +32,9 @@ type Backlog struct {
 
 	// RetryingAge is how long past due the oldest of the retrying markers'
 	// entities was when Backlog read the clock: the figure to alert on for
-	// stuck ids. Zero when none is retrying.
+	// stuck ids. Zero when none is retrying. The retry range is in the
+	// order of the next retry, and an id that keeps failing waits longest:
+	// when More is set, the oldest may be among the markers not read.
 	RetryingAge time.Duration
 
 	// Parked is how many markers are parked after Config.MaxAttempts failed
@@ -109,9 +111,9 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
 				return false
 			}
-			if r.infix == retryInfix {
+			if due := time.UnixMilli(k.finished).Add(s.retention); r.infix == retryInfix && due.Before(now) {
+				// Due, unless a Retention raised since it failed says not yet.
 				oldest(k.finished, k.id)
-				due := time.UnixMilli(k.finished).Add(s.retention)
 				b.RetryingAge = max(b.RetryingAge, now.Sub(due))
 			}
 			*r.n++

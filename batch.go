@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"sort"
@@ -111,8 +112,10 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 }
 
 // callFailed counts, in the pass's Stats, a call of Clear, ClearBatch or a
-// ClearDeleter that failed as a whole with err, by cause.
+// ClearDeleter that failed as a whole with err, by cause, and in the
+// streak of calls that failed in a row.
 func (p *passState) callFailed(err error) {
+	p.streak.Add(1)
 	p.failedCalls.Add(1)
 	switch {
 	case errors.Is(err, ErrClearPanicked) || errors.Is(err, errClearExited):
@@ -134,11 +137,26 @@ type batching struct {
 	atomic ClearDeleter // nil: ClearBatch, then the sweep deletes
 
 	calls, scans, scanned atomic.Int64
+
+	mu     sync.Mutex
+	probed []probed // items tried alone in vain as probes
 }
 
 // run clears the items at idx: one call, and where it fails as a whole,
-// a bisection.
+// a bisection. During an outage (see bisect) a batch first tries some of
+// its ids alone, one once the outage is confirmed: when they fail too, the
+// rest is put off. An id that goes alone (it failed before) is always
+// tried.
 func (b *batching) run(idx []int) {
+	if len(idx) > 1 && b.p.outageNow(len(idx)) {
+		if !b.probe(idx, len(idx)) {
+			b.fail(idx, errOutageSeen)
+			return
+		}
+		if idx = b.pendingOf(idx); len(idx) == 0 {
+			return
+		}
+	}
 	err := b.try(idx)
 	if err == nil {
 		return
@@ -150,17 +168,125 @@ func (b *batching) run(idx []int) {
 	case len(idx) == 1:
 		it := &b.items[idx[0]]
 		it.out, it.err = failed, err
-	case b.p.outage.Load() && !b.p.up.Load():
-		// Every call of the pass failed, down to single ids: one call per
-		// batch until one succeeds.
-		b.fail(idx, err)
 	default:
-		budget := bits.Len(uint(len(idx)))
-		b.bisect(idx, err, &budget)
-		if !b.p.up.Load() && budget < 0 {
-			b.p.outage.Store(true)
+		b.bisect(idx, err, idx)
+	}
+}
+
+// pendingOf returns the items of idx still pending: not tried alone as
+// probes.
+func (b *batching) pendingOf(idx []int) []int {
+	var out []int
+	for _, i := range idx {
+		if b.items[i].out == pending {
+			out = append(out, i)
 		}
 	}
+	return out
+}
+
+// probes is how many ids the sweep tries alone before it takes a streak
+// of failed calls for an outage: one healthy id among them says the
+// dependency is up. More than one, since a streak is most likely where
+// poison ids are dense.
+const probes = 3
+
+// probe tries pending ids of the batch alone, from its end, which a
+// bisection reaches last, until a call succeeds (the dependency answered:
+// true) or the pass has tried enough ids alone in vain since its last
+// success: then the outage is confirmed (false). Enough is one more once
+// an outage was confirmed, else as many as the batch's outage budget of
+// log2(size)+2 calls leaves, at most probes. Ids taken from the end, not
+// from the half that just failed, are not the more likely to be poison.
+// With no pending id left, nothing is decided: true.
+func (b *batching) probe(batch []int, size int) bool {
+	var need int64
+	if b.p.confirmed.Load() {
+		need = b.p.probeFails.Load() + 1 // one call: is it back?
+	} else {
+		need = int64(min(probes, max(1, int(math.Log2(float64(size)))+2-b.p.threshold(size))))
+	}
+	for j := len(batch) - 1; j >= 0; j-- {
+		i := batch[j]
+		if b.items[i].out != pending {
+			continue
+		}
+		if b.p.probeFails.Load() >= need {
+			b.confirm()
+			return false
+		}
+		epoch := b.p.oks.Load()
+		err := b.try([]int{i})
+		if err == nil {
+			return true
+		}
+		b.p.callFailed(err)
+		if b.ctx.Err() != nil {
+			return true // the pass is over: nothing to decide
+		}
+		b.p.probeFails.Add(1)
+		it := &b.items[i]
+		it.out, it.err = failed, err
+		b.mu.Lock()
+		b.probed = append(b.probed, probed{i: i, epoch: epoch})
+		b.mu.Unlock()
+	}
+	if b.p.probeFails.Load() >= need {
+		b.confirm()
+		return false
+	}
+	return true
+}
+
+// probed is an item of the page tried alone as a probe, in vain, while the
+// pass had seen epoch successes.
+type probed struct {
+	i     int
+	epoch int64
+}
+
+// confirm records an outage: the items of the page probed in vain since
+// the last success failed with the dependency, not by their own fault, so
+// they are put off like the others (no attempt counted, not sent alone).
+func (b *batching) confirm() {
+	b.p.confirmed.Store(true)
+	epoch := b.p.oks.Load()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, pr := range b.probed {
+		if it := &b.items[pr.i]; pr.epoch == epoch && it.out == failed {
+			if !errors.As(it.err, new(*outageError)) {
+				it.err = &outageError{n: 1, err: it.err}
+			}
+		}
+	}
+	b.probed = b.probed[:0]
+}
+
+// errOutageSeen is the error of ids put off: the calls before them failed.
+var errOutageSeen = errors.New("retention: not tried: the clears before it all failed")
+
+// ok records a call that succeeded (for some ids at least): the
+// dependency is up.
+func (p *passState) ok() {
+	p.oks.Add(1)
+	p.streak.Store(0)
+	p.probeFails.Store(0)
+	p.confirmed.Store(false)
+}
+
+// threshold is the streak of failed calls in a row after which, in a batch
+// of size ids, the sweep suspects an outage and probes: log2(size)-2, at
+// least 2, so that the streak and the probes stay within log2(size)+2
+// calls.
+func (p *passState) threshold(size int) int {
+	return max(2, bits.Len(uint(size))-2)
+}
+
+// outageNow reports whether the calls of the pass have failed so often in
+// a row that the dependency may be down, for a batch of size ids.
+func (p *passState) outageNow(size int) bool {
+	return p.streak.Load() >= int64(p.threshold(size))
 }
 
 // idsOf returns the ids of the items at idx.
@@ -185,7 +311,7 @@ func (b *batching) try(idx []int) error {
 	var perID BatchError
 	switch {
 	case err == nil:
-		b.p.up.Store(true)
+		b.p.ok()
 		for _, i := range idx {
 			b.items[i].out = cleared
 		}
@@ -193,7 +319,7 @@ func (b *batching) try(idx []int) error {
 		if err := b.named(perID, idx); err != nil {
 			return err
 		}
-		b.p.up.Store(true) // it answered for each id
+		b.p.ok() // it answered for each id
 		for _, i := range idx {
 			it := &b.items[i]
 			switch e, ok := perID[it.id]; {
@@ -206,7 +332,7 @@ func (b *batching) try(idx []int) error {
 			}
 		}
 	case errors.Is(err, ErrLiveAgain):
-		b.p.up.Store(true)
+		b.p.ok()
 		for _, i := range idx {
 			b.items[i].out = liveAgain
 		}
@@ -257,7 +383,7 @@ func (b *batching) tryAtomic(idx []int) error {
 	var perID BatchError
 	switch {
 	case err == nil:
-		b.p.up.Store(true)
+		b.p.ok()
 		for _, i := range idx {
 			b.items[i].out, b.items[i].withDups = clearedGone, true
 		}
@@ -280,7 +406,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		if len(perID) == 0 {
 			return fmt.Errorf("retention: the ClearDeleter refused the batch with a BatchError that names no id: %w", err)
 		}
-		b.p.up.Store(true) // it answered for each id
+		b.p.ok() // it answered for each id
 		// Nothing was committed: the ids not named were not cleared.
 		var rest []int
 		for _, i := range idx {
@@ -299,7 +425,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		}
 		return nil
 	case errors.Is(err, ErrLiveAgain):
-		b.p.up.Store(true)
+		b.p.ok()
 		for _, i := range idx {
 			b.items[i].out = liveAgain
 		}
@@ -313,6 +439,7 @@ func (b *batching) tryAtomic(idx []int) error {
 	// entities, so one that is gone is an entity cleared.
 	left, cerr := b.left(b.ctx, keys)
 	if cerr != nil {
+		b.p.callFailed(err)
 		for _, i := range idx {
 			it := &b.items[i]
 			it.out, it.err = unknown, fmt.Errorf("%w; and reading which markers are left failed: %w", err, cerr)
@@ -324,10 +451,10 @@ func (b *batching) tryAtomic(idx []int) error {
 	case len(rest) == len(idx):
 		return err // nothing committed: the call failed as a whole
 	case len(rest) > 0:
-		b.p.up.Store(true)
+		// Some committed (another replica's call, most likely): this one
+		// failed all the same.
+		b.p.callFailed(err)
 		b.run(rest)
-	default:
-		b.p.up.Store(true)
 	}
 	return nil
 }
@@ -402,16 +529,23 @@ func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 // down to single ids, so that each poison id costs about 2·log2(batch)
 // calls and keeps no other id from being cleared, however many there are.
 //
-// That holds while the dependency is seen to be up: some call of the pass
-// succeeded. Until then the calls come out of budget, about log2(batch):
-// the bisection follows the first half that fails down towards single ids,
-// where a healthy id succeeds at once unless the dependency is down. When
-// the budget runs out with nothing succeeded, the fault is taken to be no
-// one id's (an outage): the ids not tried wait out their retry delay
-// rather than being called one by one, and budget ends below zero.
-func (b *batching) bisect(idx []int, err error, budget *int) {
+// That holds while the dependency shows it is up: some call succeeds every
+// so often. Once the calls of the pass have failed log2(size) times in a
+// row (size: the batch's), an outage is likely, and may have begun
+// mid-pass: the bisection tries a few ids of the next half alone (see
+// probe), and when they fail too the ids not tried yet wait out their
+// retry delay rather than being called one by one. With poison ids in most
+// halves the streak stays short, since a half without one succeeds, and
+// the probe of a healthy id succeeds. In an outage a batch costs at most
+// log2(size)+2 calls.
+func (b *batching) bisect(idx []int, err error, batch []int) {
 	if b.ctx.Err() != nil {
 		return // the pass is over; the items stay pending
+	}
+	// Probes may have cleared some since the call failed: the culprit is
+	// among the others.
+	if idx = b.pendingOf(idx); len(idx) == 0 {
+		return
 	}
 	if len(idx) == 1 {
 		it := &b.items[idx[0]]
@@ -420,17 +554,21 @@ func (b *batching) bisect(idx []int, err error, budget *int) {
 	}
 	h := len(idx) / 2
 	for _, half := range [][]int{idx[:h], idx[h:]} {
-		if !b.p.up.Load() {
-			if *budget <= 0 {
-				*budget = -1
-				b.fail(half, err)
+		if half = b.pendingOf(half); len(half) == 0 {
+			continue // cleared as probes
+		}
+		if b.p.outageNow(len(batch)) {
+			if b.p.confirmed.Load() || !b.probe(batch, len(batch)) {
+				b.fail(half, err) // the dependency seems down
 				continue
 			}
-			*budget--
+			if half = b.pendingOf(half); len(half) == 0 {
+				continue
+			}
 		}
 		if e := b.try(half); e != nil {
 			b.p.callFailed(e)
-			b.bisect(half, e, budget)
+			b.bisect(half, e, batch)
 		}
 	}
 }
@@ -443,8 +581,9 @@ func (b *batching) fail(idx []int, err error) {
 		return
 	}
 	for _, i := range idx {
-		it := &b.items[i]
-		it.out, it.err = failed, &outageError{n: len(idx), err: err}
+		if it := &b.items[i]; it.out == pending { // not a probe
+			it.out, it.err = failed, &outageError{n: len(idx), err: err}
+		}
 	}
 }
 
@@ -515,8 +654,8 @@ func (s *Sweep) countGone(p *passState, items []item) {
 		if it := &items[i]; it.out == clearedGone {
 			p.st.Cleared++
 			s.retries.forget(it.id)
-			if oldest < 0 {
-				oldest = it.ms
+			if oldest < 0 || it.ms < oldest {
+				oldest = it.ms // the finish time: retries are not in its order
 			}
 		}
 	}

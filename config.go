@@ -94,16 +94,19 @@ type Config struct {
 	// otherwise 1ms <= RetryDelay <= MaxRetryDelay.
 	//
 	// On a KV that is a Mover, the sweep reschedules the marker: it moves
-	// it, in one atomic step, to a key with a time that makes it fall due
-	// after the wait, so passes in between do not read it again and no
-	// crash leaves two markers of one id. On a KV that is only a Putter it
-	// writes the new key, then deletes the old one (a crash in between
-	// leaves both, and the id is cleared again when the second falls due,
-	// or once, with both deleted, by a pass that meets both). The rescheduled marker no longer records the entity's finish
-	// time. On any other KV the wait is kept in memory and the marker is
-	// skipped, unread by Clear, until it is over. The count of failures
-	// behind a wait lives in memory: after a restart an id starts again at
-	// RetryDelay.
+	// it, in one atomic step, to the sweep's retry range, with a time that
+	// makes it fall due after the wait, so passes in between do not read
+	// it again and no crash leaves two markers of one id. On a KV that is
+	// only a Putter it writes the new key, then deletes the old one (a
+	// crash in between leaves both, and the id is cleared again when the
+	// second falls due, or once, with both deleted, by a pass that meets
+	// both). The rescheduled marker keeps the entity's finish time and the
+	// count of failed attempts, so lag, Backlog and the backoff count from
+	// the real due time, across restarts. On any other KV the wait is kept
+	// in memory and the marker is skipped, unread by Clear, until it is
+	// over; after a restart such an id starts again at RetryDelay. An id
+	// put off untried because the dependency seemed down (see ClearBatch)
+	// backs off the same way but counts no attempt of its own.
 	RetryDelay    time.Duration
 	MaxRetryDelay time.Duration
 

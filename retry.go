@@ -3,15 +3,17 @@ package retention
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 )
 
 // retries remembers, per id, how often its Clear failed in a row and when
-// it may be tried again. It lives in memory: a restart forgets it, and an id
-// then starts again at the first delay. Passes are serialised, so it needs
-// no lock.
+// it may be tried again. It lives in memory, and a restart forgets it; on a
+// store that can write, the marker itself keeps the count of failures (see
+// the retry range in keys.go), and the count picks up from there. Passes
+// are serialised, so it needs no lock.
 type retries struct {
 	first, most time.Duration
 	byID        map[string]retry
@@ -19,7 +21,8 @@ type retries struct {
 }
 
 type retry struct {
-	failures  int
+	failures  int // failed clears of the id itself, in a row
+	putOffs   int // times it was put off untried, the dependency down
 	notBefore time.Time
 }
 
@@ -74,9 +77,25 @@ func (r *retries) failed(id string, now time.Time, before int) (int, time.Time) 
 	}
 	e := r.byID[id]
 	e.failures = max(e.failures, before) + 1
-	e.notBefore = now.Add(r.delay(e.failures))
+	e.notBefore = now.Add(r.delay(e.failures + e.putOffs))
 	r.byID[id] = e
 	return e.failures, e.notBefore
+}
+
+// putOff records that id was put off untried at now, the dependency down,
+// after before failures of its own, and returns when it may be tried
+// again: the delay grows as a failure's would, but the id is not taken
+// for one that fails by itself (it is not sent alone, nor parked).
+func (r *retries) putOff(id string, now time.Time, before int) time.Time {
+	if r.byID == nil {
+		r.byID = map[string]retry{}
+	}
+	e := r.byID[id]
+	e.failures = max(e.failures, before)
+	e.putOffs++
+	e.notBefore = now.Add(r.delay(e.failures + e.putOffs))
+	r.byID[id] = e
+	return e.notBefore
 }
 
 // waiting reports whether id is in its retry delay at now.
@@ -139,9 +158,18 @@ func (r *retries) prune(now time.Time) {
 // one itself (the clock stepped back) moves nothing.
 func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move bool) {
 	id := it.id
-	attempts, due := s.retries.failed(id, s.clock.Now(), int(it.attempts))
+	var (
+		attempts = int(it.attempts)
+		due      time.Time
+		own      = !errors.As(it.err, new(*outageError)) // not put off in an outage
+	)
+	if own {
+		attempts, due = s.retries.failed(id, s.clock.Now(), attempts)
+	} else {
+		due = s.retries.putOff(id, s.clock.Now(), attempts)
+	}
 	canWrite := (p.mover != nil || p.putter != nil) && !p.noPut
-	if canWrite && s.maxAttempts > 0 && attempts >= s.maxAttempts {
+	if own && canWrite && s.maxAttempts > 0 && attempts >= s.maxAttempts {
 		// Parked: out of every range a pass reads, until requeued.
 		p.st.Parked++
 		p.notes.noteParked(id, it.err)

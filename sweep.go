@@ -243,6 +243,8 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 		s.noteRetry(p, time.UnixMilli(k.at))
 		return nil
 	}
+	// Something is due, or a key that is no retry marker comes first:
+	// the pages handle both (malformed keys deleted, foreign ones counted).
 	from := s.retryLower
 	for {
 		keys, err := s.scan(ctx, p, from, dueKey, s.pageSize)
@@ -259,14 +261,33 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 		}
 		from = keyAfter(keys[len(keys)-1])
 	}
-	next, err := s.scan(ctx, p, dueKey, s.retryUpper, 1)
-	if err != nil || len(next) == 0 {
+	if at, found, err := s.nextRetry(ctx, p, dueKey); err != nil || !found {
 		return err
-	}
-	if k, _, err := parseRetryKey(s.prefix, retryInfix, next[0]); err == nil {
-		s.noteRetry(p, time.UnixMilli(k.at))
+	} else {
+		s.noteRetry(p, time.UnixMilli(at))
 	}
 	return nil
+}
+
+// nextRetry returns the retry time of the first key of the retry range
+// from start that parses, reading one key when that is it, as it nearly
+// always is, else stepping over the others a page at a time.
+func (s *Sweep) nextRetry(ctx context.Context, p *passState, start []byte) (at int64, found bool, err error) {
+	for limit := 1; ; limit = s.pageSize {
+		keys, err := s.scan(ctx, p, start, s.retryUpper, limit)
+		if err != nil {
+			return 0, false, err
+		}
+		for _, key := range keys {
+			if k, _, err := parseRetryKey(s.prefix, retryInfix, key); err == nil {
+				return k.at, true, nil
+			}
+		}
+		if len(keys) < limit {
+			return 0, false, nil
+		}
+		start = keyAfter(keys[len(keys)-1])
+	}
 }
 
 // passState is what one pass carries from page to page.
@@ -288,7 +309,10 @@ type passState struct {
 	observed   Stats // the counts an Observer was told of, page by page
 
 	// Written by the clears of a page, which run concurrently.
-	up, outage                                atomic.Bool           // some clear of the pass succeeded; every one failed, down to single ids
+	streak                                    atomic.Int64          // clear calls that failed in a row
+	probeFails                                atomic.Int64          // ids tried alone in vain since the last success
+	oks                                       atomic.Int64          // calls that succeeded
+	confirmed                                 atomic.Bool           // probes found the dependency down since the last success
 	failedCalls, timedOutCalls, panickedCalls atomic.Int64          // folded into st after each page
 	fenceErr                                  atomic.Pointer[error] // a ClearDeleter's call that did not apply the fence
 }
