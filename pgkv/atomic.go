@@ -96,11 +96,14 @@ type atomicOptions struct {
 // nothing, instead of holding up every id of the batch until the lock goes
 // or ClearTimeout cuts it off. The failure is the call's alone: the sweep
 // bisects the batch, clears the other ids in the same pass, and retries the
-// locked one after its retry delay, alone. Set d well under ClearTimeout
-// (a tenth, say) and above the row locks that are part of normal work,
-// which each retry would otherwise meet again: a lock that outlasts
-// several retries costs one failed call per retry, and counts towards
-// Config.MaxAttempts.
+// locked one after its retry delay, alone. Keep d short, tens of
+// milliseconds: each locked row costs the sweep about
+// log2(Config.BatchSize)+1 waits of d on the way down its bisection, and
+// one more per retry while the lock lasts, and with Config.Concurrency 1
+// the sweep clears nothing else meanwhile (in the scenario of issue 16,
+// 50ms kept up with 0.7 locked rows a second and 200ms did not; see
+// BENCHMARKS.md). A lock that outlasts several retries also counts
+// towards Config.MaxAttempts.
 //
 // d is rounded up to a whole millisecond; it must not be negative nor
 // above PostgreSQL's limit (about 24 days).

@@ -45,6 +45,9 @@ func TestLockTimeoutOption(t *testing.T) {
 			assert.Error(t, err, "WithClear(%s)", tc.name)
 		}
 	}
+	// The README's example: retention.New accepts its Config.
+	_, err = newLockAwareSweep(kv)
+	assert.NoError(t, err, "newLockAwareSweep()")
 }
 
 // lockRow locks the job id's row (SELECT ... FOR UPDATE) in a transaction
