@@ -46,6 +46,7 @@ type Poison struct {
 	ClearTimeout time.Duration // Config.ClearTimeout (0: the library's default)
 	RetryDelay   time.Duration // Config.RetryDelay (0: the library's default)
 	Replicas     int           // sweeps under Run, sharing a pgkv.Locker; 0 means 1
+	LockTimeout  time.Duration // pgkv.LockTimeout of the AtomicKV (0: none)
 
 	Poison    float64       // fraction of jobs whose delete fails
 	PoisonFor time.Duration // how long past due a poisoned job stays so; 0: the whole run
@@ -205,7 +206,7 @@ func (r *poisonRun) run(ctx context.Context, progress func(string)) (PoisonResul
 			res.LockedJobs++
 		}
 	}
-	akv, err := r.kv.WithClear(r.clear)
+	akv, err := r.kv.WithClear(r.clear, pgkv.LockTimeout(cfg.LockTimeout))
 	if err != nil {
 		return res, err
 	}

@@ -68,11 +68,12 @@ func PoisonTables(w io.Writer, rs []PoisonResult) error {
 			r.ClearedTwice, r.Early)
 	}
 	b.WriteString("\nWhat the sweep reported (Stats summed over passes; lag samples from an Observer; Backlog polled every 250 ms beside the database's oldest due job):\n\n")
-	b.WriteString("| configuration | passes | Cleared | Failed (poison ids) | Retried | ClearCalls | Error lines | lag samples | > 1 s (DB, all jobs) | lag p99 (DB) | lag max (DB) | Backlog.Age max | DB oldest healthy max | DB oldest any max | largest gap DB − Backlog | markers left |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| configuration | passes | Cleared | Failed (poison ids) | Retried | ClearCalls | FailedCalls (timed out) | Error lines | lag samples | > 1 s (DB, all jobs) | lag p99 (DB) | lag max (DB) | Backlog.Age max | DB oldest healthy max | DB oldest any max | largest gap DB − Backlog | markers left |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d | %d | %d (%d) | %s (%s) | %s (%s) | %s | %s | %s | %s | %d |\n",
-			r.Config.Name, r.Passes, r.Sweep.Cleared, r.Sweep.Failed, r.PoisonJobs, r.Sweep.Retried, r.Sweep.ClearCalls, r.ErrorLines,
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d | %d | %d (%d) | %d | %d | %d (%d) | %s (%s) | %s (%s) | %s | %s | %s | %s | %d |\n",
+			r.Config.Name, r.Passes, r.Sweep.Cleared, r.Sweep.Failed, r.PoisonJobs, r.Sweep.Retried, r.Sweep.ClearCalls,
+			r.Sweep.FailedCalls, r.Sweep.TimedOutCalls, r.ErrorLines,
 			len(r.Lags), over(r.Lags, time.Second), r.All.Over1s, dur(quantile(r.Lags, 0.99)), dur(r.All.P99), dur(quantile(r.Lags, 1)), dur(r.All.Max),
 			dur(r.BacklogMax), dur(r.DBHealthyMax), dur(r.DBAnyMax), dur(r.BacklogBlind), r.MarkersLeft)
 	}

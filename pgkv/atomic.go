@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -68,6 +71,50 @@ type ClearFunc func(b *pgx.Batch, ids []string) error
 type AtomicKV struct {
 	*KV
 	clear ClearFunc
+	// setSQL starts every call's query (SET LOCAL lock_timeout), or is
+	// empty.
+	setSQL string
+}
+
+// AtomicOption tunes an AtomicKV made by KV.WithClear.
+type AtomicOption func(*atomicOptions) error
+
+type atomicOptions struct {
+	lockTimeout time.Duration
+}
+
+// LockTimeout bounds how long one call of the AtomicKV waits for a row
+// lock: a SET LOCAL lock_timeout starts its transaction, so it applies to
+// the marker deletion and to every statement of the ClearFunc, and to
+// nothing outside the call. Without it (or with 0) a call waits as the
+// session's lock_timeout says, by default until its context ends, which
+// for a sweep is Config.ClearTimeout (1 min by default).
+//
+// Use it when the application locks entity rows (SELECT ... FOR UPDATE, a
+// long transaction that updated them): a batch that meets one such row
+// then fails within d, SQLSTATE 55P03 (lock_not_available), having changed
+// nothing, instead of holding up every id of the batch until the lock goes
+// or ClearTimeout cuts it off. The failure is the call's alone: the sweep
+// bisects the batch, clears the other ids in the same pass, and retries the
+// locked one after its retry delay, alone. Keep d short, tens of
+// milliseconds: each locked row costs the sweep about
+// log2(Config.BatchSize)+1 waits of d on the way down its bisection, and
+// one more per retry while the lock lasts, and with Config.Concurrency 1
+// the sweep clears nothing else meanwhile (in the scenario of issue 16,
+// 50ms kept up with 0.7 locked rows a second and 200ms did not; see
+// BENCHMARKS.md). A lock that outlasts several retries also counts
+// towards Config.MaxAttempts.
+//
+// d is rounded up to a whole millisecond; it must not be negative nor
+// above PostgreSQL's limit (about 24 days).
+func LockTimeout(d time.Duration) AtomicOption {
+	return func(o *atomicOptions) error {
+		if d < 0 || d > math.MaxInt32*time.Millisecond {
+			return fmt.Errorf("pgkv: LockTimeout must be between 0 and %v, got %v", math.MaxInt32*time.Millisecond, d)
+		}
+		o.lockTimeout = d
+		return nil
+	}
 }
 
 var (
@@ -75,12 +122,30 @@ var (
 	_ retention.Mover        = (*AtomicKV)(nil)
 )
 
-// WithClear returns an AtomicKV over k's table whose clear is clear.
-func (k *KV) WithClear(clear ClearFunc) (*AtomicKV, error) {
+// WithClear returns an AtomicKV over k's table whose clear is clear,
+// tuned by opts (LockTimeout).
+func (k *KV) WithClear(clear ClearFunc, opts ...AtomicOption) (*AtomicKV, error) {
 	if clear == nil {
 		return nil, errors.New("pgkv: WithClear: clear must not be nil")
 	}
-	return &AtomicKV{KV: k, clear: clear}, nil
+	var o atomicOptions
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, errors.New("pgkv: WithClear: nil AtomicOption")
+		}
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	a := &AtomicKV{KV: k, clear: clear}
+	if o.lockTimeout > 0 {
+		ms := (o.lockTimeout + time.Millisecond - 1) / time.Millisecond
+		// In an implicit transaction (one Query message) SET LOCAL lasts
+		// to its end, as in BEGIN ... COMMIT; a plain SET would outlive
+		// the call on the pooled connection.
+		a.setSQL = "SET LOCAL lock_timeout = " + strconv.FormatInt(int64(ms), 10)
+	}
+	return a, nil
 }
 
 // ClearAndDelete implements retention.ClearDeleter. One statement deletes
@@ -172,6 +237,10 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 	text, args, err := joinBatch(ctx, b)
 	if err != nil {
 		return err
+	}
+	if a.setSQL != "" {
+		// First, so that it covers the lease row and the markers too.
+		text = a.setSQL + ";\n" + text
 	}
 	op := "clear and delete from " + a.table
 	_, err = a.db.Exec(ctx, text, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)

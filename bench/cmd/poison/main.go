@@ -11,7 +11,9 @@
 //
 // It reads RETENTION_POSTGRES_DSN. Three configurations run by default:
 // no faults, faults with BatchSize 500, faults with BatchSize 50; with
-// -rounds above 1 each runs once per round, their order rotated.
+// -lock-timeout each fault configuration runs again with a
+// pgkv.LockTimeout; with -rounds above 1 each runs once per round, their
+// order rotated.
 package main
 
 import (
@@ -46,6 +48,7 @@ func main() {
 	flag.DurationVar(&base.Drain, "drain", 30*time.Second, "how long a run goes on after the last job fell due, for the sweep to catch up")
 	flag.Uint64Var(&base.Seed, "seed", 16, "picks the faulty jobs (the same in every configuration)")
 	batches := flag.String("batch", "500,50", "comma-separated BatchSizes of the fault configurations")
+	lockTimeouts := flag.String("lock-timeout", "", "comma-separated pgkv.LockTimeouts: each fault configuration runs again with each (e.g. 250ms)")
 	baseline := flag.Int("baseline", 500, "BatchSize of the configuration without faults; 0: none")
 	rounds := flag.Int("rounds", 1, "rounds; every configuration runs once per round, the order rotated")
 	flag.Parse()
@@ -67,6 +70,19 @@ func main() {
 		c.Name = fmt.Sprintf("faults, BatchSize %d", n)
 		c.BatchSize, c.Poison, c.Locked = n, *poison, *locked
 		cfgs = append(cfgs, c)
+		if *lockTimeouts == "" {
+			continue
+		}
+		for s := range strings.SplitSeq(*lockTimeouts, ",") {
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				log.Fatalf("-lock-timeout: %v", err)
+			}
+			lc := c
+			lc.Name = fmt.Sprintf("faults, BatchSize %d, LockTimeout %v", n, d)
+			lc.LockTimeout = d
+			cfgs = append(cfgs, lc)
+		}
 	}
 	if err := run(context.Background(), cfgs, *rounds); err != nil {
 		log.Fatal(err)
