@@ -384,8 +384,12 @@ func (b *batching) tryAtomic(idx []int) error {
 	switch {
 	case err == nil:
 		b.p.ok()
+		var at int64
+		if b.s.obs != nil { // the clock is read for the lags only
+			at = b.s.clock.Now().UnixNano()
+		}
 		for _, i := range idx {
-			b.items[i].out, b.items[i].withDups = clearedGone, true
+			b.items[i].out, b.items[i].withDups, b.items[i].doneAt = clearedGone, true, at
 		}
 		return nil
 	case b.ctx.Err() != nil:

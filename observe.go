@@ -105,12 +105,20 @@ func (s *Sweep) observeLags(items []item, gone bool) {
 			continue
 		}
 		var lag time.Duration
-		switch d := baseMs - items[i].ms; {
+		bMs, bRem := baseMs, rem
+		if at := items[i].doneAt; at != 0 {
+			// Cleared in its own transaction: lag to the commit, not to
+			// the end of the page, which may wait for slower batches.
+			b := time.Unix(0, at).Add(-s.retention)
+			bMs = b.UnixMilli()
+			bRem = b.Sub(time.UnixMilli(bMs))
+		}
+		switch d := bMs - items[i].ms; {
 		case d < 0: // a clock that stepped back
 		case d > int64(maxDuration/time.Millisecond)-1:
 			lag = maxDuration
 		default:
-			lag = time.Duration(d)*time.Millisecond + rem
+			lag = time.Duration(d)*time.Millisecond + bRem
 		}
 		lags = append(lags, lag)
 	}

@@ -787,3 +787,40 @@ func (a Stats) plus(b Stats) Stats {
 	var zero Stats
 	return a.minus(zero.minus(b))
 }
+
+// slowSecondKV is an atomicKV whose second call takes ten seconds by the
+// sweep's clock.
+type slowSecondKV struct {
+	*atomicKV
+	clock *ManualClock
+	n     int
+}
+
+func (k *slowSecondKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	k.n++
+	if k.n == 2 {
+		k.clock.Advance(10 * time.Second)
+	}
+	return k.atomicKV.ClearAndDelete(ctx, ids, keys)
+}
+
+// TestAtomicLagsAtCommit: a ClearDeleter's entities are gone when its call
+// commits, so their lag is measured then, not when the slowest batch of
+// their page is done.
+func TestAtomicLagsAtCommit(t *testing.T) {
+	t.Parallel()
+	base, _ := newAtomicKV(t, 4)
+	rec := &recorder{}
+	clock := NewManualClock(t0.Add(2 * time.Hour))
+	kv := &slowSecondKV{atomicKV: base, clock: clock}
+	s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Clock: clock, BatchSize: 2, Observer: rec})
+	require.NoError(t, err)
+	_, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Len(t, rec.lags, 4)
+	// Markers at t0, +1ms, +2ms, +3ms, due an hour later; the pass starts
+	// at t0+2h, the second batch commits 10s later.
+	assert.Equal(t, []time.Duration{time.Hour + 10*time.Second - 2*time.Millisecond, time.Hour + 10*time.Second - 3*time.Millisecond},
+		rec.lags[:2], "the second batch, at its commit")
+	assert.Equal(t, []time.Duration{time.Hour, time.Hour - time.Millisecond}, rec.lags[2:], "the first batch, at its commit, not 10s later")
+}

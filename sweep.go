@@ -406,7 +406,8 @@ type item struct {
 	seen          int32 // one more than its record in the pass's seenIDs, or 0
 	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome
-	withDups      bool // cleared by a ClearDeleter's call that deleted its duplicates too
+	withDups      bool  // cleared by a ClearDeleter's call that deleted its duplicates too
+	doneAt        int64 // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
 }
 
 // page handles one page of the expired range.
