@@ -58,12 +58,13 @@ type Config struct {
 	// runtime.Goexit fails the call as a whole: the sweep then tries each
 	// half of the batch and splits further each half that fails, so each
 	// id that always fails costs about 2·log2(BatchSize) more calls and
-	// keeps no other id from being cleared; it goes alone afterwards. Until
-	// some clear of the pass succeeds, the sweep follows one path of the
-	// bisection, at most log2(BatchSize)+2 calls: when nothing succeeds,
-	// the fault is taken to be no one id's (a dependency is down), and the
-	// ids not tried alone wait out their retry delay instead of being
-	// called one by one.
+	// keeps no other id from being cleared; it goes alone afterwards. When
+	// the calls of a pass fail about log2(BatchSize)-2 times in a row, the
+	// sweep tries a few ids alone, and when none succeeds the fault is
+	// taken to be no one id's (a dependency is down): the batch costs at
+	// most log2(BatchSize)+2 calls, the ids not tried wait out their retry
+	// delay instead of being called one by one, and each later batch of
+	// the pass costs one call until one succeeds.
 	// An error wrapping ErrLiveAgain for the whole call drops every marker
 	// of the batch. ClearTimeout bounds each call; Concurrency is the
 	// number of batches in flight.
