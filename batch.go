@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"golang.org/x/time/rate"
 	"math"
 	"math/bits"
 	"slices"
@@ -80,25 +82,19 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 			}
 		}
 	}
-	var batches [][]int
-	for len(todo) > 0 {
-		n := min(len(todo), s.batchSize)
-		batches, todo = append(batches, todo[:n:n]), todo[n:]
-	}
-	for j := range alone {
-		batches = append(batches, alone[j:j+1:j+1])
-	}
-	b := &batching{s: s, p: p, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd}
-	var next atomic.Int64
+	b := &batching{s: s, p: p, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd, todo: todo, alone: alone}
+	// Batches are cut as workers take them, at the size of the moment:
+	// a slow call makes the batches after it smaller (Config.BatchTarget).
+	workers := min(s.concurrency, (len(todo)+s.batchSize-1)/s.batchSize+len(alone))
 	var wg sync.WaitGroup
-	for range min(s.concurrency, len(batches)) {
+	for range workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				i := int(next.Add(1)) - 1
-				if i >= len(batches) {
+				batch := b.take()
+				if batch == nil {
 					return
 				}
-				b.run(batches[i])
+				b.run(batch)
 			}
 		})
 	}
@@ -138,8 +134,31 @@ type batching struct {
 
 	calls, scans, scanned atomic.Int64
 
+	cut         sync.Mutex
+	todo, alone []int // the batches not taken yet
+
 	mu     sync.Mutex
 	probed []probed // items tried alone in vain as probes
+}
+
+// take returns the next batch: up to the current batch size of the ids
+// to batch, then the ids that go alone, one at a time; nil when none is
+// left.
+func (b *batching) take() []int {
+	b.cut.Lock()
+	defer b.cut.Unlock()
+	if len(b.todo) > 0 {
+		n := min(len(b.todo), int(b.s.curBatch.Load()))
+		batch := b.todo[:n:n]
+		b.todo = b.todo[n:]
+		return batch
+	}
+	if len(b.alone) > 0 {
+		batch := b.alone[:1:1]
+		b.alone = b.alone[1:]
+		return batch
+	}
+	return nil
 }
 
 // run clears the items at idx: one call, and where it fails as a whole,
@@ -158,13 +177,11 @@ func (b *batching) run(idx []int) {
 		}
 	}
 	err := b.try(idx)
-	if err == nil {
-		return
+	if err == nil || b.ctx.Err() != nil {
+		return // cleared, or the pass is over and the items stay pending
 	}
 	b.p.callFailed(err)
 	switch {
-	case b.ctx.Err() != nil:
-		return // the pass is over; the items stay pending
 	case len(idx) == 1:
 		it := &b.items[idx[0]]
 		it.out, it.err = failed, err
@@ -306,8 +323,13 @@ func (b *batching) try(idx []int) error {
 	if b.atomic != nil {
 		return b.tryAtomic(idx)
 	}
+	if err := b.s.waitBudget(b.ctx, b.p, len(idx)); err != nil {
+		return err
+	}
 	b.calls.Add(1)
+	start := b.s.clock.Now()
 	err := b.s.callBatch(b.ctx, b.idsOf(idx))
+	b.s.adapt(len(idx), b.s.clock.Now().Sub(start), err)
 	var perID BatchError
 	switch {
 	case err == nil:
@@ -366,9 +388,14 @@ func (b *batching) named(perID BatchError, idx []int) error {
 // of the batch with its markers or changes nothing.
 func (b *batching) tryAtomic(idx []int) error {
 	keys := b.keysOf(idx)
+	if err := b.s.waitBudget(b.ctx, b.p, len(idx)); err != nil {
+		return err
+	}
 	b.calls.Add(1)
 	wctx, mark := b.p.writeCtx(b.ctx)
+	start := b.s.clock.Now()
 	err := b.s.callAtomic(wctx, b.atomic, b.idsOf(idx), keys)
+	b.s.adapt(len(idx), b.s.clock.Now().Sub(start), err)
 	if ferr := checkFenced(mark, b.kv, "ClearAndDelete"); ferr != nil {
 		// The call went out unfenced: what it did stands, but no other
 		// write may follow it; the page fails with ferr.
@@ -570,7 +597,7 @@ func (b *batching) bisect(idx []int, err error, batch []int) {
 				continue
 			}
 		}
-		if e := b.try(half); e != nil {
+		if e := b.try(half); e != nil && b.ctx.Err() == nil {
 			b.p.callFailed(e)
 			b.bisect(half, e, batch)
 		}
@@ -603,6 +630,51 @@ func (e *outageError) Error() string {
 }
 
 func (e *outageError) Unwrap() error { return e.err }
+
+// adapt resizes the batches after a call of n ids that took d and ended
+// with err (Config.BatchTarget): a call that ran long or timed out halves
+// them, down to 1; a call of a full batch well under the target doubles
+// them back, up to BatchSize.
+func (s *Sweep) adapt(n int, d time.Duration, err error) {
+	if s.batchTarget <= 0 {
+		return
+	}
+	for {
+		cur := s.curBatch.Load()
+		next := cur
+		switch {
+		case d > s.batchTarget || errors.Is(err, errClearTimedOut):
+			next = max(cur/2, 1)
+		case err == nil && d < s.batchTarget/4 && int64(n) >= cur:
+			next = min(cur*2, int64(s.batchSize))
+		}
+		if next == cur || s.curBatch.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// waitBudget waits for n tokens of Config.Limiter, in parts of its burst,
+// adding the time it waited to the pass's BudgetWait.
+func (s *Sweep) waitBudget(ctx context.Context, p *passState, n int) error {
+	lim := s.limiter
+	if lim == nil || lim.Limit() == rate.Inf {
+		return nil
+	}
+	start := s.clock.Now()
+	defer func() { p.budgetWait.Add(int64(max(s.clock.Now().Sub(start), 0))) }()
+	for n > 0 {
+		k := min(n, lim.Burst())
+		if err := lim.WaitN(ctx, k); err != nil {
+			// The budget would outlast ctx's deadline: the call never goes
+			// out, and its ids stay for a later pass.
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		n -= k
+	}
+	return nil
+}
 
 // callBatch runs ClearBatch under ClearTimeout on a goroutine of its own,
 // so that a panic or a runtime.Goexit in it becomes an error of the call.

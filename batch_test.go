@@ -226,7 +226,7 @@ func TestBatchNeverReturnsNormally(t *testing.T) {
 func TestBatchTimeoutAndLiveAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		kv := NewMemKV()
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, BatchSize: 5, ClearTimeout: time.Second,
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, BatchSize: 5, ClearTimeout: time.Second, BatchTarget: -1, // batches of 5 throughout
 			ClearBatch: func(ctx context.Context, ids []string) error {
 				switch {
 				case slices.Contains(ids, "b0002"):

@@ -85,6 +85,9 @@ func (c *clearing) work() {
 // such; one that returned another error, panicked or never returned
 // (runtime.Goexit) is recorded as failed.
 func (c *clearing) clearOne(i int) {
+	if c.s.limiter != nil && c.s.waitBudget(c.ctx, c.p, 1) != nil {
+		return // the pass is over: the item stays pending
+	}
 	it := &c.items[i]
 	returned := false
 	defer func() {

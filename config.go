@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Limits and defaults of Config fields.
@@ -14,6 +16,7 @@ const (
 	MaxConcurrency  = 1024
 
 	DefaultClearTimeout  = time.Minute
+	DefaultMinInterval   = 50 * time.Millisecond
 	DefaultStoreTimeout  = 30 * time.Second
 	DefaultRetryDelay    = time.Second
 	DefaultMaxRetryDelay = 10 * time.Minute
@@ -120,6 +123,34 @@ type Config struct {
 	// retried for ever, at most every MaxRetryDelay. It needs a KV that
 	// can write (a Mover or a Putter).
 	MaxAttempts int
+
+	// Limiter is a delete budget, counted in entities: every call of
+	// Clear, ClearBatch or a ClearDeleter waits for as many tokens as it
+	// has ids before it goes out (in parts of the limiter's burst), and the
+	// wait honours the pass's context. Share one Limiter between sweeps,
+	// a Group's or several services', to give one database one budget.
+	// Time spent waiting is in Stats.BudgetWait: it is not lag a sweep can
+	// make up. Nil means no limit. A limiter whose burst is below 1 takes
+	// nothing and is refused, unless its limit is rate.Inf.
+	Limiter *rate.Limiter
+
+	// BatchTarget is how long a call of ClearBatch (or of a ClearDeleter)
+	// should take at most. A call that runs longer, or times out, halves
+	// the batch size for the calls that follow, down to 1; calls under a
+	// quarter of it double it back, up to BatchSize. Stats.BatchSize tells
+	// the size a pass ended with. Zero means a quarter of ClearTimeout (no
+	// target when ClearTimeout is negative); a negative value turns the
+	// adapting off; otherwise at least 1ms. Not with Clear.
+	BatchTarget time.Duration
+
+	// MinInterval is the least Run waits after a pass that changed
+	// something (cleared, dropped or moved markers) before the next, so
+	// that steady traffic costs at most one pass per MinInterval, each
+	// clearing what fell due meanwhile, and an entity waits at most
+	// MinInterval plus one pass past due. Zero means DefaultMinInterval;
+	// a negative value means none: a pass whenever the next marker falls
+	// due.
+	MinInterval time.Duration
 
 	// Clock tells the time. Nil means SystemClock.
 	Clock Clock
@@ -233,6 +264,12 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.MaxAttempts must be 0 (no limit) or 1 to %d, got %d", maxAttempts, cfg.MaxAttempts)
 	case cfg.MaxAttempts > 0 && !canWrite(kv):
 		return invalidConfig("Config.MaxAttempts is set, but the KV (%T) can neither Move nor Put: it cannot park a marker", kv)
+	case cfg.Limiter != nil && cfg.Limiter.Limit() != rate.Inf && cfg.Limiter.Burst() < 1:
+		return invalidConfig("Config.Limiter has a burst of %d: it would never let a clear through (give it a burst of at least 1)", cfg.Limiter.Burst())
+	case cfg.BatchTarget > 0 && cfg.BatchTarget < time.Millisecond:
+		return invalidConfig("Config.BatchTarget must be 0 (a quarter of ClearTimeout), negative (none) or at least 1ms, got %v", cfg.BatchTarget)
+	case cfg.BatchTarget != 0 && cfg.Clear != nil:
+		return invalidConfig("Config.BatchTarget is set but Config.Clear clears one id at a time: use Config.ClearBatch")
 	case cfg.Interval < 0:
 		return invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
 	case cfg.ClearTimeout > 0 && cfg.ClearTimeout < time.Millisecond:

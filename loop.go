@@ -92,10 +92,15 @@ func (l *loop) run(ctx context.Context) error {
 				wait = min(wait, m.untilDue(stats[i]))
 				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried+stats[i].Duplicates > 0
 			}
-			if wait <= 0 && !progress {
+			switch {
+			case wait <= 0 && !progress:
 				// Due, yet the pass found nothing to do: the store or the
 				// clock disagrees with the sweep. Do not spin on it.
 				wait = minWait
+			case progress:
+				// Steady traffic: one pass per MinInterval clears what fell
+				// due meanwhile, rather than a pass per marker or two.
+				wait = max(wait, l.minInterval())
 			}
 			if err := sleep(ctx, l.jittered(wait)); err != nil {
 				return err
@@ -257,6 +262,16 @@ func (l *loop) interval() time.Duration {
 	d := l.members[0].interval
 	for _, m := range l.members[1:] {
 		d = min(d, m.interval)
+	}
+	return d
+}
+
+// minInterval is the smallest MinInterval of the members: the loop must
+// not keep the most demanding one waiting.
+func (l *loop) minInterval() time.Duration {
+	d := l.members[0].minInterval
+	for _, m := range l.members[1:] {
+		d = min(d, m.minInterval)
 	}
 	return d
 }

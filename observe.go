@@ -51,8 +51,8 @@ type Observer interface {
 	// its counts by outcome (Cleared, Failed, Retried, Parked, Deferred,
 	// Malformed, Foreign, LiveAgain, Duplicates) and of calls (Scanned,
 	// ScanCalls, DeleteCalls, PutCalls, ClearCalls, FailedCalls,
-	// TimedOutCalls, PanickedCalls); Duration, MaxLag and NextDue are
-	// zero. A last call just before ObservePass carries what the pass did
+	// TimedOutCalls, PanickedCalls) and its BudgetWait; Duration, MaxLag,
+	// NextDue and BatchSize are zero. A last call just before ObservePass carries what the pass did
 	// outside its pages (the keys its reads past the due range met, the
 	// clears a ClearDeleter committed in a page the pass left unsettled).
 	// Over a pass the calls add up to the counts of ObservePass's Stats:
@@ -159,7 +159,7 @@ func (s *Sweep) observePage(p *passState) {
 // counts returns st with only its counts: no Duration, MaxLag or NextDue.
 func (st *Stats) counts() Stats {
 	c := *st
-	c.Duration, c.MaxLag, c.NextDue = 0, 0, time.Time{}
+	c.Duration, c.MaxLag, c.NextDue, c.BatchSize = 0, 0, time.Time{}, 0
 	return c
 }
 
@@ -172,6 +172,7 @@ func (a Stats) minus(b Stats) Stats {
 		Duplicates: a.Duplicates - b.Duplicates, ScanCalls: a.ScanCalls - b.ScanCalls, DeleteCalls: a.DeleteCalls - b.DeleteCalls,
 		PutCalls: a.PutCalls - b.PutCalls, ClearCalls: a.ClearCalls - b.ClearCalls, FailedCalls: a.FailedCalls - b.FailedCalls,
 		TimedOutCalls: a.TimedOutCalls - b.TimedOutCalls, PanickedCalls: a.PanickedCalls - b.PanickedCalls,
+		BudgetWait: a.BudgetWait - b.BudgetWait,
 	}
 }
 

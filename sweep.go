@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Stats describes one pass.
@@ -33,6 +35,14 @@ type Stats struct {
 	// and PanickedCalls (runtime.Goexit included) are those of them that
 	// ran past ClearTimeout or panicked.
 	FailedCalls, TimedOutCalls, PanickedCalls int
+
+	// BudgetWait is how long the pass's clears waited for Config.Limiter,
+	// added over the calls (which may wait at once, with Concurrency).
+	BudgetWait time.Duration
+
+	// BatchSize is the batch size the pass ended with: Config.BatchSize,
+	// or less after slow calls (see Config.BatchTarget). Zero with Clear.
+	BatchSize int
 
 	// Duration is how long the pass took by the sweep's Clock.
 	Duration time.Duration
@@ -73,6 +83,10 @@ type Sweep struct {
 	jitter       float64
 	startJitter  time.Duration
 	unfencedOK   bool
+	limiter      *rate.Limiter // nil: none
+	batchTarget  time.Duration // <= 0: batches do not adapt
+	minInterval  time.Duration // <= 0: none
+	curBatch     atomic.Int64  // the batch size now, adapted to BatchTarget
 
 	// lower and upper bound the marker space: the prefix followed by a
 	// digit; retryLower and retryUpper the retry range's, the prefix and
@@ -126,6 +140,9 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		jitter:       cfg.Jitter,
 		startJitter:  cfg.StartJitter,
 		unfencedOK:   cfg.AllowUnfenced,
+		limiter:      cfg.Limiter,
+		batchTarget:  cfg.BatchTarget,
+		minInterval:  cmp.Or(cfg.MinInterval, DefaultMinInterval),
 		lower:        append([]byte(cfg.Prefix), '0'),
 		upper:        append([]byte(cfg.Prefix), '9'+1),
 		retryLower:   append([]byte(cfg.Prefix), retryInfix, '0'),
@@ -137,6 +154,10 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 	if s.interval == 0 {
 		s.interval = min(s.retention, time.Minute)
 	}
+	if s.batchTarget == 0 && s.clearTimeout > 0 {
+		s.batchTarget = s.clearTimeout / 4
+	}
+	s.curBatch.Store(int64(s.batchSize))
 	return s, nil
 }
 
@@ -189,6 +210,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 			<-next.done // no Scan outlives the pass, even one an Observer's panic cut short
 		}
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
+		if s.clear == nil {
+			st.BatchSize = int(s.curBatch.Load())
+		}
 		s.logPass(p)
 		s.observePage(p)
 		s.observePass(ctx, st, err)
@@ -315,6 +339,7 @@ type passState struct {
 	confirmed                                 atomic.Bool           // probes found the dependency down since the last success
 	failedCalls, timedOutCalls, panickedCalls atomic.Int64          // folded into st after each page
 	fenceErr                                  atomic.Pointer[error] // a ClearDeleter's call that did not apply the fence
+	budgetWait                                atomic.Int64          // ns waited for Config.Limiter, folded into st
 }
 
 // foldCalls adds the page's failed calls to the pass's Stats.
@@ -322,6 +347,7 @@ func (p *passState) foldCalls() {
 	p.st.FailedCalls += int(p.failedCalls.Swap(0))
 	p.st.TimedOutCalls += int(p.timedOutCalls.Swap(0))
 	p.st.PanickedCalls += int(p.panickedCalls.Swap(0))
+	p.st.BudgetWait += time.Duration(p.budgetWait.Swap(0))
 }
 
 // dueEnd returns the exclusive end of the range of markers due before
