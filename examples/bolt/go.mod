@@ -8,4 +8,7 @@ require (
 	go.etcd.io/bbolt v1.5.0
 )
 
-require golang.org/x/sys v0.45.0 // indirect
+require (
+	golang.org/x/sys v0.45.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
+)
