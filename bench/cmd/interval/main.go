@@ -32,14 +32,15 @@ func main() {
 	retention := flag.Duration("retention", 2*time.Second, "Config.Retention")
 	batch := flag.Int("batch", 500, "Config.BatchSize")
 	page := flag.Int("page", 1000, "Config.PageSize")
+	writers := flag.Int("writers", 0, "goroutines writing jobs; 0: 4 below 5,000 jobs/s, else 32")
 	flag.Parse()
 	log.SetFlags(0)
-	if err := run(*rates, *intervals, *dur, *retention, *batch, *page); err != nil {
+	if err := run(*rates, *intervals, *dur, *retention, *batch, *page, *writers); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(rates, intervals string, dur, retention time.Duration, batch, page int) error {
+func run(rates, intervals string, dur, retention time.Duration, batch, page, nw int) error {
 	ctx := context.Background()
 	dsn := os.Getenv("RETENTION_POSTGRES_DSN")
 	if dsn == "" {
@@ -63,8 +64,8 @@ func run(rates, intervals string, dur, retention time.Duration, batch, page int)
 		"BatchSize %d, PageSize %d, one replica under Run, pgkv.AtomicKV. Passes and clear transactions counted from the first job's due time to the last's; "+
 		"lag = deleted_at - due_at, both recorded by the database in the clearing transaction.\n\n",
 		version, runtime.NumCPU(), runtime.Version(), dur, retention, batch, page)
-	fmt.Println("| rate (jobs/s) | reached | MinInterval | passes/s | working passes/s | clear tx/s | jobs per tx | lag p50 | lag p99 | lag max | left |")
-	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| rate (jobs/s) | writers | reached | MinInterval | passes/s | working passes/s | clear tx/s | jobs per tx | lag p50 | lag p99 | lag max | left |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for rs := range strings.SplitSeq(rates, ",") {
 		var rate float64
 		if _, err := fmt.Sscan(rs, &rate); err != nil {
@@ -73,6 +74,9 @@ func run(rates, intervals string, dur, retention time.Duration, batch, page int)
 		writers := 4
 		if rate >= 5000 {
 			writers = 32
+		}
+		if nw > 0 {
+			writers = nw
 		}
 		for is := range strings.SplitSeq(intervals, ",") {
 			mi, err := time.ParseDuration(is)
@@ -97,8 +101,8 @@ func run(rates, intervals string, dur, retention time.Duration, batch, page int)
 			if r.ClearCalls > 0 {
 				perTx = float64(r.Lags.Cleared) / float64(r.ClearCalls)
 			}
-			fmt.Printf("| %.0f | %.0f | %s | %.1f | %.1f | %.1f | %.1f | %v | %v | %v | %d |\n",
-				rate, r.WriteRate, mis, float64(r.Passes)/w, float64(r.Working)/w, float64(r.ClearCalls)/w, perTx,
+			fmt.Printf("| %.0f | %d | %.0f | %s | %.1f | %.1f | %.1f | %.1f | %v | %v | %v | %d |\n",
+				rate, writers, r.WriteRate, mis, float64(r.Passes)/w, float64(r.Working)/w, float64(r.ClearCalls)/w, perTx,
 				r.Lags.P50.Round(100*time.Microsecond), r.Lags.P99.Round(100*time.Microsecond), r.Lags.Max.Round(100*time.Microsecond), r.Left)
 		}
 	}
