@@ -1,0 +1,284 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/pgkv"
+)
+
+// Budget is the delete-budget measure of issue 17: a foreground workload
+// (point selects and updates at a fixed rate on a table of its own, as a
+// service would send) whose latency is measured alone and while a backlog
+// of expired jobs is swept by one Pass, with and without Config.Limiter.
+type Budget struct {
+	Backlog   int           // expired jobs per sweep
+	BatchSize int           // Config.BatchSize
+	PageSize  int           // Config.PageSize
+	Limit     float64       // the budget, entities per second
+	Burst     int           // the budget's burst
+	FGRate    float64       // foreground operations per second
+	FGWorkers int           // goroutines sending them
+	FGRows    int           // rows of the foreground table
+	FGUpdates float64       // fraction of operations that are updates
+	Alone     time.Duration // how long the foreground runs alone
+}
+
+// BudgetPhase is one phase's figures.
+type BudgetPhase struct {
+	Name       string
+	Ops        int           // foreground operations measured
+	P50, P99   time.Duration // their latency, from the call
+	Max        time.Duration
+	LateP99    time.Duration // p99 from the time the operation was due (queueing included)
+	Cleared    int           // entities the sweep cleared (0: no sweep)
+	Elapsed    time.Duration // the sweep's wall time, or the phase's
+	ClearCalls int
+	BudgetWait time.Duration
+	WAL        float64 // bytes of WAL written during the phase
+}
+
+// RunBudget runs the phases of cfg on pool in a new schema, dropped at
+// the end: the foreground alone, an atomic sweep without a budget, one
+// with the budget, a non-atomic (ClearBatch) sweep without a budget, and
+// the foreground alone again.
+func RunBudget(ctx context.Context, pool *pgxpool.Pool, cfg Budget, progress func(string)) ([]BudgetPhase, error) {
+	schema := fmt.Sprintf("bench_budget_%d", rand.Uint32())
+	q := pgx.Identifier{schema}.Sanitize()
+	fg, jobs := q+".fg", q+".jobs"
+	markers := pgx.Identifier{schema, "markers"}.Sanitize()
+	defer func() {
+		if _, err := pool.Exec(context.Background(), `DROP SCHEMA `+q+` CASCADE`); err != nil {
+			progress("dropping " + schema + ": " + err.Error())
+		}
+	}()
+	for _, s := range []struct {
+		sql  string
+		args []any
+	}{
+		{`CREATE SCHEMA ` + q, nil},
+		{`CREATE TABLE ` + fg + ` (id int PRIMARY KEY, v bigint NOT NULL, pad text NOT NULL)`, nil},
+		{`INSERT INTO ` + fg + ` SELECT i, 0, repeat('x', 100) FROM generate_series(1, $1) AS i`, []any{cfg.FGRows}},
+		{`CREATE TABLE ` + jobs + ` (id bigint PRIMARY KEY, kind text NOT NULL, state text NOT NULL,
+			finished_at timestamptz NOT NULL, args jsonb NOT NULL)`, nil},
+		{`VACUUM ANALYZE ` + fg, nil},
+	} {
+		if _, err := pool.Exec(ctx, s.sql, s.args...); err != nil {
+			return nil, fmt.Errorf("%.50s...: %w", s.sql, err)
+		}
+	}
+	if err := pgkv.Migrate(ctx, pool, schema+".markers"); err != nil {
+		return nil, err
+	}
+	kv, err := pgkv.New(pool, schema+".markers")
+	if err != nil {
+		return nil, err
+	}
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		n, err := bigints(ids)
+		if err != nil {
+			return err
+		}
+		b.Queue(`DELETE FROM `+jobs+` WHERE id = ANY($1)`, n)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	clearBatch := func(ctx context.Context, ids []string) error {
+		n, err := bigints(ids)
+		if err != nil {
+			return err
+		}
+		_, err = pool.Exec(ctx, `DELETE FROM `+jobs+` WHERE id = ANY($1)`, n)
+		return err
+	}
+
+	setup := func() error {
+		base := finishedAt()
+		for _, s := range []struct {
+			sql  string
+			args []any
+		}{
+			{`INSERT INTO ` + jobs + ` (id, kind, state, finished_at, args)
+				SELECT i, 'bench', 'completed', $1::timestamptz + i * interval '1 ms', '{"n": 1}'
+				FROM generate_series(1, $2) AS i`, []any{base, cfg.Backlog}},
+			{`INSERT INTO ` + markers + ` (key)
+				SELECT convert_to($1 || lpad(($2::bigint + i)::text, 20, '0') || '/' || i::text, 'UTF8')
+				FROM generate_series(1, $3) AS i`, []any{Prefix, base.UnixMilli(), cfg.Backlog}},
+			{`VACUUM ANALYZE ` + jobs, nil},
+			{`VACUUM ANALYZE ` + markers, nil},
+			{`CHECKPOINT`, nil},
+		} {
+			if _, err := pool.Exec(ctx, s.sql, s.args...); err != nil {
+				return fmt.Errorf("%.40s...: %w", s.sql, err)
+			}
+		}
+		return nil
+	}
+
+	type phase struct {
+		name    string
+		kv      retention.KV
+		clear   func(context.Context, []string) error
+		limiter *rate.Limiter
+	}
+	phases := []phase{
+		{name: "foreground alone"},
+		{name: "atomic sweep, no budget", kv: akv},
+		{name: fmt.Sprintf("atomic sweep, Limiter %.0f/s (burst %d)", cfg.Limit, cfg.Burst), kv: akv, limiter: rate.NewLimiter(rate.Limit(cfg.Limit), cfg.Burst)},
+		{name: "non-atomic ClearBatch sweep, no budget", kv: kv, clear: clearBatch},
+		{name: "foreground alone, again"},
+	}
+	var out []BudgetPhase
+	for _, ph := range phases {
+		if ph.kv != nil {
+			if err := setup(); err != nil {
+				return out, err
+			}
+		}
+		var lsn0, lsn1 string
+		if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn0); err != nil {
+			return out, err
+		}
+		fctx, stopFG := context.WithCancel(ctx)
+		type fgResult struct {
+			service, late []time.Duration
+			err           error
+		}
+		fgDone := make(chan fgResult, 1)
+		go func() {
+			s, l, err := foreground(fctx, pool, fg, cfg)
+			fgDone <- fgResult{s, l, err}
+		}()
+		res := BudgetPhase{Name: ph.name}
+		start := time.Now()
+		if ph.kv == nil {
+			select {
+			case <-time.After(cfg.Alone):
+			case <-ctx.Done():
+			}
+		} else {
+			s, err := retention.New(ph.kv, retention.Config{
+				Prefix: Prefix, Retention: Retention, ClearBatch: ph.clear,
+				BatchSize: cfg.BatchSize, PageSize: cfg.PageSize, Limiter: ph.limiter,
+				Logger: slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				stopFG()
+				<-fgDone
+				return out, err
+			}
+			st, err := s.Pass(ctx)
+			if err != nil {
+				stopFG()
+				<-fgDone
+				return out, fmt.Errorf("%s: pass: %w", ph.name, err)
+			}
+			res.Cleared, res.ClearCalls, res.BudgetWait = st.Cleared, st.ClearCalls, st.BudgetWait
+		}
+		res.Elapsed = time.Since(start)
+		stopFG()
+		r := <-fgDone
+		if r.err != nil {
+			return out, fmt.Errorf("%s: foreground: %w", ph.name, r.err)
+		}
+		var wal float64
+		if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8`, lsn0).Scan(&lsn1, &wal); err != nil {
+			return out, err
+		}
+		res.WAL = wal
+		res.Ops = len(r.service)
+		slices.Sort(r.service)
+		slices.Sort(r.late)
+		res.P50, res.P99, res.Max = quantile(r.service, 0.5), quantile(r.service, 0.99), quantile(r.service, 1)
+		res.LateP99 = quantile(r.late, 0.99)
+		if ph.kv != nil {
+			var left int
+			if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+jobs+`) + (SELECT count(*) FROM `+markers+`)`).Scan(&left); err != nil {
+				return out, err
+			}
+			if left != 0 || res.Cleared != cfg.Backlog {
+				return out, fmt.Errorf("%s: cleared %d of %d, %d rows left", ph.name, res.Cleared, cfg.Backlog, left)
+			}
+		}
+		progress(fmt.Sprintf("%s: %d ops p50 %v p99 %v; cleared %d in %v", ph.name, res.Ops, res.P50, res.P99, res.Cleared, res.Elapsed.Round(time.Millisecond)))
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// foreground sends cfg.FGRate operations a second until ctx is done and
+// returns each one's latency from its call and from its due time.
+func foreground(ctx context.Context, pool *pgxpool.Pool, table string, cfg Budget) (service, late []time.Duration, err error) {
+	type op struct {
+		due    time.Time
+		id     int
+		update bool
+	}
+	ops := make(chan op, 1024)
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range cfg.FGWorkers {
+		wg.Go(func() {
+			var s, l []time.Duration
+			for o := range ops {
+				t0 := time.Now()
+				var err error
+				if o.update {
+					_, err = pool.Exec(context.Background(), `UPDATE `+table+` SET v = v + 1 WHERE id = $1`, o.id)
+				} else {
+					var v int64
+					var pad string
+					err = pool.QueryRow(context.Background(), `SELECT v, pad FROM `+table+` WHERE id = $1`, o.id).Scan(&v, &pad)
+				}
+				t1 := time.Now()
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					continue
+				}
+				s = append(s, t1.Sub(t0))
+				l = append(l, t1.Sub(o.due))
+			}
+			mu.Lock()
+			service = append(service, s...)
+			late = append(late, l...)
+			mu.Unlock()
+		})
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		due := start.Add(time.Duration(float64(i) / cfg.FGRate * float64(time.Second)))
+		if w := time.Until(due); w > 0 {
+			select {
+			case <-time.After(w):
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		ops <- op{due: due, id: 1 + rand.IntN(cfg.FGRows), update: rand.Float64() < cfg.FGUpdates}
+	}
+	close(ops)
+	wg.Wait()
+	if len(errs) > 0 {
+		return service, late, fmt.Errorf("%d failed operations, first: %w", len(errs), errs[0])
+	}
+	return service, late, nil
+}
