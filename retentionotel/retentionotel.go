@@ -101,6 +101,8 @@ type Observer struct {
 
 	markers, clearCalls, failedCalls, passes, leaseEvents, backlogErrors metric.Int64Counter
 	duration, lag                                                        metric.Float64Histogram
+	budgetWait                                                           metric.Float64Counter
+	batchSize                                                            metric.Int64Gauge
 	backlogAge, retryingAge                                              metric.Float64ObservableGauge
 	backlogMarkers, retryingMarkers, parkedMarkers, leaseHeld            metric.Int64ObservableGauge
 
@@ -176,6 +178,13 @@ func New(opts Options) (*Observer, error) {
 		"Calls of Clear, ClearBatch or a ClearDeleter that failed as a whole, also those whose ids a bisection then cleared apart, "+
 			"by cause: error, timeout (ran past ClearTimeout), panic.")
 	o.passes = counter("retention.passes", "{pass}", "Passes a sweep made, by result: ok, error, canceled, lease_lost.")
+	var ferr error
+	o.budgetWait, ferr = m.Float64Counter("retention.budget.wait", metric.WithUnit("s"),
+		metric.WithDescription("Time clears waited for Config.Limiter, the delete budget, added over calls: not lag the sweep can make up."))
+	err = errors.Join(err, ferr)
+	o.batchSize, ferr = m.Int64Gauge("retention.batch.size", metric.WithUnit("{id}"),
+		metric.WithDescription("The batch size of ClearBatch or ClearDeleter calls at the end of the last pass (Config.BatchTarget shrinks it after slow calls)."))
+	err = errors.Join(err, ferr)
 	o.leaseEvents = counter("retention.lease.events", "{event}", "Lease events: acquired, held (by another replica), lost, released.")
 	o.backlogErrors = counter("retention.backlog.errors", "{error}", "Collections whose read of the backlog failed.")
 	o.duration = histogram("retention.pass.duration", "How long passes took.", durBuckets)
@@ -266,6 +275,9 @@ func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 	a, ctx := o.attrs(prefix), context.Background()
 	o.passes.Add(ctx, 1, a.result[passResult(err)])
 	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
+	if st.BatchSize > 0 {
+		o.batchSize.Record(ctx, int64(st.BatchSize), a.record...)
+	}
 }
 
 // ObservePage implements retention.Observer. It counts a page's markers by
@@ -281,6 +293,9 @@ func (o *Observer) ObservePage(prefix string, page retention.Stats) {
 	}
 	if page.ClearCalls > 0 {
 		o.clearCalls.Add(ctx, int64(page.ClearCalls), a.prefix)
+	}
+	if page.BudgetWait > 0 {
+		o.budgetWait.Add(ctx, page.BudgetWait.Seconds(), a.prefix)
 	}
 	for i, n := range causeCounts(&page) {
 		if n > 0 {

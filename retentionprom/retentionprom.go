@@ -9,6 +9,8 @@
 //	retention_markers_total{outcome}           counter: markers handled, by outcome (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate)
 //	retention_clear_calls_total                counter: calls of Clear, ClearBatch or a ClearDeleter
 //	retention_clear_calls_failed_total{cause}  counter: those calls that failed as a whole, by cause (error, timeout, panic)
+//	retention_budget_wait_seconds_total        counter: time clears waited for Config.Limiter, the delete budget
+//	retention_batch_size                       gauge: the batch size at the end of the last pass (ClearBatch, ClearDeleter)
 //	retention_passes_total{result}             counter: passes, by result (ok, error, canceled, lease_lost)
 //	retention_pass_duration_seconds            histogram: how long passes take
 //	retention_clear_lag_seconds                histogram: how long past due each entity was cleared
@@ -111,6 +113,7 @@ type Collector struct {
 	opts Options
 
 	markers, clearCalls, clearCallsFailed, passes, passDuration, lag                       *prometheus.Desc
+	budgetWait, batchSize                                                                  *prometheus.Desc
 	backlogAge, backlogMarkers, retryingMarkers, retryingAge, parkedMarkers, backlogErrors *prometheus.Desc
 	leaseHeld, leaseEvents                                                                 *prometheus.Desc
 
@@ -124,6 +127,8 @@ type series struct {
 	markers       [len(outcomes)]uint64
 	clearCalls    uint64
 	failedCalls   [len(causes)]uint64
+	budgetWait    float64 // seconds
+	batchSize     int     // 0: never a batch clear
 	passes        [len(results)]uint64
 	duration, lag histogram
 	backlogErrors uint64
@@ -188,6 +193,10 @@ func New(opts Options) (*Collector, error) {
 			"Calls of Clear, ClearBatch or a ClearDeleter that failed as a whole, also those whose ids a bisection then cleared apart, "+
 				"by cause: error, timeout (ran past ClearTimeout), panic.",
 			[]string{"prefix", "cause"}, nil),
+		budgetWait: prometheus.NewDesc(name("budget_wait_seconds_total"),
+			"Time clears waited for Config.Limiter, the delete budget, added over calls: not lag the sweep can make up.", prefix, nil),
+		batchSize: prometheus.NewDesc(name("batch_size"),
+			"The batch size of ClearBatch or ClearDeleter calls at the end of the last pass (Config.BatchTarget shrinks it after slow calls).", prefix, nil),
 		passes: prometheus.NewDesc(name("passes_total"),
 			"Passes a sweep made, by result: ok, error (the store failed), canceled (shutdown), lease_lost.",
 			[]string{"prefix", "result"}, nil),
@@ -272,6 +281,7 @@ func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 	defer c.mu.Unlock()
 	s := c.get(prefix)
 	s.passes[result]++
+	s.batchSize = st.BatchSize
 	s.duration.counts[i]++
 	s.duration.sum += d
 }
@@ -288,6 +298,7 @@ func (c *Collector) ObservePage(prefix string, page retention.Stats) {
 		s.markers[i] += uint64(n)
 	}
 	s.clearCalls += uint64(page.ClearCalls)
+	s.budgetWait += page.BudgetWait.Seconds()
 	for i, n := range causeCounts(&page) {
 		s.failedCalls[i] += uint64(n)
 	}
@@ -364,7 +375,7 @@ func (c *Collector) ObserveLease(prefix string, e retention.LeaseEvent) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.markers, c.clearCalls, c.clearCallsFailed, c.passes, c.passDuration, c.lag,
+	for _, d := range []*prometheus.Desc{c.markers, c.clearCalls, c.clearCallsFailed, c.budgetWait, c.batchSize, c.passes, c.passDuration, c.lag,
 		c.backlogAge, c.backlogMarkers, c.retryingMarkers, c.retryingAge, c.parkedMarkers, c.backlogErrors,
 		c.leaseHeld, c.leaseEvents} {
 		ch <- d
@@ -436,6 +447,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.markers, prometheus.CounterValue, float64(s.markers[i]), prefix, o)
 		}
 		ch <- prometheus.MustNewConstMetric(c.clearCalls, prometheus.CounterValue, float64(s.clearCalls), prefix)
+		ch <- prometheus.MustNewConstMetric(c.budgetWait, prometheus.CounterValue, s.budgetWait, prefix)
+		if s.batchSize > 0 {
+			ch <- prometheus.MustNewConstMetric(c.batchSize, prometheus.GaugeValue, float64(s.batchSize), prefix)
+		}
 		for i, cause := range causes {
 			ch <- prometheus.MustNewConstMetric(c.clearCallsFailed, prometheus.CounterValue, float64(s.failedCalls[i]), prefix, cause)
 		}
