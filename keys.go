@@ -204,16 +204,8 @@ func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err
 	if len(rest) < TimestampWidth {
 		return 0, nil, true, timestampError(key, rest)
 	}
-	hi, ok1 := parse8(rest[0:8])
-	mid, ok2 := parse8(rest[8:16])
-	var lo uint64
-	ok3 := true
-	for _, c := range rest[16:TimestampWidth] {
-		d := c - '0' // a non-digit wraps past 9
-		ok3 = ok3 && d <= 9
-		lo = lo*10 + uint64(d)
-	}
-	if !ok1 || !ok2 || !ok3 {
+	v, ok := parseStamp(rest[:TimestampWidth])
+	if !ok {
 		return 0, nil, true, timestampError(key, rest)
 	}
 	if len(rest) == TimestampWidth || rest[TimestampWidth] != '/' {
@@ -223,9 +215,7 @@ func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err
 	if len(id) == 0 {
 		return 0, nil, true, malformed(key, "id", fmt.Errorf("%w: empty", ErrInvalidID))
 	}
-	// v can wrap for large hi, which the first test refuses before v counts.
-	v := hi*1_000_000_000_000 + mid*10_000 + lo
-	if hi > uint64(maxMarkerMs)/1_000_000_000_000 || v > uint64(maxMarkerMs) {
+	if v > uint64(maxMarkerMs) {
 		return 0, nil, false, malformed(key, "timestamp", fmt.Errorf("%s is after %s (milliseconds)", rest[:TimestampWidth], MaxMarkerTime.Format(time.RFC3339Nano)))
 	}
 	return int64(v), id, false, nil
@@ -322,7 +312,10 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 		defer func() { k.at = k.finished }()
 	}
 	for _, stamp := range stamps {
-		v, ok := parseStamp(rest)
+		if len(rest) <= TimestampWidth {
+			return k, true, malformed(key, "timestamp", fmt.Errorf("want %d digits and '/'", TimestampWidth))
+		}
+		v, ok := parseStamp(rest[:TimestampWidth])
 		if !ok || rest[TimestampWidth] != '/' {
 			return k, true, malformed(key, "timestamp", fmt.Errorf("want %d digits and '/'", TimestampWidth))
 		}
@@ -345,13 +338,10 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 	return k, false, nil
 }
 
-// parseStamp reads the TimestampWidth digits at the start of b, when b
-// has them and a byte after them. A value past any marker time comes back
-// as one, rather than wrapped.
+// parseStamp reads a timestamp: b is TimestampWidth bytes, which must all
+// be digits. A value past any marker time comes back as one, rather than
+// wrapped.
 func parseStamp(b []byte) (uint64, bool) {
-	if len(b) <= TimestampWidth {
-		return 0, false
-	}
 	hi, ok1 := parse8(b[0:8])
 	mid, ok2 := parse8(b[8:16])
 	var lo uint64
@@ -365,7 +355,7 @@ func parseStamp(b []byte) (uint64, bool) {
 		return 0, false
 	}
 	if hi > uint64(maxMarkerMs)/1_000_000_000_000 {
-		return uint64(maxMarkerMs) + 1, true
+		return uint64(maxMarkerMs) + 1, true // hi·10¹² could wrap
 	}
 	return hi*1_000_000_000_000 + mid*10_000 + lo, true
 }
