@@ -104,8 +104,7 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 		infix byte
 		n     *int
 	}{{retryInfix, &b.Retrying}, {parkedInfix, &b.Parked}} {
-		lower := append([]byte(s.prefix), r.infix, '0')
-		upper := append([]byte(s.prefix), r.infix, '9'+1)
+		lower, upper := infixRange(s.prefix, r.infix)
 		more, err := s.backlogRange(ctx, lower, upper, limit, func(key []byte) bool {
 			k, isForeign, err := parseRetryKey(s.prefix, r.infix, key)
 			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {

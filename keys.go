@@ -269,6 +269,12 @@ const (
 	parkedInfix = 'p'
 )
 
+// infixRange returns the bounds of the retry (or parked) range of prefix:
+// the prefix and infix, followed by a digit.
+func infixRange(prefix string, infix byte) (lower, upper []byte) {
+	return append([]byte(prefix), infix, '0'), append([]byte(prefix), infix, '9'+1)
+}
+
 // maxAttempts bounds the attempts a key records: nine digits.
 const maxAttempts = 999_999_999
 

@@ -90,8 +90,7 @@ func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 // eachParked calls f for each well-formed key of the parked range, in
 // order, until f returns false or an error.
 func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) (bool, error)) error {
-	from := append([]byte(s.prefix), parkedInfix, '0')
-	end := append([]byte(s.prefix), parkedInfix, '9'+1)
+	from, end := infixRange(s.prefix, parkedInfix)
 	for {
 		keys, err := s.scanKV(ctx, s.kv, from, end, s.pageSize)
 		if err != nil {

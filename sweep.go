@@ -145,12 +145,11 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		minInterval:  cmp.Or(cfg.MinInterval, DefaultMinInterval),
 		lower:        append([]byte(cfg.Prefix), '0'),
 		upper:        append([]byte(cfg.Prefix), '9'+1),
-		retryLower:   append([]byte(cfg.Prefix), retryInfix, '0'),
-		retryUpper:   append([]byte(cfg.Prefix), retryInfix, '9'+1),
 		maxAttempts:  cfg.MaxAttempts,
 		busy:         make(chan struct{}, 1),
 		retries:      newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay)),
 	}
+	s.retryLower, s.retryUpper = infixRange(cfg.Prefix, retryInfix)
 	if s.interval == 0 {
 		s.interval = min(s.retention, time.Minute)
 	}
