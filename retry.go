@@ -68,34 +68,26 @@ func (r *retries) delay(n int) time.Duration {
 	}
 }
 
-// failed records one more failure of id at now, after at least before
-// failures in a row (as its marker records), and returns how many in a row
-// that makes and when it may be tried again.
-func (r *retries) failed(id string, now time.Time, before int) (int, time.Time) {
-	if r.byID == nil {
-		r.byID = map[string]retry{}
-	}
-	e := r.byID[id]
-	e.failures = max(e.failures, before) + 1
-	e.notBefore = now.Add(r.delay(e.failures + e.putOffs))
-	r.byID[id] = e
-	return e.failures, e.notBefore
-}
-
-// putOff records that id was put off untried at now, the dependency down,
-// after before failures of its own, and returns when it may be tried
-// again: the delay grows as a failure's would, but the id is not taken
-// for one that fails by itself (it is not sent alone, nor parked).
-func (r *retries) putOff(id string, now time.Time, before int) time.Time {
+// failed records at now, after at least before failures of id in a row
+// (as its marker records), one more: a failure of the id itself when own,
+// else a put-off (the id was not tried, the dependency seemed down), whose
+// delay grows as a failure's would but which does not count as the id's
+// own (it is not sent alone for it, nor parked). It returns how many own
+// failures in a row that makes and when the id may be tried again.
+func (r *retries) failed(id string, now time.Time, before int, own bool) (int, time.Time) {
 	if r.byID == nil {
 		r.byID = map[string]retry{}
 	}
 	e := r.byID[id]
 	e.failures = max(e.failures, before)
-	e.putOffs++
+	if own {
+		e.failures++
+	} else {
+		e.putOffs++
+	}
 	e.notBefore = now.Add(r.delay(e.failures + e.putOffs))
 	r.byID[id] = e
-	return e.notBefore
+	return e.failures, e.notBefore
 }
 
 // waiting reports whether id is in its retry delay at now.
@@ -158,16 +150,8 @@ func (r *retries) prune(now time.Time) {
 // one itself (the clock stepped back) moves nothing.
 func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move bool) {
 	id := it.id
-	var (
-		attempts = int(it.attempts)
-		due      time.Time
-		own      = !errors.As(it.err, new(*outageError)) // not put off in an outage
-	)
-	if own {
-		attempts, due = s.retries.failed(id, s.clock.Now(), attempts)
-	} else {
-		due = s.retries.putOff(id, s.clock.Now(), attempts)
-	}
+	own := !errors.As(it.err, new(*outageError)) // not put off in an outage
+	attempts, due := s.retries.failed(id, s.clock.Now(), int(it.attempts), own)
 	canWrite := (p.mover != nil || p.putter != nil) && !p.noPut
 	if own && canWrite && s.maxAttempts > 0 && attempts >= s.maxAttempts {
 		// Parked: out of every range a pass reads, until requeued.

@@ -349,6 +349,6 @@ func (f *failingPutKV) Put(ctx context.Context, key, value []byte) error {
 // failedAt records one failure of id after none before and returns when it
 // may be tried again.
 func failedAt(r *retries, id string, now time.Time) time.Time {
-	_, at := r.failed(id, now, 0)
+	_, at := r.failed(id, now, 0, true)
 	return at
 }

@@ -651,7 +651,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			st.Failed++
 			p.notes.noteFailed(it.id, it.err)
 			st.Retried++
-			_, due := s.retries.failed(it.id, now, int(it.attempts))
+			_, due := s.retries.failed(it.id, now, int(it.attempts), true)
 			s.noteRetry(p, due)
 			continue
 		case failed:
