@@ -728,11 +728,7 @@ func (s *Sweep) countGone(p *passState, items []item) {
 	oldest := int64(-1)
 	for i := range items {
 		if it := &items[i]; it.out == clearedGone {
-			p.st.Cleared++
-			s.retries.forget(it.id)
-			if oldest < 0 || it.ms < oldest {
-				oldest = it.ms // the finish time: retries are not in its order
-			}
+			s.countCleared(p, it, &oldest)
 		}
 	}
 	if oldest < 0 {

@@ -630,14 +630,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			// live again, or its first marker stays for it.
 			st.Duplicates++
 		case cleared, clearedGone:
-			st.Cleared++
-			s.retries.forget(it.id)
-			if it.seen != 0 {
-				s.seen.markDone(int(it.seen) - 1)
-			}
-			if oldest < 0 || it.ms < oldest {
-				oldest = it.ms // the finish time: retries are not in its order
-			}
+			s.countCleared(p, it, &oldest)
 			if it.out == clearedGone {
 				continue
 			}
@@ -703,6 +696,21 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		s.observeLags(items, false)
 	}
 	return nil
+}
+
+// countCleared counts a cleared marker in the pass's Stats, forgets its
+// id's failures, records that the pass is done with the id, and lowers
+// *oldest (-1: none yet) to its finish time: the oldest has the largest
+// lag. Retries are not in the order of finish times.
+func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
+	p.st.Cleared++
+	s.retries.forget(it.id)
+	if it.seen != 0 {
+		s.seen.markDone(int(it.seen) - 1)
+	}
+	if *oldest < 0 || it.ms < *oldest {
+		*oldest = it.ms
+	}
 }
 
 // peek reads the first marker past the expired range to set st.NextDue. It
