@@ -37,13 +37,19 @@ type Backlog struct {
 	// when More is set, the oldest may be among the markers not read.
 	RetryingAge time.Duration
 
+	// Held is how many markers wait for a hold's end (see Hold) or for a
+	// deadline of their own (see DeadlineKey), at most the limit: they are
+	// not late, and do not count in Age. One whose time came counts as
+	// due, from that time.
+	Held int
+
 	// Parked is how many markers are parked after Config.MaxAttempts failed
 	// clears, at most the limit: they are never cleared until requeued
 	// (Sweep.Requeue), and do not count in Age.
 	Parked int
 
-	// More reports that there may be more markers than Due, Retrying or
-	// Parked: a limit was reached, or foreign keys filled the reads
+	// More reports that there may be more markers than Due, Retrying,
+	// Held or Parked: a limit was reached, or foreign keys filled the reads
 	// Backlog allows itself.
 	More bool
 }
@@ -109,6 +115,15 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 			k, isForeign, err := parseRetryKey(s.prefix, r.infix, key)
 			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
 				return false
+			}
+			if k.held {
+				if time.UnixMilli(k.at).After(now) {
+					b.Held++
+					return true
+				}
+				oldest(k.at-s.retention.Milliseconds(), k.id)
+				b.Due++
+				return true
 			}
 			if due := time.UnixMilli(k.finished).Add(s.retention); r.infix == retryInfix && due.Before(now) {
 				// Due, unless a Retention raised since it failed says not yet.

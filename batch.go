@@ -24,7 +24,8 @@ const DefaultBatchSize = 100
 // BatchError is what a Config.ClearBatch function returns to report ids
 // one by one: it maps each id that was not cleared to its error. Ids of the
 // batch that are not in it were cleared. An error wrapping ErrLiveAgain
-// drops that id's marker without clearing, as it does from Clear. A
+// drops that id's marker without clearing, and Hold keeps that id past
+// its retention, as they do from Clear. A
 // ClearBatch may return it wrapped. A BatchError that names an id not in
 // the batch fails the call as a whole, as any other error does: the ids it
 // names are not the ones the sweep asked about, so what it says of the
@@ -344,24 +345,38 @@ func (b *batching) try(idx []int) error {
 		b.p.ok() // it answered for each id
 		for _, i := range idx {
 			it := &b.items[i]
-			switch e, ok := perID[it.id]; {
-			case !ok:
+			if e, ok := perID[it.id]; !ok {
 				it.out = cleared
-			case errors.Is(e, ErrLiveAgain):
-				it.out = liveAgain
-			default:
-				it.out, it.err = failed, e
+			} else {
+				it.out, it.err = entryOutcome(e), e
 			}
 		}
-	case errors.Is(err, ErrLiveAgain):
+	case wholeCall(err):
 		b.p.ok()
 		for _, i := range idx {
-			b.items[i].out = liveAgain
+			b.items[i].out, b.items[i].err = outcomeOf(err), err
 		}
 	default:
 		return err
 	}
 	return nil
+}
+
+// entryOutcome is the outcome of an id a BatchError names with e: live
+// again, held or failed (a nil entry too: it names the id, not its clear).
+func entryOutcome(e error) outcome {
+	if out := outcomeOf(e); out != cleared {
+		return out
+	}
+	return failed
+}
+
+// wholeCall reports whether err, returned by a whole ClearBatch or
+// ClearDeleter call, answers for each of its ids alike: all live again,
+// or all held.
+func wholeCall(err error) bool {
+	out := outcomeOf(err)
+	return out == liveAgain || out == held
 }
 
 // named checks that every id a BatchError names is one of the batch's:
@@ -442,23 +457,21 @@ func (b *batching) tryAtomic(idx []int) error {
 		var rest []int
 		for _, i := range idx {
 			it := &b.items[i]
-			switch e, ok := perID[it.id]; {
-			case !ok:
+			if e, ok := perID[it.id]; !ok {
 				rest = append(rest, i)
-			case errors.Is(e, ErrLiveAgain):
-				it.out = liveAgain
-			default:
-				it.out, it.err = failed, e
+			} else {
+				it.out, it.err = entryOutcome(e), e
 			}
 		}
 		if len(rest) > 0 {
 			b.run(rest)
 		}
 		return nil
-	case errors.Is(err, ErrLiveAgain):
+	case wholeCall(err):
+		// Refused as a whole: nothing was committed.
 		b.p.ok()
 		for _, i := range idx {
-			b.items[i].out = liveAgain
+			b.items[i].out, b.items[i].err = outcomeOf(err), err
 		}
 		return nil
 	case errors.Is(err, ErrLeaseLost):

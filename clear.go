@@ -81,8 +81,8 @@ func (c *clearing) work() {
 }
 
 // clearOne calls Clear for one item under ClearTimeout and records the
-// outcome. Only a Clear that returned nil or ErrLiveAgain is recorded as
-// such; one that returned another error, panicked or never returned
+// outcome. Only a Clear that returned nil, ErrLiveAgain or Hold is recorded
+// as such; one that returned another error, panicked or never returned
 // (runtime.Goexit) is recorded as failed.
 func (c *clearing) clearOne(i int) {
 	if c.s.limiter != nil && c.s.waitBudget(c.ctx, c.p, 1) != nil {
@@ -115,13 +115,11 @@ func (c *clearing) clearOne(i int) {
 		ctx = cctx
 	}
 	err := c.s.clear(ctx, it.id)
-	switch {
-	case err == nil:
-		it.out = cleared
-	case errors.Is(err, ErrLiveAgain):
-		it.out = liveAgain
+	switch it.out = outcomeOf(err); it.out {
+	case cleared, liveAgain:
+	case held:
+		it.err = err
 	default:
-		it.out = failed
 		if cctx, ok := ctx.(*clearCtx); ok && cctx.timedOut() {
 			err = fmt.Errorf("%w after ClearTimeout (%v): %w", errClearTimedOut, c.s.clearTimeout, err)
 		}

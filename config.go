@@ -152,6 +152,16 @@ type Config struct {
 	// due.
 	MinInterval time.Duration
 
+	// DryRun makes passes read and classify the markers as they would, and
+	// report what they would have done, without doing it: no Clear,
+	// ClearBatch or ClearDeleter call, and no marker deleted, moved or
+	// parked. Stats.WouldClear counts the markers whose entities a pass
+	// would have cleared (Malformed and Duplicates those it would have
+	// dropped); each pass logs them at Info with a few ids, and an
+	// Observer sees them. Run waits Interval between dry passes, since
+	// the same markers stay due. False, the default, sweeps for real.
+	DryRun bool
+
 	// Clock tells the time. Nil means SystemClock.
 	Clock Clock
 

@@ -28,6 +28,10 @@ var ErrInvalidTime = errors.New("retention: invalid marker time")
 // without clearing and counts it in Stats.LiveAgain. Wrapped errors match.
 var ErrLiveAgain = errors.New("retention: entity is live again")
 
+// ErrHeld is matched by the error Hold returns: errors.Is(err, ErrHeld)
+// tells a hold from a failure.
+var ErrHeld = errors.New("retention: entity is held")
+
 // ErrClearPanicked is returned (wrapped, and counted in Stats.Failed) when a
 // Config.Clear function panics. The sweep recovers, keeps the marker and logs
 // the panic value with its stack.

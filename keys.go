@@ -264,6 +264,12 @@ func malformed(key []byte, part string, cause error) error {
 //
 //	<prefix>r<retry at, ms:020>/<finished, ms:020>/<attempts>/<id>
 //	<prefix>p<finished, ms:020>/<attempts>/<id>
+//
+// A held marker (see Hold) and a marker with a deadline of its own (see
+// DeadlineKey) lie in the retry range too, with h for the attempts: they
+// fall due at their time whatever the Retention, and are no failure:
+//
+//	<prefix>r<until, ms:020>/<finished, ms:020>/h/<id>
 const (
 	retryInfix  = 'r'
 	parkedInfix = 'p'
@@ -283,6 +289,7 @@ type retryKey struct {
 	at       int64 // retry range: when it falls due; parked range: finished
 	finished int64 // the entity's finish time, Unix ms
 	attempts int
+	held     bool // h for the attempts: due at at, whatever the Retention
 	id       []byte
 }
 
@@ -294,6 +301,17 @@ func appendRetryKey(dst []byte, prefix string, atMs, finishedMs int64, attempts 
 	dst = append(strconv.AppendInt(dst, int64(min(attempts, maxAttempts)), 10), '/')
 	return append(dst, id...)
 }
+
+// appendHeldKey appends the retry-range key of id, held until untilMs.
+func appendHeldKey(dst []byte, prefix string, untilMs, finishedMs int64, id string) []byte {
+	dst = append(append(dst, prefix...), retryInfix)
+	dst = append(appendTimestamp(dst, uint64(untilMs)), '/')
+	dst = append(appendTimestamp(dst, uint64(finishedMs)), '/')
+	return append(append(dst, heldAttempts...), id...)
+}
+
+// heldAttempts stands for the attempts of a held key.
+const heldAttempts = "h/"
 
 // appendParkedKey appends the parked-range key of id.
 func appendParkedKey(dst []byte, prefix string, finishedMs int64, attempts int, id string) []byte {
@@ -329,6 +347,10 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 			return k, false, malformed(key, "timestamp", fmt.Errorf("%s is after %s (milliseconds)", rest[:TimestampWidth], MaxMarkerTime.Format(time.RFC3339Nano)))
 		}
 		*stamp, rest = int64(v), rest[TimestampWidth+1:]
+	}
+	if infix == retryInfix && len(rest) > len(heldAttempts) && string(rest[:len(heldAttempts)]) == heldAttempts {
+		k.held, k.id = true, rest[len(heldAttempts):]
+		return k, false, nil
 	}
 	n := 0
 	for n < len(rest) && n < 10 && '0' <= rest[n] && rest[n] <= '9' {

@@ -19,6 +19,7 @@ const maxExamples = 3
 type passNotes struct {
 	failed, panicked, malformed, foreign tally
 	parked                               tally
+	wouldClear                           tally // a dry run's
 	putOff                               int   // ids not tried alone: every clear of the pass failed
 	outageErr                            error // the error of the first of them
 	rescheduleErr                        error // why failed markers could not be rewritten
@@ -111,7 +112,7 @@ func (s *Sweep) logPass(p *passState) {
 		s.log.Error("retention: could not reschedule failed markers; their retry delays are kept in memory",
 			"error", errString(n.rescheduleErr))
 	}
-	if n.malformed.n > 0 {
+	if n.malformed.n > 0 && !s.dryRun {
 		s.log.Warn("retention: deleted malformed markers without clearing them",
 			"malformed", n.malformed.n, "examples", n.malformed.examples)
 	}
@@ -125,9 +126,14 @@ func (s *Sweep) logPass(p *passState) {
 		s.log.Log(context.Background(), level, "retention: keys under the prefix are not markers; left alone",
 			"foreign", n.foreign.n, "example", n.foreign.examples[0])
 	}
+	if s.dryRun {
+		s.log.Info("retention: dry run; nothing was cleared, deleted or moved",
+			"would_clear", st.WouldClear, "examples", n.wouldClear.examples,
+			"would_drop_malformed", st.Malformed, "would_drop_duplicates", st.Duplicates)
+	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log.Debug("retention pass", "cleared", st.Cleared, "failed", st.Failed, "retried", st.Retried,
-			"deferred", st.Deferred, "malformed", st.Malformed, "foreign", st.Foreign, "live_again", st.LiveAgain, "duplicates", st.Duplicates,
+			"deferred", st.Deferred, "held", st.Held, "malformed", st.Malformed, "foreign", st.Foreign, "live_again", st.LiveAgain, "duplicates", st.Duplicates,
 			"max_lag", st.MaxLag, "next_due", st.NextDue, "duration", st.Duration)
 	}
 }

@@ -89,8 +89,13 @@ func (l *loop) run(ctx context.Context) error {
 			wait = l.interval()
 			progress := false
 			for i, m := range l.members {
+				if m.dryRun {
+					// Its due markers stay due: the next dry pass would
+					// find them all again at once.
+					continue
+				}
 				wait = min(wait, m.untilDue(stats[i]))
-				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried+stats[i].Duplicates > 0
+				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried+stats[i].Held+stats[i].Duplicates > 0
 			}
 			switch {
 			case wait <= 0 && !progress:

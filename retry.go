@@ -90,6 +90,17 @@ func (r *retries) failed(id string, now time.Time, before int, own bool) (int, t
 	return e.failures, e.notBefore
 }
 
+// hold records that id is held until until: a pass skips it until then. A
+// hold is no failure: the count of failures stays as it was.
+func (r *retries) hold(id string, until time.Time) {
+	if r.byID == nil {
+		r.byID = map[string]retry{}
+	}
+	e := r.byID[id]
+	e.notBefore = until
+	r.byID[id] = e
+}
+
 // waiting reports whether id is in its retry delay at now.
 func (r *retries) waiting(id string, now time.Time) bool {
 	if len(r.byID) == 0 {
@@ -171,6 +182,25 @@ func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (
 		s.noteRetry(p, time.UnixMilli(dueMs))
 		key = appendRetryKey(nil, s.prefix, dueMs, it.ms, attempts, id)
 	}
+	return s.place(ctx, p, key, old)
+}
+
+// hold puts off the marker old of a held id until the hold's end, as retry
+// puts off a failed one's (see holdKey), and returns what retry does.
+func (s *Sweep) hold(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move bool) {
+	until, key := s.holdKey(p, it)
+	s.noteRetry(p, until)
+	if key == nil {
+		return nil, false
+	}
+	return s.place(ctx, p, key, old)
+}
+
+// place readies the move of old to key: on a Mover it returns key for the
+// caller to move old there; on a Putter it writes key (reading the pass's
+// first such write back) and the caller deletes old. It returns a nil key
+// when old stays where it is.
+func (s *Sweep) place(ctx context.Context, p *passState, key, old []byte) ([]byte, bool) {
 	if bytes.Equal(key, old) {
 		return nil, false
 	}

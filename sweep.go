@@ -23,6 +23,8 @@ type Stats struct {
 	Foreign     int // keys under the prefix that are not marker-shaped, left alone
 	LiveAgain   int // markers whose Clear returned ErrLiveAgain, deleted without clearing
 	Duplicates  int // further markers of an id met earlier in the pass, deleted without a clear of their own
+	Held        int // markers whose Clear returned Hold: kept until the hold's end, no failure
+	WouldClear  int // in a dry run (Config.DryRun), markers whose entity the pass would have cleared
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
 	PutCalls    int // calls to Putter.Put or Mover.Move, rescheduling failed markers
@@ -86,6 +88,7 @@ type Sweep struct {
 	limiter      *rate.Limiter // nil: none
 	batchTarget  time.Duration // <= 0: batches do not adapt
 	minInterval  time.Duration // <= 0: none
+	dryRun       bool
 	curBatch     atomic.Int64  // the batch size now, adapted to BatchTarget
 
 	// lower and upper bound the marker space: the prefix followed by a
@@ -143,6 +146,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		limiter:      cfg.Limiter,
 		batchTarget:  cfg.BatchTarget,
 		minInterval:  cmp.Or(cfg.MinInterval, DefaultMinInterval),
+		dryRun:       cfg.DryRun,
 		lower:        append([]byte(cfg.Prefix), '0'),
 		upper:        append([]byte(cfg.Prefix), '9'+1),
 		maxAttempts:  cfg.MaxAttempts,
@@ -389,6 +393,8 @@ func cutoffMillis(cutoff time.Time) int64 {
 //	liveAgain    deleted, entity not cleared    LiveAgain
 //	failed       moved to its retry time (or    Failed, Retried
 //	             kept, its delay in memory)
+//	held         moved to the hold's end (or    Held
+//	             kept, the hold in memory)
 //	unknown      kept as it is, its delay in    Failed, Retried
 //	             memory: a failed call may have
 //	             committed and the store could
@@ -401,6 +407,10 @@ func cutoffMillis(cutoff time.Time) int64 {
 //	unexpired    kept: a retry of a marker not
 //	             expired under today's Retention
 //	pending      kept: the clear never returned (a cancelled pass)
+//	wouldClear   kept: a dry run calls no clear WouldClear
+//
+// A dry run (Config.DryRun) counts every outcome as it comes, but deletes
+// and moves nothing.
 type outcome uint8
 
 const (
@@ -409,12 +419,14 @@ const (
 	clearedGone                // cleared with its marker deleted, by a ClearDeleter
 	liveAgain                  // Clear returned ErrLiveAgain
 	failed                     // Clear failed; the marker stays, put off for a retry
+	held                       // Clear returned Hold: the marker waits for the hold's end
 	unknown                    // a ClearDeleter failed and its commit could not be checked
 	duplicate                  // another marker of an id met before in the pass
 	bad                        // malformed: deleted without Clear
 	foreign                    // not marker-shaped: left alone
 	deferred                   // in its retry delay: left for later
 	unexpired                  // in the retry range, not expired under today's Retention: left
+	wouldClear                 // a dry run would have cleared it
 )
 
 // item is one key of a page on its way through a pass; items[i] stands for
@@ -444,9 +456,19 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 		}
 	}
 	s.dedupe(items)
-	calls, err := s.clearAll(ctx, p, keys, items)
-	p.st.ClearCalls += calls
-	p.foldCalls()
+	var err error
+	if s.dryRun {
+		for i := range items {
+			if items[i].out == pending {
+				items[i].out = wouldClear
+			}
+		}
+	} else {
+		var calls int
+		calls, err = s.clearAll(ctx, p, keys, items)
+		p.st.ClearCalls += calls
+		p.foldCalls()
+	}
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -485,9 +507,15 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 			if err == nil && at >= p.retryDueMs {
 				break // only a KV that breaks Scan's end bound returns it
 			}
-			// A Retention raised since the marker failed: it is not
-			// expired any more, and stays until it is.
-			notExpired = err == nil && ms >= p.cutoffMs
+			if k.held {
+				// Due at its own time, whatever the Retention: its lag
+				// counts from then.
+				ms = max(at-s.retention.Milliseconds(), 0)
+			} else {
+				// A Retention raised since the marker failed: it is not
+				// expired any more, and stays until it is.
+				notExpired = err == nil && ms >= p.cutoffMs
+			}
 		} else {
 			ms, id, isForeign, err = parseKey(s.prefix, key)
 			if err == nil && ms >= p.cutoffMs {
@@ -615,7 +643,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 						st.Duplicates++
 						continue // deleted in the clear's transaction
 					}
-				case failed:
+				case failed, held:
 					if target, ok := targets[int(it.primary)]; ok {
 						// Moved onto the first's new key in the same call: no
 						// crash leaves one of them behind, due before it.
@@ -647,10 +675,24 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			_, due := s.retries.failed(it.id, now, int(it.attempts), true)
 			s.noteRetry(p, due)
 			continue
-		case failed:
-			st.Failed++
-			p.notes.noteFailed(it.id, it.err)
-			key, move := s.retry(ctx, p, it, keys[i])
+		case wouldClear:
+			st.WouldClear++
+			p.notes.wouldClear.add(func() string { return it.id })
+			if it.seen != 0 {
+				s.seen.markDone(int(it.seen) - 1)
+			}
+			continue
+		case failed, held:
+			var key []byte
+			var move bool
+			if it.out == held {
+				st.Held++
+				key, move = s.hold(ctx, p, it, keys[i])
+			} else {
+				st.Failed++
+				p.notes.noteFailed(it.id, it.err)
+				key, move = s.retry(ctx, p, it, keys[i])
+			}
 			if key == nil {
 				continue
 			}
@@ -668,6 +710,9 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		del = append(del, keys[i])
 	}
 	s.del, s.moveFrom, s.moveTo = del, from, to
+	if s.dryRun {
+		return nil // counted, and nothing more
+	}
 	if oldest >= 0 {
 		st.MaxLag = max(st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
 	}
@@ -749,7 +794,7 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 			found = true
 			break
 		}
-		if len(del) > 0 {
+		if len(del) > 0 && !s.dryRun {
 			if err := s.delete(ctx, p, del); err != nil {
 				return err
 			}

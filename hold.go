@@ -1,0 +1,121 @@
+package retention
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Hold returns the error that keeps an entity past its retention until
+// until: a Config.Clear (or an entry of a BatchError, or a whole ClearBatch
+// or ClearDeleter call) returns it for an entity on legal hold, under
+// investigation, or kept because a customer asked. The entity is not
+// cleared and its marker falls due again at until, moved in the store to
+// the sweep's retry range on a KV that can write (so the hold outlives a
+// restart), kept in memory on one that cannot. A hold is no failure: it
+// counts in Stats.Held, not Failed; it adds no failed attempt, no backoff,
+// and no Error log line. A zero until, or one already past, means "try
+// again after Config.RetryDelay".
+//
+// Where an entity's retention differs from the others from the start, write
+// its marker with a deadline of its own instead (see DeadlineKey).
+func Hold(until time.Time) error { return &holdError{until: until} }
+
+// holdError is the error of Hold.
+type holdError struct{ until time.Time }
+
+func (e *holdError) Error() string {
+	if e.until.IsZero() {
+		return "retention: entity is held"
+	}
+	return fmt.Sprintf("retention: entity is held until %s", e.until.UTC().Format(time.RFC3339Nano))
+}
+
+func (e *holdError) Is(target error) bool { return target == ErrHeld }
+
+// heldUntil returns the time err holds an entity until (zero for "after
+// RetryDelay") and whether err is a hold at all.
+func heldUntil(err error) (time.Time, bool) {
+	var h *holdError
+	if !errors.As(err, &h) {
+		return time.Time{}, false
+	}
+	return h.until, true
+}
+
+// outcomeOf classifies what a clear (or the entry of a BatchError for one
+// id) returned: cleared on nil, live again, held, or else failed.
+func outcomeOf(err error) outcome {
+	switch {
+	case err == nil:
+		return cleared
+	case errors.Is(err, ErrLiveAgain):
+		return liveAgain
+	case errors.Is(err, ErrHeld):
+		return held
+	}
+	return failed
+}
+
+// holdKey puts off the marker old of a held id until the hold's end, as
+// retry does a failed one's: it returns the held key of the retry range to
+// move old to (move, on a Mover) or that it wrote (on a Putter), or nil when
+// the marker stays and the hold is kept in memory.
+func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
+	until, _ = heldUntil(it.err)
+	now := s.clock.Now()
+	if !until.After(now) {
+		until = now.Add(s.retries.first)
+	}
+	untilMs, err := markerMillis(until)
+	if err != nil {
+		untilMs = maxMarkerMs
+	}
+	until = time.UnixMilli(untilMs)
+	s.retries.hold(it.id, until)
+	if (p.mover == nil && p.putter == nil) || p.noPut {
+		return until, nil
+	}
+	return until, appendHeldKey(nil, s.prefix, untilMs, it.ms, it.id)
+}
+
+// DeadlineKey returns the key of a marker for id that falls due at deleteAt
+// whatever the sweep's Retention: for an entity kept longer or shorter
+// than the others of its prefix (a failed run kept for a month where
+// successful ones go after a day). Write it instead of the marker of
+// MarkerKey, in the same transaction, with the adapters' MarkKeyTx; the
+// sweep clears it at deleteAt (and deletes it, as any marker), and a later
+// change of Config.Retention leaves it alone. Where whole classes of
+// entities differ, a prefix per class, each with its own Sweep in one
+// Group, reads better (see the README). The key lies in the sweep's retry
+// range, where held markers wait (see Hold); Sweep.Due lists it once due.
+func DeadlineKey(prefix string, deleteAt time.Time, id string) ([]byte, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
+	return deadlineKey(prefix, deleteAt, id)
+}
+
+// deadlineKey is DeadlineKey for an id checked by the caller's rule.
+func deadlineKey(prefix string, deleteAt time.Time, id string) ([]byte, error) {
+	if prefix == "" || idByte(prefix[len(prefix)-1]) {
+		return nil, fmt.Errorf("%w: prefix %q must be non-empty and end in a separator such as '/'", ErrMalformedMarker, prefix)
+	}
+	ms, err := markerMillis(deleteAt)
+	if err != nil {
+		return nil, err
+	}
+	return appendHeldKey(nil, prefix, ms, ms, id), nil
+}
+
+// DeadlineKey is the package's DeadlineKey for the sweep's prefix, with ids
+// checked by the sweep's rule (Config.ValidateID).
+func (s *Sweep) DeadlineKey(id string, deleteAt time.Time) ([]byte, error) {
+	if err := s.configured("DeadlineKey"); err != nil {
+		return nil, err
+	}
+	if err := s.checkID(id); err != nil {
+		return nil, err
+	}
+	return deadlineKey(s.prefix, deleteAt, id)
+}

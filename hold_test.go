@@ -1,0 +1,473 @@
+package retention
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// storeKinds are the three kinds of store a hold takes a different path
+// through: moved (Mover), written then deleted (Putter), kept in memory.
+var storeKinds = []struct {
+	name   string
+	wrap   func(*MemKV) KV
+	writes bool
+}{
+	{"Mover", func(m *MemKV) KV { return m }, true},
+	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, true},
+	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false},
+}
+
+// levelCounter counts log records at Warn and above.
+type levelCounter struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *levelCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (l *levelCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		l.mu.Lock()
+		l.msgs = append(l.msgs, r.Message)
+		l.mu.Unlock()
+	}
+	return nil
+}
+func (l *levelCounter) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *levelCounter) WithGroup(string) slog.Handler      { return l }
+
+// TestHold: a held id is not cleared before the hold's end, then cleared
+// once; the hold is no failure (Stats, logs, attempts), on every kind of
+// store, through each clear mode.
+func TestHold(t *testing.T) {
+	t.Parallel()
+	until := t0.Add(5 * time.Hour)
+	modes := []struct {
+		name string
+		cfg  func(c *clears) Config
+	}{
+		{"Clear", func(c *clears) Config { return Config{Clear: c.clear} }},
+		{"ClearBatch BatchError", func(c *clears) Config {
+			return Config{ClearBatch: func(ctx context.Context, ids []string) error {
+				perID := BatchError{}
+				for _, id := range ids {
+					if err := c.clear(ctx, id); err != nil {
+						perID[id] = err
+					}
+				}
+				if len(perID) == 0 {
+					return nil
+				}
+				return perID
+			}}
+		}},
+	}
+	for _, kind := range storeKinds {
+		for _, mode := range modes {
+			t.Run(kind.name+"/"+mode.name, func(t *testing.T) {
+				t.Parallel()
+				mem := NewMemKV()
+				c := newClears()
+				logs := &levelCounter{}
+				cfg := mode.cfg(c)
+				cfg.Logger = slog.New(logs)
+				cfg.RetryDelay = time.Minute
+				s, clock := newSweep(t, kind.wrap(mem), cfg)
+				mark(t, mem, "runs/", "a", t0)
+				mark(t, mem, "runs/", "held", t0)
+				c.set("held", Hold(until))
+
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, 1, st.Cleared)
+				assert.Equal(t, 1, st.Held)
+				assert.Zero(t, st.Failed, "a hold is no failure")
+				assert.Zero(t, st.Retried)
+				assert.Zero(t, st.FailedCalls)
+				assert.Equal(t, until, st.NextDue, "Run wakes at the hold's end")
+				assert.Empty(t, logs.msgs, "no Warn or Error line for a hold")
+				assert.Equal(t, map[string]int{"held": 1}, markerIDs(t, mem, "runs/"))
+				if kind.writes {
+					keys, err := mem.Scan(context.Background(), []byte("runs/r"), []byte("runs/s"), 10)
+					require.NoError(t, err)
+					require.Len(t, keys, 1)
+					k, _, err := parseRetryKey("runs/", retryInfix, keys[0])
+					require.NoError(t, err)
+					assert.True(t, k.held, "%q", keys[0])
+					assert.Equal(t, until.UnixMilli(), k.at)
+				}
+				c.set("held", nil)
+
+				// Passes before the hold's end leave it alone.
+				for _, at := range []time.Duration{3 * time.Hour, 5*time.Hour - time.Millisecond} {
+					clock.Set(t0.Add(at))
+					st, err = s.Pass(context.Background())
+					require.NoError(t, err)
+					assert.Zero(t, st.Cleared, "at %v", at)
+				}
+				assert.Equal(t, 1, c.count("held"))
+
+				clock.Set(until.Add(time.Millisecond))
+				st, err = s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, 1, st.Cleared)
+				assert.Equal(t, 2, c.count("held"), "cleared once after the hold")
+				assert.Empty(t, markerIDs(t, mem, "runs/"))
+				assert.Empty(t, logs.msgs)
+			})
+		}
+	}
+}
+
+// TestHoldWholeCall: a ClearBatch or a ClearDeleter that returns Hold for
+// the whole call holds every id of it; a ClearDeleter's BatchError entry
+// holds its id and the others are sent again.
+func TestHoldWholeCall(t *testing.T) {
+	t.Parallel()
+	until := t0.Add(3 * time.Hour)
+	t.Run("ClearBatch", func(t *testing.T) {
+		mem := NewMemKV()
+		s, clock := newSweep(t, mem, Config{ClearBatch: func(context.Context, []string) error { return Hold(until) }})
+		markN(t, mem, 10, t0)
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 10, st.Held)
+		assert.Zero(t, st.Failed+st.Cleared)
+		b, err := s.Backlog(context.Background(), 100)
+		require.NoError(t, err)
+		assert.Equal(t, 10, b.Held)
+		assert.Zero(t, b.Age, "held markers are not late")
+	})
+	t.Run("ClearDeleter", func(t *testing.T) {
+		mem := NewMemKV()
+		kv := &holdingAtomicKV{atomicKV: atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}}, hold: map[string]time.Time{"b0003": until}}
+		s, clock := newSweep(t, kv, Config{BatchSize: 10})
+		for _, id := range markN(t, mem, 10, t0) {
+			kv.entities[id] = true
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 9, st.Cleared)
+		assert.Equal(t, 1, st.Held)
+		assert.Zero(t, st.Failed)
+		assert.Equal(t, map[string]bool{"b0003": true}, kv.entities)
+		assert.Equal(t, map[string]int{"b0003": 1}, markerIDs(t, mem, "runs/"))
+
+		delete(kv.hold, "b0003")
+		clock.Set(until.Add(time.Millisecond))
+		st, err = s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 1, st.Cleared)
+		assert.Empty(t, kv.entities)
+		for id, n := range kv.cleared {
+			assert.Equal(t, 1, n, "%s cleared once", id)
+		}
+	})
+}
+
+// holdingAtomicKV refuses a batch holding an id with a BatchError naming
+// it, and commits nothing, as the ClearDeleter contract says.
+type holdingAtomicKV struct {
+	atomicKV
+	hold map[string]time.Time
+}
+
+func (h *holdingAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	perID := BatchError{}
+	for _, id := range ids {
+		if until, ok := h.hold[id]; ok {
+			perID[id] = Hold(until)
+		}
+	}
+	if len(perID) > 0 {
+		return perID
+	}
+	return h.atomicKV.ClearAndDelete(ctx, ids, keys)
+}
+
+// TestHoldZeroOrPast: a hold without a time, or with one already past,
+// is tried again after RetryDelay, with no backoff growing.
+func TestHoldZeroOrPast(t *testing.T) {
+	t.Parallel()
+	for _, until := range []time.Time{{}, t0} {
+		mem := NewMemKV()
+		c := newClears()
+		s, clock := newSweep(t, mem, Config{Clear: c.clear, RetryDelay: time.Minute, MaxRetryDelay: time.Hour})
+		mark(t, mem, "runs/", "a", t0)
+		c.set("a", Hold(until))
+		clock.Set(t0.Add(2 * time.Hour))
+		for i := range 4 {
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Held, "pass %d", i)
+			assert.Equal(t, clock.Now().Add(time.Minute), st.NextDue, "pass %d: RetryDelay, not a growing backoff", i)
+			clock.Advance(time.Minute + time.Millisecond)
+		}
+		assert.Equal(t, 4, c.count("a"))
+	}
+}
+
+// TestHoldSurvivesRestart: a sweep made anew over the same store keeps the
+// hold, and counts no failed attempt for it.
+func TestHoldSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	until := t0.Add(10 * time.Hour)
+	s, clock := newSweep(t, mem, Config{Clear: c.clear, MaxAttempts: 1})
+	mark(t, mem, "runs/", "a", t0)
+	c.set("a", Hold(until))
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+
+	s2, clock2 := newSweep(t, mem, Config{Clear: c.clear, MaxAttempts: 1})
+	clock2.Set(t0.Add(9 * time.Hour))
+	st, err := s2.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, st.Cleared+st.Held+st.Failed, "still held after a restart")
+	c.set("a", nil)
+	clock2.Set(until.Add(time.Millisecond))
+	st, err = s2.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared, "a hold is no failed attempt: MaxAttempts 1 parks nothing")
+	assert.Zero(t, st.Parked)
+	assert.Equal(t, 2, c.count("a"))
+}
+
+// TestDeadlineKey: a marker with a deadline of its own falls due at it,
+// earlier or later than the sweep's Retention would say, and a later
+// change of Retention leaves it alone.
+func TestDeadlineKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		retention time.Duration
+		deadline  time.Duration // after t0
+	}{
+		{"earlier than Retention", 24 * time.Hour, time.Hour},
+		{"later than Retention", time.Hour, 24 * time.Hour},
+		{"Retention raised past it", 48 * time.Hour, 2 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			c := newClears()
+			s, clock := newSweep(t, mem, Config{Clear: c.clear, Retention: tc.retention})
+			key, err := s.DeadlineKey("d", t0.Add(tc.deadline))
+			require.NoError(t, err)
+			require.NoError(t, CheckMarkerKey(key), "the adapters' MarkKeyTx take it")
+			require.NoError(t, mem.Put(context.Background(), key, nil))
+			mark(t, mem, "runs/", "plain", t0)
+
+			clock.Set(t0.Add(tc.deadline - time.Millisecond))
+			_, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, c.count("d"), "not before its deadline")
+			due, err := s.Due(context.Background(), 10)
+			require.NoError(t, err)
+			assert.NotContains(t, ids(due), "d", "not listed before its deadline")
+
+			clock.Set(t0.Add(tc.deadline + time.Millisecond))
+			due, err = s.Due(context.Background(), 10)
+			require.NoError(t, err)
+			assert.Contains(t, ids(due), "d")
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, c.count("d"), "cleared at its deadline")
+			assert.Equal(t, tc.retention < tc.deadline, c.count("plain") == 1, "the plain marker follows Retention")
+			assert.Positive(t, st.Cleared)
+			assert.LessOrEqual(t, st.MaxLag, 2*time.Millisecond+max(0, tc.deadline-tc.retention), "lag counts from the deadline")
+		})
+	}
+	_, err := DeadlineKey("runs/", t0, "bad id")
+	assert.ErrorIs(t, err, ErrInvalidID)
+	_, err = DeadlineKey("runs", t0, "a")
+	assert.ErrorIs(t, err, ErrMalformedMarker)
+	_, err = DeadlineKey("runs/", time.Unix(-1, 0), "a")
+	assert.ErrorIs(t, err, ErrInvalidTime)
+}
+
+func ids(ms []DueMarker) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+// TestDryRun: a dry pass calls no clear, deletes and moves nothing, and
+// counts the very ids the real pass then clears, on every kind of store
+// and through each clear mode.
+func TestDryRun(t *testing.T) {
+	t.Parallel()
+	for _, kind := range storeKinds {
+		for _, batch := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/batch=%v", kind.name, batch), func(t *testing.T) {
+				t.Parallel()
+				mem := NewMemKV()
+				c := newClears()
+				cfg := Config{PageSize: 7, DryRun: true}
+				if batch {
+					cfg.ClearBatch = func(ctx context.Context, ids []string) error {
+						for _, id := range ids {
+							_ = c.clear(ctx, id)
+						}
+						return nil
+					}
+				} else {
+					cfg.Clear = c.clear
+				}
+				var dryLog []string
+				cfg.Logger = slog.New(slog.NewTextHandler(&lineWriter{lines: &dryLog}, nil))
+				dry, clock := newSweep(t, kind.wrap(mem), cfg)
+				want := markN(t, mem, 30, t0)
+				mark(t, mem, "runs/", want[3], t0.Add(4*time.Millisecond))                                       // a duplicate on the same page
+				require.NoError(t, mem.Put(context.Background(), []byte("runs/00000000000000000001/bad!"), nil)) // malformed
+				mark(t, mem, "runs/", "late", t0.Add(3*time.Hour))                                               // not expired
+				before := allKeys(t, mem)
+
+				clock.Set(t0.Add(2 * time.Hour))
+				for range 2 {
+					st, err := dry.Pass(context.Background())
+					require.NoError(t, err)
+					assert.Equal(t, 30, st.WouldClear)
+					assert.Equal(t, 1, st.Duplicates)
+					assert.Equal(t, 1, st.Malformed)
+					assert.Zero(t, st.Cleared+st.ClearCalls+st.DeleteCalls+st.PutCalls)
+					assert.Zero(t, c.total(), "no clear called")
+					assert.Equal(t, before, allKeys(t, mem), "nothing deleted or moved")
+				}
+				require.NotEmpty(t, dryLog)
+				assert.Contains(t, dryLog[len(dryLog)-1], "would_clear=30")
+
+				cfg.DryRun = false
+				real, clock2 := newSweep(t, kind.wrap(mem), cfg)
+				clock2.Set(clock.Now())
+				st, err := real.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, 30, st.Cleared)
+				got := slices.Sorted(func(yield func(string) bool) {
+					for id := range c.calls {
+						if !yield(id) {
+							return
+						}
+					}
+				})
+				assert.Equal(t, slices.Sorted(slices.Values(want)), got, "the ids the dry run counted")
+			})
+		}
+	}
+}
+
+// lineWriter collects what a slog handler writes, a record a line.
+type lineWriter struct{ lines *[]string }
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	*w.lines = append(*w.lines, string(bytes.TrimSpace(b)))
+	return len(b), nil
+}
+
+// allKeys returns every key of mem.
+func allKeys(t testing.TB, mem *MemKV) []string {
+	t.Helper()
+	keys, err := mem.Scan(context.Background(), nil, []byte{0xff}, 1<<30)
+	require.NoError(t, err)
+	var out []string
+	for _, k := range keys {
+		out = append(out, string(k))
+	}
+	return out
+}
+
+// TestDryRunRunWaitsInterval: Run in a dry run does not spin over the
+// markers that stay due: one pass per Interval.
+func TestDryRunRunWaitsInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		passes := 0
+		s, err := New(mem, Config{
+			Prefix: "runs/", Retention: time.Hour, Interval: 10 * time.Second, DryRun: true,
+			Clear: func(context.Context, string) error { return errors.New("called in a dry run") },
+			OnPass: func(st Stats, err error) {
+				require.NoError(t, err)
+				require.Equal(t, 5, st.WouldClear)
+				passes++
+			},
+		})
+		require.NoError(t, err)
+		markN(t, mem, 5, time.Now().Add(-2*time.Hour))
+		ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
+		defer cancel()
+		require.ErrorIs(t, s.Run(ctx), context.DeadlineExceeded)
+		assert.Equal(t, 6, passes, "at 0, 10, ..., 50 s")
+		assert.Equal(t, 5, mem.Len())
+	})
+}
+
+// TestDue lists due, retrying, held and parked markers, the longest
+// overdue first, and leaves out what is not due.
+func TestDue(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	s, clock := newSweep(t, mem, Config{Clear: c.clear, MaxAttempts: 2, RetryDelay: time.Minute})
+	mark(t, mem, "runs/", "failing", t0)
+	mark(t, mem, "runs/", "parked", t0.Add(time.Second))
+	mark(t, mem, "runs/", "held", t0.Add(2*time.Second))
+	c.set("failing", errBoom)
+	c.set("parked", errBoom)
+	c.set("held", Hold(t0.Add(10*time.Hour)))
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	clock.Advance(2 * time.Minute)
+	mark(t, mem, "runs/", "retrying", t0.Add(4*time.Second))
+	c.set("retrying", errBoom)
+	_, err = s.Pass(context.Background()) // failing and parked fail again: both parked
+	require.NoError(t, err)
+	mark(t, mem, "runs/", "due", t0.Add(3*time.Second))
+	mark(t, mem, "runs/", "notyet", t0.Add(5*time.Hour))
+
+	due, err := s.Due(context.Background(), 10)
+	require.NoError(t, err)
+	got := map[string]MarkerState{}
+	for _, m := range due {
+		got[m.ID] = m.State
+	}
+	assert.Equal(t, map[string]MarkerState{"failing": StateParked, "parked": StateParked, "retrying": StateRetrying, "held": StateHeld, "due": StateDue}, got)
+	assert.True(t, slices.IsSortedFunc(due, func(a, b DueMarker) int { return a.Due.Compare(b.Due) }))
+	assert.Equal(t, "failing", due[0].ID)
+	assert.Equal(t, 2, due[0].Attempts)
+	for _, m := range due {
+		switch m.State {
+		case StateHeld:
+			assert.Equal(t, t0.Add(10*time.Hour), m.Next)
+			assert.Equal(t, t0.Add(2*time.Second+time.Hour), m.Due)
+		case StateRetrying:
+			assert.Equal(t, 1, m.Attempts)
+			assert.True(t, m.Next.After(clock.Now()), "its retry is ahead")
+		case StateDue:
+			assert.Zero(t, m.Next)
+		}
+	}
+	short, err := s.Due(context.Background(), 2)
+	require.NoError(t, err)
+	assert.Equal(t, ids(due[:2]), ids(short))
+	_, err = s.Due(context.Background(), 0)
+	assert.Error(t, err)
+	assert.Equal(t, "held", StateHeld.String())
+}
