@@ -122,4 +122,3 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 	slices.SortStableFunc(out, func(a, b DueMarker) int { return a.Due.Compare(b.Due) })
 	return out[:min(len(out), limit)], nil
 }
-

@@ -89,7 +89,7 @@ type Sweep struct {
 	batchTarget  time.Duration // <= 0: batches do not adapt
 	minInterval  time.Duration // <= 0: none
 	dryRun       bool
-	curBatch     atomic.Int64  // the batch size now, adapted to BatchTarget
+	curBatch     atomic.Int64 // the batch size now, adapted to BatchTarget
 
 	// lower and upper bound the marker space: the prefix followed by a
 	// digit; retryLower and retryUpper the retry range's, the prefix and

@@ -20,7 +20,13 @@ import (
 // Budget is the delete-budget measure of issue 17: a foreground workload
 // (point selects and updates at a fixed rate on a table of its own, as a
 // service would send) whose latency is measured alone and while a backlog
-// of expired jobs is swept by one Pass, with and without Config.Limiter.
+// of expired jobs is swept, with and without Config.Limiter.
+//
+// The budgeted sweep is measured in windows that alternate with windows of
+// the foreground alone, each Window long, until the backlog is gone: on a
+// shared machine the foreground's latency alone drifts by more than the
+// budget's effect, and alternating lets each budgeted window be compared
+// with the alone windows on either side of it.
 type Budget struct {
 	Backlog   int           // expired jobs per sweep
 	BatchSize int           // Config.BatchSize
@@ -31,27 +37,29 @@ type Budget struct {
 	FGWorkers int           // goroutines sending them
 	FGRows    int           // rows of the foreground table
 	FGUpdates float64       // fraction of operations that are updates
-	Alone     time.Duration // how long the foreground runs alone
+	Window    time.Duration // length of each alone and budgeted window
 }
 
-// BudgetPhase is one phase's figures.
+// BudgetPhase is the figures of one window or one unbudgeted sweep.
 type BudgetPhase struct {
 	Name       string
+	Budgeted   bool          // a window of the budgeted sweep
 	Ops        int           // foreground operations measured
 	P50, P99   time.Duration // their latency, from the call
 	Max        time.Duration
 	LateP99    time.Duration // p99 from the time the operation was due (queueing included)
 	Cleared    int           // entities the sweep cleared (0: no sweep)
-	Elapsed    time.Duration // the sweep's wall time, or the phase's
+	Elapsed    time.Duration // the phase's wall time
 	ClearCalls int
 	BudgetWait time.Duration
 	WAL        float64 // bytes of WAL written during the phase
 }
 
-// RunBudget runs the phases of cfg on pool in a new schema, dropped at
-// the end: the foreground alone, an atomic sweep without a budget, one
-// with the budget, a non-atomic (ClearBatch) sweep without a budget, and
-// the foreground alone again.
+// RunBudget runs the measure of cfg on pool in a new schema, dropped at
+// the end: the budgeted atomic sweep of the backlog in windows alternating
+// with the foreground alone (starting and ending alone), then an atomic
+// sweep of the backlog without a budget and a non-atomic (ClearBatch) one,
+// each with the foreground running.
 func RunBudget(ctx context.Context, pool *pgxpool.Pool, cfg Budget, progress func(string)) ([]BudgetPhase, error) {
 	schema := fmt.Sprintf("bench_budget_%d", rand.Uint32())
 	q := pgx.Identifier{schema}.Sanitize()
@@ -126,30 +134,25 @@ func RunBudget(ctx context.Context, pool *pgxpool.Pool, cfg Budget, progress fun
 		}
 		return nil
 	}
+	left := func() (int, error) {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+jobs+`) + (SELECT count(*) FROM `+markers+`)`).Scan(&n)
+		return n, err
+	}
+	newSweep := func(kv retention.KV, clear func(context.Context, []string) error, limiter *rate.Limiter) (*retention.Sweep, error) {
+		return retention.New(kv, retention.Config{
+			Prefix: Prefix, Retention: Retention, ClearBatch: clear,
+			BatchSize: cfg.BatchSize, PageSize: cfg.PageSize, Limiter: limiter,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+	}
 
-	type phase struct {
-		name    string
-		kv      retention.KV
-		clear   func(context.Context, []string) error
-		limiter *rate.Limiter
-	}
-	phases := []phase{
-		{name: "foreground alone"},
-		{name: "atomic sweep, no budget", kv: akv},
-		{name: fmt.Sprintf("atomic sweep, Limiter %.0f/s (burst %d)", cfg.Limit, cfg.Burst), kv: akv, limiter: rate.NewLimiter(rate.Limit(cfg.Limit), cfg.Burst)},
-		{name: "non-atomic ClearBatch sweep, no budget", kv: kv, clear: clearBatch},
-		{name: "foreground alone, again"},
-	}
-	var out []BudgetPhase
-	for _, ph := range phases {
-		if ph.kv != nil {
-			if err := setup(); err != nil {
-				return out, err
-			}
-		}
-		var lsn0, lsn1 string
+	// measure runs the foreground while sweep runs (or for cfg.Window when
+	// sweep is nil) and fills in the phase's latency and WAL.
+	measure := func(res *BudgetPhase, sweep func() error) error {
+		var lsn0 string
 		if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn0); err != nil {
-			return out, err
+			return err
 		}
 		fctx, stopFG := context.WithCancel(ctx)
 		type fgResult struct {
@@ -161,58 +164,116 @@ func RunBudget(ctx context.Context, pool *pgxpool.Pool, cfg Budget, progress fun
 			s, l, err := foreground(fctx, pool, fg, cfg)
 			fgDone <- fgResult{s, l, err}
 		}()
-		res := BudgetPhase{Name: ph.name}
 		start := time.Now()
-		if ph.kv == nil {
+		var err error
+		if sweep == nil {
 			select {
-			case <-time.After(cfg.Alone):
+			case <-time.After(cfg.Window):
 			case <-ctx.Done():
 			}
 		} else {
-			s, err := retention.New(ph.kv, retention.Config{
-				Prefix: Prefix, Retention: Retention, ClearBatch: ph.clear,
-				BatchSize: cfg.BatchSize, PageSize: cfg.PageSize, Limiter: ph.limiter,
-				Logger: slog.New(slog.DiscardHandler),
-			})
-			if err != nil {
-				stopFG()
-				<-fgDone
-				return out, err
-			}
-			st, err := s.Pass(ctx)
-			if err != nil {
-				stopFG()
-				<-fgDone
-				return out, fmt.Errorf("%s: pass: %w", ph.name, err)
-			}
-			res.Cleared, res.ClearCalls, res.BudgetWait = st.Cleared, st.ClearCalls, st.BudgetWait
+			err = sweep()
 		}
 		res.Elapsed = time.Since(start)
 		stopFG()
 		r := <-fgDone
+		if err != nil {
+			return fmt.Errorf("%s: %w", res.Name, err)
+		}
 		if r.err != nil {
-			return out, fmt.Errorf("%s: foreground: %w", ph.name, r.err)
+			return fmt.Errorf("%s: foreground: %w", res.Name, r.err)
 		}
-		var wal float64
-		if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8`, lsn0).Scan(&lsn1, &wal); err != nil {
-			return out, err
+		if err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8`, lsn0).Scan(&res.WAL); err != nil {
+			return err
 		}
-		res.WAL = wal
 		res.Ops = len(r.service)
 		slices.Sort(r.service)
 		slices.Sort(r.late)
 		res.P50, res.P99, res.Max = quantile(r.service, 0.5), quantile(r.service, 0.99), quantile(r.service, 1)
 		res.LateP99 = quantile(r.late, 0.99)
-		if ph.kv != nil {
-			var left int
-			if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+jobs+`) + (SELECT count(*) FROM `+markers+`)`).Scan(&left); err != nil {
-				return out, err
-			}
-			if left != 0 || res.Cleared != cfg.Backlog {
-				return out, fmt.Errorf("%s: cleared %d of %d, %d rows left", ph.name, res.Cleared, cfg.Backlog, left)
-			}
+		progress(fmt.Sprintf("%s: %d ops p50 %v p99 %v; cleared %d in %v", res.Name, res.Ops, res.P50, res.P99, res.Cleared, res.Elapsed.Round(time.Millisecond)))
+		return nil
+	}
+
+	var out []BudgetPhase
+	alone := func(i int) error {
+		res := BudgetPhase{Name: fmt.Sprintf("alone %d", i)}
+		if err := measure(&res, nil); err != nil {
+			return err
 		}
-		progress(fmt.Sprintf("%s: %d ops p50 %v p99 %v; cleared %d in %v", ph.name, res.Ops, res.P50, res.P99, res.Cleared, res.Elapsed.Round(time.Millisecond)))
+		out = append(out, res)
+		return nil
+	}
+
+	// The budgeted sweep, a window at a time: each window is one Pass cut
+	// short by its context, and the limiter carries over from window to
+	// window as it would in a Run that paused.
+	if err := setup(); err != nil {
+		return out, err
+	}
+	limiter := rate.NewLimiter(rate.Limit(cfg.Limit), cfg.Burst)
+	budgeted, err := newSweep(akv, nil, limiter)
+	if err != nil {
+		return out, err
+	}
+	for i := 1; ; i++ {
+		if err := alone(i); err != nil {
+			return out, err
+		}
+		n, err := left()
+		if err != nil {
+			return out, err
+		}
+		if n == 0 {
+			break
+		}
+		res := BudgetPhase{Name: fmt.Sprintf("budget %d", i), Budgeted: true}
+		err = measure(&res, func() error {
+			wctx, cancel := context.WithTimeout(ctx, cfg.Window)
+			defer cancel()
+			st, err := budgeted.Pass(wctx)
+			res.Cleared, res.ClearCalls, res.BudgetWait = st.Cleared, st.ClearCalls, st.BudgetWait
+			if err != nil && wctx.Err() == nil {
+				return err
+			}
+			return nil
+		})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, res)
+		if res.Cleared == 0 {
+			return out, fmt.Errorf("%s cleared nothing with %d rows left", res.Name, n)
+		}
+	}
+
+	for _, ph := range []struct {
+		name  string
+		kv    retention.KV
+		clear func(context.Context, []string) error
+	}{
+		{"atomic sweep, no budget", akv, nil},
+		{"non-atomic ClearBatch sweep, no budget", kv, clearBatch},
+	} {
+		if err := setup(); err != nil {
+			return out, err
+		}
+		s, err := newSweep(ph.kv, ph.clear, nil)
+		if err != nil {
+			return out, err
+		}
+		res := BudgetPhase{Name: ph.name}
+		err = measure(&res, func() error {
+			st, err := s.Pass(ctx)
+			res.Cleared, res.ClearCalls = st.Cleared, st.ClearCalls
+			return err
+		})
+		if err != nil {
+			return out, err
+		}
+		if n, err := left(); err != nil || n != 0 || res.Cleared != cfg.Backlog {
+			return out, fmt.Errorf("%s: cleared %d of %d, %d rows left (%v)", ph.name, res.Cleared, cfg.Backlog, n, err)
+		}
 		out = append(out, res)
 	}
 	return out, nil

@@ -1,9 +1,10 @@
 // Command budget runs the delete-budget measure of issue 17 on PostgreSQL:
 // a foreground workload (point selects and updates at a fixed rate on a
-// table of its own) whose latency is measured alone, while a backlog of
-// expired jobs is swept by one Pass through a pgkv.AtomicKV without a
-// budget, the same with Config.Limiter, and while the backlog is swept by
-// a non-atomic ClearBatch (for its WAL). It prints one Markdown table. Run
+// table of its own) whose latency is measured while a backlog of expired
+// jobs is swept through a pgkv.AtomicKV with Config.Limiter, in windows
+// alternating with windows of the foreground alone, then while the backlog
+// is swept without a budget, atomically and by a non-atomic ClearBatch
+// (for its WAL). It prints one Markdown table and a summary. Run
 // it through the test script, which starts PostgreSQL:
 //
 //	./scripts/test --exec ./scripts/bench budget
@@ -18,6 +19,7 @@ import (
 	"log"
 	"os"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -36,12 +38,24 @@ func main() {
 	flag.IntVar(&cfg.FGWorkers, "fg-workers", 4, "goroutines sending them")
 	flag.IntVar(&cfg.FGRows, "fg-rows", 100_000, "rows of the foreground table")
 	flag.Float64Var(&cfg.FGUpdates, "fg-updates", 0.2, "fraction of foreground operations that are updates")
-	flag.DurationVar(&cfg.Alone, "alone", 10*time.Second, "how long the foreground runs alone")
+	flag.DurationVar(&cfg.Window, "window", 10*time.Second, "length of each window, alone and budgeted")
 	flag.Parse()
 	log.SetFlags(0)
 	if err := run(cfg); err != nil {
 		log.Fatal(err)
 	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func run(cfg bench.Budget) error {
@@ -65,36 +79,61 @@ func run(cfg bench.Budget) error {
 		return err
 	}
 	fmt.Printf("PostgreSQL %s; %d CPUs, %s. Foreground: %.0f ops/s (%.0f%% updates, the rest point selects) from %d goroutines on a %d-row table. "+
-		"Each sweep: one Pass over a backlog of %d expired jobs (row + marker), BatchSize %d, PageSize %d, after a CHECKPOINT. "+
+		"Each sweep: a backlog of %d expired jobs (row + marker), BatchSize %d, PageSize %d, after a CHECKPOINT; budget %.0f/s, burst %d, in windows of %v. "+
 		"Latency from the call; \"due p99\" from the time the operation was due (queueing included).\n\n",
 		version, runtime.NumCPU(), runtime.Version(), cfg.FGRate, 100*cfg.FGUpdates, cfg.FGWorkers, cfg.FGRows,
-		cfg.Backlog, cfg.BatchSize, cfg.PageSize)
+		cfg.Backlog, cfg.BatchSize, cfg.PageSize, cfg.Limit, cfg.Burst, cfg.Window)
 	phases, err := bench.RunBudget(ctx, pool, cfg, func(s string) { log.Print(s) })
 	if err != nil {
 		return err
 	}
-	var alone bench.BudgetPhase
-	for _, p := range phases {
-		if p.Cleared == 0 {
-			alone = p
-			break
+	var aloneP99, budgetP99, ratios []float64
+	var aloneWAL, aloneTime, budgetWAL, budgetTime float64
+	var budgetCleared int
+	var budgetWait time.Duration
+	for i, p := range phases {
+		switch {
+		case p.Budgeted:
+			budgetP99 = append(budgetP99, float64(p.P99))
+			// Against the mean of the alone windows either side.
+			ratios = append(ratios, float64(p.P99)/((float64(phases[i-1].P99)+float64(phases[i+1].P99))/2))
+			budgetWAL += p.WAL
+			budgetTime += p.Elapsed.Seconds()
+			budgetCleared += p.Cleared
+			budgetWait += p.BudgetWait
+		case p.Cleared == 0:
+			aloneP99 = append(aloneP99, float64(p.P99))
+			aloneWAL += p.WAL
+			aloneTime += p.Elapsed.Seconds()
 		}
 	}
-	aloneWALps := alone.WAL / alone.Elapsed.Seconds()
-	fmt.Println("| phase | fg ops | fg p50 | fg p99 | p99 vs alone | fg due p99 | fg max | sweep time | sweep entities/s | clear calls | BudgetWait | WAL bytes/entity |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	aloneWALps := aloneWAL / aloneTime
+	fmt.Println("| phase | fg ops | fg p50 | fg p99 | p99 vs alone either side | fg due p99 | fg max | sweep time | cleared | entities/s | clear calls | BudgetWait | WAL bytes/entity |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	r := 0
 	for _, p := range phases {
-		sweep, rateS, walS := "", "", ""
+		sweep, cleared, rateS, walS, vs := "", "", "", "", ""
 		if p.Cleared > 0 {
 			sweep = p.Elapsed.Round(time.Millisecond).String()
+			cleared = fmt.Sprint(p.Cleared)
 			rateS = fmt.Sprintf("%.0f", float64(p.Cleared)/p.Elapsed.Seconds())
 			walS = fmt.Sprintf("%.0f", (p.WAL-aloneWALps*p.Elapsed.Seconds())/float64(p.Cleared))
 		}
-		fmt.Printf("| %s | %d | %v | %v | %+.0f%% | %v | %v | %s | %s | %d | %v | %s |\n",
-			p.Name, p.Ops, p.P50.Round(10*time.Microsecond), p.P99.Round(10*time.Microsecond),
-			100*(float64(p.P99)/float64(alone.P99)-1), p.LateP99.Round(10*time.Microsecond), p.Max.Round(10*time.Microsecond),
-			sweep, rateS, p.ClearCalls, p.BudgetWait.Round(time.Millisecond), walS)
+		if p.Budgeted {
+			vs = fmt.Sprintf("%.2f×", ratios[r])
+			r++
+		}
+		fmt.Printf("| %s | %d | %v | %v | %s | %v | %v | %s | %s | %s | %d | %v | %s |\n",
+			p.Name, p.Ops, p.P50.Round(10*time.Microsecond), p.P99.Round(10*time.Microsecond), vs,
+			p.LateP99.Round(10*time.Microsecond), p.Max.Round(10*time.Microsecond),
+			sweep, cleared, rateS, p.ClearCalls, p.BudgetWait.Round(time.Millisecond), walS)
 	}
-	fmt.Printf("\nWAL per entity: bytes between pg_current_wal_lsn() before and after the sweep, less the foreground's own rate alone (%.0f bytes/s), over the entities cleared.\n", aloneWALps)
+	ms := func(f float64) string { return time.Duration(f).Round(10 * time.Microsecond).String() }
+	fmt.Printf("\nBudgeted sweep: %d entities in %.1f s of budgeted windows = %.0f/s against a budget of %.0f/s (%+.1f%%); BudgetWait %v; WAL %.0f bytes/entity.\n",
+		budgetCleared, budgetTime, float64(budgetCleared)/budgetTime, cfg.Limit, 100*(float64(budgetCleared)/budgetTime/cfg.Limit-1),
+		budgetWait.Round(time.Millisecond), (budgetWAL-aloneWALps*budgetTime)/float64(budgetCleared))
+	fmt.Printf("Foreground p99: median of %d alone windows %s, of %d budgeted windows %s (%.2f×); median of the budgeted windows' ratios to the alone windows either side %.2f×.\n",
+		len(aloneP99), ms(median(aloneP99)), len(budgetP99), ms(median(budgetP99)), median(budgetP99)/median(aloneP99), median(ratios))
+	fmt.Printf("WAL per entity: bytes between pg_current_wal_lsn() before and after, less the foreground's own rate alone (%.0f bytes/s), over the entities cleared.\n", aloneWALps)
 	return nil
 }
