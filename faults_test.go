@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -385,13 +386,30 @@ func (c *faultClear) clear(ctx context.Context, id string) error {
 func (c *faultClear) clearBatch(ctx context.Context, ids []string) error {
 	c.running.Add(1)
 	defer c.running.Done()
+	// held collects the ids next holds (see Hold): the call reports them
+	// in a BatchError, as a ClearBatch whose store holds some ids would.
+	held := BatchError{}
+	one := func(id string) error {
+		err := c.next(ctx, id)
+		if errors.Is(err, ErrHeld) {
+			held[id] = err
+			return nil
+		}
+		return err
+	}
+	withHolds := func(err error) error {
+		if err != nil || len(held) == 0 {
+			return err
+		}
+		return held
+	}
 	all := func() error {
 		for _, id := range ids {
-			if err := c.next(ctx, id); err != nil {
+			if err := one(id); err != nil {
 				return err
 			}
 		}
-		return nil
+		return withHolds(nil)
 	}
 	switch c.draw() {
 	case clearErr:
@@ -420,7 +438,7 @@ func (c *faultClear) clearBatch(ctx context.Context, ids []string) error {
 		n := 0
 		for _, id := range ids {
 			if c.rnd.float() < 0.5 {
-				if err := c.next(ctx, id); err != nil {
+				if err := one(id); err != nil {
 					return err
 				}
 				n++
@@ -431,11 +449,12 @@ func (c *faultClear) clearBatch(ctx context.Context, ids []string) error {
 		perID := c.named(ids)
 		for _, id := range ids {
 			if _, ok := perID[id]; !ok {
-				if err := c.next(ctx, id); err != nil {
+				if err := one(id); err != nil {
 					return err
 				}
 			}
 		}
+		maps.Copy(perID, held)
 		if c.rnd.float() < 0.5 {
 			return fmt.Errorf("clear batch: %w", perID) // a ClearBatch may wrap it
 		}
@@ -481,6 +500,9 @@ type faultAtomic struct {
 	// commit clears the entities of ids, whose markers keys were just
 	// deleted; it runs with the MemKV's lock held.
 	commit func(ids []string, keys [][]byte)
+	// refuse, when set, may refuse the transaction before it changes
+	// anything (a BatchError holding some ids, say).
+	refuse func(ids []string) error
 }
 
 var _ interface {
@@ -534,6 +556,11 @@ func (a *faultAtomic) apply(ids []string, keys [][]byte) error {
 	m := a.mem
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if a.refuse != nil {
+		if err := a.refuse(ids); err != nil {
+			return err
+		}
+	}
 	for _, key := range keys {
 		if x := m.seek(key, nil); x == nil || !bytes.Equal(x.key, key) {
 			return fmt.Errorf("clear and delete %d: %q: %w", len(ids), key, ErrMarkerGone)

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 )
 
 // This file holds the world's side of the model test (model_test.go): the
@@ -301,15 +302,17 @@ func (w *modelWorld) clear(inc *modelProcess, ctx context.Context, id string) er
 		return err
 	}
 	w.checkIDs("Clear", []string{id})
+	w.checkHold(inc, "Clear", id)
 	e := w.entities[id]
 	if e == nil {
 		w.mu.Unlock()
 		return errors.New("model: no such entity")
 	}
+	held := e.heldAt(w.clock.Now())
 	var ef *modelEffect
 	switch d.fault {
 	case 0, cErrAfter, cHangAfter:
-		if !e.live {
+		if !e.live && !held {
 			ef = w.clearEffect(id, "Clear")
 		}
 	}
@@ -323,6 +326,8 @@ func (w *modelWorld) clear(inc *modelProcess, ctx context.Context, id string) er
 			w.ack(id, false)
 		case errors.Is(err, ErrLiveAgain):
 			w.ack(id, true)
+		case errors.Is(err, ErrHeld):
+			w.held(inc, id)
 		}
 		w.tracef("Clear(%s) -> %s", id, what)
 		return err
@@ -331,6 +336,8 @@ func (w *modelWorld) clear(inc *modelProcess, ctx context.Context, id string) er
 	switch {
 	case d.crashAfter:
 		return done(errCrashed, cond(ef != nil, "cleared, CRASH after it", "CRASH after it"))
+	case d.fault == 0 && held:
+		return done(fmt.Errorf("%s: %w", id, Hold(e.holdUntil)), "held")
 	case d.fault == 0 && e.live:
 		return done(fmt.Errorf("%s: %w", id, ErrLiveAgain), "live again")
 	case d.fault == 0:
@@ -351,6 +358,13 @@ func (w *modelWorld) clear(inc *modelProcess, ctx context.Context, id string) er
 	<-ctx.Done()
 	w.mu.Lock()
 	return done(ctx.Err(), "ctx done: "+ctx.Err().Error())
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func cond2[T any](c bool, a, b T) T {
@@ -391,9 +405,12 @@ func (w *modelWorld) batchError(d modelDraw, ids []string, atomic bool) BatchErr
 	be := BatchError{}
 	var plain []string
 	for _, id := range ids {
-		if w.entities[id] != nil && w.entities[id].live {
+		switch e := w.entities[id]; {
+		case e != nil && e.heldAt(w.clock.Now()):
+			be[id] = fmt.Errorf("%s: %w", id, Hold(e.holdUntil))
+		case e != nil && e.live:
 			be[id] = fmt.Errorf("%s: %w", id, ErrLiveAgain)
-		} else {
+		default:
 			plain = append(plain, id)
 		}
 	}
@@ -433,8 +450,11 @@ func describeBE(be BatchError, ids []string) string {
 	var s []string
 	for _, id := range slices.Sorted(maps.Keys(be)) {
 		tag := "err"
-		if errors.Is(be[id], ErrLiveAgain) {
+		switch {
+		case errors.Is(be[id], ErrLiveAgain):
 			tag = "live"
+		case errors.Is(be[id], ErrHeld):
+			tag = "held"
 		}
 		if !slices.Contains(ids, id) {
 			tag += ",not in batch"
@@ -456,11 +476,15 @@ func (w *modelWorld) clearBatch(inc *modelProcess, ctx context.Context, ids []st
 	}
 	w.checkIDs("ClearBatch", distinct(ids))
 	uniq := distinct(ids)
-	var live, plain []string
+	var live, held, plain []string
 	for _, id := range uniq {
-		if e := w.entities[id]; e != nil && e.live {
+		w.checkHold(inc, "ClearBatch", id)
+		switch e := w.entities[id]; {
+		case e != nil && e.heldAt(w.clock.Now()):
+			held = append(held, id)
+		case e != nil && e.live:
 			live = append(live, id)
-		} else if e != nil {
+		case e != nil:
 			plain = append(plain, id)
 		}
 	}
@@ -481,10 +505,20 @@ func (w *modelWorld) clearBatch(inc *modelProcess, ctx context.Context, ids []st
 		switch {
 		case len(live) == len(uniq) && d.rng.IntN(2) == 0:
 			ret, what = fmt.Errorf("batch: %w", ErrLiveAgain), "all live again"
-		case len(live) > 0:
+		case len(held) == len(uniq) && d.rng.IntN(2) == 0:
+			// One hold for all: until the last of their ends.
+			var until time.Time
+			for _, id := range held {
+				until = maxTime(until, w.entities[id].holdUntil)
+			}
+			ret, what = fmt.Errorf("batch: %w", Hold(until)), "all held"
+		case len(live)+len(held) > 0:
 			be := BatchError{}
 			for _, id := range live {
 				be[id] = fmt.Errorf("%s: %w", id, ErrLiveAgain)
+			}
+			for _, id := range held {
+				be[id] = fmt.Errorf("%s: %w", id, Hold(w.entities[id].holdUntil))
 			}
 			ret, what = be, describeBE(be, uniq)
 		default:
@@ -536,6 +570,8 @@ func (w *modelWorld) clearBatch(inc *modelProcess, ctx context.Context, ids []st
 				w.ack(id, false)
 			case errors.Is(idErr, ErrLiveAgain):
 				w.ack(id, true)
+			case errors.Is(idErr, ErrHeld):
+				w.held(inc, id)
 			}
 		}
 		w.tracef("ClearBatch%s -> %s", desc, what)
@@ -600,9 +636,13 @@ func (k *modelKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byt
 		}
 	}
 	w.checkRemove("ClearAndDelete", keys)
-	var live []string
+	var live, held []string
 	for _, id := range uniq {
-		if e := w.entities[id]; e != nil && e.live {
+		w.checkHold(k.inc, "ClearAndDelete", id)
+		switch e := w.entities[id]; {
+		case e != nil && e.heldAt(w.clock.Now()):
+			held = append(held, id)
+		case e != nil && e.live:
 			live = append(live, id)
 		}
 	}
@@ -614,10 +654,13 @@ func (k *modelKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byt
 			what = "all live again, nothing committed"
 			return fmt.Errorf("transaction: %w", ErrLiveAgain)
 		}
-		if len(live) > 0 {
+		if len(live)+len(held) > 0 {
 			be := BatchError{}
 			for _, id := range live {
 				be[id] = fmt.Errorf("%s: %w", id, ErrLiveAgain)
+			}
+			for _, id := range held {
+				be[id] = fmt.Errorf("%s: %w", id, Hold(w.entities[id].holdUntil))
 			}
 			if w.faults && d.rng.IntN(2) == 0 {
 				// A faulty BatchError on top (once faults stop, none: one
@@ -673,8 +716,12 @@ func (k *modelKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byt
 			// Refused as a whole, with nothing said of any id.
 		case errors.As(err, &be):
 			for id, e := range be {
-				if slices.Contains(uniq, id) && errors.Is(e, ErrLiveAgain) {
+				switch {
+				case !slices.Contains(uniq, id):
+				case errors.Is(e, ErrLiveAgain):
 					w.ack(id, true)
+				case errors.Is(e, ErrHeld):
+					w.held(k.inc, id)
 				}
 			}
 		case errors.Is(err, ErrLiveAgain):

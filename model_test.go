@@ -178,6 +178,16 @@ type modelEntity struct {
 	acked     bool // a clear of it returned nil to the sweep
 	liveAcked bool // the sweep was told ErrLiveAgain for it
 	effects   []*modelEffect
+	// holdUntil, when set, is the end of a hold: every clear of it before
+	// then returns Hold(holdUntil) and clears nothing. holdTold holds the
+	// processes that were told so: none of them may try it again before.
+	holdUntil time.Time
+	holdTold  map[int]bool
+}
+
+// heldAt reports whether e is held at now.
+func (e *modelEntity) heldAt(now time.Time) bool {
+	return !e.holdUntil.IsZero() && now.Before(e.holdUntil)
 }
 
 // modelEffect is a clear (or commit) of an entity that took effect.
@@ -254,6 +264,7 @@ type modelWorld struct {
 	reported   map[string]bool
 	reasons    map[string]int // second clears the model allowed, by reason
 	crashes    int
+	holds      int // clears told "held"
 	failed     int // passes that returned an error
 	nextID     int
 }
@@ -316,8 +327,20 @@ func newModelWorld(cfg modelConfig) *modelWorld {
 func (w *modelWorld) addEntity(r *rand.Rand, at time.Time) {
 	id := fmt.Sprintf("e%03d", w.nextID)
 	w.nextID++
-	e := &modelEntity{present: true, live: r.IntN(10) == 0 && !w.cfg.calm}
+	e := &modelEntity{present: true, live: r.IntN(10) == 0 && !w.cfg.calm, holdTold: map[int]bool{}}
 	w.entities[id] = e
+	// Holds come from a stream of their own, so that the draws above are
+	// those of the seeds kept before holds existed.
+	if h := rand.New(rand.NewPCG(w.cfg.seed, 0x686f6c64+uint64(w.nextID))); h.IntN(6) == 0 && !w.cfg.calm {
+		var total time.Duration
+		for _, s := range w.cfg.steps {
+			total += s
+		}
+		// Ending during the faulty passes, before the settling ones (the
+		// clock is past t0+total by then); for an entity written late, it
+		// may be over already.
+		e.holdUntil = t0.Add(time.Duration(h.Int64N(int64(total)/2 + 1))).Truncate(time.Millisecond).Add(time.Millisecond)
+	}
 	times := []time.Time{at}
 	if r.IntN(7) == 0 && !w.cfg.calm {
 		e.dup = true
@@ -334,7 +357,8 @@ func (w *modelWorld) addEntity(r *rand.Rand, at time.Time) {
 		}
 		_ = w.mem.Put(context.Background(), k, nil)
 	}
-	w.tracef("write %s: markers at %s%s%s", id, w.times(times), cond(e.live, ", live again", ""), cond(e.dup, ", duplicate", ""))
+	w.tracef("write %s: markers at %s%s%s%s", id, w.times(times), cond(e.live, ", live again", ""), cond(e.dup, ", duplicate", ""),
+		cond(e.holdUntil.IsZero(), "", fmt.Sprintf(", held until %+.3fs", e.holdUntil.Sub(t0).Seconds())))
 }
 
 func cond(c bool, a, b string) string {
@@ -608,6 +632,24 @@ func (w *modelWorld) commitEffect(id string, left int) *modelEffect {
 	return ef
 }
 
+// held records that process inc was told id is held, and checks that it
+// was not told so before for a hold not over yet.
+func (w *modelWorld) held(inc *modelProcess, id string) {
+	if e := w.entities[id]; e != nil {
+		e.holdTold[inc.n] = true
+		w.holds++
+	}
+}
+
+// checkHold checks a clear of id by process inc: not before the end of a
+// hold the process was told of.
+func (w *modelWorld) checkHold(inc *modelProcess, op, id string) {
+	if e := w.entities[id]; e != nil && e.holdTold[inc.n] && e.heldAt(w.clock.Now()) {
+		w.violate("held id tried early", id, "%s of %s at %+.3fs, held until %+.3fs, and the process was told so",
+			op, id, w.clock.Now().Sub(t0).Seconds(), e.holdUntil.Sub(t0).Seconds())
+	}
+}
+
 func (w *modelWorld) ack(id string, live bool) {
 	e := w.entities[id]
 	if e == nil {
@@ -799,6 +841,7 @@ type modelResult struct {
 	crashes    int
 	passes     int
 	failed     int
+	holds      int
 }
 
 // runModel plays the run of seed.
@@ -841,7 +884,7 @@ func runModelConfig(cfg modelConfig) *modelResult {
 	}
 	w.finalCheck()
 	return &modelResult{cfg: cfg, violations: w.violations, trace: w.trace, reasons: w.reasons,
-		crashes: w.crashes, passes: w.passN, failed: w.failed}
+		crashes: w.crashes, passes: w.passN, failed: w.failed, holds: w.holds}
 }
 
 // TestModelCalm checks the model itself: with no faults, no crashes, no
@@ -960,7 +1003,7 @@ func TestModel(t *testing.T) {
 	var failing []*modelResult
 	kinds := map[string][]uint64{} // runs per kind of violation
 	reasons := map[string]int{}
-	var crashes, passes int
+	var crashes, passes, holds int
 	for part := range parts {
 		t.Run(fmt.Sprintf("part%d", part), func(t *testing.T) {
 			t.Parallel()
@@ -969,6 +1012,7 @@ func TestModel(t *testing.T) {
 				mu.Lock()
 				crashes += res.crashes
 				passes += res.passes
+				holds += res.holds
 				for r, n := range res.reasons {
 					reasons[r] += n
 				}
@@ -987,7 +1031,7 @@ func TestModel(t *testing.T) {
 		})
 	}
 	t.Cleanup(func() {
-		t.Logf("%d runs, %d passes, %d crashes; second clears the model allowed: %v", runs, passes, crashes, reasons)
+		t.Logf("%d runs, %d passes, %d crashes, %d holds; second clears the model allowed: %v", runs, passes, crashes, holds, reasons)
 		if len(failing) == 0 {
 			return
 		}

@@ -152,6 +152,17 @@ type soakEntity struct {
 	cleared int  // clears the sweep was told of
 	effects int  // clears that happened
 	commits int  // ClearAndDelete commits
+	// holdUntil, for one entity in soakHoldEvery, is the end of a hold:
+	// its clears return Hold until then, and it is due then.
+	holdUntil time.Time
+}
+
+// soakHoldEvery: one entity in so many is held past its retention.
+const soakHoldEvery = 25
+
+// due returns when e must be cleared: its retention's end, or its hold's.
+func (e *soakEntity) due() time.Time {
+	return maxTime(e.finish.Add(soakRetention), e.holdUntil)
 }
 
 // soakState is what the soak knows about its entities and their clears.
@@ -214,7 +225,30 @@ func (s *soakState) finish(kind byte, at time.Time) {
 		return
 	}
 	s.mem.putLocked(key, nil)
-	s.ents = append(s.ents, soakEntity{id: id, finish: at, present: true})
+	e := soakEntity{id: id, finish: at, present: true}
+	if n := len(s.ents); n%soakHoldEvery == 7 {
+		// Held past its retention by up to the faulty time.
+		e.holdUntil = at.Add(soakRetention + time.Duration(1+n%5)*soakFaulty/5)
+	}
+	s.ents = append(s.ents, e)
+}
+
+// holds is the refusal of a ClearDeleter's call of ids: a BatchError
+// holding the ids that are held now, or nil.
+func (s *soakState) holds(ids []string) error {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	be := BatchError{}
+	for _, id := range ids {
+		if e := s.entityLocked(id); e != nil && now.Before(e.holdUntil) {
+			be[id] = Hold(e.holdUntil)
+		}
+	}
+	if len(be) == 0 {
+		return nil
+	}
+	return be
 }
 
 // soakNumber returns the number of the entity of id, or -1.
@@ -274,11 +308,15 @@ func (s *soakState) called(id string) {
 	e.calls++
 }
 
-// effect is the real clear of an entity, for Clear and ClearBatch.
+// effect is the real clear of an entity, for Clear and ClearBatch. A held
+// entity is not cleared: it returns Hold.
 func (s *soakState) effect(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entityLocked(id); e != nil {
+		if time.Now().Before(e.holdUntil) {
+			return Hold(e.holdUntil)
+		}
 		e.effects++
 		e.present = false
 	}
@@ -433,7 +471,7 @@ func (s *soakState) overdue(cutoff time.Time) []string {
 	defer s.mu.Unlock()
 	var late []string
 	for i, k := range markers {
-		if e := &s.ents[i]; e.finish.Add(soakRetention).Before(cutoff) && (k > 0 || e.cleared == 0) {
+		if e := &s.ents[i]; e.due().Before(cutoff) && (k > 0 || e.cleared == 0) {
 			late = append(late, e.id)
 		}
 	}
@@ -473,14 +511,15 @@ func (p *soakPasses) onPass(st Stats, err error) {
 	p.sum.PutCalls += st.PutCalls
 	p.sum.Deferred += st.Deferred
 	p.sum.Duplicates += st.Duplicates
+	p.sum.Held += st.Held
 	p.sum.ClearCalls += st.ClearCalls
 }
 
 func (p *soakPasses) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, deferred %d, duplicates %d, malformed %d, live again %d, foreign keys seen %d; %d clear calls, %d scans, %d deletes, %d puts or moves",
-		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.sum.Retried, p.sum.Deferred, p.sum.Duplicates, p.sum.Malformed, p.sum.LiveAgain, p.sum.Foreign,
+	return fmt.Sprintf("%d passes (%d failed): cleared %d, failed %d, retried %d, deferred %d, held %d, duplicates %d, malformed %d, live again %d, foreign keys seen %d; %d clear calls, %d scans, %d deletes, %d puts or moves",
+		p.n, p.failed, p.sum.Cleared, p.sum.Failed, p.sum.Retried, p.sum.Deferred, p.sum.Held, p.sum.Duplicates, p.sum.Malformed, p.sum.LiveAgain, p.sum.Foreign,
 		p.sum.ClearCalls, p.sum.ScanCalls, p.sum.DeleteCalls, p.sum.PutCalls)
 }
 
@@ -659,7 +698,7 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 		require.Equal(t, soakMover, v.store, "an atomic clear needs a Mover, or a reschedule may leave two markers")
 		state.atomic = true
 		cfg.BatchSize = 4
-		kv = soakAtomicKV{&faultAtomic{faultKV: fkv, c: fc, commit: state.committed}, state}
+		kv = soakAtomicKV{&faultAtomic{faultKV: fkv, c: fc, commit: state.committed, refuse: state.holds}, state}
 	}
 	s, err := New(kv, cfg)
 	require.NoError(t, err)
@@ -767,7 +806,7 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 	defer state.mu.Unlock()
 	unexpired, dupClears, maxCalls, maxCommits := 0, 0, 0, 0
 	for i, e := range state.ents {
-		due := e.finish.Add(soakRetention)
+		due := e.due()
 		switch {
 		case due.Before(end.Add(-soakLag)):
 			assert.Zero(t, markers[i], "marker of %q left %v after it fell due", e.id, end.Sub(due))
@@ -775,7 +814,9 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 		case due.After(end):
 			unexpired++
 			assert.Equal(t, int32(1), markers[i], "markers of unexpired %q", e.id)
-			assert.Zero(t, e.calls, "clear calls of unexpired %q", e.id)
+			if e.holdUntil.IsZero() || e.finish.Add(soakRetention).After(end) {
+				assert.Zero(t, e.calls, "clear calls of unexpired %q", e.id)
+			}
 			assert.True(t, e.present, "unexpired %q cleared", e.id)
 		}
 		if e.effects > 1 {
