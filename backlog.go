@@ -85,8 +85,8 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 		return b, fmt.Errorf("retention: Backlog's limit must be 1 to %d, got %d", MaxPageSize, limit)
 	}
 	now := s.clock.Now()
-	oldest := func(finishedMs int64, id []byte) {
-		if due := time.UnixMilli(finishedMs).Add(s.retention); b.OldestID == "" || due.Before(b.OldestDue) {
+	oldest := func(due time.Time, id []byte) {
+		if b.OldestID == "" || due.Before(b.OldestDue) {
 			b.OldestID, b.OldestDue, b.Age = string(id), due, max(now.Sub(due), 0)
 		}
 	}
@@ -97,7 +97,7 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 			return false
 		}
 		if b.Due == 0 {
-			oldest(ms, id)
+			oldest(time.UnixMilli(ms).Add(s.retention), id)
 		}
 		b.Due++
 		return true
@@ -106,31 +106,32 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 		return Backlog{}, err
 	}
 	b.More = b.More || more
-	for _, r := range []struct {
-		infix byte
-		n     *int
-	}{{retryInfix, &b.Retrying}, {parkedInfix, &b.Parked}} {
+	for _, r := range []struct{ infix byte }{{retryInfix}, {parkedInfix}} {
 		lower, upper := infixRange(s.prefix, r.infix)
 		more, err := s.backlogRange(ctx, lower, upper, limit, func(key []byte) bool {
 			k, isForeign, err := parseRetryKey(s.prefix, r.infix, key)
 			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
 				return false
 			}
-			if k.held {
-				if time.UnixMilli(k.at).After(now) {
-					b.Held++
-					return true
-				}
-				oldest(k.at-s.retention.Milliseconds(), k.id)
-				b.Due++
+			if r.infix == parkedInfix {
+				b.Parked++
 				return true
 			}
-			if due := time.UnixMilli(k.finished).Add(s.retention); r.infix == retryInfix && due.Before(now) {
-				// Due, unless a Retention raised since it failed says not yet.
-				oldest(k.finished, k.id)
-				b.RetryingAge = max(b.RetryingAge, now.Sub(due))
+			due, state, _ := s.retryState(k, now)
+			switch {
+			case k.kind == 0 || state == StateRetrying:
+				if due.Before(now) {
+					// Due, unless a Retention raised since it failed says not yet.
+					oldest(due, k.id)
+					b.RetryingAge = max(b.RetryingAge, now.Sub(due))
+				}
+				b.Retrying++
+			case state == StateDue && due.Before(now):
+				oldest(due, k.id)
+				b.Due++
+			default:
+				b.Held++ // a hold not over, or a deadline not reached
 			}
-			*r.n++
 			return true
 		})
 		if err != nil {

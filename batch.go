@@ -658,13 +658,21 @@ func (s *Sweep) adapt(n int, d time.Duration, err error) {
 		switch {
 		case d > s.batchTarget || errors.Is(err, errClearTimedOut):
 			next = max(cur/2, 1)
-		case err == nil && d < s.batchTarget/4 && int64(n) >= cur:
+		case answered(err) && d < s.batchTarget/4 && int64(n) >= cur:
 			next = min(cur*2, int64(s.batchSize))
 		}
 		if next == cur || s.curBatch.CompareAndSwap(cur, next) {
 			return
 		}
 	}
+}
+
+// answered reports whether a call that returned err answered for each of
+// its ids (nil, a BatchError, all live again or all held): a call the
+// store served, whatever it decided.
+func answered(err error) bool {
+	var perID BatchError
+	return err == nil || wholeCall(err) || errors.As(err, &perID)
 }
 
 // waitBudget waits for n tokens of Config.Limiter, in parts of its burst,

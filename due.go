@@ -95,20 +95,14 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
 				return false
 			}
-			m := DueMarker{ID: string(k.id), Due: dueAt(k.finished), Attempts: k.attempts}
-			switch {
-			case infix == parkedInfix:
-				m.State = StateParked
-			case k.held:
-				// A hold keeps the finish time; a deadline of its own
-				// records itself as both.
-				m.Due = earliest(m.Due, time.UnixMilli(k.at))
-				m.State, m.Next = StateHeld, time.UnixMilli(k.at)
-				if !m.Next.After(now) {
-					m.State, m.Next = StateDue, time.Time{}
+			m := DueMarker{ID: string(k.id), Attempts: k.attempts}
+			if infix == parkedInfix {
+				m.Due, m.State = dueAt(k.finished), StateParked
+				if k.kind == keyDeadline {
+					m.Due = time.UnixMilli(k.finished)
 				}
-			default:
-				m.State, m.Next = StateRetrying, time.UnixMilli(k.at)
+			} else {
+				m.Due, m.State, m.Next = s.retryState(k, now)
 			}
 			if m.Due.After(now) {
 				return false // not due: a deadline ahead, or a Retention raised since
@@ -121,4 +115,24 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 	}
 	slices.SortStableFunc(out, func(a, b DueMarker) int { return a.Due.Compare(b.Due) })
 	return out[:min(len(out), limit)], nil
+}
+
+// retryState tells what a key k of the retry range stands for at now: when
+// its entity fell (or falls) due, its state, and when a pass tries it
+// next (zero when that is the next pass). Retries and holds fall due at
+// their finish time plus Retention (a hold's end does not make its entity
+// due any later: it only puts the clear off); a deadline key at its
+// deadline, whatever the Retention.
+func (s *Sweep) retryState(k retryKey, now time.Time) (due time.Time, state MarkerState, next time.Time) {
+	due, next = time.UnixMilli(k.finished).Add(s.retention), time.UnixMilli(k.at)
+	if k.kind == keyDeadline {
+		due = time.UnixMilli(k.finished)
+	}
+	switch {
+	case !next.After(now):
+		return due, StateDue, time.Time{}
+	case k.kind == 0 || k.attempts > 0 && k.kind == keyDeadline:
+		return due, StateRetrying, next
+	}
+	return due, StateHeld, next
 }

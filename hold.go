@@ -17,6 +17,12 @@ import (
 // and no Error log line. A zero until, or one already past, means "try
 // again after Config.RetryDelay".
 //
+// The hold is asked for again at until, so keep returning Hold for as long
+// as the entity is held: a hold lifted early takes effect then, and the
+// sweep may also ask before until in rare cases (a restart after a crash
+// between writing the held key and deleting the old marker, on a store
+// that can Put but not Move).
+//
 // Where an entity's retention differs from the others from the start, write
 // its marker with a deadline of its own instead (see DeadlineKey).
 func Hold(until time.Time) error { return &holdError{until: until} }
@@ -76,7 +82,14 @@ func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 	if (p.mover == nil && p.putter == nil) || p.noPut {
 		return until, nil
 	}
-	return until, appendHeldKey(nil, s.prefix, untilMs, it.ms, it.id)
+	if it.kind == keyDeadline {
+		// Still due at its own time: until, past its deadline.
+		return until, appendRetryKey(nil, s.prefix, keyDeadline, untilMs, it.ms, int(it.attempts), it.id)
+	}
+	// The failures before the hold go with it, so that MaxAttempts counts
+	// the same whether or not the process restarts while it is held.
+	attempts := max(int(it.attempts), s.retries.failures(it.id))
+	return until, appendRetryKey(nil, s.prefix, keyHeld, untilMs, it.ms, attempts, it.id)
 }
 
 // DeadlineKey returns the key of a marker for id that falls due at deleteAt
@@ -105,7 +118,7 @@ func deadlineKey(prefix string, deleteAt time.Time, id string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return appendHeldKey(nil, prefix, ms, ms, id), nil
+	return appendRetryKey(nil, prefix, keyDeadline, ms, ms, 0, id), nil
 }
 
 // DeadlineKey is the package's DeadlineKey for the sweep's prefix, with ids

@@ -104,7 +104,7 @@ func TestHold(t *testing.T) {
 					require.Len(t, keys, 1)
 					k, _, err := parseRetryKey("runs/", retryInfix, keys[0])
 					require.NoError(t, err)
-					assert.True(t, k.held, "%q", keys[0])
+					assert.Equal(t, byte(keyHeld), k.kind, "%q", keys[0])
 					assert.Equal(t, until.UnixMilli(), k.at)
 				}
 				c.set("held", nil)

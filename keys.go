@@ -265,11 +265,18 @@ func malformed(key []byte, part string, cause error) error {
 //	<prefix>r<retry at, ms:020>/<finished, ms:020>/<attempts>/<id>
 //	<prefix>p<finished, ms:020>/<attempts>/<id>
 //
-// A held marker (see Hold) and a marker with a deadline of its own (see
-// DeadlineKey) lie in the retry range too, with h for the attempts: they
-// fall due at their time whatever the Retention, and are no failure:
+// A letter before the attempts tells two more kinds of key apart, in the
+// retry range (and, for d, in the parked range too):
 //
-//	<prefix>r<until, ms:020>/<finished, ms:020>/h/<id>
+//	<prefix>r<until, ms:020>/<finished, ms:020>/h<attempts>/<id>
+//	<prefix>r<at, ms:020>/<deadline, ms:020>/d<attempts>/<id>
+//
+// h is a held marker (see Hold): due at the later of until and its finish
+// time plus Retention; it is no failure, and keeps the count of failures
+// before the hold. d is a marker with a deadline of its own (see
+// DeadlineKey), in place of the finish time: due at at (the deadline, or a
+// later retry or hold's end) whatever the Retention, and it stays a d key
+// through failures and holds.
 const (
 	retryInfix  = 'r'
 	parkedInfix = 'p'
@@ -289,34 +296,37 @@ type retryKey struct {
 	at       int64 // retry range: when it falls due; parked range: finished
 	finished int64 // the entity's finish time, Unix ms
 	attempts int
-	held     bool // h for the attempts: due at at, whatever the Retention
+	kind     byte // 0, or keyHeld or keyDeadline: the letter before the attempts
 	id       []byte
 }
 
-// appendRetryKey appends the retry-range key of id, due again at atMs.
-func appendRetryKey(dst []byte, prefix string, atMs, finishedMs int64, attempts int, id string) []byte {
+// The kinds of retry-range key that a letter before the attempts marks.
+const (
+	keyHeld     = 'h'
+	keyDeadline = 'd'
+)
+
+// appendRetryKey appends the retry-range key of id of kind (0, keyHeld or
+// keyDeadline), due again at atMs.
+func appendRetryKey(dst []byte, prefix string, kind byte, atMs, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), retryInfix)
 	dst = append(appendTimestamp(dst, uint64(atMs)), '/')
-	dst = append(appendTimestamp(dst, uint64(finishedMs)), '/')
-	dst = append(strconv.AppendInt(dst, int64(min(attempts, maxAttempts)), 10), '/')
-	return append(dst, id...)
+	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind, attempts, id)
 }
 
-// appendHeldKey appends the retry-range key of id, held until untilMs.
-func appendHeldKey(dst []byte, prefix string, untilMs, finishedMs int64, id string) []byte {
-	dst = append(append(dst, prefix...), retryInfix)
-	dst = append(appendTimestamp(dst, uint64(untilMs)), '/')
-	dst = append(appendTimestamp(dst, uint64(finishedMs)), '/')
-	return append(append(dst, heldAttempts...), id...)
-}
-
-// heldAttempts stands for the attempts of a held key.
-const heldAttempts = "h/"
-
-// appendParkedKey appends the parked-range key of id.
-func appendParkedKey(dst []byte, prefix string, finishedMs int64, attempts int, id string) []byte {
+// appendParkedKey appends the parked-range key of id of kind (0 or
+// keyDeadline).
+func appendParkedKey(dst []byte, prefix string, kind byte, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), parkedInfix)
-	dst = append(appendTimestamp(dst, uint64(finishedMs)), '/')
+	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind, attempts, id)
+}
+
+// appendAttemptsID appends '/', the kind's letter, the attempts, '/' and id.
+func appendAttemptsID(dst []byte, kind byte, attempts int, id string) []byte {
+	dst = append(dst, '/')
+	if kind != 0 {
+		dst = append(dst, kind)
+	}
 	dst = append(strconv.AppendInt(dst, int64(min(attempts, maxAttempts)), 10), '/')
 	return append(dst, id...)
 }
@@ -348,9 +358,8 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 		}
 		*stamp, rest = int64(v), rest[TimestampWidth+1:]
 	}
-	if infix == retryInfix && len(rest) > len(heldAttempts) && string(rest[:len(heldAttempts)]) == heldAttempts {
-		k.held, k.id = true, rest[len(heldAttempts):]
-		return k, false, nil
+	if len(rest) > 0 && (rest[0] == keyDeadline || (rest[0] == keyHeld && infix == retryInfix)) {
+		k.kind, rest = rest[0], rest[1:]
 	}
 	n := 0
 	for n < len(rest) && n < 10 && '0' <= rest[n] && rest[n] <= '9' {

@@ -290,7 +290,8 @@ func FuzzParseRetryKey(f *testing.F) {
 	f.Add("runs/", []byte("runs/r00000001764000000123/00000001764000000000/3/run-42"), int64(1764000000123), int64(1764000000000), 3, "a", true)
 	f.Add("runs/", []byte("runs/p00000001764000000000/12/x"), int64(0), int64(1), 1, "b", false)
 	f.Add("p/", []byte("p/r99999999999999999999/00000000000000000000/1/x"), int64(-1), int64(0), 0, "", true)
-	f.Add("runs/", []byte("runs/r00000001764000000123/00000001764000000000/h/run-42"), int64(1764000000123), int64(1764000000000), -1, "a", true)
+	f.Add("runs/", []byte("runs/r00000001764000000123/00000001764000000000/h2/run-42"), int64(1764000000123), int64(1764000000000), -1, "a", true)
+	f.Add("runs/", []byte("runs/p00000001764000000000/d3/run-42"), int64(1764000000123), int64(1764000000000), -2, "a", false)
 	f.Fuzz(func(t *testing.T, prefix string, key []byte, at, finished int64, attempts int, id string, retry bool) {
 		infix := byte(parkedInfix)
 		if retry {
@@ -300,13 +301,11 @@ func FuzzParseRetryKey(f *testing.F) {
 			require.LessOrEqual(t, k.finished, maxMarkerMs)
 			require.NotEmpty(t, k.id)
 			var again []byte
-			if k.held {
-				require.True(t, retry, "a held key in the parked range")
-				again = appendHeldKey(nil, prefix, k.at, k.finished, string(k.id))
-			} else if retry {
-				again = appendRetryKey(nil, prefix, k.at, k.finished, k.attempts, string(k.id))
+			if retry {
+				again = appendRetryKey(nil, prefix, k.kind, k.at, k.finished, k.attempts, string(k.id))
 			} else {
-				again = appendParkedKey(nil, prefix, k.finished, k.attempts, string(k.id))
+				require.NotEqual(t, byte(keyHeld), k.kind, "a held key in the parked range")
+				again = appendParkedKey(nil, prefix, k.kind, k.finished, k.attempts, string(k.id))
 			}
 			// Attempts may be spelt with leading zeros; the rest is exact.
 			if k2, _, err := parseRetryKey(prefix, infix, again); assert.NoError(t, err) {
@@ -316,24 +315,30 @@ func FuzzParseRetryKey(f *testing.F) {
 				require.Equal(t, k.id, gotID)
 			}
 		}
-		// Attempts of -1 stand for a held key.
-		held := retry && attempts == -1
-		if at < 0 || at > maxMarkerMs || finished < 0 || finished > maxMarkerMs || (attempts < 0 && !held) || attempts > maxAttempts || id == "" {
+		// Attempts of -1 stand for a held key (retry range), -2 for a
+		// deadline key, with attempts 0.
+		var kind byte
+		switch attempts {
+		case -1:
+			if retry {
+				kind, attempts = keyHeld, 0
+			}
+		case -2:
+			kind, attempts = keyDeadline, 0
+		}
+		if at < 0 || at > maxMarkerMs || finished < 0 || finished > maxMarkerMs || attempts < 0 || attempts > maxAttempts || id == "" {
 			return
 		}
 		var key2 []byte
-		if held {
-			key2 = appendHeldKey(nil, prefix, at, finished, id)
-			attempts = 0
-		} else if retry {
-			key2 = appendRetryKey(nil, prefix, at, finished, attempts, id)
+		if retry {
+			key2 = appendRetryKey(nil, prefix, kind, at, finished, attempts, id)
 		} else {
-			key2 = appendParkedKey(nil, prefix, finished, attempts, id)
+			key2 = appendParkedKey(nil, prefix, kind, finished, attempts, id)
 			at = finished
 		}
 		k, foreign, err := parseRetryKey(prefix, infix, key2)
 		require.NoError(t, err, "%q", key2)
 		require.False(t, foreign)
-		require.Equal(t, retryKey{at: at, finished: finished, attempts: attempts, held: held, id: []byte(id)}, k)
+		require.Equal(t, retryKey{at: at, finished: finished, attempts: attempts, kind: kind, id: []byte(id)}, k)
 	})
 }

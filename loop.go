@@ -24,6 +24,10 @@ type loop struct {
 	jitter      float64
 	startJitter time.Duration
 
+	// dryAt is when each member in a dry run (Config.DryRun) last passed:
+	// it passes at most once per Interval, whatever the others do.
+	dryAt []time.Time
+
 	warnUnfenced sync.Once
 }
 
@@ -158,7 +162,17 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 		}
 	}
 	var errs []error
+	if l.dryAt == nil {
+		l.dryAt = make([]time.Time, len(l.members))
+	}
 	for i, m := range l.members {
+		if m.dryRun {
+			now := m.clock.Now()
+			if !l.dryAt[i].IsZero() && now.Sub(l.dryAt[i]) < m.interval && !now.Before(l.dryAt[i]) {
+				continue // its due markers stay due: not before its Interval
+			}
+			l.dryAt[i] = now
+		}
 		st, err := m.pass(passCtx, kvs[i], fences[i])
 		if err != nil && lease != nil && (isLost(lease) || errors.Is(err, ErrLeaseLost)) {
 			err, lost = fmt.Errorf("%w: %w", ErrLeaseLost, err), true

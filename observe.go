@@ -113,7 +113,7 @@ func (s *Sweep) observeLags(items []item, gone bool) {
 			bMs = b.UnixMilli()
 			bRem = b.Sub(time.UnixMilli(bMs))
 		}
-		switch d := bMs - items[i].ms; {
+		switch d := bMs - items[i].lagMs; {
 		case d < 0: // a clock that stepped back
 		case d > int64(maxDuration/time.Millisecond)-1:
 			lag = maxDuration
@@ -172,6 +172,7 @@ func (a Stats) minus(b Stats) Stats {
 		Duplicates: a.Duplicates - b.Duplicates, ScanCalls: a.ScanCalls - b.ScanCalls, DeleteCalls: a.DeleteCalls - b.DeleteCalls,
 		PutCalls: a.PutCalls - b.PutCalls, ClearCalls: a.ClearCalls - b.ClearCalls, FailedCalls: a.FailedCalls - b.FailedCalls,
 		TimedOutCalls: a.TimedOutCalls - b.TimedOutCalls, PanickedCalls: a.PanickedCalls - b.PanickedCalls,
+		Held: a.Held - b.Held, WouldClear: a.WouldClear - b.WouldClear,
 		BudgetWait: a.BudgetWait - b.BudgetWait,
 	}
 }

@@ -61,7 +61,7 @@ func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	err := s.eachParked(ctx, func(key []byte, k retryKey) (bool, error) {
 		if want[string(k.id)] {
 			from = append(from, key)
-			to = append(to, appendRetryKey(nil, s.prefix, nowMs, k.finished, 0, string(k.id)))
+			to = append(to, appendRetryKey(nil, s.prefix, k.kind, nowMs, k.finished, 0, string(k.id)))
 		}
 		return true, nil
 	})

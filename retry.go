@@ -24,6 +24,7 @@ type retry struct {
 	failures  int // failed clears of the id itself, in a row
 	putOffs   int // times it was put off untried, the dependency down
 	notBefore time.Time
+	held      bool // notBefore is a hold's end, not a retry delay
 }
 
 func newRetries(first, most time.Duration) retries {
@@ -85,7 +86,7 @@ func (r *retries) failed(id string, now time.Time, before int, own bool) (int, t
 	} else {
 		e.putOffs++
 	}
-	e.notBefore = now.Add(r.delay(e.failures + e.putOffs))
+	e.notBefore, e.held = now.Add(r.delay(e.failures+e.putOffs)), false
 	r.byID[id] = e
 	return e.failures, e.notBefore
 }
@@ -97,8 +98,18 @@ func (r *retries) hold(id string, until time.Time) {
 		r.byID = map[string]retry{}
 	}
 	e := r.byID[id]
-	e.notBefore = until
+	e.notBefore, e.held = until, true
 	r.byID[id] = e
+}
+
+// heldUntil returns the end of the hold id waits for at now, if it waits
+// for one.
+func (r *retries) heldUntil(id string, now time.Time) (time.Time, bool) {
+	if len(r.byID) == 0 {
+		return time.Time{}, false
+	}
+	e, ok := r.byID[id]
+	return e.notBefore, ok && e.held && now.Before(e.notBefore)
 }
 
 // waiting reports whether id is in its retry delay at now.
@@ -169,7 +180,7 @@ func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (
 		p.st.Parked++
 		p.notes.noteParked(id, it.err)
 		s.retries.forget(id)
-		key = appendParkedKey(nil, s.prefix, it.ms, attempts, id)
+		key = appendParkedKey(nil, s.prefix, deadlineKind(it), it.ms, attempts, id)
 	} else {
 		p.st.Retried++
 		dueMs, err := markerMillis(due)
@@ -180,9 +191,18 @@ func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (
 		// The key keeps whole milliseconds, rounded up: a pass at due
 		// itself would not find it due yet.
 		s.noteRetry(p, time.UnixMilli(dueMs))
-		key = appendRetryKey(nil, s.prefix, dueMs, it.ms, attempts, id)
+		key = appendRetryKey(nil, s.prefix, deadlineKind(it), dueMs, it.ms, attempts, id)
 	}
 	return s.place(ctx, p, key, old)
+}
+
+// deadlineKind is keyDeadline for the item of a deadline key, which stays
+// one when rescheduled or parked, and 0 otherwise.
+func deadlineKind(it *item) byte {
+	if it.kind == keyDeadline {
+		return keyDeadline
+	}
+	return 0
 }
 
 // hold puts off the marker old of a held id until the hold's end, as retry

@@ -186,7 +186,7 @@ func TestMaxAttemptsValidation(t *testing.T) {
 // key rules: it lies outside the range a pass of that version reads.
 func TestOldMarkersStillParse(t *testing.T) {
 	t.Parallel()
-	key := appendRetryKey(nil, "runs/", t0.UnixMilli(), t0.UnixMilli(), 1, "x")
+	key := appendRetryKey(nil, "runs/", 0, t0.UnixMilli(), t0.UnixMilli(), 1, "x")
 	assert.False(t, string(key) >= "runs/0" && string(key) < "runs/:", "%q is outside the marker range", key)
 	_, _, foreign, err := parseKey("runs/", key)
 	assert.True(t, foreign)

@@ -169,7 +169,7 @@ func TestReview16BugBacklogRetryingAgeMissesStuckID(t *testing.T) {
 	now := t0.Add(3 * time.Hour)
 	clock.Set(now)
 	put := func(at, finished time.Time, attempts int, id string) {
-		key := appendRetryKey(nil, "runs/", at.UnixMilli(), finished.UnixMilli(), attempts, id)
+		key := appendRetryKey(nil, "runs/", 0, at.UnixMilli(), finished.UnixMilli(), attempts, id)
 		require.NoError(t, mem.Put(context.Background(), key, nil))
 	}
 	put(now.Add(10*time.Minute), t0, 12, "stuck") // due at t0+1h: 2h past due
@@ -264,7 +264,7 @@ func TestReview16BugCountGoneMaxLagRetryRange(t *testing.T) {
 		at, finished time.Time
 		id           string
 	}{{now.Add(-2 * time.Second), t0.Add(90 * time.Minute), "newer"}, {now.Add(-time.Second), t0, "older"}} {
-		key := appendRetryKey(nil, "runs/", m.at.UnixMilli(), m.finished.UnixMilli(), 0, m.id)
+		key := appendRetryKey(nil, "runs/", 0, m.at.UnixMilli(), m.finished.UnixMilli(), 0, m.id)
 		require.NoError(t, base.MemKV.Put(context.Background(), key, nil))
 		base.entities[m.id] = true
 	}
@@ -505,7 +505,7 @@ func TestReview16HoldsHugeAttempts(t *testing.T) {
 			s, clock := newSweep(t, mem, Config{Clear: c.clear, MaxAttempts: maxA, RetryDelay: time.Second, MaxRetryDelay: time.Minute})
 			now := t0.Add(2 * time.Hour)
 			clock.Set(now)
-			key := appendRetryKey(nil, "runs/", now.UnixMilli()-1, t0.UnixMilli(), maxAttempts, "x")
+			key := appendRetryKey(nil, "runs/", 0, now.UnixMilli()-1, t0.UnixMilli(), maxAttempts, "x")
 			require.NoError(t, mem.Put(context.Background(), key, nil))
 			st, err := s.Pass(context.Background())
 			require.NoError(t, err)
@@ -562,7 +562,7 @@ func TestReview16HoldsAtomicRetryRangeLostReply(t *testing.T) {
 	clock.Set(now)
 	for i := range 5 {
 		id := fmt.Sprintf("r%d", i)
-		key := appendRetryKey(nil, "runs/", now.UnixMilli()-10, t0.UnixMilli()+int64(i), 0, id)
+		key := appendRetryKey(nil, "runs/", 0, now.UnixMilli()-10, t0.UnixMilli()+int64(i), 0, id)
 		require.NoError(t, base.MemKV.Put(context.Background(), key, nil))
 		base.entities[id] = true
 	}
@@ -714,7 +714,7 @@ func TestReview16BugBacklogOldestIDNotDue(t *testing.T) {
 	s, clock := newSweep(t, mem, Config{Clear: newClears().clear, Retention: 2 * time.Hour})
 	now := t0.Add(90 * time.Minute) // x fell due under 1h, not under 2h
 	clock.Set(now)
-	key := appendRetryKey(nil, "runs/", now.UnixMilli()-1, t0.UnixMilli(), 1, "x")
+	key := appendRetryKey(nil, "runs/", 0, now.UnixMilli()-1, t0.UnixMilli(), 1, "x")
 	require.NoError(t, mem.Put(context.Background(), key, nil))
 	b, err := s.Backlog(context.Background(), 10)
 	require.NoError(t, err)
@@ -733,7 +733,7 @@ type movedKV struct {
 func (m *movedKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
 	moved := false
 	m.once.Do(func() {
-		to := appendRetryKey(nil, "runs/", t0.Add(5*time.Hour).UnixMilli(), t0.UnixMilli(), 1, ids[0])
+		to := appendRetryKey(nil, "runs/", 0, t0.Add(5*time.Hour).UnixMilli(), t0.UnixMilli(), 1, ids[0])
 		_ = m.MemKV.Move(ctx, keys[:1], [][]byte{to})
 		moved = true
 	})

@@ -433,7 +433,8 @@ const (
 // the page's keys[i].
 type item struct {
 	id     string
-	ms     int64
+	ms     int64 // the finish time its key records (a deadline key's: the deadline)
+	lagMs  int64 // the finish time its lag counts from: ms, or later for a hold's end or a deadline
 	err    error // why the key is malformed, or how Clear failed
 	lo, hi int32 // the id's bounds in the page's id buffer
 	// For a duplicate, primary is the item of the id's first marker in the
@@ -444,15 +445,25 @@ type item struct {
 	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome
 	withDups      bool  // cleared by a ClearDeleter's call that deleted its duplicates too
+	kind          byte  // a retry-range key's kind: 0, keyHeld or keyDeadline
 	doneAt        int64 // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
 }
 
 // page handles one page of the expired range.
 func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 	items, now := s.parsePage(p, keys), s.clock.Now()
+	canWrite := (p.mover != nil || p.putter != nil) && !s.dryRun
 	for i := range items {
-		if it := &items[i]; it.out == pending && s.retries.waiting(it.id, now) {
-			it.out = deferred
+		it := &items[i]
+		if it.out != pending || !s.retries.waiting(it.id, now) {
+			continue
+		}
+		it.out = deferred
+		if until, ok := s.retries.heldUntil(it.id, now); ok && canWrite {
+			// Another marker of an id held in memory: it waits for the
+			// hold in the store too (see settle), so that a restart
+			// keeps it.
+			it.err = Hold(until)
 		}
 	}
 	s.dedupe(items)
@@ -494,26 +505,34 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	for _, key := range keys {
 		var (
 			ms, at     int64
+			lagMs      = int64(-1) // -1: ms
 			id         []byte
 			isForeign  bool
 			err        error
 			attempts   int
+			kind       byte
 			notExpired bool
 		)
 		if p.inRetry {
 			var k retryKey
 			k, isForeign, err = parseRetryKey(s.prefix, retryInfix, key)
-			ms, at, id, attempts = k.finished, k.at, k.id, k.attempts
+			ms, at, id, attempts, kind = k.finished, k.at, k.id, k.attempts, k.kind
 			if err == nil && at >= p.retryDueMs {
 				break // only a KV that breaks Scan's end bound returns it
 			}
-			if k.held {
-				// Due at its own time, whatever the Retention: its lag
-				// counts from then.
-				ms = max(at-s.retention.Milliseconds(), 0)
-			} else {
-				// A Retention raised since the marker failed: it is not
-				// expired any more, and stays until it is.
+			switch kind {
+			case keyDeadline:
+				// Due at its deadline (ms) whatever the Retention, and
+				// late from then.
+				lagMs = max(ms-s.retention.Milliseconds(), 0)
+			case keyHeld:
+				// Late from the hold's end, when that is after the due
+				// time.
+				lagMs = max(at-s.retention.Milliseconds(), ms)
+				fallthrough
+			default:
+				// A Retention raised since the marker failed (or was
+				// held): it is not expired any more, and stays until it is.
 				notExpired = err == nil && ms >= p.cutoffMs
 			}
 		} else {
@@ -539,7 +558,10 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		case notExpired:
 			out = unexpired
 		}
-		items = append(items, item{ms: ms, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))})
+		if lagMs < 0 {
+			lagMs = ms
+		}
+		items = append(items, item{ms: ms, lagMs: lagMs, kind: kind, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))})
 		if out == pending {
 			ids = append(ids, id...)
 		}
@@ -614,6 +636,25 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	var targets map[int][]byte // where a failed marker with duplicates moves
 	oldest := int64(-1)        // ms of the oldest cleared marker: it has the largest lag
 	now := s.clock.Now()
+	// putOff readies the move of keys[i] to key, its new place in the retry
+	// range (on a Mover), and reports whether keys[i] is to be deleted
+	// instead (on a Putter, which wrote key already).
+	putOff := func(i int, key []byte, move bool) bool {
+		switch {
+		case key == nil:
+			return false
+		case !move:
+			return true
+		}
+		from, to = append(from, keys[i]), append(to, key)
+		if items[i].next != 0 {
+			if targets == nil {
+				targets = map[int][]byte{}
+			}
+			targets[i] = key
+		}
+		return false
+	}
 	for i := range items {
 		it := &items[i]
 		switch it.out {
@@ -624,7 +665,14 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case deferred:
 			st.Deferred++
 			s.noteRetry(p, s.retries.due(it.id))
-			continue
+			if it.err == nil {
+				continue
+			}
+			// A further marker of an id held in memory goes where the
+			// hold put the first (see page).
+			if key, move := s.hold(ctx, p, it, keys[i]); !putOff(i, key, move) {
+				continue
+			}
 		case pending:
 			continue // only a cancelled pass leaves one, and it returned before
 		case unexpired:
@@ -685,25 +733,26 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		case failed, held:
 			var key []byte
 			var move bool
-			if it.out == held {
+			switch {
+			case s.dryRun:
+				// Only a panicking Config.ValidateID fails a dry run's
+				// marker: counted, and nothing written for it.
+				if it.out == held {
+					st.Held++
+				} else {
+					st.Failed++
+					p.notes.noteFailed(it.id, it.err)
+				}
+				continue
+			case it.out == held:
 				st.Held++
 				key, move = s.hold(ctx, p, it, keys[i])
-			} else {
+			default:
 				st.Failed++
 				p.notes.noteFailed(it.id, it.err)
 				key, move = s.retry(ctx, p, it, keys[i])
 			}
-			if key == nil {
-				continue
-			}
-			if move {
-				from, to = append(from, keys[i]), append(to, key)
-				if it.next != 0 {
-					if targets == nil {
-						targets = map[int][]byte{}
-					}
-					targets[i] = key
-				}
+			if !putOff(i, key, move) {
 				continue
 			}
 		}
@@ -753,8 +802,8 @@ func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 	if it.seen != 0 {
 		s.seen.markDone(int(it.seen) - 1)
 	}
-	if *oldest < 0 || it.ms < *oldest {
-		*oldest = it.ms
+	if *oldest < 0 || it.lagMs < *oldest {
+		*oldest = it.lagMs
 	}
 }
 
