@@ -44,7 +44,10 @@ type Store struct {
 type Factory func(t testing.TB) Store
 
 // Run runs every behaviour of the KV contract against stores made by
-// newStore, each as a subtest of t. A KV that is a retention.Mover has its
+// newStore, each as a subtest of t. Some behaviours run a retention.Sweep
+// over the store: one of them a dry run (retention.Config.DryRun), which
+// must leave every key as it was and count the very markers, those of
+// retention.DeadlineKey among them, that a real pass then clears. A KV that is a retention.Mover has its
 // Move checked too (the Move behaviours skip a KV that is not one): moved
 // keys are where Scan reads, a missing from key writes nothing, racing
 // Moves of one key move it once, and from and to of different lengths are
@@ -80,6 +83,7 @@ var behaviours = []struct {
 	{"SweepClearsExactlyExpired", testSweep},
 	{"SweepRetriesFailedClears", testSweepRetries},
 	{"SweepBacklog", testSweepBacklog},
+	{"SweepDryRun", testSweepDryRun},
 	// A KV that is a retention.Mover; skipped for one that is not.
 	{"MovePresentKeys", testMovePresent},
 	{"MoveSkipsMissingFrom", testMoveMissing},

@@ -7,7 +7,7 @@
 //
 // The instruments, each with the attribute retention.prefix:
 //
-//	retention.markers             counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate)
+//	retention.markers             counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate, held, would_clear)
 //	retention.clear.calls         counter {call}: calls of Clear, ClearBatch or a ClearDeleter
 //	retention.clear.calls.failed  counter {call}, by retention.cause: those calls that failed as a whole (error, timeout, panic)
 //	retention.passes              counter {pass}, by retention.pass.result (ok, error, canceled, lease_lost)
@@ -18,6 +18,7 @@
 //	retention.retrying.markers    gauge {marker}: markers whose clear failed, waiting to be tried again, counted up to Options.BacklogLimit
 //	retention.retrying.age        gauge s: how long past due the oldest retrying marker's entity is
 //	retention.parked.markers      gauge {marker}: markers parked after Config.MaxAttempts failed clears, counted up to Options.BacklogLimit
+//	retention.held.markers        gauge {marker}: markers waiting for a hold's end (retention.Hold) or a deadline of their own, counted up to Options.BacklogLimit
 //	retention.backlog.errors      counter {error}: collections whose backlog read failed
 //	retention.lease.held          gauge {lease}: 1 while this replica holds the sweep's lease
 //	retention.lease.events        counter {event}, by retention.lease.event: acquired, held, lost, released
@@ -67,19 +68,29 @@ type Options struct {
 	DurationBuckets []float64
 
 	// BacklogLimit caps the counts of retention.backlog.markers,
-	// retention.retrying.markers and retention.parked.markers, and so the
-	// keys a collection reads per watched sweep (see
-	// retention.Sweep.Backlog). Zero means DefaultBacklogLimit; otherwise 1
-	// to retention.MaxPageSize.
+	// retention.retrying.markers, retention.parked.markers and
+	// retention.held.markers, and so the keys a collection reads per
+	// watched sweep (see retention.Sweep.Backlog). Zero means
+	// DefaultBacklogLimit; otherwise 1 to retention.MaxPageSize.
 	BacklogLimit int
 }
 
-var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate"}
+// The outcomes of retention.markers, in the order of outcomeCounts: the
+// first pageOutcomes counted page by page (ObservePage), the rest at the
+// end of each pass (ObservePass).
+var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate",
+	"held", "would_clear"}
+
+// pageOutcomes is how many of outcomes come page by page. The Stats of
+// retention's ObservePage calls do not carry Held and WouldClear, only
+// those of ObservePass do: counted from both, they would not add up.
+const pageOutcomes = 9
 
 // outcomeCounts returns the counts of st by outcome, in the order of
 // outcomes.
 func outcomeCounts(st *retention.Stats) [len(outcomes)]int {
-	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates}
+	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates,
+		st.Held, st.WouldClear}
 }
 
 // The causes of retention.clear.calls.failed, in the order of causeCounts.
@@ -104,7 +115,8 @@ type Observer struct {
 	budgetWait                                                           metric.Float64Counter
 	batchSize                                                            metric.Int64Gauge
 	backlogAge, retryingAge                                              metric.Float64ObservableGauge
-	backlogMarkers, retryingMarkers, parkedMarkers, leaseHeld            metric.Int64ObservableGauge
+	backlogMarkers, retryingMarkers, parkedMarkers, heldMarkers          metric.Int64ObservableGauge
+	leaseHeld                                                            metric.Int64ObservableGauge
 
 	mu       sync.Mutex
 	byPrefix map[string]*attrs
@@ -172,7 +184,8 @@ func New(opts Options) (*Observer, error) {
 	}
 	o.markers = counter("retention.markers", "{marker}",
 		"Markers a sweep handled, by outcome: cleared, failed, retried, parked (failed Config.MaxAttempts times; never cleared until requeued), "+
-			"deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again, duplicate.")
+			"deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again, duplicate, "+
+			"held (Clear returned retention.Hold: kept until the hold's end, no failure), would_clear (a dry run would have cleared it; at every dry pass).")
 	o.clearCalls = counter("retention.clear.calls", "{call}", "Calls of Clear, ClearBatch or a ClearDeleter.")
 	o.failedCalls = counter("retention.clear.calls.failed", "{call}",
 		"Calls of Clear, ClearBatch or a ClearDeleter that failed as a whole, also those whose ids a bisection then cleared apart, "+
@@ -206,13 +219,16 @@ func New(opts Options) (*Observer, error) {
 	o.parkedMarkers, e = m.Int64ObservableGauge("retention.parked.markers", metric.WithUnit("{marker}"),
 		metric.WithDescription(fmt.Sprintf("Markers parked after Config.MaxAttempts failed clears, never cleared until requeued, counted up to %d.", limit)))
 	err = errors.Join(err, e)
+	o.heldMarkers, e = m.Int64ObservableGauge("retention.held.markers", metric.WithUnit("{marker}"),
+		metric.WithDescription(fmt.Sprintf("Markers waiting for a hold's end (retention.Hold) or for a deadline of their own (retention.DeadlineKey), not late, counted up to %d.", limit)))
+	err = errors.Join(err, e)
 	o.leaseHeld, e = m.Int64ObservableGauge("retention.lease.held", metric.WithUnit("{lease}"),
 		metric.WithDescription("1 while this replica holds the sweep's lease, else 0."))
 	err = errors.Join(err, e)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.RegisterCallback(o.observe, o.backlogAge, o.backlogMarkers, o.retryingMarkers, o.retryingAge, o.parkedMarkers, o.leaseHeld); err != nil {
+	if _, err := m.RegisterCallback(o.observe, o.backlogAge, o.backlogMarkers, o.retryingMarkers, o.retryingAge, o.parkedMarkers, o.heldMarkers, o.leaseHeld); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -220,10 +236,10 @@ func New(opts Options) (*Observer, error) {
 
 // Watch makes the Observer report the backlog of the sweeps
 // (retention.backlog.age, retention.backlog.markers,
-// retention.retrying.markers, retention.retrying.age and
-// retention.parked.markers), read with retention.Sweep.Backlog at every
-// collection, under the collection's context. A sweep watched again is
-// read once. Sweeps of one prefix (over different stores) share its
+// retention.retrying.markers, retention.retrying.age,
+// retention.parked.markers and retention.held.markers), read with
+// retention.Sweep.Backlog at every collection, under the collection's
+// context. A sweep watched again is read once. Sweeps of one prefix (over different stores) share its
 // attributes: the counters add up, and the gauges show the oldest ages and
 // the sums of the counts, or nothing when a read failed.
 func (o *Observer) Watch(sweeps ...*retention.Sweep) {
@@ -269,10 +285,17 @@ func (o *Observer) attrs(prefix string) *attrs {
 	return o.get(prefix)
 }
 
-// ObservePass implements retention.Observer. It counts the pass and its
-// duration; its markers and calls were counted page by page (ObservePage).
+// ObservePass implements retention.Observer. It counts the pass, its
+// duration and its held and would-clear markers; its other markers and its
+// calls were counted page by page (ObservePage).
 func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 	a, ctx := o.attrs(prefix), context.Background()
+	counts := outcomeCounts(&st)
+	for i := pageOutcomes; i < len(outcomes); i++ {
+		if counts[i] > 0 {
+			o.markers.Add(ctx, int64(counts[i]), a.outcome[i])
+		}
+	}
 	o.passes.Add(ctx, 1, a.result[passResult(err)])
 	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
 	if st.BatchSize > 0 {
@@ -281,12 +304,13 @@ func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 }
 
 // ObservePage implements retention.Observer. It counts a page's markers by
-// outcome and its clear calls, so that the counters advance with the lag
-// histogram: a collection in the middle of a pass sees as many cleared
-// markers as lags.
+// outcome (held and would_clear aside: see ObservePass) and its clear
+// calls, so that the counters advance with the lag histogram: a collection
+// in the middle of a pass sees as many cleared markers as lags.
 func (o *Observer) ObservePage(prefix string, page retention.Stats) {
 	a, ctx := o.attrs(prefix), context.Background()
-	for i, n := range outcomeCounts(&page) {
+	counts := outcomeCounts(&page)
+	for i, n := range counts[:pageOutcomes] {
 		if n > 0 {
 			o.markers.Add(ctx, int64(n), a.outcome[i])
 		}
@@ -356,9 +380,9 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 	watched := append([]*retention.Sweep(nil), o.watched...)
 	o.mu.Unlock()
 	type backlog struct {
-		age, retryingAge      time.Duration
-		due, retrying, parked int
-		failed                bool
+		age, retryingAge            time.Duration
+		due, retrying, parked, held int
+		failed                      bool
 	}
 	// Read at once, so that a store that does not answer does not hold up
 	// the others until the collection's deadline.
@@ -387,6 +411,7 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 		}
 		b.age, b.due = max(b.age, got.Age), b.due+got.Due
 		b.retryingAge, b.retrying, b.parked = max(b.retryingAge, got.RetryingAge), b.retrying+got.Retrying, b.parked+got.Parked
+		b.held += got.Held
 	}
 	for _, prefix := range prefixes {
 		a, b := o.attrs(prefix), backlogs[prefix]
@@ -399,6 +424,7 @@ func (o *Observer) observe(ctx context.Context, obs metric.Observer) error {
 		obs.ObserveInt64(o.retryingMarkers, int64(b.retrying), a.prefix)
 		obs.ObserveFloat64(o.retryingAge, b.retryingAge.Seconds(), a.prefix)
 		obs.ObserveInt64(o.parkedMarkers, int64(b.parked), a.prefix)
+		obs.ObserveInt64(o.heldMarkers, int64(b.held), a.prefix)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()

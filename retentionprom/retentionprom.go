@@ -6,7 +6,7 @@
 //
 // Every series is labelled by the sweep's prefix:
 //
-//	retention_markers_total{outcome}           counter: markers handled, by outcome (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate)
+//	retention_markers_total{outcome}           counter: markers handled, by outcome (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate, held, would_clear)
 //	retention_clear_calls_total                counter: calls of Clear, ClearBatch or a ClearDeleter
 //	retention_clear_calls_failed_total{cause}  counter: those calls that failed as a whole, by cause (error, timeout, panic)
 //	retention_budget_wait_seconds_total        counter: time clears waited for Config.Limiter, the delete budget
@@ -19,6 +19,7 @@
 //	retention_retrying_markers                 gauge: markers whose clear failed, waiting to be tried again, counted up to Options.BacklogLimit
 //	retention_retrying_age_seconds             gauge: how long past due the oldest retrying marker's entity is
 //	retention_parked_markers                   gauge: markers parked after Config.MaxAttempts failed clears, counted up to Options.BacklogLimit
+//	retention_held_markers                     gauge: markers waiting for a hold's end (retention.Hold) or a deadline of their own, counted up to Options.BacklogLimit
 //	retention_backlog_errors_total             counter: scrapes whose backlog read failed
 //	retention_lease_held                       gauge: 1 while this replica holds the sweep's lease
 //	retention_lease_events_total{event}        counter: lease acquired, held (by another), lost, released
@@ -69,8 +70,9 @@ type Options struct {
 	DurationBuckets []float64
 
 	// BacklogLimit caps the counts of retention_backlog_markers,
-	// retention_retrying_markers and retention_parked_markers, and so the
-	// keys a scrape reads per watched sweep (see retention.Sweep.Backlog).
+	// retention_retrying_markers, retention_parked_markers and
+	// retention_held_markers, and so the keys a scrape reads per watched
+	// sweep (see retention.Sweep.Backlog).
 	// Zero means DefaultBacklogLimit; otherwise 1 to retention.MaxPageSize.
 	BacklogLimit int
 
@@ -79,13 +81,22 @@ type Options struct {
 	BacklogTimeout time.Duration
 }
 
-// The outcomes of retention_markers_total, in the order of outcomeCounts.
-var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate"}
+// The outcomes of retention_markers_total, in the order of outcomeCounts:
+// the first pageOutcomes counted page by page (ObservePage), the rest at
+// the end of each pass (ObservePass).
+var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate",
+	"held", "would_clear"}
+
+// pageOutcomes is how many of outcomes come page by page. The Stats of
+// retention's ObservePage calls do not carry Held and WouldClear, only
+// those of ObservePass do: counted from both, they would not add up.
+const pageOutcomes = 9
 
 // outcomeCounts returns the counts of st by outcome, in the order of
 // outcomes.
 func outcomeCounts(st *retention.Stats) [len(outcomes)]int {
-	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates}
+	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates,
+		st.Held, st.WouldClear}
 }
 
 // The causes of retention_clear_calls_failed_total, in the order of
@@ -115,6 +126,7 @@ type Collector struct {
 	markers, clearCalls, clearCallsFailed, passes, passDuration, lag                       *prometheus.Desc
 	budgetWait, batchSize                                                                  *prometheus.Desc
 	backlogAge, backlogMarkers, retryingMarkers, retryingAge, parkedMarkers, backlogErrors *prometheus.Desc
+	heldMarkers                                                                            *prometheus.Desc
 	leaseHeld, leaseEvents                                                                 *prometheus.Desc
 
 	mu      sync.Mutex
@@ -185,7 +197,8 @@ func New(opts Options) (*Collector, error) {
 			"Markers a sweep handled, by outcome: cleared, failed (Clear failed; the marker stays), retried (put off until its retry delay is over), "+
 				"parked (failed Config.MaxAttempts times; never cleared until requeued), "+
 				"deferred (skipped in its retry delay, counted at every pass), malformed (deleted without Clear), "+
-				"foreign (keys under the prefix that are not markers, seen again at every pass), live_again, duplicate (further markers of an id met earlier in the pass).",
+				"foreign (keys under the prefix that are not markers, seen again at every pass), live_again, duplicate (further markers of an id met earlier in the pass), "+
+				"held (Clear returned retention.Hold: kept until the hold's end, no failure), would_clear (a dry run would have cleared it; counted at every dry pass).",
 			[]string{"prefix", "outcome"}, nil),
 		clearCalls: prometheus.NewDesc(name("clear_calls_total"),
 			"Calls of Clear, ClearBatch or a ClearDeleter.", prefix, nil),
@@ -215,6 +228,8 @@ func New(opts Options) (*Collector, error) {
 			"How long past due the oldest retrying marker's entity is, read at scrape time; 0 when none is retrying.", prefix, nil),
 		parkedMarkers: prometheus.NewDesc(name("parked_markers"),
 			fmt.Sprintf("Markers parked after Config.MaxAttempts failed clears, never cleared until requeued, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
+		heldMarkers: prometheus.NewDesc(name("held_markers"),
+			fmt.Sprintf("Markers waiting for a hold's end (retention.Hold) or for a deadline of their own (retention.DeadlineKey), not late, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
 		backlogErrors: prometheus.NewDesc(name("backlog_errors_total"),
 			"Scrapes whose read of the backlog failed; the backlog gauges are then missing.", prefix, nil),
 		leaseHeld: prometheus.NewDesc(name("lease_held"),
@@ -240,8 +255,8 @@ func checkBuckets(field string, b []float64) error {
 
 // Watch makes the Collector report the backlog of the sweeps (gauges
 // retention_backlog_age_seconds, retention_backlog_markers,
-// retention_retrying_markers, retention_retrying_age_seconds and
-// retention_parked_markers), read with retention.Sweep.Backlog at every
+// retention_retrying_markers, retention_retrying_age_seconds,
+// retention_parked_markers and retention_held_markers), read with retention.Sweep.Backlog at every
 // scrape: at most a few Scan calls of up to Options.BacklogLimit keys per
 // sweep and range. A sweep watched again is read
 // once. Sweeps of one prefix (over different stores) share its series: the
@@ -271,15 +286,20 @@ func (c *Collector) get(prefix string) *series {
 	return s
 }
 
-// ObservePass implements retention.Observer. It counts the pass and its
-// duration; its markers and calls were counted page by page (ObservePage).
+// ObservePass implements retention.Observer. It counts the pass, its
+// duration and its held and would-clear markers; its other markers and its
+// calls were counted page by page (ObservePage).
 func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 	result := passResult(err)
 	d := st.Duration.Seconds()
 	i := sort.SearchFloat64s(c.opts.DurationBuckets, d)
+	counts := outcomeCounts(&st)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(prefix)
+	for j := pageOutcomes; j < len(outcomes); j++ {
+		s.markers[j] += uint64(counts[j])
+	}
 	s.passes[result]++
 	s.batchSize = st.BatchSize
 	s.duration.counts[i]++
@@ -287,14 +307,15 @@ func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 }
 
 // ObservePage implements retention.Observer. It counts a page's markers by
-// outcome and its clear calls, so that the counters advance with the lag
-// histogram: a scrape in the middle of a pass sees as many cleared markers
-// as lags.
+// outcome (held and would_clear aside: see ObservePass) and its clear
+// calls, so that the counters advance with the lag histogram: a scrape in
+// the middle of a pass sees as many cleared markers as lags.
 func (c *Collector) ObservePage(prefix string, page retention.Stats) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(prefix)
-	for i, n := range outcomeCounts(&page) {
+	counts := outcomeCounts(&page)
+	for i, n := range counts[:pageOutcomes] {
 		s.markers[i] += uint64(n)
 	}
 	s.clearCalls += uint64(page.ClearCalls)
@@ -376,7 +397,7 @@ func (c *Collector) ObserveLease(prefix string, e retention.LeaseEvent) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.markers, c.clearCalls, c.clearCallsFailed, c.budgetWait, c.batchSize, c.passes, c.passDuration, c.lag,
-		c.backlogAge, c.backlogMarkers, c.retryingMarkers, c.retryingAge, c.parkedMarkers, c.backlogErrors,
+		c.backlogAge, c.backlogMarkers, c.retryingMarkers, c.retryingAge, c.parkedMarkers, c.heldMarkers, c.backlogErrors,
 		c.leaseHeld, c.leaseEvents} {
 		ch <- d
 	}
@@ -393,9 +414,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.BacklogTimeout)
 	defer cancel()
 	type backlog struct {
-		age, retryingAge      time.Duration
-		due, retrying, parked int
-		failed                bool
+		age, retryingAge            time.Duration
+		due, retrying, parked, held int
+		failed                      bool
 	}
 	// Read at once, so that a store that does not answer leaves the
 	// others their whole BacklogTimeout.
@@ -424,6 +445,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		b.age, b.due = max(b.age, got.Age), b.due+got.Due
 		b.retryingAge, b.retrying, b.parked = max(b.retryingAge, got.RetryingAge), b.retrying+got.Retrying, b.parked+got.Parked
+		b.held += got.Held
 	}
 	for _, prefix := range prefixes {
 		if b := backlogs[prefix]; !b.failed {
@@ -432,6 +454,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.retryingMarkers, prometheus.GaugeValue, float64(b.retrying), prefix)
 			ch <- prometheus.MustNewConstMetric(c.retryingAge, prometheus.GaugeValue, b.retryingAge.Seconds(), prefix)
 			ch <- prometheus.MustNewConstMetric(c.parkedMarkers, prometheus.GaugeValue, float64(b.parked), prefix)
+			ch <- prometheus.MustNewConstMetric(c.heldMarkers, prometheus.GaugeValue, float64(b.held), prefix)
 		}
 	}
 
