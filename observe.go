@@ -49,7 +49,7 @@ type Observer interface {
 	// ObservePage is called after each page of a pass is settled, just
 	// after ObserveLags for its cleared markers, with what the page did:
 	// its counts by outcome (Cleared, Failed, Retried, Parked, Deferred,
-	// Malformed, Foreign, LiveAgain, Duplicates) and of calls (Scanned,
+	// Malformed, Foreign, LiveAgain, Duplicates, Held, WouldClear) and of calls (Scanned,
 	// ScanCalls, DeleteCalls, PutCalls, ClearCalls, FailedCalls,
 	// TimedOutCalls, PanickedCalls) and its BudgetWait; Duration, MaxLag,
 	// NextDue and BatchSize are zero. A last call just before ObservePass carries what the pass did

@@ -75,16 +75,10 @@ type Options struct {
 	BacklogLimit int
 }
 
-// The outcomes of retention.markers, in the order of outcomeCounts: the
-// first pageOutcomes counted page by page (ObservePage), the rest at the
-// end of each pass (ObservePass).
+// The outcomes of retention.markers, in the order of outcomeCounts, all
+// counted page by page (ObservePage).
 var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate",
 	"held", "would_clear"}
-
-// pageOutcomes is how many of outcomes come page by page. The Stats of
-// retention's ObservePage calls do not carry Held and WouldClear, only
-// those of ObservePass do: counted from both, they would not add up.
-const pageOutcomes = 9
 
 // outcomeCounts returns the counts of st by outcome, in the order of
 // outcomes.
@@ -286,16 +280,10 @@ func (o *Observer) attrs(prefix string) *attrs {
 }
 
 // ObservePass implements retention.Observer. It counts the pass, its
-// duration and its held and would-clear markers; its other markers and its
-// calls were counted page by page (ObservePage).
+// duration; its markers and calls were counted page by page
+// (ObservePage).
 func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 	a, ctx := o.attrs(prefix), context.Background()
-	counts := outcomeCounts(&st)
-	for i := pageOutcomes; i < len(outcomes); i++ {
-		if counts[i] > 0 {
-			o.markers.Add(ctx, int64(counts[i]), a.outcome[i])
-		}
-	}
 	o.passes.Add(ctx, 1, a.result[passResult(err)])
 	o.duration.Record(ctx, st.Duration.Seconds(), a.record...)
 	if st.BatchSize > 0 {
@@ -304,13 +292,13 @@ func (o *Observer) ObservePass(prefix string, st retention.Stats, err error) {
 }
 
 // ObservePage implements retention.Observer. It counts a page's markers by
-// outcome (held and would_clear aside: see ObservePass) and its clear
+// outcome and its clear
 // calls, so that the counters advance with the lag histogram: a collection
 // in the middle of a pass sees as many cleared markers as lags.
 func (o *Observer) ObservePage(prefix string, page retention.Stats) {
 	a, ctx := o.attrs(prefix), context.Background()
 	counts := outcomeCounts(&page)
-	for i, n := range counts[:pageOutcomes] {
+	for i, n := range counts {
 		if n > 0 {
 			o.markers.Add(ctx, int64(n), a.outcome[i])
 		}

@@ -81,16 +81,10 @@ type Options struct {
 	BacklogTimeout time.Duration
 }
 
-// The outcomes of retention_markers_total, in the order of outcomeCounts:
-// the first pageOutcomes counted page by page (ObservePage), the rest at
-// the end of each pass (ObservePass).
+// The outcomes of retention_markers_total, in the order of outcomeCounts,
+// all counted page by page (ObservePage).
 var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate",
 	"held", "would_clear"}
-
-// pageOutcomes is how many of outcomes come page by page. The Stats of
-// retention's ObservePage calls do not carry Held and WouldClear, only
-// those of ObservePass do: counted from both, they would not add up.
-const pageOutcomes = 9
 
 // outcomeCounts returns the counts of st by outcome, in the order of
 // outcomes.
@@ -287,19 +281,15 @@ func (c *Collector) get(prefix string) *series {
 }
 
 // ObservePass implements retention.Observer. It counts the pass, its
-// duration and its held and would-clear markers; its other markers and its
-// calls were counted page by page (ObservePage).
+// duration; its markers and calls were counted page by page
+// (ObservePage).
 func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 	result := passResult(err)
 	d := st.Duration.Seconds()
 	i := sort.SearchFloat64s(c.opts.DurationBuckets, d)
-	counts := outcomeCounts(&st)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(prefix)
-	for j := pageOutcomes; j < len(outcomes); j++ {
-		s.markers[j] += uint64(counts[j])
-	}
 	s.passes[result]++
 	s.batchSize = st.BatchSize
 	s.duration.counts[i]++
@@ -307,7 +297,7 @@ func (c *Collector) ObservePass(prefix string, st retention.Stats, err error) {
 }
 
 // ObservePage implements retention.Observer. It counts a page's markers by
-// outcome (held and would_clear aside: see ObservePass) and its clear
+// outcome and its clear
 // calls, so that the counters advance with the lag histogram: a scrape in
 // the middle of a pass sees as many cleared markers as lags.
 func (c *Collector) ObservePage(prefix string, page retention.Stats) {
@@ -315,7 +305,7 @@ func (c *Collector) ObservePage(prefix string, page retention.Stats) {
 	defer c.mu.Unlock()
 	s := c.get(prefix)
 	counts := outcomeCounts(&page)
-	for i, n := range counts[:pageOutcomes] {
+	for i, n := range counts {
 		s.markers[i] += uint64(n)
 	}
 	s.clearCalls += uint64(page.ClearCalls)
