@@ -220,7 +220,7 @@ type hidesDeadlines struct{ *retention.MemKV }
 
 func (k hidesDeadlines) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
 	keys, err := k.MemKV.Scan(ctx, start, end, limit)
-	return slices.DeleteFunc(keys, func(key []byte) bool { return bytes.Contains(key, []byte("/h/")) }), err
+	return slices.DeleteFunc(keys, func(key []byte) bool { return bytes.Contains(key, []byte("/d0/")) }), err
 }
 
 func BenchmarkMemKV(b *testing.B) {
