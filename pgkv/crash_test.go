@@ -32,6 +32,7 @@ import (
 const (
 	crashEnvTables = "RETENTION_PGCRASH_TABLES" // markers,jobs,cleared
 	crashEnvSeed   = "RETENTION_PGCRASH_SEED"   // the child's seed
+	crashEnvHold   = "RETENTION_PGCRASH_HOLD"   // the holds' base, Unix milliseconds
 
 	pgCrashPrefix    = "crash/"
 	pgCrashExpired   = 20000
@@ -39,20 +40,80 @@ const (
 	pgCrashPoison    = 300 // expired ids whose delete fails half the time
 	pgCrashKills     = 24
 	pgCrashTimeout   = 20 * time.Millisecond // the child's ClearTimeout
+
+	// Held jobs: one in pgCrashHeldEvery of the first pgCrashHeldAmong
+	// expired ids (2% of the jobs, among the first ids, which are the
+	// ones the children reach), each held until a moment of its own
+	// between pgCrashHoldFrom and pgCrashHoldFrom+pgCrashHoldSpan after
+	// the kills start: most children meet holds, and every hold is over
+	// before the final sweep.
+	pgCrashHeldEvery = 10
+	pgCrashHeldAmong = 4000
+	pgCrashHoldFrom  = 10 * time.Second
+	pgCrashHoldSpan  = 20 * time.Second
 )
+
+// pgCrashHold returns the end of the hold on the job id, held from the
+// moment base, and whether id is held at all.
+func pgCrashHold(base time.Time, id string) (time.Time, bool) {
+	i, err := strconv.Atoi(id[1:])
+	if err != nil || id[0] != 'x' || i >= pgCrashHeldAmong || i%pgCrashHeldEvery != 7 {
+		return time.Time{}, false
+	}
+	spread := time.Duration(i*7919%int(pgCrashHoldSpan/time.Millisecond)) * time.Millisecond
+	return base.Add(pgCrashHoldFrom + spread), true
+}
+
+// pgCrashHolds returns the hold check of the crash test's clears: the ids
+// of the call still held at now get retention.Hold with their hold's end.
+// An AtomicKV's clear that holds refuses the whole call, changing nothing,
+// so it names the held ids in a retention.BatchError (the sweep sends the
+// others again), or returns one Hold for the whole call when every id of
+// it is held until the same moment.
+func pgCrashHolds(base time.Time, now func() time.Time) func(ids []string) error {
+	return func(ids []string) error {
+		t := now()
+		perID := retention.BatchError{}
+		var last time.Time
+		same, n := true, 0
+		for _, id := range ids {
+			if until, ok := pgCrashHold(base, id); ok && t.Before(until) {
+				n++
+				perID[id] = retention.Hold(until)
+				same = same && (last.IsZero() || until.Equal(last))
+				last = until
+			}
+		}
+		switch {
+		case len(perID) == 0:
+			return nil
+		case n == len(ids) && same:
+			return retention.Hold(last)
+		}
+		return perID
+	}
+}
 
 // TestCrashAtomic: a child process sweeps 20,000 expired and 2,000
 // unexpired jobs through an AtomicKV whose ClearFunc deletes the jobs and
-// records every cleared id with its transaction id in a cleared table, in
-// the transaction that deletes their markers. A trigger fails the delete of
-// poison jobs half the time, so batches fail, bisect and reschedule their
-// markers; some batches sleep about as long as the ClearTimeout, so
-// timeouts fire while the batch may still commit. The child is killed with
-// SIGKILL at random moments, right after a reschedule, right after a
-// timed-out batch, pgCrashKills times. After every kill one REPEATABLE
-// READ snapshot must show: every job present has exactly one marker and
-// every marker a job, no id cleared by two committed transactions, and no
-// unexpired job touched. A final clean sweep must leave no expired job.
+// records every cleared id with its transaction id and the time in a
+// cleared table, in the transaction that deletes their markers. A trigger
+// fails the delete of poison jobs half the time, so batches fail, bisect
+// and reschedule their markers; some batches sleep about as long as the
+// ClearTimeout, so timeouts fire while the batch may still commit. Some
+// jobs are held (pgCrashHold): until its hold ends the ClearFunc refuses a
+// call that holds one, and the sweep moves their markers to held keys.
+// The child is killed with SIGKILL at random moments, right after a
+// reschedule, right after a timed-out batch, right after a refused call,
+// pgCrashKills times. After every kill one REPEATABLE READ snapshot must
+// show: every job present, held ones included, has exactly one marker and
+// every marker a job, no id cleared by two committed transactions, no
+// unexpired job touched, no held job cleared before its hold's end, and a
+// held key only for a held job, at its hold's end (or just after the
+// check, where the hold ended before the sweep moved the marker: it is
+// then put off by the RetryDelay). A final clean sweep,
+// once every hold is over, must leave no expired job: every job, held ones
+// included, is cleared exactly once.
 func TestCrashAtomic(t *testing.T) {
 	if tables := os.Getenv(crashEnvTables); tables != "" {
 		crashAtomicChild(t, tables)
@@ -64,9 +125,10 @@ func TestCrashAtomic(t *testing.T) {
 	admin := connect(t)
 	ctx := context.Background()
 	markers := freshTable(t, admin)
-	jobs, cleared := markers+"_jobs", markers+"_cleared"
+	jobs, cleared, held := markers+"_jobs", markers+"_cleared", markers+"_held"
 	_, err := admin.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (id text PRIMARY KEY, expired bool NOT NULL, poison bool NOT NULL);
-CREATE TABLE %[2]s (id text NOT NULL, txid bigint NOT NULL);
+CREATE TABLE %[2]s (id text NOT NULL, txid bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE %[3]s (id text PRIMARY KEY, until_ms bigint NOT NULL);
 CREATE FUNCTION %[1]s_poison() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	IF OLD.poison AND random() < 0.5 THEN
@@ -74,10 +136,10 @@ BEGIN
 	END IF;
 	RETURN OLD;
 END $$;
-CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s_poison()`, jobs, cleared))
+CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s_poison()`, jobs, cleared, held))
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+", "+cleared+"; DROP FUNCTION IF EXISTS "+jobs+"_poison()")
+		_, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+", "+cleared+", "+held+"; DROP FUNCTION IF EXISTS "+jobs+"_poison()")
 	})
 
 	seed := rand.Uint64()
@@ -108,30 +170,52 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	_, err = admin.Exec(ctx, "INSERT INTO "+markers+" SELECT unnest($1::bytea[])", keys)
 	require.NoError(t, err)
 
+	// The holds, timed from the start of the kills.
+	holdBase := time.UnixMilli(time.Now().UnixMilli())
+	lastHold := holdBase.Add(pgCrashHoldFrom + pgCrashHoldSpan)
+	var heldIDs []string
+	var untils []int64
+	for _, id := range ids {
+		if until, ok := pgCrashHold(holdBase, id); ok {
+			heldIDs, untils = append(heldIDs, id), append(untils, until.UnixMilli())
+		}
+	}
+	_, err = admin.Exec(ctx, "INSERT INTO "+held+" SELECT * FROM unnest($1::text[], $2::bigint[])", heldIDs, untils)
+	require.NoError(t, err)
+	tb := pgCrashTables{markers: markers, jobs: jobs, cleared: cleared, held: held}
+
 	tables := strings.Join([]string{markers, jobs, cleared}, ",")
 	start := time.Now()
 	modes := map[string]int{}
+	holds := pgCrashHoldCount{ids: map[string]bool{}}
 	var worst pgCrashState
 	for kill := 1; kill <= pgCrashKills; kill++ {
 		// Where to kill: at a random moment, after the k-th batch cleared,
-		// right after the k-th reschedule, or right after the k-th batch
-		// whose timeout fired.
-		mode := []string{"time", "cleared", "resched", "timeout"}[rng.IntN(4)]
+		// right after the k-th reschedule, right after the k-th batch
+		// whose timeout fired, or right after the k-th call refused for a
+		// hold (while holds last).
+		mode := []string{"time", "cleared", "resched", "timeout", "hold"}[rng.IntN(5)]
+		if mode == "hold" && time.Until(lastHold) < 5*time.Second {
+			mode = "time"
+		}
 		k := 1 + rng.IntN(5)
 		delay := time.Duration(rng.Int64N(int64(400 * time.Millisecond)))
 		modes[mode]++
 
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashAtomic$", "-test.count=1")
-		cmd.Env = append(os.Environ(), crashEnvTables+"="+tables, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10))
+		cmd.Env = append(os.Environ(), crashEnvTables+"="+tables, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
+			crashEnvHold+"="+strconv.FormatInt(holdBase.UnixMilli(), 10))
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		require.NoError(t, cmd.Start())
 		lines := make(chan string, 1024)
+		childHolds := pgCrashHoldCount{ids: map[string]bool{}} // the reader's until lines closes
 		go func() {
 			sc := bufio.NewScanner(stdout)
 			for sc.Scan() {
+				childHolds.add(sc.Text())
 				lines <- sc.Text()
 			}
 			close(lines)
@@ -165,74 +249,142 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 		err = cmd.Wait()
 		var exit *exec.ExitError
 		require.ErrorAs(t, err, &exit, "kill %d:\n%s", kill, stderr.String())
+		holds.merge(childHolds)
 
-		st := pgCrashCheck(t, admin, markers, jobs, cleared)
-		t.Logf("kill %2d (%s %d; child saw %v): %s", kill, mode, k, seen, st)
+		st := pgCrashCheck(t, admin, tb, time.Now())
+		t.Logf("kill %2d (%s %d; child saw %v; %s): %s", kill, mode, k, seen, childHolds, st)
 		worst = worst.max(st)
 	}
-	t.Logf("%d kills in %v (%v)", pgCrashKills, time.Since(start).Round(time.Millisecond), modes)
+	t.Logf("%d kills in %v (%v); children's holds: %s", pgCrashKills, time.Since(start).Round(time.Millisecond), modes, holds)
 
-	// A clean sweep: no poison, no sleep, every retry due.
+	// A clean sweep, once every hold is over: no poison, no sleep, every
+	// retry due. Its clear still refuses a job held at the moment, so
+	// that one cleared too early would show.
+	if d := time.Until(lastHold); d > 0 {
+		t.Logf("waiting %v for the last hold to end", d.Round(time.Millisecond))
+		time.Sleep(d)
+	}
 	_, err = admin.Exec(ctx, "DROP TRIGGER poison ON "+jobs)
 	require.NoError(t, err)
-	s := pgCrashSweep(t, admin, markers, jobs, cleared, retention.NewManualClock(now.Add(10*time.Minute)), nil, nil)
+	s := pgCrashSweep(t, admin, markers, jobs, cleared, retention.NewManualClock(now.Add(10*time.Minute)), nil, nil, pgCrashHolds(holdBase, time.Now))
 	for range 10 {
 		st, err := s.Pass(ctx)
 		require.NoError(t, err)
-		if st.Cleared == 0 && st.Failed == 0 {
+		if st.Cleared == 0 && st.Failed == 0 && st.Held == 0 {
 			break
 		}
 	}
-	final := pgCrashCheck(t, admin, markers, jobs, cleared)
+	final := pgCrashCheck(t, admin, tb, time.Now())
 	t.Logf("after the final sweep: %s", final)
 	worst = worst.max(final)
 	assert.Zero(t, final.expiredLeft, "expired jobs left after the final sweep")
 	assert.Equal(t, pgCrashExpired, final.clearedIDs, "every expired id was cleared")
+	assert.Equal(t, len(heldIDs), final.heldCleared, "every held id was cleared")
+	assert.NotEmpty(t, holds.ids, "no child refused a call for a hold: the test did not exercise holds")
 	assert.Zero(t, worst.lost, "a job without a marker: it is never cleared")
 	assert.Zero(t, worst.orphans, "a marker without its job: cleared again")
 	assert.Zero(t, worst.dupMarkers, "an id with two markers")
 	assert.Zero(t, worst.doubleCleared, "an id cleared by two committed transactions")
 	assert.Zero(t, worst.unexpiredTouched, "an unexpired job touched")
+	assert.Zero(t, worst.heldEarly, "a held job cleared before its hold's end")
+	assert.Zero(t, worst.badHeldKeys, "a held key of a job not held, or not at its hold's end")
+}
+
+// pgCrashTables are the crash test's tables: the markers, the jobs, the
+// ids cleared, and the held ids with their holds' ends.
+type pgCrashTables struct{ markers, jobs, cleared, held string }
+
+// pgCrashHoldCount counts the holds children returned, from the lines
+// their clears print.
+type pgCrashHoldCount struct {
+	calls, whole, n int // refused calls, those refused with one Hold, ids held
+	ids             map[string]bool
+}
+
+// add counts line when it tells of a hold: "hold batch|whole <id>...".
+func (c *pgCrashHoldCount) add(line string) {
+	f := strings.Fields(line)
+	if len(f) < 3 || f[0] != "hold" {
+		return
+	}
+	c.calls++
+	if f[1] == "whole" {
+		c.whole++
+	}
+	for _, id := range f[2:] {
+		c.n++
+		c.ids[id] = true
+	}
+}
+
+func (c *pgCrashHoldCount) merge(o pgCrashHoldCount) {
+	c.calls, c.whole, c.n = c.calls+o.calls, c.whole+o.whole, c.n+o.n
+	for id := range o.ids {
+		c.ids[id] = true
+	}
+}
+
+func (c pgCrashHoldCount) String() string {
+	return fmt.Sprintf("%d holds of %d ids in %d refused calls (%d by one Hold)", c.n, len(c.ids), c.calls, c.whole)
 }
 
 // pgCrashState is what one snapshot shows.
 type pgCrashState struct {
 	expiredLeft, clearedIDs                  int
+	heldKeys, heldCleared                    int
 	lost, orphans, dupMarkers, doubleCleared int
-	unexpiredTouched                         int
+	unexpiredTouched, heldEarly, badHeldKeys int
 }
 
 func (s pgCrashState) String() string {
-	return fmt.Sprintf("%d expired left, %d ids cleared; violations: %d jobs without marker, %d markers without job, %d ids with several markers, %d ids cleared twice, %d unexpired touched",
-		s.expiredLeft, s.clearedIDs, s.lost, s.orphans, s.dupMarkers, s.doubleCleared, s.unexpiredTouched)
+	return fmt.Sprintf("%d expired left, %d ids cleared, %d held keys, %d held ids cleared; violations: %d jobs without marker, %d markers without job, %d ids with several markers, %d ids cleared twice, %d unexpired touched, %d held cleared early, %d bad held keys",
+		s.expiredLeft, s.clearedIDs, s.heldKeys, s.heldCleared, s.lost, s.orphans, s.dupMarkers, s.doubleCleared, s.unexpiredTouched, s.heldEarly, s.badHeldKeys)
 }
 
 func (s pgCrashState) max(o pgCrashState) pgCrashState {
 	return pgCrashState{
-		expiredLeft: o.expiredLeft, clearedIDs: o.clearedIDs,
+		expiredLeft: o.expiredLeft, clearedIDs: o.clearedIDs, heldKeys: o.heldKeys, heldCleared: o.heldCleared,
 		lost: max(s.lost, o.lost), orphans: max(s.orphans, o.orphans), dupMarkers: max(s.dupMarkers, o.dupMarkers),
 		doubleCleared: max(s.doubleCleared, o.doubleCleared), unexpiredTouched: max(s.unexpiredTouched, o.unexpiredTouched),
+		heldEarly: max(s.heldEarly, o.heldEarly), badHeldKeys: max(s.badHeldKeys, o.badHeldKeys),
 	}
 }
 
-// pgCrashCheck reads one REPEATABLE READ snapshot of the three tables.
-func pgCrashCheck(t testing.TB, admin *pgxpool.Pool, markers, jobs, cleared string) pgCrashState {
+// pgCrashCheck reads one REPEATABLE READ snapshot of the tables, taken
+// after now. A held job is cleared early when the cleared table has it
+// before its hold's end, or when it is gone though its hold ends after
+// now. A held key must be a held job's, at its hold's end, or up to a
+// second later (a hold that ended as the sweep moved the marker is put
+// off by the RetryDelay).
+func pgCrashCheck(t testing.TB, admin *pgxpool.Pool, tb pgCrashTables, now time.Time) pgCrashState {
 	t.Helper()
 	var s pgCrashState
 	ctx := context.Background()
 	err := pgx.BeginTxFunc(ctx, admin, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `WITH m AS (SELECT regexp_replace(convert_from(key, 'UTF8'), '^.*/', '') AS id FROM `+markers+`), -- the id, after the last '/' of a marker or a retry key
-mc AS (SELECT id, count(*) AS n FROM m GROUP BY id)
+		return tx.QueryRow(ctx, `WITH m AS (SELECT regexp_replace(convert_from(key, 'UTF8'), '^.*/', '') AS id FROM `+tb.markers+`), -- the id, after the last '/' of a marker or a retry key
+mc AS (SELECT id, count(*) AS n FROM m GROUP BY id),
+hk AS (SELECT r[1]::bigint AS until_ms, r[2] AS id FROM (
+	SELECT regexp_match(convert_from(key, 'UTF8'), '^`+pgCrashPrefix+`r([0-9]{20})/[0-9]{20}/h/(.+)$') AS r FROM `+tb.markers+`
+	WHERE key >= '`+pgCrashPrefix+`r' AND key < '`+pgCrashPrefix+`s') k -- the retry range
+	WHERE r IS NOT NULL)
 SELECT
-	(SELECT count(*) FROM `+jobs+` WHERE expired),
-	(SELECT count(DISTINCT id) FROM `+cleared+`),
-	(SELECT count(*) FROM `+jobs+` j WHERE NOT EXISTS (SELECT 1 FROM mc WHERE mc.id = j.id)),
-	(SELECT count(*) FROM mc WHERE NOT EXISTS (SELECT 1 FROM `+jobs+` j WHERE j.id = mc.id)),
+	(SELECT count(*) FROM `+tb.jobs+` WHERE expired),
+	(SELECT count(DISTINCT id) FROM `+tb.cleared+`),
+	(SELECT count(*) FROM hk),
+	(SELECT count(DISTINCT id) FROM `+tb.cleared+` c WHERE EXISTS (SELECT 1 FROM `+tb.held+` h WHERE h.id = c.id)),
+	(SELECT count(*) FROM `+tb.jobs+` j WHERE NOT EXISTS (SELECT 1 FROM mc WHERE mc.id = j.id)),
+	(SELECT count(*) FROM mc WHERE NOT EXISTS (SELECT 1 FROM `+tb.jobs+` j WHERE j.id = mc.id)),
 	(SELECT count(*) FROM mc WHERE n > 1),
-	(SELECT count(*) FROM (SELECT id FROM `+cleared+` GROUP BY id HAVING count(DISTINCT txid) > 1) d),
-	`+strconv.Itoa(pgCrashUnexpired)+` - (SELECT count(*) FROM `+jobs+` j JOIN mc ON mc.id = j.id AND mc.n = 1 WHERE NOT j.expired)
-		+ (SELECT count(*) FROM `+cleared+` WHERE id LIKE 'u%')`).Scan(
-			&s.expiredLeft, &s.clearedIDs, &s.lost, &s.orphans, &s.dupMarkers, &s.doubleCleared, &s.unexpiredTouched)
+	(SELECT count(*) FROM (SELECT id FROM `+tb.cleared+` GROUP BY id HAVING count(DISTINCT txid) > 1) d),
+	`+strconv.Itoa(pgCrashUnexpired)+` - (SELECT count(*) FROM `+tb.jobs+` j JOIN mc ON mc.id = j.id AND mc.n = 1 WHERE NOT j.expired)
+		+ (SELECT count(*) FROM `+tb.cleared+` WHERE id LIKE 'u%'),
+	(SELECT count(*) FROM `+tb.held+` h WHERE
+		EXISTS (SELECT 1 FROM `+tb.cleared+` c WHERE c.id = h.id AND c.at < timestamptz 'epoch' + h.until_ms * interval '1 millisecond')
+		OR (h.until_ms > $1::bigint AND NOT EXISTS (SELECT 1 FROM `+tb.jobs+` j WHERE j.id = h.id))),
+	(SELECT count(*) FROM hk LEFT JOIN `+tb.held+` h ON h.id = hk.id
+		WHERE h.id IS NULL OR hk.until_ms NOT BETWEEN h.until_ms AND greatest(h.until_ms, $1::bigint) + 1000)`, now.UnixMilli()).Scan(
+			&s.expiredLeft, &s.clearedIDs, &s.heldKeys, &s.heldCleared, &s.lost, &s.orphans, &s.dupMarkers, &s.doubleCleared,
+			&s.unexpiredTouched, &s.heldEarly, &s.badHeldKeys)
 	})
 	require.NoError(t, err)
 	return s
@@ -241,8 +393,9 @@ SELECT
 // pgCrashSweep makes the sweep of the crash test over a wrapper of its
 // AtomicKV. sleep, when not nil, gives the seconds a batch sleeps before it
 // commits (0: none); say, when not nil, is told of each reschedule, cleared
-// batch and timed-out batch.
-func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared string, clock retention.Clock, sleep func() float64, say func(string)) *retention.Sweep {
+// batch, timed-out batch and call refused for a hold; hold, when not nil,
+// runs last in each call of the ClearFunc, which returns its error.
+func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared string, clock retention.Clock, sleep func() float64, say func(string), hold func([]string) error) *retention.Sweep {
 	t.Helper()
 	kv, err := pgkv.New(pool, markers)
 	require.NoError(t, err)
@@ -253,6 +406,12 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 			if s := sleep(); s > 0 {
 				b.Queue("SELECT pg_sleep($1::float8)", s)
 			}
+		}
+		// Refused after the statements are queued: a ClearFunc's error
+		// sends nothing of what it queued, and a held job deleted early
+		// would show it did.
+		if hold != nil {
+			return hold(ids)
 		}
 		return nil
 	})
@@ -267,6 +426,10 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 	}
 	if sleep != nil {
 		cfg.ClearTimeout, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.Interval = pgCrashTimeout, 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+		// Pages a child settles several of before its kill: the markers
+		// of failed and held ids move when their page is settled, and the
+		// kills are to land after those moves too.
+		cfg.PageSize = 200
 	}
 	s, err := retention.New(&crashKV{akv: akv, say: say}, cfg)
 	require.NoError(t, err)
@@ -307,7 +470,18 @@ func (c *crashKV) Move(ctx context.Context, from, to [][]byte) error {
 
 func (c *crashKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
 	err := c.akv.ClearAndDelete(ctx, ids, keys)
+	var perID retention.BatchError
 	switch {
+	case errors.As(err, &perID):
+		var heldIDs []string
+		for id, e := range perID {
+			if errors.Is(e, retention.ErrHeld) {
+				heldIDs = append(heldIDs, id)
+			}
+		}
+		c.say("hold batch " + strings.Join(heldIDs, " "))
+	case errors.Is(err, retention.ErrHeld):
+		c.say("hold whole " + strings.Join(ids, " "))
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		c.say(fmt.Sprintf("timeout %d err=%v", len(ids), err != nil))
 	case err == nil:
@@ -320,6 +494,8 @@ func (c *crashKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byt
 func crashAtomicChild(t *testing.T, tables string) {
 	parts := strings.Split(tables, ",")
 	seed, err := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
+	require.NoError(t, err)
+	holdMs, err := strconv.ParseInt(os.Getenv(crashEnvHold), 10, 64)
 	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	var mu sync.Mutex
@@ -344,7 +520,7 @@ func crashAtomicChild(t *testing.T, tables string) {
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
-	s := pgCrashSweep(t, pool, parts[0], parts[1], parts[2], nil, sleep, say)
+	s := pgCrashSweep(t, pool, parts[0], parts[1], parts[2], nil, sleep, say, pgCrashHolds(time.UnixMilli(holdMs), time.Now))
 	err = s.Run(context.Background())
 	t.Fatalf("Run returned: %v", err)
 }

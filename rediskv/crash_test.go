@@ -44,6 +44,14 @@ const (
 	rcrashKills     = 24
 	rcrashChild     = "rcrash-child" // the children's client name, in CLIENT LIST
 	rcrashTimeout   = 100 * time.Millisecond
+
+	// Held entities: one expired id in rcrashHeldEvery (2%), each held
+	// until a moment of its own between rcrashHoldFrom and
+	// rcrashHoldFrom+rcrashHoldSpan after the parent's start: most
+	// children meet holds, and every hold is over before the final pass.
+	rcrashHeldEvery = 50
+	rcrashHoldFrom  = 10 * time.Second
+	rcrashHoldSpan  = 20 * time.Second
 )
 
 // rcrashBase is "now" when the test starts: the unexpired entities
@@ -62,6 +70,20 @@ func rcrashPoison(id string) bool {
 	i, err := strconv.Atoi(id[1:])
 	return err == nil && id[0] == 'x' && i%101 == 0
 }
+
+// rcrashHold returns the end of the hold on id, on the children's clock
+// (rcrashClock), and whether id is held at all.
+func rcrashHold(id string) (time.Time, bool) {
+	i, err := strconv.Atoi(id[1:])
+	if err != nil || id[0] != 'x' || i%rcrashHeldEvery != 7 {
+		return time.Time{}, false
+	}
+	spread := time.Duration(i*7919%int(rcrashHoldSpan/time.Millisecond)) * time.Millisecond
+	return rcrashBase.Add(rcrashHoldFrom + spread), true
+}
+
+// rcrashHoldEnd is when the last hold ends, on the children's clock.
+var rcrashHoldEnd = rcrashBase.Add(rcrashHoldFrom + rcrashHoldSpan)
 
 // rcrashMarker is the marker the test writes for an entity: expired ones
 // spread over a few seconds two hours back.
@@ -106,9 +128,14 @@ func (c rcrashClock) Now() time.Time { return rcrashBase.Add(time.Since(c.start)
 // the AtomicKV fails every batch that holds a poison id (the sweep bisects
 // it down to the id and reschedules its marker), and lets about one clear
 // in twelve commit and then wait past ClearTimeout before it returns, as a
-// reply lost after the commit. The parent kills a child at a random
-// moment: early, after some commits, right after a reschedule (Put or
-// Move), or right after a batch whose ClearTimeout fired.
+// reply lost after the commit. One expired id in 50 is held (rcrashHold):
+// until its hold ends the wrapper refuses a batch that holds one, changing
+// nothing, with a retention.BatchError naming the held ids (one Hold for
+// the whole call when all its ids are held until the same moment), and the
+// sweep moves their markers to held keys. The parent kills a child at a
+// random moment: early, after some commits, right after a reschedule (Put
+// or Move), right after a batch whose ClearTimeout fired, or right after a
+// batch refused for a hold.
 //
 // The parent counts every committed clear of every id: MONITOR, on a
 // connection of its own, shows each command a script runs, and the clear
@@ -122,9 +149,12 @@ func (c rcrashClock) Now() time.Time { return rcrashBase.Add(time.Since(c.start)
 // one marker of its id does (a state without a marker is lost, a marker
 // without a state will clear its id again, two markers may clear it
 // twice); a state is gone exactly when its id was committed; unexpired
-// entities are untouched. Finally one pass in this process, without
-// faults, clears the rest, and every expired id was committed exactly
-// once.
+// entities are untouched; no held id was committed before its hold's end
+// (by the time MONITOR shows), nor is gone while its hold lasts; a held
+// key is a held id's, at its hold's end (or, where the hold ended before
+// the move, at most a second after the check). Finally, once every hold
+// is over, one pass in this process, without faults, clears the rest, and
+// every expired id, held ones included, was committed exactly once.
 func TestCrashAtomic(t *testing.T) {
 	if set := os.Getenv(rcrashEnvSet); set != "" {
 		rcrashRun(t, set)
@@ -151,16 +181,19 @@ func TestCrashAtomic(t *testing.T) {
 
 	v := &rcrashViolations{}
 	kinds := map[string]int{}
+	holds := rcrashHoldCount{ids: map[string]bool{}}
 	for n := 1; n <= rcrashKills; n++ {
 		// How to pick the moment: at random early on, or on the k-th line
-		// the child prints of a kind.
+		// the child prints of a kind; on a hold's only while holds last.
 		kind, k := "early", 0
-		switch r := rng.IntN(20); {
+		switch r := rng.IntN(24); {
 		case r < 4:
 		case r < 9:
 			kind, k = "clear", 1+rng.IntN(25)
 		case r < 15:
 			kind, k = "reschedule", 1+rng.IntN(12)
+		case r < 19 && rcrashHoldEnd.Sub(rcrashClock{start}.Now()) > 5*time.Second:
+			kind, k = "hold", 1+rng.IntN(4)
 		default:
 			kind, k = "timeout", 1+rng.IntN(3)
 		}
@@ -177,10 +210,12 @@ func TestCrashAtomic(t *testing.T) {
 		cmd.Stderr = &stderr
 		require.NoError(t, cmd.Start())
 		lines := make(chan string, 1024)
+		childHolds := rcrashHoldCount{ids: map[string]bool{}} // the reader's until lines closes
 		go func() {
 			defer close(lines)
 			sc := bufio.NewScanner(stdout)
 			for sc.Scan() {
+				childHolds.add(sc.Text())
 				lines <- sc.Text()
 			}
 		}()
@@ -198,8 +233,14 @@ func TestCrashAtomic(t *testing.T) {
 			require.Failf(t, "child exited by itself", "child %d: %s\n%s", n, ps, stderr.String())
 		}
 		kinds[got]++
+		holds.merge(childHolds)
 		rcrashSettle(t, admin, mon, n)
-		v.check(t, admin, set, mon, n, got)
+		v.check(t, admin, set, mon, start, n, got)
+	}
+
+	if d := rcrashHoldEnd.Sub(rcrashClock{start}.Now()); d > 0 {
+		t.Logf("waiting %v for the last hold to end", d.Round(time.Millisecond))
+		time.Sleep(d)
 	}
 
 	// One pass without faults clears the rest, rescheduled markers and
@@ -218,7 +259,7 @@ func TestCrashAtomic(t *testing.T) {
 	st, err := s.Pass(ctx)
 	require.NoError(t, err)
 	rcrashSettle(t, admin, mon, rcrashKills+1)
-	v.check(t, admin, set, mon, rcrashKills+1, "final")
+	v.check(t, admin, set, mon, start, rcrashKills+1, "final")
 	left, err := admin.ZCard(ctx, set).Result()
 	require.NoError(t, err)
 	assert.Equal(t, int64(rcrashUnexpired), left, "markers left after the final pass: the unexpired ones")
@@ -229,7 +270,8 @@ func TestCrashAtomic(t *testing.T) {
 			once++
 		}
 	}
-	t.Logf("kills by moment: %v; final pass: %d cleared, %d failed", kinds, st.Cleared, st.Failed)
+	t.Logf("kills by moment: %v; final pass: %d cleared, %d failed, %d held", kinds, st.Cleared, st.Failed, st.Held)
+	t.Logf("children's holds: %s; held keys at a check: at most %d", holds, v.heldKeys)
 	t.Logf("expired ids committed exactly once: %d of %d; %s", once, rcrashExpired, v.summary())
 	var afterOrphan, afterDouble, unseen int
 	for id := range v.ids["committed twice"] {
@@ -245,6 +287,7 @@ func TestCrashAtomic(t *testing.T) {
 	t.Logf("ids committed twice: %d seen before with a marker and no state, %d with two markers, %d in neither state at a check",
 		afterOrphan, afterDouble, unseen)
 	assert.Equal(t, rcrashExpired, once, "expired ids committed exactly once")
+	assert.NotEmpty(t, holds.ids, "no child refused a batch for a hold: the test did not exercise holds")
 	v.report(t)
 }
 
@@ -262,7 +305,8 @@ func rcrashWait(lines <-chan string, kind string, k int, d time.Duration) string
 			switch {
 			case kind == "clear" && line == "CLEAR",
 				kind == "reschedule" && (line == "PUT" || line == "MOVE"),
-				kind == "timeout" && line == "TIMEOUT":
+				kind == "timeout" && line == "TIMEOUT",
+				kind == "hold" && strings.HasPrefix(line, "HOLD "):
 				if k--; k == 0 {
 					return kind
 				}
@@ -313,15 +357,51 @@ func rcrashSettle(t *testing.T, admin *redis.Client, mon *monitor, n int) {
 	mon.sync(t, admin, fmt.Sprintf("rcrash-sync-%d", n))
 }
 
+// rcrashHoldCount counts the holds children returned, from their HOLD
+// lines.
+type rcrashHoldCount struct {
+	calls, whole, n int // refused calls, those refused with one Hold, ids held
+	ids             map[string]bool
+}
+
+// add counts line when it tells of a hold: "HOLD batch|whole <id>...".
+func (c *rcrashHoldCount) add(line string) {
+	f := strings.Fields(line)
+	if len(f) < 3 || f[0] != "HOLD" {
+		return
+	}
+	c.calls++
+	if f[1] == "whole" {
+		c.whole++
+	}
+	for _, id := range f[2:] {
+		c.n++
+		c.ids[id] = true
+	}
+}
+
+func (c *rcrashHoldCount) merge(o rcrashHoldCount) {
+	c.calls, c.whole, c.n = c.calls+o.calls, c.whole+o.whole, c.n+o.n
+	for id := range o.ids {
+		c.ids[id] = true
+	}
+}
+
+func (c rcrashHoldCount) String() string {
+	return fmt.Sprintf("%d holds of %d ids in %d refused calls (%d by one Hold)", c.n, len(c.ids), c.calls, c.whole)
+}
+
 // rcrashViolations collects the ids each check after a kill found at
 // fault, by kind of fault, and the first few findings.
 type rcrashViolations struct {
 	ids      map[string]map[string]bool // kind -> ids
 	examples []string
+	heldKeys int // the most held keys a check saw
 }
 
 // The kinds of fault, in the order a check looks for them.
-var rcrashKinds = []string{"committed twice", "lost", "marker without state", "two markers", "state/commit mismatch", "unexpired touched"}
+var rcrashKinds = []string{"committed twice", "lost", "marker without state", "two markers", "state/commit mismatch", "unexpired touched",
+	"held cleared early", "bad held key"}
 
 func (v *rcrashViolations) add(kind, id, format string, args ...any) {
 	if v.ids == nil {
@@ -339,9 +419,12 @@ func (v *rcrashViolations) add(kind, id, format string, args ...any) {
 	}
 }
 
-// check reads the store, with no child running, and checks the invariants.
-func (v *rcrashViolations) check(t *testing.T, admin *redis.Client, set string, mon *monitor, n int, kind string) {
+// check reads the store, with no child running, and checks the
+// invariants. start is the parent's start, from which the children's
+// clocks count.
+func (v *rcrashViolations) check(t *testing.T, admin *redis.Client, set string, mon *monitor, start time.Time, n int, kind string) {
 	ctx := context.Background()
+	now := rcrashClock{start}.Now() // before the reads: a hold that lasts past it lasted through them
 	markers, err := admin.ZRange(ctx, set, 0, -1).Result()
 	require.NoError(t, err)
 	perID := map[string][]string{}
@@ -360,7 +443,7 @@ func (v *rcrashViolations) check(t *testing.T, admin *redis.Client, set string, 
 	}
 	_, err = pipe.Exec(ctx)
 	require.NoError(t, err)
-	commits := mon.snapshot()
+	commits, firstAt := mon.snapshot(), mon.firstCommits()
 	at := fmt.Sprintf("after kill %d (%s)", n, kind)
 	for i := range rcrashExpired {
 		id := rcrashID(true, i)
@@ -378,12 +461,63 @@ func (v *rcrashViolations) check(t *testing.T, admin *redis.Client, set string, 
 			v.add("state/commit mismatch", id, "%s: %s: state present %v, %d commits", at, id, state, c)
 		}
 	}
+	// Held ids: committed only once the hold is over, present while it
+	// lasts; a held key only for a held id, at its hold's end, or later
+	// where the hold ended before the sweep moved the marker (then at most
+	// a RetryDelay after the move, which came before now).
+	heldKeys := 0
+	for id, ms := range perID {
+		for _, m := range ms {
+			keyUntil, ok := rcrashHeldKeyUntil(m)
+			if !ok {
+				continue
+			}
+			heldKeys++
+			until, held := rcrashHold(id)
+			if !held || keyUntil.Before(until) || keyUntil.After(latest(until, now).Add(time.Second)) {
+				v.add("bad held key", id, "%s: held key %q: %s held %v until %s", at, m, id, held, until.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	v.heldKeys = max(v.heldKeys, heldKeys)
+	for i := range rcrashExpired {
+		id := rcrashID(true, i)
+		until, held := rcrashHold(id)
+		if !held {
+			continue
+		}
+		untilReal := start.Add(until.Sub(rcrashBase))
+		if c, ok := firstAt[id]; ok && c.Before(untilReal) {
+			v.add("held cleared early", id, "%s: %s committed at %s, held until %s", at, id, c.Format(time.RFC3339Nano), untilReal.Format(time.RFC3339Nano))
+		}
+		if exists[id].Val() != 1 && until.After(now) {
+			v.add("held cleared early", id, "%s: %s is gone while held until %s", at, id, until.Format(time.RFC3339Nano))
+		}
+	}
 	for i := range rcrashUnexpired {
 		id := rcrashID(false, i)
 		if exists[id].Val() != 1 || commits[id] != 0 || len(perID[id]) != 1 || perID[id][0] != string(rcrashMarker(false, i)) {
 			v.add("unexpired touched", id, "%s: unexpired %s touched: state %d, commits %d, markers %q", at, id, exists[id].Val(), commits[id], perID[id])
 		}
 	}
+}
+
+// rcrashHeldKeyUntil returns the time a held key (runs/r<until>/<finished>/h/<id>)
+// holds its id until, and false for any other key.
+func rcrashHeldKeyUntil(key string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(key, rcrashPrefix+"r")
+	if !ok || len(rest) < 2*retention.TimestampWidth+4 || !strings.HasPrefix(rest[retention.TimestampWidth+1+retention.TimestampWidth:], "/h/") {
+		return time.Time{}, false
+	}
+	ms, err := strconv.ParseInt(rest[:retention.TimestampWidth], 10, 64)
+	return time.UnixMilli(ms), err == nil
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // summary counts the ids at fault, by kind.
@@ -402,7 +536,8 @@ func (v *rcrashViolations) report(t *testing.T) {
 }
 
 // monitor counts, from a MONITOR connection, the commits of the clear
-// script per id: its UNLINKs of state keys under statePrefix.
+// script per id: its UNLINKs of state keys under statePrefix, and keeps
+// the server's time of each id's first.
 type monitor struct {
 	conn        net.Conn
 	statePrefix string
@@ -410,6 +545,7 @@ type monitor struct {
 
 	mu      sync.Mutex
 	commits map[string]int
+	first   map[string]time.Time
 	seen    map[string]chan struct{} // sync tokens waited for
 	err     error
 }
@@ -420,7 +556,7 @@ func newMonitor(t *testing.T, addr, statePrefix string) *monitor {
 	_, err = io.WriteString(conn, "MONITOR\r\n")
 	require.NoError(t, err)
 	m := &monitor{conn: conn, statePrefix: statePrefix, done: make(chan struct{}),
-		commits: map[string]int{}, seen: map[string]chan struct{}{}}
+		commits: map[string]int{}, first: map[string]time.Time{}, seen: map[string]chan struct{}{}}
 	go m.read()
 	t.Cleanup(func() {
 		conn.Close()
@@ -445,8 +581,9 @@ func (m *monitor) read() {
 }
 
 // line takes one line of MONITOR: +<time> [<db> <client>] "cmd" "arg" ...
+// where time is the server's Unix time in seconds, to the microsecond.
 func (m *monitor) line(line string) {
-	_, rest, ok := strings.Cut(line, "[")
+	stamp, rest, ok := strings.Cut(line, "[")
 	if !ok {
 		return
 	}
@@ -462,6 +599,9 @@ func (m *monitor) line(line string) {
 		for _, key := range args[1:] {
 			if id, ok := strings.CutPrefix(key, m.statePrefix); ok {
 				m.commits[id]++
+				if _, ok := m.first[id]; !ok {
+					m.first[id] = monitorTime(stamp)
+				}
 			}
 		}
 	case strings.EqualFold(args[0], "echo") && len(args) == 2:
@@ -489,6 +629,29 @@ func (m *monitor) sync(t *testing.T, admin *redis.Client, token string) {
 	}
 }
 
+// monitorTime parses the time that starts a MONITOR line, "+1700000000.123456 ",
+// or returns the zero time.
+func monitorTime(stamp string) time.Time {
+	sec, usec, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(stamp, "+")), ".")
+	s, err1 := strconv.ParseInt(sec, 10, 64)
+	us, err2 := strconv.ParseInt(usec, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return time.Time{}
+	}
+	return time.Unix(s, us*1000)
+}
+
+// firstCommits returns the server's time of each id's first commit.
+func (m *monitor) firstCommits() map[string]time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]time.Time, len(m.first))
+	for id, at := range m.first {
+		out[id] = at
+	}
+	return out
+}
+
 func (m *monitor) snapshot() map[string]int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -514,12 +677,13 @@ func rcrashRun(t *testing.T, set string) {
 	require.NoError(t, err)
 	akv, err := kv.WithClear(rcrashKeysFunc(set))
 	require.NoError(t, err)
-	f := &faultyKV{AtomicKV: akv, rng: rand.New(rand.NewPCG(seed, seed))}
+	clock := rcrashClock{time.Unix(0, startNs)}
+	f := &faultyKV{AtomicKV: akv, rng: rand.New(rand.NewPCG(seed, seed)), clock: clock}
 	s, err := retention.New(f, retention.Config{
 		Prefix: rcrashPrefix, Retention: rcrashRetention,
 		BatchSize: 50, PageSize: 200, Concurrency: conc,
 		ClearTimeout: rcrashTimeout, RetryDelay: 200 * time.Millisecond, MaxRetryDelay: 2 * time.Second,
-		Clock:  rcrashClock{time.Unix(0, startNs)},
+		Clock:  clock,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
@@ -527,12 +691,14 @@ func rcrashRun(t *testing.T, set string) {
 	t.Fatalf("Run returned %v before the kill", err)
 }
 
-// faultyKV is the child's store: the AtomicKV, with faults in its clears,
-// and a line printed for every write the parent may kill on.
+// faultyKV is the child's store: the AtomicKV, with holds and faults in
+// its clears, and a line printed for every write and refusal the parent
+// may kill on.
 type faultyKV struct {
 	*rediskv.AtomicKV
-	mu  sync.Mutex
-	rng *rand.Rand
+	clock retention.Clock
+	mu    sync.Mutex
+	rng   *rand.Rand
 }
 
 var errPoison = errors.New("rcrash: a poison id is in the batch")
@@ -540,6 +706,9 @@ var errPoison = errors.New("rcrash: a poison id is in the batch")
 func say(line string) { _, _ = os.Stdout.WriteString(line + "\n") }
 
 func (f *faultyKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	if err := f.holds(ids); err != nil {
+		return err
+	}
 	for _, id := range ids {
 		if rcrashPoison(id) {
 			return errPoison // the sweep bisects the batch down to the id
@@ -558,6 +727,36 @@ func (f *faultyKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]by
 		return ctx.Err()
 	}
 	return nil
+}
+
+// holds refuses, changing nothing, a batch that holds an id whose hold
+// lasts: as a ClearDeleter must, with a retention.BatchError naming the
+// held ids with retention.Hold (the sweep sends the others again), or with
+// one Hold for the whole call when every id of it is held until the same
+// moment. It prints "HOLD batch|whole <id>...".
+func (f *faultyKV) holds(ids []string) error {
+	now := f.clock.Now()
+	perID := retention.BatchError{}
+	var held []string
+	var last time.Time
+	same := true
+	for _, id := range ids {
+		if until, ok := rcrashHold(id); ok && now.Before(until) {
+			perID[id] = retention.Hold(until)
+			held = append(held, id)
+			same = same && (last.IsZero() || until.Equal(last))
+			last = until
+		}
+	}
+	switch {
+	case len(held) == 0:
+		return nil
+	case len(held) == len(ids) && same:
+		say("HOLD whole " + strings.Join(held, " "))
+		return retention.Hold(last)
+	}
+	say("HOLD batch " + strings.Join(held, " "))
+	return perID
 }
 
 // Put and Move widen the window after a reschedule a little, so that a
