@@ -364,7 +364,7 @@ func pgCrashCheck(t testing.TB, admin *pgxpool.Pool, tb pgCrashTables, now time.
 		return tx.QueryRow(ctx, `WITH m AS (SELECT regexp_replace(convert_from(key, 'UTF8'), '^.*/', '') AS id FROM `+tb.markers+`), -- the id, after the last '/' of a marker or a retry key
 mc AS (SELECT id, count(*) AS n FROM m GROUP BY id),
 hk AS (SELECT r[1]::bigint AS until_ms, r[2] AS id FROM (
-	SELECT regexp_match(convert_from(key, 'UTF8'), '^`+pgCrashPrefix+`r([0-9]{20})/[0-9]{20}/h/(.+)$') AS r FROM `+tb.markers+`
+	SELECT regexp_match(convert_from(key, 'UTF8'), '^`+pgCrashPrefix+`r([0-9]{20})/[0-9]{20}/h[0-9]+/(.+)$') AS r FROM `+tb.markers+`
 	WHERE key >= '`+pgCrashPrefix+`r' AND key < '`+pgCrashPrefix+`s') k -- the retry range
 	WHERE r IS NOT NULL)
 SELECT

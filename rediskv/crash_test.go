@@ -502,11 +502,12 @@ func (v *rcrashViolations) check(t *testing.T, admin *redis.Client, set string, 
 	}
 }
 
-// rcrashHeldKeyUntil returns the time a held key (runs/r<until>/<finished>/h/<id>)
-// holds its id until, and false for any other key.
+// rcrashHeldKeyUntil returns the time a held key
+// (runs/r<until>/<finished>/h<attempts>/<id>) holds its id until, and false
+// for any other key.
 func rcrashHeldKeyUntil(key string) (time.Time, bool) {
 	rest, ok := strings.CutPrefix(key, rcrashPrefix+"r")
-	if !ok || len(rest) < 2*retention.TimestampWidth+4 || !strings.HasPrefix(rest[retention.TimestampWidth+1+retention.TimestampWidth:], "/h/") {
+	if !ok || len(rest) < 2*retention.TimestampWidth+4 || !strings.HasPrefix(rest[retention.TimestampWidth+1+retention.TimestampWidth:], "/h") {
 		return time.Time{}, false
 	}
 	ms, err := strconv.ParseInt(rest[:retention.TimestampWidth], 10, 64)
