@@ -4,8 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/kvtest"
 	"github.com/marksweep/retention/leasetest"
 	"github.com/marksweep/retention/sqlkv"
 )
@@ -277,9 +279,13 @@ func TestTakeoverWaitsForFencedWrite(t *testing.T) {
 const proofLease = "proof"
 
 // connectReplica connects a replica process of TestProcesses: store is
-// "dialect,dsn-or-file,markers,leases".
+// "dialect,file,markers,leases" (file: the SQLite database, else empty),
+// or for TestProcessesAtomic "dialect,file,markers,leases,jobs,cleared":
+// the replica then clears with an AtomicKV that deletes the jobs and
+// records each clear in the cleared table, in the transaction that deletes
+// their markers.
 func connectReplica(ctx context.Context, addr, store string, ttl time.Duration) (retention.KV, retention.Locker, func(), error) {
-	parts := strings.SplitN(store, ",", 4)
+	parts := strings.Split(store, ",")
 	name, target, markers, leases := parts[0], parts[1], parts[2], parts[3]
 	var (
 		db  *sql.DB
@@ -298,8 +304,11 @@ func connectReplica(ctx context.Context, addr, store string, ttl time.Duration) 
 		db, err = sql.Open("mysql", dsn[:start]+"tcp("+addr+dsn[end:])
 	case "PostgreSQL":
 		d = sqlkv.PostgreSQL
-		host, port, _ := net.SplitHostPort(addr)
-		db, err = sql.Open("pgx", os.Getenv("RETENTION_POSTGRES_DSN")+"&host="+host+"&port="+port)
+		var u *url.URL
+		if u, err = url.Parse(os.Getenv("RETENTION_POSTGRES_DSN")); err == nil {
+			u.Host = addr
+			db, err = sql.Open("pgx", u.String())
+		}
 	}
 	if err != nil {
 		return nil, nil, nil, err
@@ -315,5 +324,136 @@ func connectReplica(ctx context.Context, addr, store string, ttl time.Duration) 
 		_ = db.Close()
 		return nil, nil, nil, err
 	}
-	return kv, locker, func() { _ = db.Close() }, nil
+	if len(parts) < 6 {
+		return kv, locker, func() { _ = db.Close() }, nil
+	}
+	jobs, cleared := parts[4], parts[5]
+	akv, err := kv.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
+		for _, id := range ids {
+			if _, err := tx.ExecContext(ctx, q(d, "DELETE FROM "+jobs+" WHERE id = ?"), id); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, q(d, "INSERT INTO "+cleared+" (id) VALUES (?)"), id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, nil, err
+	}
+	return akv, locker, func() { _ = db.Close() }, nil
+}
+
+// processEngine is the leasetest.Engine of the dialect; with atomic, its
+// replicas clear through a fenced AtomicKV.
+func (dl dialect) processEngine(t *testing.T, atomic bool) leasetest.Engine {
+	ctx := context.Background()
+	addr := "127.0.0.1:1" // SQLite: the replicas open the file, not the proxy
+	switch dl.d {
+	case sqlkv.MySQL:
+		dsn := kvtest.ServerAddr(t, "RETENTION_MYSQL_DSN")
+		addr = dsn[strings.Index(dsn, "tcp(")+4 : strings.Index(dsn, ")/")]
+	case sqlkv.PostgreSQL:
+		u, err := url.Parse(kvtest.ServerAddr(t, "RETENTION_POSTGRES_DSN"))
+		require.NoError(t, err)
+		addr = u.Host
+	}
+	var file string
+	if dl.d == sqlkv.SQLite {
+		file = filepath.Join(t.TempDir(), "proof.db")
+	}
+	admin := dl.open(t, file)
+	table := func(store string, i int) string { return strings.Split(store, ",")[i] }
+	count := func(ctx context.Context, table string) (int, error) {
+		var n int
+		err := admin.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n)
+		return n, err
+	}
+	e := leasetest.Engine{
+		Addr:    addr,
+		TTL:     1500 * time.Millisecond,
+		Connect: connectReplica,
+		Setup: func(t testing.TB, keys [][]byte) string {
+			markers, leases := freshTable(t, admin, dl.d), freshLeaseTable(t, admin, dl.d)
+			store := []string{dl.name, file, markers, leases}
+			var ids []string
+			if atomic {
+				jobs, cleared := markers+"_jobs", markers+"_cleared"
+				for _, s := range []string{"CREATE TABLE " + jobs + " (id VARCHAR(100) PRIMARY KEY)", "CREATE TABLE " + cleared + " (id VARCHAR(100) NOT NULL)"} {
+					_, err := admin.ExecContext(ctx, s)
+					require.NoError(t, err)
+				}
+				t.Cleanup(func() {
+					_, _ = admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+jobs)
+					_, _ = admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+cleared)
+				})
+				store = append(store, jobs, cleared)
+				for _, k := range keys {
+					_, id, err := retention.ParseMarkerKey("proof/", k)
+					require.NoError(t, err)
+					ids = append(ids, string(id))
+				}
+			}
+			tx, err := admin.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			for i, k := range keys {
+				_, err := tx.ExecContext(ctx, q(dl.d, "INSERT INTO "+markers+" (marker) VALUES (?)"), k)
+				require.NoError(t, err)
+				if atomic {
+					_, err := tx.ExecContext(ctx, q(dl.d, "INSERT INTO "+store[4]+" (id) VALUES (?)"), ids[i])
+					require.NoError(t, err)
+				}
+			}
+			require.NoError(t, tx.Commit())
+			return strings.Join(store, ",")
+		},
+		TakeAway: func(t testing.TB, store string) {
+			expireLease(t, admin, dl.d, table(store, 3), proofLease)
+		},
+		Remaining: func(ctx context.Context, store string) (int, error) { return count(ctx, table(store, 2)) },
+	}
+	if atomic {
+		e.Duplicates = func(ctx context.Context, store string) (int, error) {
+			markers, jobs, cleared := table(store, 2), table(store, 4), table(store, 5)
+			var dups int
+			err := admin.QueryRowContext(ctx, "SELECT count(*) FROM (SELECT id FROM "+cleared+" GROUP BY id HAVING count(*) > 1) d").Scan(&dups)
+			if err != nil {
+				return 0, err
+			}
+			// Atomic both ways: an entity is gone exactly when its marker is.
+			nm, err := count(ctx, markers)
+			if err != nil {
+				return 0, err
+			}
+			nj, err := count(ctx, jobs)
+			if err != nil {
+				return 0, err
+			}
+			if nm != nj {
+				return 0, fmt.Errorf("%d markers but %d jobs left: a marker went without its entity, or the reverse", nm, nj)
+			}
+			return dups, nil
+		}
+	}
+	return e
+}
+
+func TestProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the process proofs take a while")
+	}
+	forEach(t, func(t *testing.T, dl dialect) { leasetest.RunProcesses(t, dl.processEngine(t, false)) })
+}
+
+// TestProcessesAtomic runs the process proofs with replicas that clear
+// through a fenced AtomicKV: each entity is cleared exactly once across the
+// fleet, even when the lease is taken away mid-pass, a holder's host
+// crashes, or a holder freezes past its TTL.
+func TestProcessesAtomic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the process proofs take a while")
+	}
+	forEach(t, func(t *testing.T, dl dialect) { leasetest.RunProcesses(t, dl.processEngine(t, true)) })
 }
