@@ -249,7 +249,7 @@ func (k *KV) put(ctx context.Context, db execer, key []byte, g *guard) (int64, e
 // checkLen refuses a key the dialect's column cannot hold.
 func (k *KV) checkLen(key []byte) error {
 	if k.dialect == MySQL && len(key) > MaxKeyLen {
-		return fmt.Errorf("%w: %d bytes, the MySQL marker column holds at most %d: %.40q...", ErrKeyTooLong, len(key), MaxKeyLen, key)
+		return fmt.Errorf("%w: %d bytes, the MySQL marker column holds at most %d (key starting %.40q)", ErrKeyTooLong, len(key), MaxKeyLen, key)
 	}
 	return nil
 }
