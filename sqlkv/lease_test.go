@@ -22,6 +22,12 @@ import (
 
 const leaseTTL = 1500 * time.Millisecond
 
+// sqliteLeaseTTL is the fleet proofs' TTL on SQLite: its renewals queue
+// for the file's one write lock behind every replica's writes, and under
+// the race detector on a loaded machine 1.5s left them too little room
+// (a lease lost to a late renewal is cleared again by the next holder).
+const sqliteLeaseTTL = 4 * time.Second
+
 // freshLeaseTable returns the name of a new, migrated lease table that is
 // dropped when t ends.
 func freshLeaseTable(t testing.TB, db *sql.DB, d sqlkv.Dialect) string {
@@ -61,15 +67,19 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 	leases := freshLeaseTable(t, admin, dl.d)
 	writer, err := sqlkv.New(admin, dl.d, markers)
 	require.NoError(t, err)
+	ttl := leaseTTL
+	if dl.d == sqlkv.SQLite {
+		ttl = sqliteLeaseTTL
+	}
 
 	return leasetest.Harness{
-		TTL: leaseTTL,
+		TTL: ttl,
 		NewReplica: func(t testing.TB) leasetest.Replica {
 			db := dl.open(t, path)
 			db.SetMaxOpenConns(4)
 			kv, err := sqlkv.New(db, dl.d, markers)
 			require.NoError(t, err)
-			locker, err := sqlkv.NewLocker(kv, lease, &sqlkv.LockerOptions{TTL: leaseTTL, Table: leases})
+			locker, err := sqlkv.NewLocker(kv, lease, &sqlkv.LockerOptions{TTL: ttl, Table: leases})
 			require.NoError(t, err)
 			return leasetest.Replica{
 				KV:     kv,
