@@ -1,0 +1,389 @@
+package sqlkv_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/sqlkv"
+)
+
+// The SQLite crash test kills a process that sweeps through an AtomicKV
+// with SIGKILL, again and again, and checks the database file after every
+// kill. The child process is this test binary run again with crashEnvFile
+// set.
+const (
+	crashEnvFile = "RETENTION_SQLITECRASH_FILE"
+	crashEnvSeed = "RETENTION_SQLITECRASH_SEED"
+
+	crashPrefix    = "crash/"
+	crashExpired   = 20000
+	crashUnexpired = 2000
+	crashPoison    = 300 // expired ids whose delete fails half the time
+	crashKills     = 24
+	crashTimeout   = 20 * time.Millisecond // the child's ClearTimeout
+)
+
+// TestCrashAtomicSQLite: a child process sweeps 20,000 expired and 2,000
+// unexpired jobs of a SQLite file through an AtomicKV whose ClearFunc
+// deletes the jobs and records every cleared id with a token of its
+// transaction in a cleared table. A trigger fails the delete of poison
+// jobs half the time, so batches fail, bisect and reschedule their
+// markers; some batches sleep about as long as the ClearTimeout before
+// they return, so timeouts fire while the batch may still commit. The
+// child is killed with SIGKILL at random moments, right after a reschedule,
+// a cleared batch or a timed-out batch, crashKills times. After every kill
+// the file must show: every job present has exactly one marker and every
+// marker a job, no id cleared by two committed transactions, and no
+// unexpired job touched. A final clean sweep must leave no expired job.
+func TestCrashAtomicSQLite(t *testing.T) {
+	if file := os.Getenv(crashEnvFile); file != "" {
+		crashChild(t, file)
+		return
+	}
+	if testing.Short() {
+		t.Skip("crash test: starts and kills dozens of processes")
+	}
+	file := filepath.Join(t.TempDir(), "crash.db")
+	admin := openSQLite(t, file)
+	ctx := context.Background()
+	require.NoError(t, sqlkv.Migrate(ctx, admin, sqlkv.SQLite, "markers"))
+	_, err := admin.ExecContext(ctx, `CREATE TABLE jobs (id TEXT PRIMARY KEY, expired INTEGER NOT NULL, poison INTEGER NOT NULL);
+CREATE TABLE cleared (id TEXT NOT NULL, tx TEXT NOT NULL);
+CREATE TRIGGER poison BEFORE DELETE ON jobs WHEN OLD.poison AND abs(random()) % 2 = 0
+BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
+	require.NoError(t, err)
+
+	seed := mrand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := mrand.New(mrand.NewPCG(seed, seed))
+	now := time.Now()
+	poison := map[int]bool{}
+	for _, i := range rng.Perm(crashExpired)[:crashPoison] {
+		poison[i] = true
+	}
+	tx, err := admin.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	kv, err := sqlkv.New(admin, sqlkv.SQLite, "markers")
+	require.NoError(t, err)
+	for i := range crashExpired + crashUnexpired {
+		exp := i < crashExpired
+		id, at := fmt.Sprintf("x%05d", i), now.Add(-2*time.Hour+time.Duration(i)*time.Millisecond)
+		if !exp {
+			id, at = fmt.Sprintf("u%05d", i), now.Add(time.Duration(i)*time.Millisecond)
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO jobs VALUES (?, ?, ?)", id, exp, poison[i])
+		require.NoError(t, err)
+		require.NoError(t, kv.MarkTx(ctx, tx, crashPrefix, id, at))
+	}
+	require.NoError(t, tx.Commit())
+
+	start := time.Now()
+	modes := map[string]int{}
+	var worst crashState
+	for kill := 1; kill <= crashKills; kill++ {
+		// Where to kill: at a random moment, after the k-th batch cleared,
+		// right after the k-th reschedule, or right after the k-th batch
+		// whose timeout fired.
+		mode := []string{"time", "cleared", "resched", "timeout"}[rng.IntN(4)]
+		k := 1 + rng.IntN(5)
+		delay := time.Duration(rng.Int64N(int64(400 * time.Millisecond)))
+		modes[mode]++
+
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashAtomicSQLite$", "-test.count=1")
+		cmd.Env = append(os.Environ(), crashEnvFile+"="+file, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10))
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		lines := make(chan string, 1024)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		seen := map[string]int{}
+		timer := time.NewTimer(delay)
+		if mode != "time" {
+			timer.Reset(3 * time.Second) // nothing of the kind: kill anyway
+		}
+	wait:
+		for {
+			select {
+			case <-timer.C:
+				break wait
+			case line, ok := <-lines:
+				if !ok {
+					require.Failf(t, "child exited by itself", "kill %d:\n%s", kill, stderr.String())
+				}
+				word, _, _ := strings.Cut(line, " ")
+				seen[word]++
+				if word == mode && seen[word] >= k {
+					break wait
+				}
+			}
+		}
+		timer.Stop()
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		go func() { _, _ = io.Copy(io.Discard, stdout) }()
+		for range lines {
+		}
+		err = cmd.Wait()
+		var exitErr *exec.ExitError
+		require.ErrorAs(t, err, &exitErr, "kill %d:\n%s", kill, stderr.String())
+
+		st := crashCheck(t, admin)
+		t.Logf("kill %2d (%s %d; child saw %v): %s", kill, mode, k, seen, st)
+		worst = worst.max(st)
+	}
+	t.Logf("%d kills in %v (%v)", crashKills, time.Since(start).Round(time.Millisecond), modes)
+
+	// A clean sweep: no poison, no sleep, every retry due.
+	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
+	require.NoError(t, err)
+	s := crashSweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), nil, nil)
+	for range 10 {
+		st, err := s.Pass(ctx)
+		require.NoError(t, err)
+		if st.Cleared == 0 && st.Failed == 0 {
+			break
+		}
+	}
+	final := crashCheck(t, admin)
+	t.Logf("after the final sweep: %s", final)
+	worst = worst.max(final)
+	assert.Zero(t, final.expiredLeft, "expired jobs left after the final sweep")
+	assert.Equal(t, crashExpired, final.clearedIDs, "every expired id was cleared")
+	assert.Zero(t, worst.lost, "a job without a marker: it is never cleared")
+	assert.Zero(t, worst.orphans, "a marker without its job: cleared again")
+	assert.Zero(t, worst.dupMarkers, "an id with two markers")
+	assert.Zero(t, worst.doubleCleared, "an id cleared by two committed transactions")
+	assert.Zero(t, worst.unexpiredTouched, "an unexpired job touched")
+}
+
+// crashState is what the file shows after a kill.
+type crashState struct {
+	expiredLeft, clearedIDs                  int
+	lost, orphans, dupMarkers, doubleCleared int
+	unexpiredTouched                         int
+}
+
+func (s crashState) String() string {
+	return fmt.Sprintf("%d expired left, %d ids cleared; violations: %d jobs without marker, %d markers without job, %d ids with several markers, %d ids cleared twice, %d unexpired touched",
+		s.expiredLeft, s.clearedIDs, s.lost, s.orphans, s.dupMarkers, s.doubleCleared, s.unexpiredTouched)
+}
+
+func (s crashState) max(o crashState) crashState {
+	return crashState{
+		expiredLeft: o.expiredLeft, clearedIDs: o.clearedIDs,
+		lost: max(s.lost, o.lost), orphans: max(s.orphans, o.orphans), dupMarkers: max(s.dupMarkers, o.dupMarkers),
+		doubleCleared: max(s.doubleCleared, o.doubleCleared), unexpiredTouched: max(s.unexpiredTouched, o.unexpiredTouched),
+	}
+}
+
+// crashCheck reads the three tables of a file no process writes to.
+func crashCheck(t testing.TB, db *sql.DB) crashState {
+	t.Helper()
+	ctx := context.Background()
+	markers := map[string]int{} // id -> markers (a marker or a retry key: the id follows the last '/')
+	rows, err := db.QueryContext(ctx, "SELECT marker FROM markers")
+	require.NoError(t, err)
+	for rows.Next() {
+		var key []byte
+		require.NoError(t, rows.Scan(&key))
+		markers[string(key[strings.LastIndexByte(string(key), '/')+1:])]++
+	}
+	require.NoError(t, rows.Err())
+	jobs := map[string]bool{} // id -> expired
+	rows, err = db.QueryContext(ctx, "SELECT id, expired FROM jobs")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		var expired bool
+		require.NoError(t, rows.Scan(&id, &expired))
+		jobs[id] = expired
+	}
+	require.NoError(t, rows.Err())
+	txs := map[string]map[string]bool{} // id -> the transactions that cleared it
+	rows, err = db.QueryContext(ctx, "SELECT id, tx FROM cleared")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id, tx string
+		require.NoError(t, rows.Scan(&id, &tx))
+		if txs[id] == nil {
+			txs[id] = map[string]bool{}
+		}
+		txs[id][tx] = true
+	}
+	require.NoError(t, rows.Err())
+
+	var s crashState
+	unexpiredOK := 0
+	for id, expired := range jobs {
+		if expired {
+			s.expiredLeft++
+		}
+		if markers[id] == 0 {
+			s.lost++
+		}
+		if !expired && markers[id] == 1 {
+			unexpiredOK++
+		}
+	}
+	for id, n := range markers {
+		if _, ok := jobs[id]; !ok {
+			s.orphans++
+		}
+		if n > 1 {
+			s.dupMarkers++
+		}
+	}
+	s.clearedIDs = len(txs)
+	for id, set := range txs {
+		if len(set) > 1 {
+			s.doubleCleared++
+		}
+		if strings.HasPrefix(id, "u") {
+			s.unexpiredTouched++
+		}
+	}
+	s.unexpiredTouched += crashUnexpired - unexpiredOK
+	return s
+}
+
+// crashSweep makes the sweep of the crash test over a wrapper of its
+// AtomicKV. sleep, when not nil, gives how long a batch sleeps before it
+// returns (0: none); say, when not nil, is told of each reschedule,
+// cleared batch and timed-out batch.
+func crashSweep(t testing.TB, db *sql.DB, clock retention.Clock, sleep func() time.Duration, say func(string)) *retention.Sweep {
+	t.Helper()
+	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+	require.NoError(t, err)
+	akv, err := kv.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
+		var raw [8]byte
+		_, _ = rand.Read(raw[:])
+		token := hex.EncodeToString(raw[:])
+		for _, id := range ids {
+			if _, err := tx.ExecContext(ctx, "DELETE FROM jobs WHERE id = ?", id); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO cleared (id, tx) VALUES (?, ?)", id, token); err != nil {
+				return err
+			}
+		}
+		if sleep != nil {
+			// Not cut short by ctx: the commit then races the timeout.
+			time.Sleep(sleep())
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	if say == nil {
+		say = func(string) {}
+	}
+	cfg := retention.Config{
+		Prefix: crashPrefix, Retention: time.Hour, Clock: clock,
+		PageSize: 1000, BatchSize: 100, Concurrency: 2,
+		Logger: slog.New(slog.DiscardHandler),
+	}
+	if sleep != nil {
+		cfg.ClearTimeout, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.Interval = crashTimeout, 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+	}
+	s, err := retention.New(&crashKV{akv: akv, say: say}, cfg)
+	require.NoError(t, err)
+	return s
+}
+
+// crashKV forwards to an AtomicKV and tells of what it did.
+type crashKV struct {
+	akv *sqlkv.AtomicKV
+	say func(string)
+}
+
+func (c *crashKV) Unwrap() retention.KV { return c.akv }
+
+func (c *crashKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return c.akv.Scan(ctx, start, end, limit)
+}
+
+func (c *crashKV) Delete(ctx context.Context, keys ...[]byte) error {
+	return c.akv.Delete(ctx, keys...)
+}
+
+func (c *crashKV) Put(ctx context.Context, key, value []byte) error {
+	err := c.akv.Put(ctx, key, value)
+	if err == nil {
+		c.say("resched put")
+	}
+	return err
+}
+
+func (c *crashKV) Move(ctx context.Context, from, to [][]byte) error {
+	err := c.akv.Move(ctx, from, to)
+	if err == nil {
+		c.say(fmt.Sprintf("resched move %d", len(from)))
+	}
+	return err
+}
+
+func (c *crashKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	err := c.akv.ClearAndDelete(ctx, ids, keys)
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		c.say(fmt.Sprintf("timeout %d err=%v", len(ids), err != nil))
+	case err == nil:
+		c.say(fmt.Sprintf("cleared %d", len(ids)))
+	}
+	return err
+}
+
+// crashChild sweeps until it is killed.
+func crashChild(t *testing.T, file string) {
+	seed, err := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
+	require.NoError(t, err)
+	rng := mrand.New(mrand.NewPCG(seed, seed))
+	var mu sync.Mutex
+	sleep := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		if rng.IntN(8) != 0 {
+			return 0
+		}
+		// About the ClearTimeout: some commit before it fires, some after,
+		// some are cancelled.
+		return time.Duration((0.5 + rng.Float64()) * float64(crashTimeout))
+	}
+	var out sync.Mutex
+	say := func(line string) {
+		out.Lock()
+		defer out.Unlock()
+		fmt.Fprintln(os.Stdout, line)
+	}
+	db := openSQLite(t, file)
+	s := crashSweep(t, db, nil, sleep, say)
+	err = s.Run(context.Background())
+	t.Fatalf("Run returned: %v", err)
+}

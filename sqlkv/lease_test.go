@@ -1,0 +1,469 @@
+package sqlkv_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/kvtest"
+	"github.com/marksweep/retention/leasetest"
+	"github.com/marksweep/retention/sqlkv"
+)
+
+const leaseTTL = 1500 * time.Millisecond
+
+// sqliteLeaseTTL is the fleet proofs' TTL on SQLite: its renewals queue
+// for the file's one write lock behind every replica's writes, and under
+// the race detector on a loaded machine 1.5s left them too little room
+// (a lease lost to a late renewal is cleared again by the next holder).
+const sqliteLeaseTTL = 4 * time.Second
+
+// freshLeaseTable returns the name of a new, migrated lease table that is
+// dropped when t ends.
+func freshLeaseTable(t testing.TB, db *sql.DB, d sqlkv.Dialect) string {
+	t.Helper()
+	name := fmt.Sprintf("sqlkv_leases_%d_%d", os.Getpid(), tableSeq.Add(1))
+	require.NoError(t, sqlkv.MigrateLeases(context.Background(), db, d, name))
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+name) })
+	return name
+}
+
+// expireLease ends the lease called name from outside, as an operator would,
+// without telling its holder.
+func expireLease(t testing.TB, db *sql.DB, d sqlkv.Dialect, table, name string) {
+	t.Helper()
+	now := map[sqlkv.Dialect]string{
+		sqlkv.MySQL:      "UTC_TIMESTAMP(6)",
+		sqlkv.SQLite:     "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
+		sqlkv.PostgreSQL: "clock_timestamp()",
+	}[d]
+	_, err := db.ExecContext(context.Background(), q(d, "UPDATE "+table+" SET expires_at = "+now+" WHERE name = ?"), name)
+	require.NoError(t, err)
+}
+
+func (dl dialect) harness(t testing.TB) leasetest.Harness {
+	path := ""
+	if dl.d == sqlkv.SQLite {
+		path = t.TempDir() + "/fleet.db"
+	}
+	admin := dl.open(t, path)
+	markers := freshTable(t, admin, dl.d)
+	state := markers + "_state"
+	ctx := context.Background()
+	_, err := admin.ExecContext(ctx, "CREATE TABLE "+state+" (id VARCHAR(100) PRIMARY KEY, outcome VARCHAR(20) NOT NULL)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+state) })
+	lease := "lease-" + markers
+	leases := freshLeaseTable(t, admin, dl.d)
+	writer, err := sqlkv.New(admin, dl.d, markers)
+	require.NoError(t, err)
+	ttl := leaseTTL
+	if dl.d == sqlkv.SQLite {
+		ttl = sqliteLeaseTTL
+	}
+
+	return leasetest.Harness{
+		TTL: ttl,
+		NewReplica: func(t testing.TB) leasetest.Replica {
+			db := dl.open(t, path)
+			db.SetMaxOpenConns(4)
+			kv, err := sqlkv.New(db, dl.d, markers)
+			require.NoError(t, err)
+			locker, err := sqlkv.NewLocker(kv, lease, &sqlkv.LockerOptions{TTL: ttl, Table: leases})
+			require.NoError(t, err)
+			return leasetest.Replica{
+				KV:     kv,
+				Locker: locker,
+				Clear: func(ctx context.Context, id string) error {
+					_, err := db.ExecContext(ctx, q(dl.d, "DELETE FROM "+state+" WHERE id = ?"), id)
+					return err
+				},
+				// The process dies: its connections close, renewals stop,
+				// and nothing is released.
+				Kill: func() { _ = db.Close() },
+			}
+		},
+		Finish: func(ctx context.Context, prefix string, ids []string, at time.Time) error {
+			tx, err := admin.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback() }()
+			for _, id := range ids {
+				if _, err := tx.ExecContext(ctx, q(dl.d, "INSERT INTO "+state+" VALUES (?, 'succeeded')"), id); err != nil {
+					return err
+				}
+				if err := writer.MarkTx(ctx, tx, prefix, id, at); err != nil {
+					return err
+				}
+			}
+			return tx.Commit()
+		},
+		Present: func(ctx context.Context, ids []string) (map[string]bool, error) {
+			present := map[string]bool{}
+			for part := 0; part < len(ids); part += 500 {
+				chunk := ids[part:min(part+500, len(ids))]
+				args := make([]any, len(chunk))
+				for i, id := range chunk {
+					args[i] = id
+				}
+				rows, err := admin.QueryContext(ctx, q(dl.d, "SELECT id FROM "+state+" WHERE id IN (?"+strings.Repeat(", ?", len(chunk)-1)+")"), args...)
+				if err != nil {
+					return nil, err
+				}
+				for rows.Next() {
+					var id string
+					if err := rows.Scan(&id); err != nil {
+						rows.Close()
+						return nil, err
+					}
+					present[id] = true
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return nil, err
+				}
+			}
+			return present, nil
+		},
+		Expire: func(t testing.TB) { expireLease(t, admin, dl.d, leases, lease) },
+	}
+}
+
+func TestFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the fleet proofs take a while")
+	}
+	forEach(t, func(t *testing.T, dl dialect) { leasetest.Run(t, dl.harness) })
+}
+
+func TestNewLocker(t *testing.T) {
+	db := openSQLite(t, "")
+	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+	require.NoError(t, err)
+	tests := []struct {
+		name    string
+		kv      *sqlkv.KV
+		lease   string
+		opts    *sqlkv.LockerOptions
+		wantErr string
+	}{
+		{"defaults", kv, "sweeper", nil, ""},
+		{"zero options", kv, "sweeper", &sqlkv.LockerOptions{}, ""},
+		{"ttl and table", kv, "sweeper", &sqlkv.LockerOptions{TTL: time.Second, Table: "app.leases"}, ""},
+		{"nil kv", nil, "sweeper", nil, "sqlkv: kv must not be nil"},
+		{"empty name", kv, "", nil, "sqlkv: lease name must not be empty"},
+		{"short ttl", kv, "sweeper", &sqlkv.LockerOptions{TTL: time.Millisecond}, "sqlkv: LockerOptions.TTL must be at least 100ms, got 1ms"},
+		{"negative ttl", kv, "sweeper", &sqlkv.LockerOptions{TTL: -time.Second}, "sqlkv: LockerOptions.TTL must be at least 100ms, got -1s"},
+		{"bad table", kv, "sweeper", &sqlkv.LockerOptions{Table: "a."}, `sqlkv: LockerOptions.Table: sqlkv: invalid table name "a.": empty name or schema`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, err := sqlkv.NewLocker(tt.kv, tt.lease, tt.opts)
+			if tt.wantErr != "" {
+				require.EqualError(t, err, tt.wantErr)
+				assert.Nil(t, l)
+				return
+			}
+			require.NoError(t, err)
+		})
+	}
+}
+
+func TestAcquireWithoutLeaseTable(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		db := dl.open(t, "")
+		kv, err := sqlkv.New(db, dl.d, "markers")
+		require.NoError(t, err)
+		l, err := sqlkv.NewLocker(kv, "sweeper", &sqlkv.LockerOptions{Table: fmt.Sprintf("missing_leases_%d", os.Getpid())})
+		require.NoError(t, err)
+		_, err = l.TryAcquire(context.Background())
+		require.ErrorIs(t, err, sqlkv.ErrNoLeaseTable)
+		assert.NotErrorIs(t, err, sqlkv.ErrNoTable, "the marker table is not the one missing")
+	})
+}
+
+// TestLeaseRenewedPastTTL holds a lease for several TTLs: renewals keep it,
+// Release frees it at once, and the fence grows with every acquisition.
+func TestLeaseRenewedPastTTL(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		t.Parallel()
+		db := dl.open(t, "")
+		table := freshLeaseTable(t, db, dl.d)
+		ctx := context.Background()
+		kv, err := sqlkv.New(db, dl.d, "markers")
+		require.NoError(t, err)
+		a, err := sqlkv.NewLocker(kv, "renewed", &sqlkv.LockerOptions{TTL: 300 * time.Millisecond, Table: table})
+		require.NoError(t, err)
+		lease, err := a.TryAcquire(ctx)
+		require.NoError(t, err)
+		time.Sleep(time.Second)
+		select {
+		case <-lease.Lost():
+			t.Fatal("the lease was lost while its holder renewed it")
+		default:
+		}
+		_, err = a.TryAcquire(ctx)
+		require.ErrorIs(t, err, retention.ErrLeaseHeld)
+		require.NoError(t, lease.Release(ctx))
+		again, err := a.TryAcquire(ctx)
+		require.NoError(t, err, "TryAcquire right after Release")
+		var fence int64
+		require.NoError(t, db.QueryRowContext(ctx, "SELECT fence FROM "+table+" WHERE name = 'renewed'").Scan(&fence))
+		assert.Equal(t, int64(2), fence, "the fencing counter grows with every acquisition")
+		require.NoError(t, again.Release(ctx))
+	})
+}
+
+// TestTakeoverWaitsForFencedWrite: on MySQL and PostgreSQL, a takeover
+// updates the lease row, so it waits for a transaction that locked it the
+// way a fenced write does, and the old holder's later writes are refused.
+func TestTakeoverWaitsForFencedWrite(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		if dl.d == sqlkv.SQLite {
+			t.Skip("SQLite runs one writer at a time")
+		}
+		db := dl.open(t, "")
+		markers := freshTable(t, db, dl.d)
+		leases := freshLeaseTable(t, db, dl.d)
+		ctx := context.Background()
+		kv, err := sqlkv.New(db, dl.d, markers)
+		require.NoError(t, err)
+		a, err := sqlkv.NewLocker(kv, "fenced", &sqlkv.LockerOptions{TTL: 5 * time.Second, Table: leases})
+		require.NoError(t, err)
+		lease, err := a.TryAcquire(ctx)
+		require.NoError(t, err)
+		defer func() { _ = lease.Release(ctx) }()
+		fenced, ok := lease.(retention.Fencer).Fence(kv)
+		require.True(t, ok)
+		require.NoError(t, kv.Put(ctx, []byte("k1"), nil))
+		require.NoError(t, kv.Put(ctx, []byte("k2"), nil))
+
+		lock := " FOR SHARE"
+		if dl.d == sqlkv.MySQL {
+			lock = " LOCK IN SHARE MODE"
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+		_, err = tx.ExecContext(ctx, "SELECT 1 FROM "+leases+" WHERE name = 'fenced'"+lock)
+		require.NoError(t, err)
+
+		done := make(chan error, 1)
+		go func() {
+			_, err := db.ExecContext(ctx, "UPDATE "+leases+" SET holder = 'thief', fence = fence + 1 WHERE name = 'fenced'")
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			t.Fatalf("the takeover did not wait for the row lock: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		require.NoError(t, tx.Commit())
+		require.NoError(t, <-done)
+
+		require.ErrorIs(t, fenced.Delete(ctx, []byte("k1")), retention.ErrLeaseLost)
+		require.ErrorIs(t, fenced.(retention.Putter).Put(ctx, []byte("k3"), nil), retention.ErrLeaseLost)
+		keys, err := kv.Scan(ctx, []byte("k"), []byte("l"), 10)
+		require.NoError(t, err)
+		assert.Equal(t, [][]byte{[]byte("k1"), []byte("k2")}, keys, "refused writes change nothing")
+		select {
+		case <-lease.Lost():
+		default:
+			t.Error("Lost is open after a refused write")
+		}
+	})
+}
+
+// proofLease is the lease name of the process proofs.
+const proofLease = "proof"
+
+// connectReplica connects a replica process of TestProcesses: store is
+// "dialect,file,markers,leases" (file: the SQLite database, else empty),
+// or for TestProcessesAtomic "dialect,file,markers,leases,jobs,cleared":
+// the replica then clears with an AtomicKV that deletes the jobs and
+// records each clear in the cleared table, in the transaction that deletes
+// their markers.
+func connectReplica(ctx context.Context, addr, store string, ttl time.Duration) (retention.KV, retention.Locker, func(), error) {
+	parts := strings.Split(store, ",")
+	name, target, markers, leases := parts[0], parts[1], parts[2], parts[3]
+	var (
+		db  *sql.DB
+		err error
+		d   sqlkv.Dialect
+	)
+	switch name {
+	case "SQLite":
+		d = sqlkv.SQLite
+		db, err = sql.Open("sqlite", sqliteDSN(target))
+	case "MySQL":
+		d = sqlkv.MySQL
+		// Through the proxy: replace the DSN's address.
+		dsn := os.Getenv("RETENTION_MYSQL_DSN")
+		start, end := strings.Index(dsn, "tcp("), strings.Index(dsn, ")/")
+		db, err = sql.Open("mysql", dsn[:start]+"tcp("+addr+dsn[end:])
+	case "PostgreSQL":
+		d = sqlkv.PostgreSQL
+		var u *url.URL
+		if u, err = url.Parse(os.Getenv("RETENTION_POSTGRES_DSN")); err == nil {
+			u.Host = addr
+			db, err = sql.Open("pgx", u.String())
+		}
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	db.SetMaxOpenConns(4)
+	kv, err := sqlkv.New(db, d, markers)
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, nil, err
+	}
+	locker, err := sqlkv.NewLocker(kv, proofLease, &sqlkv.LockerOptions{TTL: ttl, Table: leases})
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, nil, err
+	}
+	if len(parts) < 6 {
+		return kv, locker, func() { _ = db.Close() }, nil
+	}
+	jobs, cleared := parts[4], parts[5]
+	akv, err := kv.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
+		for _, id := range ids {
+			if _, err := tx.ExecContext(ctx, q(d, "DELETE FROM "+jobs+" WHERE id = ?"), id); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, q(d, "INSERT INTO "+cleared+" (id) VALUES (?)"), id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, nil, err
+	}
+	return akv, locker, func() { _ = db.Close() }, nil
+}
+
+// processEngine is the leasetest.Engine of the dialect; with atomic, its
+// replicas clear through a fenced AtomicKV.
+func (dl dialect) processEngine(t *testing.T, atomic bool) leasetest.Engine {
+	ctx := context.Background()
+	addr := "127.0.0.1:1" // SQLite: the replicas open the file, not the proxy
+	switch dl.d {
+	case sqlkv.MySQL:
+		dsn := kvtest.ServerAddr(t, "RETENTION_MYSQL_DSN")
+		addr = dsn[strings.Index(dsn, "tcp(")+4 : strings.Index(dsn, ")/")]
+	case sqlkv.PostgreSQL:
+		u, err := url.Parse(kvtest.ServerAddr(t, "RETENTION_POSTGRES_DSN"))
+		require.NoError(t, err)
+		addr = u.Host
+	}
+	var file string
+	if dl.d == sqlkv.SQLite {
+		file = filepath.Join(t.TempDir(), "proof.db")
+	}
+	admin := dl.open(t, file)
+	table := func(store string, i int) string { return strings.Split(store, ",")[i] }
+	count := func(ctx context.Context, table string) (int, error) {
+		var n int
+		err := admin.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n)
+		return n, err
+	}
+	e := leasetest.Engine{
+		Addr:    addr,
+		TTL:     1500 * time.Millisecond,
+		Connect: connectReplica,
+		Setup: func(t testing.TB, keys [][]byte) string {
+			markers, leases := freshTable(t, admin, dl.d), freshLeaseTable(t, admin, dl.d)
+			store := []string{dl.name, file, markers, leases}
+			var ids []string
+			if atomic {
+				jobs, cleared := markers+"_jobs", markers+"_cleared"
+				for _, s := range []string{"CREATE TABLE " + jobs + " (id VARCHAR(100) PRIMARY KEY)", "CREATE TABLE " + cleared + " (id VARCHAR(100) NOT NULL)"} {
+					_, err := admin.ExecContext(ctx, s)
+					require.NoError(t, err)
+				}
+				t.Cleanup(func() {
+					_, _ = admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+jobs)
+					_, _ = admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+cleared)
+				})
+				store = append(store, jobs, cleared)
+				for _, k := range keys {
+					_, id, err := retention.ParseMarkerKey("proof/", k)
+					require.NoError(t, err)
+					ids = append(ids, string(id))
+				}
+			}
+			tx, err := admin.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			for i, k := range keys {
+				_, err := tx.ExecContext(ctx, q(dl.d, "INSERT INTO "+markers+" (marker) VALUES (?)"), k)
+				require.NoError(t, err)
+				if atomic {
+					_, err := tx.ExecContext(ctx, q(dl.d, "INSERT INTO "+store[4]+" (id) VALUES (?)"), ids[i])
+					require.NoError(t, err)
+				}
+			}
+			require.NoError(t, tx.Commit())
+			return strings.Join(store, ",")
+		},
+		TakeAway: func(t testing.TB, store string) {
+			expireLease(t, admin, dl.d, table(store, 3), proofLease)
+		},
+		Remaining: func(ctx context.Context, store string) (int, error) { return count(ctx, table(store, 2)) },
+	}
+	if atomic {
+		e.Duplicates = func(ctx context.Context, store string) (int, error) {
+			markers, jobs, cleared := table(store, 2), table(store, 4), table(store, 5)
+			var dups int
+			err := admin.QueryRowContext(ctx, "SELECT count(*) FROM (SELECT id FROM "+cleared+" GROUP BY id HAVING count(*) > 1) d").Scan(&dups)
+			if err != nil {
+				return 0, err
+			}
+			// Atomic both ways: an entity is gone exactly when its marker is.
+			nm, err := count(ctx, markers)
+			if err != nil {
+				return 0, err
+			}
+			nj, err := count(ctx, jobs)
+			if err != nil {
+				return 0, err
+			}
+			if nm != nj {
+				return 0, fmt.Errorf("%d markers but %d jobs left: a marker went without its entity, or the reverse", nm, nj)
+			}
+			return dups, nil
+		}
+	}
+	return e
+}
+
+func TestProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the process proofs take a while")
+	}
+	forEach(t, func(t *testing.T, dl dialect) { leasetest.RunProcesses(t, dl.processEngine(t, false)) })
+}
+
+// TestProcessesAtomic runs the process proofs with replicas that clear
+// through a fenced AtomicKV: each entity is cleared exactly once across the
+// fleet, even when the lease is taken away mid-pass, a holder's host
+// crashes, or a holder freezes past its TTL.
+func TestProcessesAtomic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the process proofs take a while")
+	}
+	forEach(t, func(t *testing.T, dl dialect) { leasetest.RunProcesses(t, dl.processEngine(t, true)) })
+}

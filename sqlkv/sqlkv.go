@@ -1,0 +1,465 @@
+// Package sqlkv keeps retention markers in a table of a relational
+// database reached through database/sql: MySQL 8 and MariaDB 10.6+, SQLite
+// 3.35+ and PostgreSQL, each a Dialect chosen explicitly. It imports no
+// driver: open the *sql.DB with the driver the service already uses.
+//
+// The marker table has one column, marker, the primary key, of a type that
+// compares bytewise: VARBINARY(1024) on MySQL (at most MaxKeyLen bytes a
+// key), BLOB in a WITHOUT ROWID table on SQLite, bytea on PostgreSQL. Every
+// Scan is an index range scan with LIMIT. Create the table with Migrate.
+// Write a marker with MarkTx inside the *sql.Tx that records the entity's
+// terminal state (MarkKeyTx with the key of Sweep.MarkerKey for a sweep
+// with its own id rule).
+//
+// A KV is a retention.Putter and a retention.Mover. Each of its writes is
+// one statement per batch of keys, and a batch carries at most 5,000 keys
+// (well under the 65,535 placeholders of MySQL and PostgreSQL and the
+// 32,766 of SQLite); a longer Delete or Move is split, each part on its
+// own. Move is one statement on PostgreSQL; on MySQL and SQLite it is an
+// UPDATE of the primary key that skips the pairs whose new key exists,
+// then a DELETE of the old keys of those pairs: each pair moves whole.
+//
+// When the entities live in the same database, KV.WithClear makes an
+// AtomicKV, which clears them in the *sql.Tx that deletes their markers,
+// and only while every one of those markers still exists.
+//
+// Replicas that share the table take turns with a Locker: a lease row with
+// a TTL, in a table created by MigrateLeases in the same database, whose
+// expiry the server's clock decides. Its leases fence the KV and the
+// AtomicKV: a holder's writes take effect only while it holds the lease,
+// checked in the same statement, or in the same transaction for a clear.
+// On SQLite the lease row lives in the database file, so it serves the
+// processes of one host that share that file.
+//
+// The caller owns the *sql.DB and closes it; a KV never does.
+package sqlkv
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/marksweep/retention"
+)
+
+// KV is a retention.KV over one marker table. It is safe for concurrent
+// use. Create one with New.
+type KV struct {
+	db      *sql.DB
+	dialect Dialect
+	table   string // quoted, possibly schema-qualified
+}
+
+var (
+	_ retention.KV     = (*KV)(nil)
+	_ retention.Putter = (*KV)(nil)
+	_ retention.Mover  = (*KV)(nil)
+)
+
+// New returns a KV over the marker table (created by Migrate) of db, whose
+// dialect is d, named "table" or "schema.table".
+func New(db *sql.DB, d Dialect, table string) (*KV, error) {
+	if db == nil {
+		return nil, errors.New("sqlkv: db must not be nil")
+	}
+	quoted, err := d.quoteTable(table)
+	if err != nil {
+		return nil, err
+	}
+	return &KV{db: db, dialect: d, table: quoted}, nil
+}
+
+// Migrate creates the marker table if it does not exist. It is idempotent
+// and safe to run from several replicas at once. On PostgreSQL the table
+// gets the autovacuum settings of pgkv.MarkerTableOptions, for the reasons
+// the pgkv package gives; a table that exists is left as it is.
+func Migrate(ctx context.Context, db *sql.DB, d Dialect, table string) error {
+	quoted, err := d.quoteTable(table)
+	if err != nil {
+		return err
+	}
+	return migrate(ctx, db, d, quoted, d.createMarkers(quoted))
+}
+
+// migrate runs create; on PostgreSQL under an advisory lock, since two
+// concurrent CREATE TABLE IF NOT EXISTS of one name may fail there.
+func migrate(ctx context.Context, db *sql.DB, d Dialect, quoted, create string) error {
+	op := "migrate " + quoted
+	if d != PostgreSQL {
+		if _, err := db.ExecContext(ctx, create); err != nil {
+			return wrap(ctx, op, err)
+		}
+		return nil
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap(ctx, op, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	h := fnv.New64a()
+	h.Write([]byte("retention/sqlkv migrate " + quoted))
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", int64(h.Sum64()))); err != nil {
+		return wrap(ctx, op, err)
+	}
+	if _, err := tx.ExecContext(ctx, create); err != nil {
+		return wrap(ctx, op, err)
+	}
+	return wrap(ctx, op, tx.Commit())
+}
+
+// Dialect returns the dialect k was made with.
+func (k *KV) Dialect() Dialect { return k.dialect }
+
+// Scan implements retention.KV as one index range scan.
+func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("sqlkv: Scan limit must be at least 1, got %d", limit)
+	}
+	d := k.dialect
+	q := fmt.Sprintf("SELECT marker FROM %s WHERE marker >= %s AND marker < %s ORDER BY marker LIMIT %d",
+		k.table, d.phs(1, 1), d.phs(2, 1), limit)
+	rows, err := k.db.QueryContext(ctx, q, start, end)
+	if err != nil {
+		return nil, wrap(ctx, "scan "+k.table, err)
+	}
+	defer rows.Close()
+	var keys [][]byte
+	for rows.Next() {
+		var key []byte // Scan into a *[]byte copies: the caller owns it
+		if err := rows.Scan(&key); err != nil {
+			return nil, wrap(ctx, "scan "+k.table, err)
+		}
+		if key == nil {
+			key = []byte{}
+		}
+		keys = append(keys, key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap(ctx, "scan "+k.table, err)
+	}
+	return keys, nil
+}
+
+// guard is the condition a fenced write adds to its statement: the lease
+// row still names this holder and has not expired. Empty for an unfenced
+// write.
+type guard struct {
+	sql  func(first int) string // the condition, its placeholders from first
+	args []any
+}
+
+// cond returns the guard's condition and arguments for a statement whose
+// own arguments number n, or "" and nil for no guard.
+func (g *guard) cond(n int) (string, []any) {
+	if g == nil {
+		return "", nil
+	}
+	return g.sql(n + 1), g.args
+}
+
+// and joins the condition c to a WHERE clause.
+func and(c string) string {
+	if c == "" {
+		return ""
+	}
+	return " AND " + c
+}
+
+// execer is a *sql.DB, *sql.Tx or *sql.Conn.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// Delete implements retention.KV with one DELETE ... WHERE marker IN (...)
+// per 5,000 keys. When ctx carries a lease's fence (retention.Fenced), the
+// delete is fenced by it; so are Put and Move.
+func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if view, err := retention.Fenced(ctx, k); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		return view.Delete(ctx, keys...)
+	}
+	_, err := k.delete(ctx, k.db, keys, nil)
+	return err
+}
+
+// delete deletes keys where g holds and returns how many rows went.
+func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (int64, error) {
+	var deleted int64
+	for part := range chunks(keys, k.dialect.maxKeys()) {
+		c, gargs := g.cond(len(part))
+		q := "DELETE FROM " + k.table + " WHERE marker IN (" + k.dialect.phs(1, len(part)) + ")" + and(c)
+		n, err := exec(ctx, db, q, append(anys(part), gargs...))
+		if err != nil {
+			return deleted, wrap(ctx, "delete from "+k.table, err)
+		}
+		deleted += n
+	}
+	return deleted, nil
+}
+
+// Put writes a marker key in its own statement. The table stores keys only,
+// so value must be empty. It makes KV a retention.Putter.
+func (k *KV) Put(ctx context.Context, key, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(value) != 0 {
+		return fmt.Errorf("sqlkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
+	}
+	if view, err := retention.Fenced(ctx, k); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		p, ok := view.(retention.Putter)
+		if !ok {
+			return fmt.Errorf("sqlkv: the fenced view of a KV is a %T, not a Putter", view)
+		}
+		return p.Put(ctx, key, value)
+	}
+	_, err := k.put(ctx, k.db, key, nil)
+	return err
+}
+
+// put inserts key where g holds, and returns 1 when it wrote it.
+func (k *KV) put(ctx context.Context, db execer, key []byte, g *guard) (int64, error) {
+	if err := k.checkLen(key); err != nil {
+		return 0, err
+	}
+	c, gargs := g.cond(1)
+	n, err := exec(ctx, db, k.dialect.insertIgnore(k.table, c), append([]any{key}, gargs...))
+	if err != nil {
+		return 0, wrap(ctx, "insert into "+k.table, err)
+	}
+	return n, nil
+}
+
+// checkLen refuses a key the dialect's column cannot hold.
+func (k *KV) checkLen(key []byte) error {
+	if k.dialect == MySQL && len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes, the MySQL marker column holds at most %d (key starting %.40q)", ErrKeyTooLong, len(key), MaxKeyLen, key)
+	}
+	return nil
+}
+
+// Move implements retention.Mover: each from key that exists is replaced
+// by its to key; a pair whose from key is missing writes nothing, and a to
+// key that exists already stays as it is. Each pair moves whole, and every
+// pair of a batch of 2,500 in one statement on PostgreSQL; on MySQL and
+// SQLite an UPDATE moves the pairs whose to key is free, and a DELETE then
+// drops the from keys of the others.
+func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
+		return err
+	}
+	if view, err := retention.Fenced(ctx, k); err != nil || view != nil {
+		if err != nil {
+			return err
+		}
+		m, ok := view.(retention.Mover)
+		if !ok {
+			return fmt.Errorf("sqlkv: the fenced view of a KV is a %T, not a Mover", view)
+		}
+		return m.Move(ctx, from, to)
+	}
+	_, err := k.move(ctx, from, to, nil)
+	return err
+}
+
+// checkMove checks the context and the arguments of a Move.
+func checkMove(ctx context.Context, from, to [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(from) != len(to) {
+		return fmt.Errorf("sqlkv: Move of %d keys to %d keys", len(from), len(to))
+	}
+	return nil
+}
+
+// move moves the pairs where g holds, and returns how many from keys went.
+func (k *KV) move(ctx context.Context, from, to [][]byte, g *guard) (int64, error) {
+	for _, key := range to {
+		if err := k.checkLen(key); err != nil {
+			return 0, err
+		}
+	}
+	d := k.dialect
+	op := "move in " + k.table
+	per := d.maxKeys() / 2
+	var moved int64
+	for i := 0; i < len(from); i += per {
+		f, t := from[i:min(i+per, len(from))], to[i:min(i+per, len(to))]
+		if d == PostgreSQL {
+			var values strings.Builder
+			args := make([]any, 0, 2*len(f))
+			for j := range f {
+				if j > 0 {
+					values.WriteString(", ")
+				}
+				fmt.Fprintf(&values, "(%s, %s)", d.phs(2*j+1, 1), d.phs(2*j+2, 1))
+				args = append(args, f[j], t[j])
+			}
+			c, gargs := g.cond(len(args))
+			q := "WITH m (f, t) AS (VALUES " + values.String() + "),\n" +
+				"d AS (DELETE FROM " + k.table + " WHERE marker IN (SELECT f FROM m)" + and(c) + " RETURNING marker),\n" +
+				"i AS (INSERT INTO " + k.table + " (marker) SELECT m.t FROM m JOIN d ON d.marker = m.f ON CONFLICT DO NOTHING)\n" +
+				"SELECT count(*) FROM d"
+			var n int64
+			if err := queryRow(ctx, k.db, q, append(args, gargs...), &n); err != nil {
+				return moved, wrap(ctx, op, err)
+			}
+			moved += n
+			continue
+		}
+		var cases strings.Builder
+		args := make([]any, 0, 3*len(f))
+		for j := range f {
+			cases.WriteString(" WHEN ? THEN ?")
+			args = append(args, f[j], t[j])
+		}
+		args = append(args, anys(f)...)
+		c, gargs := g.cond(len(args))
+		ignore := "UPDATE IGNORE "
+		if d == SQLite {
+			ignore = "UPDATE OR IGNORE "
+		}
+		// The UPDATE skips a pair whose to key exists (IGNORE), leaving its
+		// from key: the DELETE then drops it, which is the whole of that
+		// pair's move.
+		q := ignore + k.table + " SET marker = CASE marker" + cases.String() + " END WHERE marker IN (" + d.phs(1, len(f)) + ")" + and(c)
+		n, err := exec(ctx, k.db, q, append(args, gargs...))
+		if err != nil {
+			return moved, wrap(ctx, op, err)
+		}
+		moved += n
+		if n == int64(len(f)) {
+			continue
+		}
+		n, err = k.delete(ctx, k.db, f, g)
+		if err != nil {
+			return moved, err
+		}
+		moved += n
+	}
+	return moved, nil
+}
+
+// MarkTx writes the marker of id, finished at t, under prefix, through tx:
+// pass the *sql.Tx that records the entity's terminal state, and the marker
+// commits or rolls back with it. Writing a marker twice is not an error. It
+// refuses what retention.MarkerKey refuses, and writes nothing then. For a
+// sweep with its own Config.ValidateID, use MarkKeyTx with the key of
+// Sweep.MarkerKey.
+func (k *KV) MarkTx(ctx context.Context, tx *sql.Tx, prefix, id string, t time.Time) error {
+	key, err := retention.MarkerKey(prefix, t, id)
+	if err != nil {
+		return err
+	}
+	return k.MarkKeyTx(ctx, tx, key)
+}
+
+// MarkKeyTx writes the marker key through tx, like MarkTx. Take key from
+// Sweep.MarkerKey, which checks the id by the sweep's own rule
+// (Config.ValidateID), or from retention.MarkerKey. A key that is not shaped
+// like a marker (retention.CheckMarkerKey: the sweep would never delete it)
+// is refused with an error matching retention.ErrMalformedMarker.
+func (k *KV) MarkKeyTx(ctx context.Context, tx *sql.Tx, key []byte) error {
+	if tx == nil {
+		return errors.New("sqlkv: MarkKeyTx: tx must not be nil")
+	}
+	if err := retention.CheckMarkerKey(key); err != nil {
+		return fmt.Errorf("sqlkv: MarkKeyTx: %w", err)
+	}
+	_, err := k.put(ctx, tx, key, nil)
+	return err
+}
+
+// exec runs q and returns the rows it affected.
+func exec(ctx context.Context, db execer, q string, args []any) (int64, error) {
+	res, err := db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// queryRow runs q, which returns one row, into dest.
+func queryRow(ctx context.Context, db execer, q string, args []any, dest ...any) error {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// chunks yields keys in parts of at most n.
+func chunks(keys [][]byte, n int) func(func([][]byte) bool) {
+	return func(yield func([][]byte) bool) {
+		for i := 0; i < len(keys); i += n {
+			if !yield(keys[i:min(i+n, len(keys))]) {
+				return
+			}
+		}
+	}
+}
+
+// anys returns keys as arguments.
+func anys(keys [][]byte) []any {
+	out := make([]any, len(keys))
+	for i, k := range keys {
+		out[i] = k
+	}
+	return out
+}
+
+// wrap names the operation, turns a missing table into ErrNoTable and
+// returns the context's error when the context ended the call. It returns
+// nil for a nil err.
+func wrap(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("sqlkv: %s: %w", op, ctxErr)
+	}
+	if noTable(err) {
+		return fmt.Errorf("%w: %s: %w", ErrNoTable, op, err)
+	}
+	return fmt.Errorf("sqlkv: %s: %w", op, err)
+}
+
+// noTable reports whether err says a table does not exist. The package
+// imports no driver, so it reads what the drivers have in common: an
+// SQLSTATE method (pgx, lib/pq), or the message of MySQL's error 1146 and
+// of SQLite.
+func noTable(err error) bool {
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) && state.SQLState() == "42P01" { // undefined_table
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "Error 1146") || strings.Contains(msg, "no such table")
+}

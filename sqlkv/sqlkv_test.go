@@ -1,0 +1,169 @@
+package sqlkv_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/marksweep/retention/kvtest"
+	"github.com/marksweep/retention/leasetest"
+	"github.com/marksweep/retention/sqlkv"
+)
+
+func TestMain(m *testing.M) {
+	leasetest.ReplicaMain(connectReplica) // returns unless this process is a replica of TestProcesses
+	// database/sql closes idle connections from a goroutine of its own
+	// that outlives a closed DB for a moment.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+// dialect is one database the tests run against.
+type dialect struct {
+	name string
+	d    sqlkv.Dialect
+	// open returns a new *sql.DB of the test database, closed when t ends;
+	// for SQLite, of the file path (a new one in t's temporary directory
+	// when path is "").
+	open func(t testing.TB, path string) *sql.DB
+}
+
+var dialects = []dialect{
+	{"SQLite", sqlkv.SQLite, openSQLite},
+	{"MySQL", sqlkv.MySQL, openMySQL},
+	{"PostgreSQL", sqlkv.PostgreSQL, openPostgres},
+}
+
+// forEach runs f as a subtest per dialect.
+func forEach(t *testing.T, f func(t *testing.T, dl dialect)) {
+	for _, dl := range dialects {
+		t.Run(dl.name, func(t *testing.T) { f(t, dl) })
+	}
+}
+
+// sqliteDSN is how the tests, and the package documentation, open SQLite:
+// wait for a busy database rather than fail, WAL so readers do not block
+// the writer, and BEGIN IMMEDIATE so a transaction takes the write lock
+// first.
+func sqliteDSN(path string) string {
+	return "file:" + path + "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+}
+
+func openSQLite(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "markers.db")
+	}
+	db, err := sql.Open("sqlite", sqliteDSN(path))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func openMySQL(t testing.TB, _ string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", kvtest.ServerAddr(t, "RETENTION_MYSQL_DSN"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func openPostgres(t testing.TB, _ string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", kvtest.ServerAddr(t, "RETENTION_POSTGRES_DSN"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+var tableSeq atomic.Int64
+
+// freshTable returns the name of a new, migrated marker table that is
+// dropped when t ends.
+func freshTable(t testing.TB, db *sql.DB, d sqlkv.Dialect) string {
+	t.Helper()
+	name := fmt.Sprintf("sqlkv_markers_%d_%d", os.Getpid(), tableSeq.Add(1))
+	ctx := context.Background()
+	_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
+	require.NoError(t, err)
+	require.NoError(t, sqlkv.Migrate(ctx, db, d, name))
+	t.Cleanup(func() {
+		_, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+name)
+		assert.NoError(t, err)
+	})
+	return name
+}
+
+func (dl dialect) store(t testing.TB) kvtest.Store {
+	db := dl.open(t, "")
+	table := freshTable(t, db, dl.d)
+	kv, err := sqlkv.New(db, dl.d, table)
+	require.NoError(t, err)
+	return kvtest.Store{
+		KV:  kv,
+		Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) },
+		PutMany: func(ctx context.Context, keys [][]byte) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback() }()
+			for _, k := range keys {
+				if err := kv.MarkKeyTx(ctx, tx, k); err != nil {
+					// PutMany takes any key, not only markers.
+					if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (marker) VALUES ("+ph(dl.d, 1)+")", k); err != nil {
+						return err
+					}
+				}
+			}
+			return tx.Commit()
+		},
+	}
+}
+
+// ph is the i-th placeholder of the dialect.
+func ph(d sqlkv.Dialect, i int) string {
+	if d == sqlkv.PostgreSQL {
+		return fmt.Sprintf("$%d", i)
+	}
+	return "?"
+}
+
+// q rewrites the ? placeholders of a test's statement for the dialect.
+func q(d sqlkv.Dialect, s string) string {
+	if d != sqlkv.PostgreSQL {
+		return s
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range s {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func TestConformance(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) { kvtest.Run(t, dl.store) })
+}
+
+func BenchmarkSweep(b *testing.B) {
+	for _, dl := range dialects {
+		b.Run(dl.name, func(b *testing.B) { kvtest.Benchmark(b, dl.store) })
+	}
+}
