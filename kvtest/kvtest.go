@@ -190,6 +190,17 @@ func testBounds(t *testing.T, s Store) {
 	want(t, `Scan("e", "c", 10) (end before start)`, scan(t, s, "e", "c", 10), nil)
 	want(t, `Scan("e", "e\x00", 10)`, scan(t, s, "e", "e\x00", 10), []string{"e"})
 	want(t, `Scan("a", "b", 10)`, scan(t, s, "a", "b", 10), nil)
+	// A nil start is the empty key, before every other (a store whose
+	// driver sends nil as NULL finds nothing).
+	keys, err := s.KV.Scan(ctxFor(t), nil, []byte("c"), 10)
+	if err != nil {
+		t.Fatalf("Scan(nil, %q, 10) error = %v", "c", err)
+	}
+	var got []string
+	for _, k := range keys {
+		got = append(got, string(k))
+	}
+	want(t, `Scan(nil, "c", 10)`, got, []string{"b"})
 }
 
 func testLimit(t *testing.T, s Store) {

@@ -253,6 +253,14 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	if limit < 1 {
 		return nil, fmt.Errorf("pgkv: Scan limit must be at least 1, got %d", limit)
 	}
+	// pgx sends a nil []byte as NULL, which no key is >=: a nil start is
+	// the empty key, the least of all.
+	if start == nil {
+		start = []byte{}
+	}
+	if end == nil {
+		end = []byte{}
+	}
 	rows, err := k.db.Query(ctx, k.scanSQL, start, end, limit)
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)

@@ -125,7 +125,9 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	d := k.dialect
 	q := fmt.Sprintf("SELECT marker FROM %s WHERE marker >= %s AND marker < %s ORDER BY marker LIMIT %d",
 		k.table, d.phs(1, 1), d.phs(2, 1), limit)
-	rows, err := k.db.QueryContext(ctx, q, start, end)
+	// A nil start is the empty key, the least of all, not SQL's NULL,
+	// which no key is >= (and a nil end, as empty, ends before any).
+	rows, err := k.db.QueryContext(ctx, q, nonNil(start), nonNil(end))
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)
 	}
@@ -462,4 +464,13 @@ func noTable(err error) bool {
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "Error 1146") || strings.Contains(msg, "no such table")
+}
+
+// nonNil returns b, or an empty key for nil: drivers send a nil []byte as
+// NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }
