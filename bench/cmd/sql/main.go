@@ -40,6 +40,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "rounds; every contender runs once per round")
 	batch := flag.Int("batch", 1000, "the floor's rows per transaction, and the sweeps' BatchSize and PageSize")
 	only := flag.String("only", "mysql,mysql-interpolate,sqlite,pg", "comma-separated suites to run: mysql, mysql-interpolate (the driver's interpolateParams=true), sqlite, pg")
+	timing := flag.Bool("timing", false, "after the rounds, run each sweep once more and break its time down by call (scan, marker delete, clear)")
 	flag.Parse()
 	log.SetFlags(0)
 	fmt.Printf("contenders alternated (order rotated every round), %d rounds, batches of %d; %d CPUs, %s\n\n",
@@ -49,13 +50,13 @@ func main() {
 		var err error
 		switch s {
 		case "mysql":
-			err = runServer(ctx, "mysql", "RETENTION_MYSQL_DSN", "", sqlkv.MySQL, *n, *rounds, *batch)
+			err = runServer(ctx, "mysql", "RETENTION_MYSQL_DSN", "", sqlkv.MySQL, *n, *rounds, *batch, *timing)
 		case "mysql-interpolate":
-			err = runServer(ctx, "mysql", "RETENTION_MYSQL_DSN", "interpolateParams=true", sqlkv.MySQL, *n, *rounds, *batch)
+			err = runServer(ctx, "mysql", "RETENTION_MYSQL_DSN", "interpolateParams=true", sqlkv.MySQL, *n, *rounds, *batch, *timing)
 		case "pg":
-			err = runServer(ctx, "pgx", "RETENTION_POSTGRES_DSN", "", sqlkv.PostgreSQL, *n, *rounds, *batch)
+			err = runServer(ctx, "pgx", "RETENTION_POSTGRES_DSN", "", sqlkv.PostgreSQL, *n, *rounds, *batch, *timing)
 		case "sqlite":
-			err = runSQLite(ctx, *sqliteN, *rounds, *batch)
+			err = runSQLite(ctx, *sqliteN, *rounds, *batch, *timing)
 		default:
 			err = fmt.Errorf("unknown suite %q", s)
 		}
@@ -67,7 +68,7 @@ func main() {
 
 // runServer runs the suite on the server of the DSN in env, with param
 // (a DSN parameter, or "") added to it.
-func runServer(ctx context.Context, driver, env, param string, d sqlkv.Dialect, n, rounds, batch int) error {
+func runServer(ctx context.Context, driver, env, param string, d sqlkv.Dialect, n, rounds, batch int, timing bool) error {
 	dsn := os.Getenv(env)
 	if dsn == "" {
 		return fmt.Errorf("%s is not set: run through ./scripts/test --exec ./scripts/bench sql", env)
@@ -102,10 +103,10 @@ func runServer(ctx context.Context, driver, env, param string, d sqlkv.Dialect, 
 		}
 		title = fmt.Sprintf("PostgreSQL %s, fsync %s (sqlkv over pgx's database/sql driver)", version, fsync)
 	}
-	return suite(ctx, title, db, d, n, rounds, batch)
+	return suite(ctx, title, db, d, n, rounds, batch, timing)
 }
 
-func runSQLite(ctx context.Context, n, rounds, batch int) error {
+func runSQLite(ctx context.Context, n, rounds, batch int, timing bool) error {
 	dir, err := os.MkdirTemp("", "retention-bench-sql")
 	if err != nil {
 		return err
@@ -129,7 +130,7 @@ func runSQLite(ctx context.Context, n, rounds, batch int) error {
 	}
 	title := fmt.Sprintf("SQLite %s (modernc.org/sqlite), journal_mode=%s, synchronous=%s, file on %s",
 		version, journal, map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[sync], fsType(dir))
-	return suite(ctx, title, db, sqlkv.SQLite, n, rounds, batch)
+	return suite(ctx, title, db, sqlkv.SQLite, n, rounds, batch, timing)
 }
 
 // fsType names the file system of dir when it is one whose speed differs
@@ -152,7 +153,7 @@ func fsType(dir string) string {
 	return fmt.Sprintf("fs 0x%x %s", st.Type, dir)
 }
 
-func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, rounds, batch int) error {
+func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, rounds, batch int, timing bool) error {
 	s, err := bench.NewSQL(ctx, db, d, fmt.Sprintf("bench_sql_%d", rand.Uint32()), batch)
 	if err != nil {
 		return err
@@ -175,5 +176,17 @@ func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, ro
 		return err
 	}
 	fmt.Printf("\n(%d rounds in %v, setup included; every run checked to leave 0 jobs and 0 markers)\n\n", rounds, time.Since(start).Round(time.Second))
+	if !timing {
+		return nil
+	}
+	for _, c := range cs[1:] {
+		s.Timing = &bench.Timing{}
+		rate, err := bench.Once(ctx, c, n)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("timing %s: %s: %s entities/s: %s\n\n", d, c.Name, bench.Rate(rate), s.Timing)
+	}
+	s.Timing = nil
 	return nil
 }
