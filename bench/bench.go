@@ -18,6 +18,11 @@
 // (Stats, an Observer's lag samples, Sweep.Backlog). The command
 // bench/cmd/poison runs it.
 //
+// SQL holds the same kind of comparison for the sqlkv module, on any of its
+// dialects through database/sql, with a floor that deletes the same jobs
+// and markers by hand in batches of the sweep's size; the command
+// bench/cmd/sql runs it on MariaDB, SQLite and PostgreSQL.
+//
 // The module is a module of its own so that no adapter depends on River or
 // asynq.
 package bench

@@ -1,0 +1,192 @@
+// Command sql measures how fast retention clears a backlog of expired
+// entities through the sqlkv module, on MariaDB (or MySQL), SQLite and
+// PostgreSQL, against a floor that deletes the same jobs and markers by
+// hand in batches of the same size, and prints a Markdown table per
+// database: medians and ratios, as bench/cmd/peers does. Run it through
+// the test script, which starts the servers:
+//
+//	./scripts/test --exec ./scripts/bench sql
+//
+// It reads RETENTION_MYSQL_DSN (github.com/go-sql-driver/mysql) and
+// RETENTION_POSTGRES_DSN (pgx's database/sql driver); SQLite is a file in
+// a temporary directory (modernc.org/sqlite, WAL).
+package main
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/marksweep/retention/bench"
+	"github.com/marksweep/retention/sqlkv"
+)
+
+func main() {
+	n := flag.Int("n", 100_000, "expired entities per run on MariaDB and PostgreSQL")
+	sqliteN := flag.Int("sqlite-n", 100_000, "expired entities per run on SQLite")
+	rounds := flag.Int("rounds", 5, "rounds; every contender runs once per round")
+	batch := flag.Int("batch", 1000, "the floor's rows per transaction, and the sweeps' BatchSize and PageSize")
+	only := flag.String("only", "mysql,mysql-interpolate,sqlite,pg", "comma-separated suites to run: mysql, mysql-interpolate (the driver's interpolateParams=true), sqlite, pg")
+	timing := flag.Bool("timing", false, "after the rounds, run each sweep once more and break its time down by call (scan, marker delete, clear)")
+	flag.Parse()
+	log.SetFlags(0)
+	fmt.Printf("contenders alternated (order rotated every round), %d rounds, batches of %d; %d CPUs, %s\n\n",
+		*rounds, *batch, runtime.NumCPU(), runtime.Version())
+	ctx := context.Background()
+	for s := range strings.SplitSeq(*only, ",") {
+		var err error
+		switch s {
+		case "mysql":
+			err = runServer(ctx, "mysql", "RETENTION_MYSQL_DSN", "", sqlkv.MySQL, *n, *rounds, *batch, *timing)
+		case "mysql-interpolate":
+			err = runServer(ctx, "mysql", "RETENTION_MYSQL_DSN", "interpolateParams=true", sqlkv.MySQL, *n, *rounds, *batch, *timing)
+		case "pg":
+			err = runServer(ctx, "pgx", "RETENTION_POSTGRES_DSN", "", sqlkv.PostgreSQL, *n, *rounds, *batch, *timing)
+		case "sqlite":
+			err = runSQLite(ctx, *sqliteN, *rounds, *batch, *timing)
+		default:
+			err = fmt.Errorf("unknown suite %q", s)
+		}
+		if err != nil {
+			log.Fatalf("%s: %v", s, err)
+		}
+	}
+}
+
+// runServer runs the suite on the server of the DSN in env, with param
+// (a DSN parameter, or "") added to it.
+func runServer(ctx context.Context, driver, env, param string, d sqlkv.Dialect, n, rounds, batch int, timing bool) error {
+	dsn := os.Getenv(env)
+	if dsn == "" {
+		return fmt.Errorf("%s is not set: run through ./scripts/test --exec ./scripts/bench sql", env)
+	}
+	if param != "" {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		dsn += sep + param
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = db.Close() }()
+	var title string
+	if d == sqlkv.MySQL {
+		var version, flush string
+		if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@innodb_flush_log_at_trx_commit`).Scan(&version, &flush); err != nil {
+			return err
+		}
+		driver := "go-sql-driver/mysql, server-side prepared statements"
+		if param != "" {
+			driver = "go-sql-driver/mysql, " + param
+		}
+		title = fmt.Sprintf("MariaDB/MySQL %s, innodb_flush_log_at_trx_commit=%s (%s)", version, flush, driver)
+	} else {
+		var version, fsync string
+		if err := db.QueryRowContext(ctx, `SELECT current_setting('server_version'), current_setting('fsync')`).Scan(&version, &fsync); err != nil {
+			return err
+		}
+		title = fmt.Sprintf("PostgreSQL %s, fsync %s (sqlkv over pgx's database/sql driver)", version, fsync)
+	}
+	return suite(ctx, title, db, d, n, rounds, batch, timing)
+}
+
+func runSQLite(ctx context.Context, n, rounds, batch int, timing bool) error {
+	dir, err := os.MkdirTemp("", "retention-bench-sql")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	db, err := sql.Open("sqlite", bench.SQLiteDSN(filepath.Join(dir, "bench.db")))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = db.Close() }()
+	var version, journal string
+	var sync int
+	if err := db.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&version); err != nil {
+		return err
+	}
+	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&journal); err != nil {
+		return err
+	}
+	if err := db.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&sync); err != nil {
+		return err
+	}
+	title := fmt.Sprintf("SQLite %s (modernc.org/sqlite), journal_mode=%s, synchronous=%s, file on %s",
+		version, journal, map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[sync], fsType(dir))
+	return suite(ctx, title, db, sqlkv.SQLite, n, rounds, batch, timing)
+}
+
+// fsType names the file system of dir when it is one whose speed differs
+// a lot, else its magic number.
+func fsType(dir string) string {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return "?"
+	}
+	switch st.Type {
+	case 0x01021994:
+		return "tmpfs " + dir
+	case 0xEF53:
+		return "ext4 " + dir
+	case 0x794c7630:
+		return "overlayfs " + dir
+	case 0x58465342:
+		return "xfs " + dir
+	}
+	return fmt.Sprintf("fs 0x%x %s", st.Type, dir)
+}
+
+func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, rounds, batch int, timing bool) error {
+	s, err := bench.NewSQL(ctx, db, d, fmt.Sprintf("bench_sql_%d", rand.Uint32()), batch)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := s.Close(context.Background()); err != nil {
+			log.Printf("dropping the bench tables: %v", err)
+		}
+	}()
+	cs := s.Contenders()
+	start := time.Now()
+	res, err := bench.Run(ctx, cs, n, rounds, func(round int, name string, rate float64) {
+		log.Printf("%s: round %d: %s: %s entities/s", d, round, name, bench.Rate(rate))
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("## %s, %d expired entities per run\n\n", title, n)
+	if err := bench.Table(os.Stdout, res, bench.Baseline{Label: "floor", Name: cs[0].Name}); err != nil {
+		return err
+	}
+	fmt.Printf("\n(%d rounds in %v, setup included; every run checked to leave 0 jobs and 0 markers)\n\n", rounds, time.Since(start).Round(time.Second))
+	if !timing {
+		return nil
+	}
+	for _, c := range cs[1:] {
+		s.Timing = &bench.Timing{}
+		rate, err := bench.Once(ctx, c, n)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("timing %s: %s: %s entities/s: %s\n\n", d, c.Name, bench.Rate(rate), s.Timing)
+	}
+	s.Timing = nil
+	return nil
+}
