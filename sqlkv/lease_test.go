@@ -23,10 +23,12 @@ import (
 const leaseTTL = 1500 * time.Millisecond
 
 // sqliteLeaseTTL is the fleet proofs' TTL on SQLite: its renewals queue
-// for the file's one write lock behind every replica's writes, and under
-// the race detector on a loaded machine 1.5s left them too little room
-// (a lease lost to a late renewal is cleared again by the next holder).
-const sqliteLeaseTTL = 4 * time.Second
+// for the file's one write lock behind every replica's writes (SQLite's
+// busy handler is not fair: a waiter sleeps and retries while others take
+// the lock), and under the race detector on a loaded machine 1.5s, and in
+// CI 4s, left them too little room (a lease lost to a late renewal is
+// cleared again by the next holder).
+const sqliteLeaseTTL = 10 * time.Second
 
 // freshLeaseTable returns the name of a new, migrated lease table that is
 // dropped when t ends.
