@@ -813,9 +813,17 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 			assert.NotZero(t, e.cleared, "%q never cleared", e.id)
 		case due.After(end):
 			unexpired++
-			assert.Equal(t, int32(1), markers[i], "markers of unexpired %q", e.id)
-			if e.holdUntil.IsZero() || e.finish.Add(soakRetention).After(end) {
+			switch {
+			case e.holdUntil.IsZero() || e.finish.Add(soakRetention).After(end):
+				assert.Equal(t, int32(1), markers[i], "markers of unexpired %q", e.id)
 				assert.Zero(t, e.calls, "clear calls of unexpired %q", e.id)
+			case v.store == soakPutOnly:
+				// Held, and rewritten by Put then Delete: a Delete that
+				// failed leaves two held keys until the hold's end, as a
+				// failed clear's reschedule does (README).
+				assert.Contains(t, []int32{1, 2}, markers[i], "markers of held %q", e.id)
+			default:
+				assert.Equal(t, int32(1), markers[i], "markers of held %q", e.id)
 			}
 			assert.True(t, e.present, "unexpired %q cleared", e.id)
 		}
