@@ -114,6 +114,9 @@ type Sweep struct {
 	seen          seenIDs         // the ids met in the pass
 	moveFrom      [][]byte        // reused by settle
 	moveTo        [][]byte
+	ps            passState  // the pass's state
+	pst           Stats      // the pass's Stats, which ps.st points to
+	ctxSlab       []storeCtx // store contexts not handed out yet
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -200,53 +203,89 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	defer func() { <-s.busy }()
 
 	start := s.clock.Now()
-	p := &passState{kv: kv, fence: fence, st: &st, start: start, cutoff: start.Add(-s.retention)}
+	// The state is the sweep's, reused by every pass, as are its buffers:
+	// an idle pass allocates (nearly) nothing.
+	p := &s.ps
+	*p = passState{kv: kv, fence: fence, st: &s.pst, start: start, cutoff: start.Add(-s.retention),
+		slab: &s.ctxSlab, buf: p.buf}
+	s.pst = Stats{}
 	p.putter, _ = kv.(Putter)
 	p.mover, _ = kv.(Mover)
 	s.seen.reset(p.putter != nil && p.mover == nil)
-	defer s.seen.end()
 	p.cutoffMs = cutoffMillis(p.cutoff)
-	p.cutoffKey = s.dueEnd(p.cutoffMs)
-	var next *prefetch // a read of the next page in flight
+	p.cutoffKey = appendTimestamp(append(p.buf.cutoffKey[:0], s.prefix...), uint64(p.cutoffMs))
+	p.buf.cutoffKey = p.cutoffKey
 	defer func() {
-		if next != nil {
-			<-next.done // no Scan outlives the pass, even one an Observer's panic cut short
+		if p.clearing != nil {
+			p.clearing.stop() // no Clear outlives the pass, even one an Observer's panic cut short
 		}
+		s.seen.end()
+		st = *p.st
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		if s.clear == nil {
 			st.BatchSize = int(s.curBatch.Load())
 		}
+		*p.st = st
 		s.logPass(p)
 		s.observePage(p)
 		s.observePass(ctx, st, err)
+		p.kv, p.fence, p.putter, p.mover, p.clearing = nil, nil, nil, nil, nil
 	}()
+	err = s.passRanges(ctx, p)
+	return *p.st, err
+}
 
+// passRanges is the work of a pass: the expired range a page at a time,
+// the first marker past it, and the due part of the retry range.
+func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
-	for err == nil {
-		// A full page may have a next one: read it while this one is
+	for err == nil && len(keys) > 0 {
+		// A full page may have a next one: it is read while this one is
 		// cleared. It starts just after this page's last key, so markers
 		// that stay (failed clears) are not read again in this pass.
-		next = nil
+		p.ahead = readAhead{}
 		if len(keys) == s.pageSize {
-			next = s.prefetch(ctx, p, keyAfter(keys[len(keys)-1]))
+			p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
+			p.ahead = readAhead{from: p.buf.after, end: p.cutoffKey, want: true}
 		}
 		err = s.page(ctx, p, keys)
-		if next == nil {
-			break
+		if err == nil {
+			keys, err = p.ahead.keys, p.ahead.err // a failure of the page comes first
 		}
-		keys, err = next.wait(p, err)
+		p.ahead = readAhead{}
 	}
 	if err != nil {
-		return st, err
+		return err
 	}
 	if err := s.peek(ctx, p); err != nil {
-		return st, err
+		return err
 	}
 	if err := s.retryPass(ctx, p); err != nil {
-		return st, err
+		return err
 	}
 	s.retries.prune(s.clock.Now())
-	return st, nil
+	return nil
+}
+
+// readAhead is the read of the page after the current one, which the
+// pass's goroutine makes while the current page's clears run.
+type readAhead struct {
+	from, end []byte // the range to read, when want
+	want      bool
+	done      bool
+	keys      [][]byte
+	err       error
+}
+
+// readAhead reads the next page, if the current one has one and it was not
+// read yet. Every way through a page calls it, once its clears run.
+func (s *Sweep) readAhead(ctx context.Context, p *passState) {
+	a := &p.ahead
+	if !a.want || a.done {
+		return
+	}
+	a.done = true
+	a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
 }
 
 // retryPass handles the markers of the retry range whose retry is due:
@@ -261,7 +300,8 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	if time.UnixMilli(p.retryDueMs).Before(p.start) {
 		p.retryDueMs++
 	}
-	dueKey := appendTimestamp(append([]byte(nil), s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
+	dueKey := appendTimestamp(append(p.buf.dueKey[:0], s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
+	p.buf.dueKey = dueKey
 	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
 	if err != nil || len(first) == 0 {
 		return err
@@ -334,6 +374,10 @@ type passState struct {
 	cutoffKey  []byte
 	notes      passNotes
 	observed   Stats // the counts an Observer was told of, page by page
+	ahead      readAhead
+	clearing   *clearing   // the pass's clear workers, once a page has clears
+	slab       *[]storeCtx // where storeCtx takes contexts from
+	buf        passBuffers // kept from pass to pass
 
 	// Written by the clears of a page, which run concurrently.
 	streak                                    atomic.Int64          // clear calls that failed in a row
@@ -343,6 +387,11 @@ type passState struct {
 	failedCalls, timedOutCalls, panickedCalls atomic.Int64          // folded into st after each page
 	fenceErr                                  atomic.Pointer[error] // a ClearDeleter's call that did not apply the fence
 	budgetWait                                atomic.Int64          // ns waited for Config.Limiter, folded into st
+}
+
+// passBuffers are the buffers of keys a pass builds, kept for the next.
+type passBuffers struct {
+	cutoffKey, dueKey, after []byte
 }
 
 // foldCalls adds the page's failed calls to the pass's Stats.
@@ -480,6 +529,7 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 		p.st.ClearCalls += calls
 		p.foldCalls()
 	}
+	s.readAhead(ctx, p) // if the clears did not
 	if err == nil {
 		err = ctx.Err()
 	}
