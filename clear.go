@@ -16,67 +16,74 @@ var errClearExited = errors.New("retention: clear did not return: it called runt
 // errClearTimedOut marks a clear that ran past ClearTimeout.
 var errClearTimedOut = errors.New("retention: clear timed out")
 
-// clearAll calls Clear for the page's pending items, at most Concurrency at
-// a time, oldest first, recording each outcome in its item. While they run,
-// the pass's goroutine reads the next page (see readAhead). It returns
+// clearAll calls Clear for the page's pending items from the walk's next
+// one on, at most Concurrency at a time, oldest first, recording each
+// outcome in its item, and reads the next page (see readAhead). It returns
 // ctx.Err() if ctx is done before every Clear started.
 //
-// Clears run on worker goroutines, even one at a time: a Clear that calls
-// runtime.Goexit then ends a worker, not the caller, and a new worker takes
-// over the rest of the page. The workers live for the pass and take a page
-// at a time: with fast clears, a goroutine or a hand-over per marker, or
-// even per page, would cost more than the clears.
+// Clears never run on the goroutine that called Pass: a Clear that calls
+// runtime.Goexit then ends a goroutine of the sweep's, whose work another
+// takes up, and not the caller. With Concurrency 1 they run on the walk's
+// goroutine (see walk), one after the other. With more, they run on
+// workers that live for the pass and take the page's items one at a time,
+// while the pass's goroutine reads the next page: a goroutine or a
+// hand-over per marker would cost more than quick clears.
 //
 // It returns how many calls of Clear (or ClearBatch) it made.
-func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item) (calls int, err error) {
+func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item, w *walk) (calls int, err error) {
 	n := 0
-	for i := range items {
+	for i := w.next; i < len(items); i++ {
 		if items[i].out == pending {
 			n++
 		}
 	}
-	if n == 0 {
+	c := p.clearing
+	if n == 0 && (c == nil || c.calls == 0) {
 		s.readAhead(ctx, p)
 		return 0, ctx.Err()
 	}
 	if s.clearBatch != nil || s.clear == nil {
 		return s.clearBatches(ctx, p, keys, items)
 	}
-	c := p.clearing
 	if c == nil {
-		c = &clearing{s: s, p: p, ctx: ctx, pages: make(chan struct{}, s.concurrency)}
+		c = &clearing{s: s, p: p, ctx: ctx, inline: s.concurrency == 1}
 		p.clearing = c
 	}
-	c.items, c.next = items, atomic.Int64{}
-	if s.clearTimeout > 0 {
-		// A slab per page, not reused: a Clear may keep its context, which
-		// must stay cancelled once it returned.
-		c.ctxs = make([]clearCtx, len(items))
+	if w.next == 0 {
+		c.items, c.slot = items, nil
 		c.pageNo = c.pagesOver.Load()
+		if s.clearTimeout > 0 && !c.inline {
+			// A slab per page, not reused: a Clear may keep its context,
+			// which must stay cancelled once it returned.
+			c.ctxs = make([]clearCtx, len(items))
+		}
 	}
-	// One worker takes the whole page at once; more take an item at a
-	// time, so that a slow Clear holds up no other.
-	c.chunk = 1
-	if s.concurrency == 1 {
-		c.chunk = len(items)
+	if c.inline {
+		s.readAhead(ctx, p) // before: this goroutine makes the clears
+		c.clearFrom(w)
+	} else {
+		c.next.Store(0)
+		shares := min(s.concurrency, n)
+		if c.pages == nil {
+			c.pages = make(chan struct{}, s.concurrency)
+		}
+		for c.started < shares {
+			c.started++
+			c.workers.Add(1)
+			go c.serve(false)
+		}
+		c.page.Add(shares)
+		for range shares {
+			c.pages <- struct{}{}
+		}
+		s.readAhead(ctx, p)
+		c.page.Wait()
+		c.calls = n
 	}
-	shares := min(s.concurrency, n)
-	for c.started < shares {
-		c.started++
-		c.workers.Add(1)
-		go c.serve(false, 0, 0)
-	}
-	c.page.Add(shares)
-	for range shares {
-		c.pages <- struct{}{}
-	}
-	s.readAhead(ctx, p)
-	c.page.Wait()
-	if c.ctxs != nil {
-		c.endPage(c.ctxs)
-	}
-	c.items, c.ctxs = nil, nil
-	return n, ctx.Err()
+	c.endPage()
+	c.items, c.ctxs, c.slot = nil, nil, nil
+	calls, c.calls = c.calls, 0
+	return calls, ctx.Err()
 }
 
 // panicked is the error of a Clear that panicked with r, with its stack.
@@ -84,63 +91,114 @@ func panicked(r any) error {
 	return fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
 }
 
-// clearing is the clears of a pass: its workers and the page they clear.
+// clearing is the clears of a pass: the page they clear, and the workers
+// of a Concurrency above 1.
 type clearing struct {
-	s   *Sweep
-	p   *passState
-	ctx context.Context
+	s      *Sweep
+	p      *passState
+	ctx    context.Context
+	inline bool // Concurrency 1: the walk's goroutine clears
 
+	// The page, set before its clears start.
+	items  []item
+	ctxs   []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout, with workers
+	pageNo int64      // the page's number in the pass
+	// Without workers, consecutive clears share a context until one is
+	// consulted (see ctxFor): slot, taken from spare.
+	slot   *clearCtx
+	spare  []clearCtx
+	inPage []*clearCtx // the slots the page took
+	calls  int         // calls of Clear made for the page
+	exited bool        // an inline Clear called runtime.Goexit (see runWalk)
+
+	pagesOver atomic.Int64 // pages whose clears are all done (see clearCtx)
+
+	// The workers, with Concurrency above 1.
 	pages   chan struct{}  // one token per worker's share of a page
 	workers sync.WaitGroup // the workers alive
 	started int            // workers started, on the pass's goroutine
 	page    sync.WaitGroup // the shares of the page not done yet
+	next    atomic.Int64   // index of the page's next item to take
+}
 
-	// The page, set before its tokens are sent.
-	items  []item
-	ctxs   []clearCtx   // ctxs[i] is items[i]'s, under ClearTimeout
-	next   atomic.Int64 // index of the next item to take
-	chunk  int          // how many items a worker takes at once
-	pageNo int64        // the page's number among those with contexts
+// clearFrom clears the page's pending items from the walk's next on, one
+// at a time, on the walk's goroutine.
+func (c *clearing) clearFrom(w *walk) {
+	for w.next < len(c.items) && c.ctx.Err() == nil {
+		i := w.next
+		w.next++
+		if c.items[i].out == pending {
+			c.calls++
+			if !c.clearOne(i) {
+				return
+			}
+		}
+	}
+}
 
-	pagesOver atomic.Int64 // pages whose clears are all done (see clearCtx)
+// ctxFor returns the context of the Clear of items[i] under ClearTimeout,
+// or nil when there is none.
+//
+// On the walk's goroutine a context serves the clears that follow one
+// another until one consults it: most quick clears never do, and a context
+// each would cost an allocation and its clearing per marker. A Clear still
+// gets a context that no clear before it consulted, its deadline counting
+// from its own first look; only a goroutine an earlier Clear left behind
+// with it could share it, and it reads as cancelled by the page's end.
+func (c *clearing) ctxFor(i int) *clearCtx {
+	switch {
+	case c.s.clearTimeout <= 0:
+		return nil
+	case !c.inline:
+		if c.ctxs == nil {
+			return nil
+		}
+		cctx := &c.ctxs[i]
+		cctx.c, cctx.page = c, c.pageNo
+		return cctx
+	}
+	if c.slot == nil || c.slot.state.Load() != nil {
+		if len(c.spare) == 0 {
+			c.spare = make([]clearCtx, 32)
+		}
+		c.slot, c.spare = &c.spare[0], c.spare[1:]
+		c.slot.c, c.slot.page = c, c.pageNo
+		c.inPage = append(c.inPage, c.slot)
+	}
+	return c.slot
 }
 
 // serve is a worker: it clears its share of each page until the pass ends.
-// A worker that takes the place of one ended by runtime.Goexit first
-// resumes its share of the page, from lo to hi.
-func (c *clearing) serve(resume bool, lo, hi int) {
+// A worker that takes the place of one ended by runtime.Goexit resumes the
+// page first.
+func (c *clearing) serve(resume bool) {
 	defer c.workers.Done()
 	if resume {
-		c.work(lo, hi)
+		c.work()
 	}
 	for range c.pages {
-		c.work(0, 0)
+		c.work()
 	}
 }
 
 // stop ends the workers once their pages are done; the pass calls it as it
 // ends, however it ends.
 func (c *clearing) stop() {
-	close(c.pages)
-	c.workers.Wait()
+	if c.pages != nil {
+		close(c.pages)
+		c.workers.Wait()
+	}
 }
 
-// work clears the items from lo to hi, then takes more of the page until
-// none is left.
-func (c *clearing) work(lo, hi int) {
+// work takes the page's items one at a time until none is left.
+func (c *clearing) work() {
 	defer c.page.Done()
-	for {
-		for i := lo; i < hi; i++ {
-			if c.ctx.Err() != nil {
-				return // the pass is over: the items stay pending
-			}
-			if c.items[i].out == pending && !c.clearOne(i) {
-				return
-			}
+	for c.ctx.Err() == nil {
+		i := int(c.next.Add(1)) - 1
+		if i >= len(c.items) {
+			return
 		}
-		end := int(c.next.Add(int64(c.chunk)))
-		lo, hi = end-c.chunk, min(end, len(c.items))
-		if lo >= hi {
+		if c.items[i].out == pending && !c.clearOne(i) {
 			return
 		}
 	}
@@ -169,17 +227,19 @@ func (c *clearing) clearOne(i int) (started bool) {
 		}
 		c.p.callFailed(errClearExited)
 		// runtime.Goexit: this goroutine ends once the deferred calls ran.
-		// Another worker takes its place and the rest of the items it took,
-		// which end at the next multiple of chunk.
+		// Another takes its place: the walk's next (see runWalk), or a
+		// worker that takes its share of the page.
 		it.err = errClearExited
+		if c.inline {
+			c.exited = true
+			return
+		}
 		c.page.Add(1)
 		c.workers.Add(1)
-		go c.serve(true, i+1, min((i/c.chunk+1)*c.chunk, len(c.items)))
+		go c.serve(true)
 	}()
 	var ctx context.Context = c.ctx
-	if c.ctxs != nil {
-		cctx := &c.ctxs[i]
-		cctx.c, cctx.page = c, c.pageNo
+	if cctx := c.ctxFor(i); cctx != nil {
 		defer cctx.returned()
 		ctx = cctx
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -117,6 +118,7 @@ type Sweep struct {
 	ps            passState  // the pass's state
 	pst           Stats      // the pass's Stats, which ps.st points to
 	ctxSlab       []storeCtx // store contexts not handed out yet
+	walked        chan walkEnd
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -239,20 +241,8 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 // the first marker past it, and the due part of the retry range.
 func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
-	for err == nil && len(keys) > 0 {
-		// A full page may have a next one: it is read while this one is
-		// cleared. It starts just after this page's last key, so markers
-		// that stay (failed clears) are not read again in this pass.
-		p.ahead = readAhead{}
-		if len(keys) == s.pageSize {
-			p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
-			p.ahead = readAhead{from: p.buf.after, end: p.cutoffKey, want: true}
-		}
-		err = s.page(ctx, p, keys)
-		if err == nil {
-			keys, err = p.ahead.keys, p.ahead.err // a failure of the page comes first
-		}
-		p.ahead = readAhead{}
+	if err == nil {
+		err = s.walk(ctx, p, keys, p.cutoffKey)
 	}
 	if err != nil {
 		return err
@@ -265,6 +255,119 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	}
 	s.retries.prune(s.clock.Now())
 	return nil
+}
+
+// walk is a pass's way through a range, a page at a time: keys is the
+// page in hand, and once it is prepared, items are its items and next the
+// item to clear next. It lives in the pass's state, so that a goroutine can
+// take it up where a Clear's runtime.Goexit left it (see runWalk).
+type walk struct {
+	keys     [][]byte
+	end      []byte // the range's exclusive end
+	items    []item
+	next     int
+	prepared bool
+}
+
+// walk handles the pages of a range up to end, from keys, its first page
+// on: each full page may have a next one, read while it is cleared (or
+// just before, when the pass's goroutine clears it); it starts just after
+// the page's last key, so markers that stay (failed clears) are not read
+// again in the pass.
+//
+// With Concurrency 1 the walk runs on a goroutine of its own, which calls
+// Clear itself, and the pass waits for it: a page needs no hand-over then,
+// which costs more than the page's clears where they are quick. More
+// clears at once run on the pass's workers, a page at a time (see
+// clearAll).
+func (s *Sweep) walk(ctx context.Context, p *passState, keys [][]byte, end []byte) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	p.w = walk{keys: keys, end: end}
+	if s.concurrency == 1 && s.clear != nil && s.clearBatch == nil && !s.dryRun {
+		return s.walkOn(ctx, p)
+	}
+	return s.walkPages(ctx, p)
+}
+
+// walkPages goes through the pages of the pass's walk, from the page in
+// hand, prepared or not.
+func (s *Sweep) walkPages(ctx context.Context, p *passState) error {
+	w := &p.w
+	for len(w.keys) > 0 {
+		if !w.prepared {
+			p.ahead = readAhead{}
+			if len(w.keys) == s.pageSize {
+				p.buf.after = append(append(p.buf.after[:0], w.keys[len(w.keys)-1]...), 0)
+				p.ahead = readAhead{from: p.buf.after, end: w.end, want: true}
+			}
+			w.items, w.next, w.prepared = s.preparePage(p, w.keys), 0, true
+		}
+		err := s.finishPage(ctx, p, w)
+		w.prepared = false
+		if err == nil {
+			err = p.ahead.err // a failure of the page comes first
+		}
+		if err != nil {
+			return err
+		}
+		w.keys = p.ahead.keys
+		p.ahead = readAhead{}
+	}
+	return nil
+}
+
+// walkEnd is how a walk's goroutine ended.
+type walkEnd struct {
+	err      error
+	panicked bool
+	value    any  // the panic's, when panicked
+	exited   bool // runtime.Goexit outside a Clear
+}
+
+// walkOn runs the pass's walk on a goroutine of its own (runWalk) and
+// waits for it. A panic there (an Observer's, a KV's) reaches the pass's
+// caller as it would have without the goroutine, and so does a
+// runtime.Goexit outside a Clear.
+func (s *Sweep) walkOn(ctx context.Context, p *passState) error {
+	if s.walked == nil {
+		s.walked = make(chan walkEnd, 1)
+	}
+	go s.runWalk(ctx, p)
+	e := <-s.walked
+	switch {
+	case e.panicked:
+		panic(e.value)
+	case e.exited:
+		runtime.Goexit()
+	}
+	return e.err
+}
+
+// runWalk is the goroutine of a walk. When a Clear calls runtime.Goexit,
+// its item is recorded failed (see clearOne) and a new goroutine takes the
+// walk up at the next item.
+func (s *Sweep) runWalk(ctx context.Context, p *passState) {
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		if r := recover(); r != nil {
+			s.walked <- walkEnd{panicked: true, value: r}
+			return
+		}
+		if c := p.clearing; c != nil && c.exited {
+			c.exited = false
+			go s.runWalk(ctx, p)
+			return
+		}
+		s.walked <- walkEnd{exited: true}
+	}()
+	err := s.walkPages(ctx, p)
+	finished = true
+	s.walked <- walkEnd{err: err}
 }
 
 // readAhead is the read of the page after the current one, which the
@@ -312,21 +415,12 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	}
 	// Something is due, or a key that is no retry marker comes first:
 	// the pages handle both (malformed keys deleted, foreign ones counted).
-	from := s.retryLower
-	for {
-		keys, err := s.scan(ctx, p, from, dueKey, s.pageSize)
-		if err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			if err := s.page(ctx, p, keys); err != nil {
-				return err
-			}
-		}
-		if len(keys) < s.pageSize {
-			break
-		}
-		from = keyAfter(keys[len(keys)-1])
+	keys, err := s.scan(ctx, p, s.retryLower, dueKey, s.pageSize)
+	if err == nil {
+		err = s.walk(ctx, p, keys, dueKey)
+	}
+	if err != nil {
+		return err
 	}
 	if at, found, err := s.nextRetry(ctx, p, dueKey); err != nil || !found {
 		return err
@@ -375,6 +469,7 @@ type passState struct {
 	notes      passNotes
 	observed   Stats // the counts an Observer was told of, page by page
 	ahead      readAhead
+	w          walk        // the range being walked
 	clearing   *clearing   // the pass's clear workers, once a page has clears
 	slab       *[]storeCtx // where storeCtx takes contexts from
 	buf        passBuffers // kept from pass to pass
@@ -498,8 +593,9 @@ type item struct {
 	doneAt        int64 // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
 }
 
-// page handles one page of the expired range.
-func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
+// preparePage sorts a page's keys into items (see parsePage), and marks
+// those in their retry delay and the duplicates.
+func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 	items, now := s.parsePage(p, keys), s.clock.Now()
 	canWrite := (p.mover != nil || p.putter != nil) && !s.dryRun
 	for i := range items {
@@ -516,6 +612,13 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 		}
 	}
 	s.dedupe(items)
+	return items
+}
+
+// finishPage clears the prepared page of the walk, from its next item on,
+// and settles it.
+func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
+	keys, items := w.keys, w.items
 	var err error
 	if s.dryRun {
 		for i := range items {
@@ -525,7 +628,7 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 		}
 	} else {
 		var calls int
-		calls, err = s.clearAll(ctx, p, keys, items)
+		calls, err = s.clearAll(ctx, p, keys, items, w)
 		p.st.ClearCalls += calls
 		p.foldCalls()
 	}

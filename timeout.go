@@ -237,13 +237,20 @@ func (c *clearCtx) end() { endState(&c.state) }
 
 // endPage cancels the contexts of a page whose clears are all done: a
 // context consulted now or later reads as cancelled.
-func (c *clearing) endPage(ctxs []clearCtx) {
+func (c *clearing) endPage() {
 	c.pagesOver.Add(1)
-	for i := range ctxs {
-		if ctxs[i].state.Load() != nil {
-			ctxs[i].end()
+	for i := range c.ctxs {
+		if c.ctxs[i].state.Load() != nil {
+			c.ctxs[i].end()
 		}
 	}
+	for i, cctx := range c.inPage {
+		if cctx.state.Load() != nil {
+			cctx.end()
+		}
+		c.inPage[i] = nil
+	}
+	c.inPage = c.inPage[:0]
 }
 
 // timedOut reports whether the deadline of ClearTimeout, not the parent,
