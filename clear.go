@@ -59,8 +59,14 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		}
 	}
 	if c.inline {
-		s.readAhead(ctx, p) // before: this goroutine makes the clears
+		// This goroutine makes the clears: the next page is read before
+		// them, or meanwhile on a goroutine of its own from a slow store.
+		s.prefetch(ctx, p)
+		if p.ahead.inFlight == nil {
+			s.readAhead(ctx, p)
+		}
 		c.clearFrom(w)
+		s.readAhead(ctx, p)
 	} else {
 		c.next.Store(0)
 		shares := min(s.concurrency, n)

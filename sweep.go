@@ -221,6 +221,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		if p.clearing != nil {
 			p.clearing.stop() // no Clear outlives the pass, even one an Observer's panic cut short
 		}
+		if f := p.ahead.inFlight; f != nil {
+			f.wait(p) // nor a Scan
+		}
 		s.seen.end()
 		st = *p.st
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
@@ -370,25 +373,72 @@ func (s *Sweep) runWalk(ctx context.Context, p *passState) {
 	s.walked <- walkEnd{err: err}
 }
 
-// readAhead is the read of the page after the current one, which the
-// pass's goroutine makes while the current page's clears run.
+// readAhead is the read of the page after the current one, made while the
+// current page's clears run, or just before when the walk's goroutine
+// clears them itself and the store answers quickly (see prefetch).
 type readAhead struct {
 	from, end []byte // the range to read, when want
 	want      bool
 	done      bool
 	keys      [][]byte
 	err       error
+	inFlight  *prefetch // the read on a goroutine of its own
 }
 
 // readAhead reads the next page, if the current one has one and it was not
-// read yet. Every way through a page calls it, once its clears run.
+// read yet, or waits for its read in flight. Every way through a page calls
+// it, once its clears run.
 func (s *Sweep) readAhead(ctx context.Context, p *passState) {
 	a := &p.ahead
-	if !a.want || a.done {
+	switch {
+	case !a.want || a.done:
 		return
+	case a.inFlight != nil:
+		a.keys, a.err = a.inFlight.wait(p)
+		a.inFlight = nil
+	default:
+		start := s.clock.Now()
+		a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
+		p.slowScans = s.clock.Now().Sub(start) >= slowScan
 	}
 	a.done = true
-	a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
+}
+
+// slowScan is how long a Scan of a page takes before the walk's goroutine
+// reads each next page on a goroutine of its own, while it clears the
+// current one: the hand-over costs microseconds, nothing beside a slow
+// store, and more than the Scan beside a quick one.
+const slowScan = 200 * time.Microsecond
+
+// prefetch is a read of the next page on a goroutine of its own.
+type prefetch struct {
+	done chan struct{}
+	keys [][]byte
+	err  error
+}
+
+// prefetch starts reading the next page on a goroutine of its own, when
+// the last Scan of a page was slow.
+func (s *Sweep) prefetch(ctx context.Context, p *passState) {
+	a := &p.ahead
+	if !a.want || a.done || a.inFlight != nil || !p.slowScans {
+		return
+	}
+	f := &prefetch{done: make(chan struct{})}
+	kv, from, end := p.kv, a.from, a.end
+	go func() {
+		defer close(f.done)
+		f.keys, f.err = s.scanKV(ctx, kv, from, end, s.pageSize)
+	}()
+	a.inFlight = f
+}
+
+// wait returns the prefetched page, counted in the pass's Stats. It always
+// waits, so that no Scan outlives the pass.
+func (f *prefetch) wait(p *passState) ([][]byte, error) {
+	<-f.done
+	p.countScan(f.keys)
+	return f.keys, f.err
 }
 
 // retryPass handles the markers of the retry range whose retry is due:
@@ -469,6 +519,7 @@ type passState struct {
 	notes      passNotes
 	observed   Stats // the counts an Observer was told of, page by page
 	ahead      readAhead
+	slowScans  bool        // the last Scan of a page took slowScan or more
 	w          walk        // the range being walked
 	clearing   *clearing   // the pass's clear workers, once a page has clears
 	slab       *[]storeCtx // where storeCtx takes contexts from
