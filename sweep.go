@@ -800,6 +800,10 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 // an earlier one) a duplicate of the first, linking it into the first's
 // chain on this page: the id is cleared once and every marker goes with it.
 func (s *Sweep) dedupe(items []item) {
+	if !s.seen.wide {
+		s.seen.dedupePage(items)
+		return
+	}
 	for i := range items {
 		it := &items[i]
 		if it.out != pending && it.out != deferred {
