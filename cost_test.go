@@ -141,3 +141,29 @@ func TestSlowStoreReadAhead(t *testing.T) {
 		assert.Zero(t, kv.Len())
 	})
 }
+
+// waitingKV's Scan waits until its context is done.
+type waitingKV struct{ *MemKV }
+
+func (waitingKV) Scan(ctx context.Context, _, _ []byte, _ int) ([][]byte, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestCallersDeadlineIsNoStoreTimeout: the lazy context of a store call
+// ends at the caller's deadline as the caller's own, never as a
+// StoreTimeout, whichever timer fires first.
+func TestCallersDeadlineIsNoStoreTimeout(t *testing.T) {
+	t.Parallel()
+	for _, timeout := range []time.Duration{-1, time.Hour} {
+		s, err := New(waitingKV{NewMemKV()}, Config{Prefix: "x/", Retention: time.Hour, StoreTimeout: timeout,
+			Clear: func(context.Context, string) error { return nil }})
+		require.NoError(t, err)
+		for range 20 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+			_, err := s.Pass(ctx)
+			cancel()
+			require.Equal(t, context.DeadlineExceeded, err, "StoreTimeout %v: Pass() = %v, want the caller's deadline", timeout, err)
+		}
+	}
+}

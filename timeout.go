@@ -306,7 +306,9 @@ func (st *clearState) errLocked(parent context.Context) error {
 	if st.err == nil {
 		if err := parent.Err(); err != nil {
 			st.cancelLocked(err)
-		} else if !st.deadline.IsZero() && !time.Now().Before(st.deadline) {
+		} else if st.own && !time.Now().Before(st.deadline) {
+			// Only its own deadline: the parent's ends the parent first,
+			// so that the caller's deadline reads as the caller's.
 			st.cancelLocked(context.DeadlineExceeded)
 		}
 	}
@@ -324,7 +326,7 @@ func (st *clearState) doneOf(parent context.Context) <-chan struct{} {
 		return st.done
 	}
 	st.done = make(chan struct{})
-	if !st.deadline.IsZero() {
+	if st.own {
 		st.timer = time.AfterFunc(time.Until(st.deadline), func() { st.cancel(context.DeadlineExceeded) })
 	}
 	st.stop = context.AfterFunc(parent, func() { st.cancel(parent.Err()) })
