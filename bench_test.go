@@ -51,7 +51,9 @@ func BenchmarkIdlePass(b *testing.B) {
 
 // BenchmarkPassClear measures a pass clearing 100,000 expired markers with a
 // no-op Clear, against the floor: the same store emptied by a hand-written
-// scan-and-delete loop with the same page size. ns/op is the pass alone.
+// scan-and-delete loop with the same page size. ns/op is the pass alone;
+// pass/floor is the ratio of the two (issue 20 keeps it at most 1.5).
+// The timer runs during the passes only, so that b.N calibrates on them.
 func BenchmarkPassClear(b *testing.B) {
 	const n = 100_000
 	for _, concurrency := range []int{1, 16} {
@@ -60,13 +62,19 @@ func BenchmarkPassClear(b *testing.B) {
 			var passNs, floorNs time.Duration
 			var passAllocs, floorAllocs uint64
 			var ms runtime.MemStats
-			measure := func(f func()) (time.Duration, uint64) {
+			measure := func(timed bool, f func()) (time.Duration, uint64) {
 				runtime.GC() // both start from a collected heap
 				runtime.ReadMemStats(&ms)
 				before := ms.Mallocs
+				if timed {
+					b.StartTimer()
+				}
 				start := time.Now()
 				f()
 				d := time.Since(start)
+				if timed {
+					b.StopTimer()
+				}
 				runtime.ReadMemStats(&ms)
 				return d, ms.Mallocs - before
 			}
@@ -75,7 +83,7 @@ func BenchmarkPassClear(b *testing.B) {
 				kv := fill(b, n)
 				s, clock := newSweep(b, kv, Config{Concurrency: concurrency, Clear: func(context.Context, string) error { return nil }})
 				clock.Set(t0.Add(24 * time.Hour))
-				d, a := measure(func() {
+				d, a := measure(true, func() {
 					st, err := s.Pass(ctx)
 					if err != nil || st.Cleared != n {
 						b.Fatalf("Pass() = %+v, %v; want %d cleared", st, err, n)
@@ -85,7 +93,7 @@ func BenchmarkPassClear(b *testing.B) {
 
 				kv = fill(b, n)
 				cutoff := appendTimestamp([]byte("runs/"), uint64(t0.Add(time.Hour).UnixMilli()))
-				d, a = measure(func() {
+				d, a = measure(false, func() {
 					from := []byte("runs/0")
 					for {
 						keys, err := kv.Scan(ctx, from, cutoff, DefaultPageSize)

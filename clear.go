@@ -16,39 +16,80 @@ var errClearExited = errors.New("retention: clear did not return: it called runt
 // errClearTimedOut marks a clear that ran past ClearTimeout.
 var errClearTimedOut = errors.New("retention: clear timed out")
 
-// clearAll calls Clear for the page's pending items, at most Concurrency at
-// a time, oldest first, recording each outcome in its item. It returns
+// clearAll calls Clear for the page's pending items from the walk's next
+// one on, at most Concurrency at a time, oldest first, recording each
+// outcome in its item, and reads the next page (see readAhead). It returns
 // ctx.Err() if ctx is done before every Clear started.
 //
-// Clears run on worker goroutines, even one at a time: a Clear that calls
-// runtime.Goexit then ends a worker, not the caller, and a new worker takes
-// over the rest of the page. A pool rather than a goroutine per marker:
-// with fast clears the goroutines would cost more than the clears.
+// Clears never run on the goroutine that called Pass: a Clear that calls
+// runtime.Goexit then ends a goroutine of the sweep's, whose work another
+// takes up, and not the caller. With Concurrency 1 they run on the walk's
+// goroutine (see walk), one after the other. With more, they run on
+// workers that live for the pass and take the page's items one at a time,
+// while the pass's goroutine reads the next page: a goroutine or a
+// hand-over per marker would cost more than quick clears.
 //
 // It returns how many calls of Clear (or ClearBatch) it made.
-func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item) (calls int, err error) {
+func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item, w *walk) (calls int, err error) {
 	n := 0
-	for i := range items {
+	for i := w.next; i < len(items); i++ {
 		if items[i].out == pending {
 			n++
 		}
 	}
-	if n == 0 {
+	c := p.clearing
+	if n == 0 && (c == nil || c.calls == 0) {
+		s.readAhead(ctx, p)
 		return 0, ctx.Err()
 	}
 	if s.clearBatch != nil || s.clear == nil {
 		return s.clearBatches(ctx, p, keys, items)
 	}
-	c := &clearing{s: s, p: p, ctx: ctx, items: items}
-	if s.clearTimeout > 0 {
-		c.ctxs = make([]clearCtx, len(items))
+	if c == nil {
+		c = &clearing{s: s, p: p, ctx: ctx, inline: s.concurrency == 1}
+		p.clearing = c
 	}
-	for range min(s.concurrency, n) {
-		c.wg.Add(1)
-		go c.work()
+	if w.next == 0 {
+		c.items, c.slot = items, nil
+		c.pageNo = c.pagesOver.Load()
+		if s.clearTimeout > 0 && !c.inline {
+			// A slab per page, not reused: a Clear may keep its context,
+			// which must stay cancelled once it returned.
+			c.ctxs = make([]clearCtx, len(items))
+		}
 	}
-	c.wg.Wait()
-	return n, ctx.Err()
+	if c.inline {
+		// This goroutine makes the clears: the next page is read before
+		// them, or meanwhile on a goroutine of its own from a slow store.
+		s.prefetch(ctx, p)
+		if p.ahead.inFlight == nil {
+			s.readAhead(ctx, p)
+		}
+		c.clearFrom(w)
+		s.readAhead(ctx, p)
+	} else {
+		c.next.Store(0)
+		shares := min(s.concurrency, n)
+		if c.pages == nil {
+			c.pages = make(chan struct{}, s.concurrency)
+		}
+		for c.started < shares {
+			c.started++
+			c.workers.Add(1)
+			go c.serve(false)
+		}
+		c.page.Add(shares)
+		for range shares {
+			c.pages <- struct{}{}
+		}
+		s.readAhead(ctx, p)
+		c.page.Wait()
+		c.calls = n
+	}
+	c.endPage()
+	c.items, c.ctxs, c.slot = nil, nil, nil
+	calls, c.calls = c.calls, 0
+	return calls, ctx.Err()
 }
 
 // panicked is the error of a Clear that panicked with r, with its stack.
@@ -56,26 +97,115 @@ func panicked(r any) error {
 	return fmt.Errorf("%w: %v\n%s", ErrClearPanicked, r, debug.Stack())
 }
 
-// clearing is one page's clears in flight.
+// clearing is the clears of a pass: the page they clear, and the workers
+// of a Concurrency above 1.
 type clearing struct {
-	s     *Sweep
-	p     *passState
-	ctx   context.Context
-	items []item
-	ctxs  []clearCtx   // ctxs[i] is items[i]'s, under ClearTimeout
-	next  atomic.Int64 // index of the next item to take
-	wg    sync.WaitGroup
+	s      *Sweep
+	p      *passState
+	ctx    context.Context
+	inline bool // Concurrency 1: the walk's goroutine clears
+
+	// The page, set before its clears start.
+	items  []item
+	ctxs   []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout, with workers
+	pageNo int64      // the page's number in the pass
+	// Without workers, consecutive clears share a context until one is
+	// consulted (see ctxFor): slot, taken from spare.
+	slot   *clearCtx
+	spare  []clearCtx
+	inPage []*clearCtx // the slots the page took
+	calls  int         // calls of Clear made for the page
+	exited bool        // an inline Clear called runtime.Goexit (see runWalk)
+
+	pagesOver atomic.Int64 // pages whose clears are all done (see clearCtx)
+
+	// The workers, with Concurrency above 1.
+	pages   chan struct{}  // one token per worker's share of a page
+	workers sync.WaitGroup // the workers alive
+	started int            // workers started, on the pass's goroutine
+	page    sync.WaitGroup // the shares of the page not done yet
+	next    atomic.Int64   // index of the page's next item to take
 }
 
+// clearFrom clears the page's pending items from the walk's next on, one
+// at a time, on the walk's goroutine.
+func (c *clearing) clearFrom(w *walk) {
+	for w.next < len(c.items) && c.ctx.Err() == nil {
+		i := w.next
+		w.next++
+		if c.items[i].out == pending {
+			c.calls++
+			if !c.clearOne(i) {
+				return
+			}
+		}
+	}
+}
+
+// ctxFor returns the context of the Clear of items[i] under ClearTimeout,
+// or nil when there is none.
+//
+// On the walk's goroutine a context serves the clears that follow one
+// another until one consults it: most quick clears never do, and a context
+// each would cost an allocation and its clearing per marker. A Clear still
+// gets a context that no clear before it consulted, its deadline counting
+// from its own first look; only a goroutine an earlier Clear left behind
+// with it could share it, and it reads as cancelled by the page's end.
+func (c *clearing) ctxFor(i int) *clearCtx {
+	switch {
+	case c.s.clearTimeout <= 0:
+		return nil
+	case !c.inline:
+		if c.ctxs == nil {
+			return nil
+		}
+		cctx := &c.ctxs[i]
+		cctx.c, cctx.page = c, c.pageNo
+		return cctx
+	}
+	if c.slot == nil || c.slot.state.Load() != nil {
+		if len(c.spare) == 0 {
+			c.spare = make([]clearCtx, 32)
+		}
+		c.slot, c.spare = &c.spare[0], c.spare[1:]
+		c.slot.c, c.slot.page = c, c.pageNo
+		c.inPage = append(c.inPage, c.slot)
+	}
+	return c.slot
+}
+
+// serve is a worker: it clears its share of each page until the pass ends.
+// A worker that takes the place of one ended by runtime.Goexit resumes the
+// page first.
+func (c *clearing) serve(resume bool) {
+	defer c.workers.Done()
+	if resume {
+		c.work()
+	}
+	for range c.pages {
+		c.work()
+	}
+}
+
+// stop ends the workers once their pages are done; the pass calls it as it
+// ends, however it ends.
+func (c *clearing) stop() {
+	if c.pages != nil {
+		close(c.pages)
+		c.workers.Wait()
+	}
+}
+
+// work takes the page's items one at a time until none is left.
 func (c *clearing) work() {
-	defer c.wg.Done()
+	defer c.page.Done()
 	for c.ctx.Err() == nil {
 		i := int(c.next.Add(1)) - 1
 		if i >= len(c.items) {
 			return
 		}
-		if c.items[i].out == pending {
-			c.clearOne(i)
+		if c.items[i].out == pending && !c.clearOne(i) {
+			return
 		}
 	}
 }
@@ -83,10 +213,11 @@ func (c *clearing) work() {
 // clearOne calls Clear for one item under ClearTimeout and records the
 // outcome. Only a Clear that returned nil, ErrLiveAgain or Hold is recorded
 // as such; one that returned another error, panicked or never returned
-// (runtime.Goexit) is recorded as failed.
-func (c *clearing) clearOne(i int) {
+// (runtime.Goexit) is recorded as failed. It returns false when the pass is
+// over before the call.
+func (c *clearing) clearOne(i int) (started bool) {
 	if c.s.limiter != nil && c.s.waitBudget(c.ctx, c.p, 1) != nil {
-		return // the pass is over: the item stays pending
+		return false // the item stays pending
 	}
 	it := &c.items[i]
 	returned := false
@@ -94,7 +225,7 @@ func (c *clearing) clearOne(i int) {
 		if returned {
 			return
 		}
-		it.out = failed
+		it.out, started = failed, true
 		if r := recover(); r != nil {
 			it.err = panicked(r)
 			c.p.callFailed(it.err)
@@ -102,16 +233,20 @@ func (c *clearing) clearOne(i int) {
 		}
 		c.p.callFailed(errClearExited)
 		// runtime.Goexit: this goroutine ends once the deferred calls ran.
-		// Another worker takes its place.
+		// Another takes its place: the walk's next (see runWalk), or a
+		// worker that takes its share of the page.
 		it.err = errClearExited
-		c.wg.Add(1)
-		go c.work()
+		if c.inline {
+			c.exited = true
+			return
+		}
+		c.page.Add(1)
+		c.workers.Add(1)
+		go c.serve(true)
 	}()
 	var ctx context.Context = c.ctx
-	if c.ctxs != nil {
-		cctx := &c.ctxs[i]
-		cctx.c = c
-		defer cctx.end()
+	if cctx := c.ctxFor(i); cctx != nil {
+		defer cctx.returned()
 		ctx = cctx
 	}
 	err := c.s.clear(ctx, it.id)
@@ -127,4 +262,5 @@ func (c *clearing) clearOne(i int) {
 		c.p.callFailed(err)
 	}
 	returned = true
+	return true
 }

@@ -23,6 +23,7 @@ type seenIDs struct {
 	// length is a power of two, or zero.
 	slots []uint64
 	recs  []seenRec // the ids met, in order
+	dirty bool      // dedupePage left items in slots
 	pages []string  // the id buffer of each page of the pass
 }
 
@@ -43,9 +44,10 @@ func (s *seenIDs) reset(wide bool) {
 	switch {
 	case len(s.slots) > 1<<14 && len(s.recs) < len(s.slots)/16:
 		s.slots = nil
-	case len(s.recs) > 0:
+	case len(s.recs) > 0 || s.dirty:
 		clear(s.slots)
 	}
+	s.dirty = false
 	s.recs = s.recs[:0]
 	s.end()
 }
@@ -120,4 +122,45 @@ func (s *seenIDs) markDone(rec int) { s.recs[rec].done = true }
 // the current page.
 func (s *seenIDs) repoint(rec, lo, hi, idx int) {
 	s.recs[rec] = seenRec{page: uint32(len(s.pages) - 1), lo: uint32(lo), hi: uint32(hi), idx: uint32(idx)}
+}
+
+// dedupePage is dedupe where the pass keeps one page's ids only: the table
+// then holds items of the page, not records, so that a marker costs a hash
+// and a probe and nothing more.
+func (s *seenIDs) dedupePage(items []item) {
+	n := 256
+	for n < 2*len(items) {
+		n *= 2
+	}
+	if len(s.slots) < n {
+		s.slots = make([]uint64, n)
+	} else {
+		s.slots = s.slots[:n]
+		clear(s.slots)
+	}
+	s.dirty = true
+	mask := uint64(n - 1)
+	for i := range items {
+		it := &items[i]
+		if it.out != pending && it.out != deferred {
+			continue
+		}
+		tag := maphash.String(s.seed, it.id) >> 32 << 32
+		for k := tag >> 32 & mask; ; k = (k + 1) & mask {
+			slot := s.slots[k]
+			if slot == 0 {
+				s.slots[k] = tag | uint64(i+1)
+				break
+			}
+			if j := int(uint32(slot)) - 1; slot>>32<<32 == tag && items[j].id == it.id {
+				// Deleted with the first, once it is settled.
+				it.out, it.primary = duplicate, int32(j)
+				for items[j].next != 0 {
+					j = int(items[j].next) - 1
+				}
+				items[j].next = int32(i) + 1
+				break
+			}
+		}
+	}
 }

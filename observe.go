@@ -16,8 +16,10 @@ import (
 // modules provide Observers that export Prometheus and OpenTelemetry
 // metrics.
 //
-// Calls come from the goroutine that runs the pass (or Run's loop). The
-// passes of one sweep are serialised, and so are their calls, but a lease
+// Calls come from the goroutine that runs the pass (or Run's loop), or,
+// with Concurrency 1, from the sweep's goroutine that walks its pages
+// while the pass waits for it. The passes of one sweep are serialised, and
+// so are their calls, but a lease
 // event of a LeasedPass tried while Run holds the lease may come at the
 // same time as a call of Run's pass, and one Observer may serve sweeps that
 // run concurrently: an Observer must be safe for concurrent use. The

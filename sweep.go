@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -114,6 +115,10 @@ type Sweep struct {
 	seen          seenIDs         // the ids met in the pass
 	moveFrom      [][]byte        // reused by settle
 	moveTo        [][]byte
+	ps            passState  // the pass's state
+	pst           Stats      // the pass's Stats, which ps.st points to
+	ctxSlab       []storeCtx // store contexts not handed out yet
+	walked        chan walkEnd
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -200,53 +205,240 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	defer func() { <-s.busy }()
 
 	start := s.clock.Now()
-	p := &passState{kv: kv, fence: fence, st: &st, start: start, cutoff: start.Add(-s.retention)}
+	// The state is the sweep's, reused by every pass, as are its buffers:
+	// an idle pass allocates (nearly) nothing.
+	p := &s.ps
+	*p = passState{kv: kv, fence: fence, st: &s.pst, start: start, cutoff: start.Add(-s.retention),
+		slab: &s.ctxSlab, buf: p.buf}
+	s.pst = Stats{}
 	p.putter, _ = kv.(Putter)
 	p.mover, _ = kv.(Mover)
 	s.seen.reset(p.putter != nil && p.mover == nil)
-	defer s.seen.end()
 	p.cutoffMs = cutoffMillis(p.cutoff)
-	p.cutoffKey = s.dueEnd(p.cutoffMs)
-	var next *prefetch // a read of the next page in flight
+	p.cutoffKey = appendTimestamp(append(p.buf.cutoffKey[:0], s.prefix...), uint64(p.cutoffMs))
+	p.buf.cutoffKey = p.cutoffKey
 	defer func() {
-		if next != nil {
-			<-next.done // no Scan outlives the pass, even one an Observer's panic cut short
+		if p.clearing != nil {
+			p.clearing.stop() // no Clear outlives the pass, even one an Observer's panic cut short
 		}
+		if f := p.ahead.inFlight; f != nil {
+			f.wait(p) // nor a Scan
+		}
+		s.seen.end()
+		st = *p.st
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		if s.clear == nil {
 			st.BatchSize = int(s.curBatch.Load())
 		}
+		*p.st = st
 		s.logPass(p)
 		s.observePage(p)
 		s.observePass(ctx, st, err)
+		p.kv, p.fence, p.putter, p.mover, p.clearing = nil, nil, nil, nil, nil
 	}()
+	err = s.passRanges(ctx, p)
+	return *p.st, err
+}
 
+// passRanges is the work of a pass: the expired range a page at a time,
+// the first marker past it, and the due part of the retry range.
+func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
-	for err == nil {
-		// A full page may have a next one: read it while this one is
-		// cleared. It starts just after this page's last key, so markers
-		// that stay (failed clears) are not read again in this pass.
-		next = nil
-		if len(keys) == s.pageSize {
-			next = s.prefetch(ctx, p, keyAfter(keys[len(keys)-1]))
-		}
-		err = s.page(ctx, p, keys)
-		if next == nil {
-			break
-		}
-		keys, err = next.wait(p, err)
+	if err == nil {
+		err = s.walk(ctx, p, keys, p.cutoffKey)
 	}
 	if err != nil {
-		return st, err
+		return err
 	}
 	if err := s.peek(ctx, p); err != nil {
-		return st, err
+		return err
 	}
 	if err := s.retryPass(ctx, p); err != nil {
-		return st, err
+		return err
 	}
 	s.retries.prune(s.clock.Now())
-	return st, nil
+	return nil
+}
+
+// walk is a pass's way through a range, a page at a time: keys is the
+// page in hand, and once it is prepared, items are its items and next the
+// item to clear next. It lives in the pass's state, so that a goroutine can
+// take it up where a Clear's runtime.Goexit left it (see runWalk).
+type walk struct {
+	keys     [][]byte
+	end      []byte // the range's exclusive end
+	items    []item
+	next     int
+	prepared bool
+}
+
+// walk handles the pages of a range up to end, from keys, its first page
+// on: each full page may have a next one, read while it is cleared (or
+// just before, when the pass's goroutine clears it); it starts just after
+// the page's last key, so markers that stay (failed clears) are not read
+// again in the pass.
+//
+// With Concurrency 1 the walk runs on a goroutine of its own, which calls
+// Clear itself, and the pass waits for it: a page needs no hand-over then,
+// which costs more than the page's clears where they are quick. More
+// clears at once run on the pass's workers, a page at a time (see
+// clearAll).
+func (s *Sweep) walk(ctx context.Context, p *passState, keys [][]byte, end []byte) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	p.w = walk{keys: keys, end: end}
+	if s.concurrency == 1 && s.clear != nil && s.clearBatch == nil && !s.dryRun {
+		return s.walkOn(ctx, p)
+	}
+	return s.walkPages(ctx, p)
+}
+
+// walkPages goes through the pages of the pass's walk, from the page in
+// hand, prepared or not.
+func (s *Sweep) walkPages(ctx context.Context, p *passState) error {
+	w := &p.w
+	for len(w.keys) > 0 {
+		if !w.prepared {
+			p.ahead = readAhead{}
+			if len(w.keys) == s.pageSize {
+				p.buf.after = append(append(p.buf.after[:0], w.keys[len(w.keys)-1]...), 0)
+				p.ahead = readAhead{from: p.buf.after, end: w.end, want: true}
+			}
+			w.items, w.next, w.prepared = s.preparePage(p, w.keys), 0, true
+		}
+		err := s.finishPage(ctx, p, w)
+		w.prepared = false
+		if err == nil {
+			err = p.ahead.err // a failure of the page comes first
+		}
+		if err != nil {
+			return err
+		}
+		w.keys = p.ahead.keys
+		p.ahead = readAhead{}
+	}
+	return nil
+}
+
+// walkEnd is how a walk's goroutine ended.
+type walkEnd struct {
+	err      error
+	panicked bool
+	value    any  // the panic's, when panicked
+	exited   bool // runtime.Goexit outside a Clear
+}
+
+// walkOn runs the pass's walk on a goroutine of its own (runWalk) and
+// waits for it. A panic there (an Observer's, a KV's) reaches the pass's
+// caller as it would have without the goroutine, and so does a
+// runtime.Goexit outside a Clear.
+func (s *Sweep) walkOn(ctx context.Context, p *passState) error {
+	if s.walked == nil {
+		s.walked = make(chan walkEnd, 1)
+	}
+	go s.runWalk(ctx, p)
+	e := <-s.walked
+	switch {
+	case e.panicked:
+		panic(e.value)
+	case e.exited:
+		runtime.Goexit()
+	}
+	return e.err
+}
+
+// runWalk is the goroutine of a walk. When a Clear calls runtime.Goexit,
+// its item is recorded failed (see clearOne) and a new goroutine takes the
+// walk up at the next item.
+func (s *Sweep) runWalk(ctx context.Context, p *passState) {
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		if r := recover(); r != nil {
+			s.walked <- walkEnd{panicked: true, value: r}
+			return
+		}
+		if c := p.clearing; c != nil && c.exited {
+			c.exited = false
+			go s.runWalk(ctx, p)
+			return
+		}
+		s.walked <- walkEnd{exited: true}
+	}()
+	err := s.walkPages(ctx, p)
+	finished = true
+	s.walked <- walkEnd{err: err}
+}
+
+// readAhead is the read of the page after the current one, made while the
+// current page's clears run, or just before when the walk's goroutine
+// clears them itself and the store answers quickly (see prefetch).
+type readAhead struct {
+	from, end []byte // the range to read, when want
+	want      bool
+	done      bool
+	keys      [][]byte
+	err       error
+	inFlight  *prefetch // the read on a goroutine of its own
+}
+
+// readAhead reads the next page, if the current one has one and it was not
+// read yet, or waits for its read in flight. Every way through a page calls
+// it, once its clears run.
+func (s *Sweep) readAhead(ctx context.Context, p *passState) {
+	a := &p.ahead
+	switch {
+	case !a.want || a.done:
+		return
+	case a.inFlight != nil:
+		a.keys, a.err = a.inFlight.wait(p)
+		a.inFlight = nil
+	default:
+		start := s.clock.Now()
+		a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
+		p.slowScans = s.clock.Now().Sub(start) >= slowScan
+	}
+	a.done = true
+}
+
+// slowScan is how long a Scan of a page takes before the walk's goroutine
+// reads each next page on a goroutine of its own, while it clears the
+// current one: the hand-over costs microseconds, nothing beside a slow
+// store, and more than the Scan beside a quick one.
+const slowScan = 200 * time.Microsecond
+
+// prefetch is a read of the next page on a goroutine of its own.
+type prefetch struct {
+	done chan struct{}
+	keys [][]byte
+	err  error
+}
+
+// prefetch starts reading the next page on a goroutine of its own, when
+// the last Scan of a page was slow.
+func (s *Sweep) prefetch(ctx context.Context, p *passState) {
+	a := &p.ahead
+	if !a.want || a.done || a.inFlight != nil || !p.slowScans {
+		return
+	}
+	f := &prefetch{done: make(chan struct{})}
+	kv, from, end := p.kv, a.from, a.end
+	go func() {
+		defer close(f.done)
+		f.keys, f.err = s.scanKV(ctx, kv, from, end, s.pageSize)
+	}()
+	a.inFlight = f
+}
+
+// wait returns the prefetched page, counted in the pass's Stats. It always
+// waits, so that no Scan outlives the pass.
+func (f *prefetch) wait(p *passState) ([][]byte, error) {
+	<-f.done
+	p.countScan(f.keys)
+	return f.keys, f.err
 }
 
 // retryPass handles the markers of the retry range whose retry is due:
@@ -261,7 +453,8 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	if time.UnixMilli(p.retryDueMs).Before(p.start) {
 		p.retryDueMs++
 	}
-	dueKey := appendTimestamp(append([]byte(nil), s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
+	dueKey := appendTimestamp(append(p.buf.dueKey[:0], s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
+	p.buf.dueKey = dueKey
 	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
 	if err != nil || len(first) == 0 {
 		return err
@@ -272,21 +465,12 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	}
 	// Something is due, or a key that is no retry marker comes first:
 	// the pages handle both (malformed keys deleted, foreign ones counted).
-	from := s.retryLower
-	for {
-		keys, err := s.scan(ctx, p, from, dueKey, s.pageSize)
-		if err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			if err := s.page(ctx, p, keys); err != nil {
-				return err
-			}
-		}
-		if len(keys) < s.pageSize {
-			break
-		}
-		from = keyAfter(keys[len(keys)-1])
+	keys, err := s.scan(ctx, p, s.retryLower, dueKey, s.pageSize)
+	if err == nil {
+		err = s.walk(ctx, p, keys, dueKey)
+	}
+	if err != nil {
+		return err
 	}
 	if at, found, err := s.nextRetry(ctx, p, dueKey); err != nil || !found {
 		return err
@@ -334,6 +518,12 @@ type passState struct {
 	cutoffKey  []byte
 	notes      passNotes
 	observed   Stats // the counts an Observer was told of, page by page
+	ahead      readAhead
+	slowScans  bool        // the last Scan of a page took slowScan or more
+	w          walk        // the range being walked
+	clearing   *clearing   // the pass's clear workers, once a page has clears
+	slab       *[]storeCtx // where storeCtx takes contexts from
+	buf        passBuffers // kept from pass to pass
 
 	// Written by the clears of a page, which run concurrently.
 	streak                                    atomic.Int64          // clear calls that failed in a row
@@ -343,6 +533,11 @@ type passState struct {
 	failedCalls, timedOutCalls, panickedCalls atomic.Int64          // folded into st after each page
 	fenceErr                                  atomic.Pointer[error] // a ClearDeleter's call that did not apply the fence
 	budgetWait                                atomic.Int64          // ns waited for Config.Limiter, folded into st
+}
+
+// passBuffers are the buffers of keys a pass builds, kept for the next.
+type passBuffers struct {
+	cutoffKey, dueKey, after []byte
 }
 
 // foldCalls adds the page's failed calls to the pass's Stats.
@@ -449,8 +644,9 @@ type item struct {
 	doneAt        int64 // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
 }
 
-// page handles one page of the expired range.
-func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
+// preparePage sorts a page's keys into items (see parsePage), and marks
+// those in their retry delay and the duplicates.
+func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 	items, now := s.parsePage(p, keys), s.clock.Now()
 	canWrite := (p.mover != nil || p.putter != nil) && !s.dryRun
 	for i := range items {
@@ -467,6 +663,13 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 		}
 	}
 	s.dedupe(items)
+	return items
+}
+
+// finishPage clears the prepared page of the walk, from its next item on,
+// and settles it.
+func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
+	keys, items := w.keys, w.items
 	var err error
 	if s.dryRun {
 		for i := range items {
@@ -476,10 +679,11 @@ func (s *Sweep) page(ctx context.Context, p *passState, keys [][]byte) error {
 		}
 	} else {
 		var calls int
-		calls, err = s.clearAll(ctx, p, keys, items)
+		calls, err = s.clearAll(ctx, p, keys, items, w)
 		p.st.ClearCalls += calls
 		p.foldCalls()
 	}
+	s.readAhead(ctx, p) // if the clears did not
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -596,6 +800,10 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 // an earlier one) a duplicate of the first, linking it into the first's
 // chain on this page: the id is cleared once and every marker goes with it.
 func (s *Sweep) dedupe(items []item) {
+	if !s.seen.wide {
+		s.seen.dedupePage(items)
+		return
+	}
 	for i := range items {
 		it := &items[i]
 		if it.out != pending && it.out != deferred {

@@ -13,9 +13,14 @@ import (
 // (Config.StoreTimeout), count it and name it in errors.
 
 func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit int) ([][]byte, error) {
-	keys, err := s.scanKV(ctx, p.kv, start, end, limit)
+	cctx := p.storeCtx(ctx, s.storeTimeout)
+	defer cctx.end()
+	keys, err := p.kv.Scan(cctx, start, end, limit)
 	p.countScan(keys)
-	return keys, err
+	if err != nil {
+		return nil, s.storeErr(ctx, cctx, "scan markers", err)
+	}
+	return keys, nil
 }
 
 // countScan counts a Scan call that returned keys in the pass's Stats.
@@ -24,7 +29,8 @@ func (p *passState) countScan(keys [][]byte) {
 	p.st.Scanned += len(keys)
 }
 
-// scanKV is scan without the counting, for a goroutine of its own.
+// scanKV is scan outside a pass, or on a goroutine of its own, without
+// the counting.
 func (s *Sweep) scanKV(ctx context.Context, kv KV, start, end []byte, limit int) ([][]byte, error) {
 	cctx, cancel := withTimeout(ctx, s.storeTimeout)
 	defer cancel()
@@ -35,40 +41,10 @@ func (s *Sweep) scanKV(ctx context.Context, kv KV, start, end []byte, limit int)
 	return keys, nil
 }
 
-// prefetch is a Scan of the next page of the expired range in flight.
-type prefetch struct {
-	done chan struct{}
-	keys [][]byte
-	err  error
-}
-
-// prefetch starts reading the page of the expired range from start.
-func (s *Sweep) prefetch(ctx context.Context, p *passState, start []byte) *prefetch {
-	f := &prefetch{done: make(chan struct{})}
-	kv, end := p.kv, p.cutoffKey
-	go func() {
-		defer close(f.done)
-		f.keys, f.err = s.scanKV(ctx, kv, start, end, s.pageSize)
-	}()
-	return f
-}
-
-// wait returns the prefetched page, counted in the pass's Stats, once the
-// current page is done with err; a failure of the current page comes
-// first. It always waits, so that no Scan outlives the pass.
-func (f *prefetch) wait(p *passState, err error) ([][]byte, error) {
-	<-f.done
-	p.countScan(f.keys)
-	if err != nil {
-		return nil, err
-	}
-	return f.keys, f.err
-}
-
 func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
 	wctx, mark := p.writeCtx(ctx)
-	cctx, cancel := withTimeout(wctx, s.storeTimeout)
-	defer cancel()
+	cctx := p.storeCtx(wctx, s.storeTimeout)
+	defer cctx.end()
 	p.st.DeleteCalls++
 	if err := p.kv.Delete(cctx, keys...); err != nil {
 		return s.storeErr(ctx, cctx, fmt.Sprintf("delete %d markers", len(keys)), err)
@@ -78,8 +54,8 @@ func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
 
 func (s *Sweep) put(ctx context.Context, p *passState, key []byte) error {
 	wctx, mark := p.writeCtx(ctx)
-	cctx, cancel := withTimeout(wctx, s.storeTimeout)
-	defer cancel()
+	cctx := p.storeCtx(wctx, s.storeTimeout)
+	defer cctx.end()
 	p.st.PutCalls++
 	if err := p.putter.Put(cctx, key, nil); err != nil {
 		return s.storeErr(ctx, cctx, "reschedule marker", err)
@@ -89,8 +65,8 @@ func (s *Sweep) put(ctx context.Context, p *passState, key []byte) error {
 
 func (s *Sweep) move(ctx context.Context, p *passState, from, to [][]byte) error {
 	wctx, mark := p.writeCtx(ctx)
-	cctx, cancel := withTimeout(wctx, s.storeTimeout)
-	defer cancel()
+	cctx := p.storeCtx(wctx, s.storeTimeout)
+	defer cctx.end()
 	p.st.PutCalls++
 	if err := p.mover.Move(cctx, from, to); err != nil {
 		return s.storeErr(ctx, cctx, fmt.Sprintf("reschedule %d markers", len(from)), err)
@@ -135,18 +111,60 @@ func (s *Sweep) storeErr(ctx, cctx context.Context, what string, err error) erro
 // that never consults its context cannot be stopped anyway. Until then it
 // holds no state; clearAll allocates a page's contexts at once. That spares
 // the allocations, the timer and the clock read that context.WithTimeout
-// costs per marker, several times the sweep's own work per marker. end
-// cancels it when Clear returns, as the cancel function of WithTimeout
-// would.
+// costs per marker, several times the sweep's own work per marker.
+//
+// When Clear returns, returned cancels the context if Clear consulted it,
+// as the cancel function of WithTimeout would. One it never consulted costs
+// nothing then, not even an atomic write (which costs as much as the rest
+// of the sweep's work per marker on some machines): it reads as cancelled
+// once its page's clears are done. Only a goroutine that Clear left behind
+// with the context can tell, if it consults it first between the two; it
+// is then cancelled with the page, or at its own ClearTimeout.
 type clearCtx struct {
-	c     *clearing                  // the page's clears: parent context and timeout
+	c     *clearing                  // the pass's clears: parent context and timeout
+	page  int64                      // the pass's page it belongs to, from 0
 	state atomic.Pointer[clearState] // nil until first consulted or ended
 }
 
-// clearState is a consulted clearCtx's state.
+// storeCtx is the context of one store call of a pass under StoreTimeout,
+// lazy as clearCtx is: what context.WithTimeout gives, without its
+// allocations, timer and clock read per call. Its deadline counts from the
+// first time the store waits on it or asks for it: Deadline, Done, or Err
+// a second time. A first Err, which a store checks before it starts,
+// cannot be past a deadline that starts then: it reads no clock, so that a
+// call of an in-memory store costs no more than the call. The contexts
+// come from a slab (see passState.storeCtx), each for one call; end
+// cancels it when the call returns.
+type storeCtx struct {
+	parent  context.Context
+	timeout time.Duration              // <= 0: no deadline of its own
+	polled  atomic.Bool                // Err was called once
+	state   atomic.Pointer[clearState] // nil until consulted or ended
+}
+
+// storeCtxChunk is how many store contexts the sweep allocates at once.
+const storeCtxChunk = 32
+
+// storeCtx returns the context of one store call of the pass, a child of
+// ctx under timeout, for the caller to end when the call returns. The
+// contexts come from a slab the sweep keeps across passes and hands out
+// once each: most idle passes allocate none, a pass of many pages one
+// per sixteen pages. Only the pass's goroutine calls it.
+func (p *passState) storeCtx(ctx context.Context, timeout time.Duration) *storeCtx {
+	slab := p.slab
+	if len(*slab) == 0 {
+		*slab = make([]storeCtx, storeCtxChunk)
+	}
+	c := &(*slab)[0]
+	*slab = (*slab)[1:]
+	c.parent, c.timeout = ctx, timeout
+	return c
+}
+
+// clearState is the state of a consulted clearCtx or storeCtx.
 type clearState struct {
-	deadline time.Time
-	own      bool // the deadline is ClearTimeout's, not the parent's
+	deadline time.Time // zero: none
+	own      bool      // the deadline is the context's timeout's, not the parent's
 	mu       sync.Mutex
 	done     chan struct{} // nil until Done is called
 	err      error         // set once ended, cancelled or past the deadline
@@ -154,7 +172,7 @@ type clearState struct {
 	stop     func() bool // stops the watch on the parent
 }
 
-// ended is the state of a clearCtx whose Clear returned before consulting
+// ended is the state of a context whose call returned before consulting
 // it.
 var ended = func() *clearState {
 	done := make(chan struct{})
@@ -162,61 +180,155 @@ var ended = func() *clearState {
 	return &clearState{done: done, err: context.Canceled}
 }()
 
-// get returns the state, creating it on first use.
-func (c *clearCtx) get() *clearState {
-	if st := c.state.Load(); st != nil {
+// lazyState returns the state in *state, creating it on first use with a
+// deadline timeout from now, or parent's when that is earlier.
+func lazyState(state *atomic.Pointer[clearState], parent context.Context, timeout time.Duration) *clearState {
+	if st := state.Load(); st != nil {
 		return st
 	}
-	st := &clearState{deadline: time.Now().Add(c.c.s.clearTimeout), own: true}
-	if d, ok := c.c.ctx.Deadline(); ok && !st.deadline.Before(d) {
-		st.deadline, st.own = d, false
+	st := &clearState{}
+	d, ok := parent.Deadline()
+	if timeout > 0 {
+		if own := time.Now().Add(timeout); !ok || own.Before(d) {
+			d, ok, st.own = own, true, true
+		}
 	}
-	if !c.state.CompareAndSwap(nil, st) {
-		return c.state.Load()
+	if ok {
+		st.deadline = d
+	}
+	if !state.CompareAndSwap(nil, st) {
+		return state.Load()
 	}
 	return st
 }
 
-func (c *clearCtx) Deadline() (time.Time, bool) {
-	st := c.get()
-	return st.deadline, !st.deadline.IsZero()
+// get returns the state, creating it on first use; cancelled at once when
+// the context's page is over.
+func (c *clearCtx) get() *clearState {
+	if st := c.state.Load(); st != nil {
+		return st
+	}
+	st := lazyState(&c.state, c.c.ctx, c.c.s.clearTimeout)
+	if c.c.pagesOver.Load() > c.page {
+		// Its Clear returned; the page's end may have looked at its state
+		// before it was set. Either sees the other: both are atomic.
+		st.cancel(context.Canceled)
+	}
+	return st
 }
+
+func (c *clearCtx) Deadline() (time.Time, bool) { return c.get().deadlineOf() }
 
 func (c *clearCtx) Value(key any) any { return c.c.ctx.Value(key) }
 
-func (c *clearCtx) Err() error {
-	st := c.get()
+func (c *clearCtx) Err() error { return c.get().errOf(c.c.ctx) }
+
+func (c *clearCtx) Done() <-chan struct{} { return c.get().doneOf(c.c.ctx) }
+
+// returned cancels the context once Clear returned, if Clear consulted it.
+func (c *clearCtx) returned() {
+	if st := c.state.Load(); st != nil {
+		st.cancel(context.Canceled)
+	}
+}
+
+// end cancels the context, consulted or not.
+func (c *clearCtx) end() { endState(&c.state) }
+
+// endPage cancels the contexts of a page whose clears are all done: a
+// context consulted now or later reads as cancelled.
+func (c *clearing) endPage() {
+	c.pagesOver.Add(1)
+	for i := range c.ctxs {
+		if c.ctxs[i].state.Load() != nil {
+			c.ctxs[i].end()
+		}
+	}
+	for i, cctx := range c.inPage {
+		if cctx.state.Load() != nil {
+			cctx.end()
+		}
+		c.inPage[i] = nil
+	}
+	c.inPage = c.inPage[:0]
+}
+
+// timedOut reports whether the deadline of ClearTimeout, not the parent,
+// ended the context.
+func (c *clearCtx) timedOut() bool {
+	st := c.state.Load()
+	if st == nil || st == ended {
+		return false
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return c.errLocked(st)
+	return st.err == context.DeadlineExceeded && st.own
+}
+
+func (c *storeCtx) get() *clearState { return lazyState(&c.state, c.parent, c.timeout) }
+
+func (c *storeCtx) Deadline() (time.Time, bool) { return c.get().deadlineOf() }
+
+func (c *storeCtx) Value(key any) any { return c.parent.Value(key) }
+
+func (c *storeCtx) Err() error {
+	if c.state.Load() == nil && !c.polled.Load() {
+		c.polled.Store(true)
+		return c.parent.Err()
+	}
+	return c.get().errOf(c.parent)
+}
+
+func (c *storeCtx) Done() <-chan struct{} { return c.get().doneOf(c.parent) }
+
+// end cancels the context once the call returned.
+func (c *storeCtx) end() { endState(&c.state) }
+
+// endState cancels the context of state once its call returned.
+func endState(state *atomic.Pointer[clearState]) {
+	if !state.CompareAndSwap(nil, ended) {
+		state.Load().cancel(context.Canceled)
+	}
+}
+
+func (st *clearState) deadlineOf() (time.Time, bool) {
+	return st.deadline, !st.deadline.IsZero()
+}
+
+func (st *clearState) errOf(parent context.Context) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.errLocked(parent)
 }
 
 // errLocked settles err from the parent and the clock if it is not set yet.
-func (c *clearCtx) errLocked(st *clearState) error {
+func (st *clearState) errLocked(parent context.Context) error {
 	if st.err == nil {
-		if err := c.c.ctx.Err(); err != nil {
+		if err := parent.Err(); err != nil {
 			st.cancelLocked(err)
-		} else if !time.Now().Before(st.deadline) {
+		} else if st.own && !time.Now().Before(st.deadline) {
+			// Only its own deadline: the parent's ends the parent first,
+			// so that the caller's deadline reads as the caller's.
 			st.cancelLocked(context.DeadlineExceeded)
 		}
 	}
 	return st.err
 }
 
-func (c *clearCtx) Done() <-chan struct{} {
-	st := c.get()
+func (st *clearState) doneOf(parent context.Context) <-chan struct{} {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.done != nil {
 		return st.done
 	}
-	if c.errLocked(st) != nil {
+	if st.errLocked(parent) != nil {
 		st.done = ended.done // closed
 		return st.done
 	}
 	st.done = make(chan struct{})
-	st.timer = time.AfterFunc(time.Until(st.deadline), func() { st.cancel(context.DeadlineExceeded) })
-	parent := c.c.ctx
+	if st.own {
+		st.timer = time.AfterFunc(time.Until(st.deadline), func() { st.cancel(context.DeadlineExceeded) })
+	}
 	st.stop = context.AfterFunc(parent, func() { st.cancel(parent.Err()) })
 	return st.done
 }
@@ -241,23 +353,4 @@ func (st *clearState) cancelLocked(err error) {
 	if st.stop != nil {
 		st.stop()
 	}
-}
-
-// end cancels the context once Clear returned.
-func (c *clearCtx) end() {
-	if !c.state.CompareAndSwap(nil, ended) {
-		c.state.Load().cancel(context.Canceled)
-	}
-}
-
-// timedOut reports whether the deadline of ClearTimeout, not the parent,
-// ended the context.
-func (c *clearCtx) timedOut() bool {
-	st := c.state.Load()
-	if st == nil || st == ended {
-		return false
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.err == context.DeadlineExceeded && st.own
 }

@@ -1,0 +1,169 @@
+package retention
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The sweep's own cost (issue 20), counted rather than timed: allocations
+// per page and per idle pass, and Scan calls per idle pass. The times are
+// in BenchmarkPassOverhead, BenchmarkIdlePass and BenchmarkPassClear.
+
+// preparedPages returns a pagesKV holding pages of DefaultPageSize expired
+// markers.
+func preparedPages(t testing.TB, pages int) *pagesKV {
+	t.Helper()
+	pk := &pagesKV{}
+	for p := range pages {
+		page := make([][]byte, DefaultPageSize)
+		for i := range page {
+			n := p*DefaultPageSize + i
+			key, err := AppendMarkerKey(nil, "runs/", t0.Add(time.Duration(n)*time.Millisecond), "m"+itoa(n))
+			require.NoError(t, err)
+			page[i] = key
+		}
+		pk.pages = append(pk.pages, page)
+	}
+	return pk
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+// TestPassAllocsPerPage: a pass allocates a few objects per page (the
+// string of its ids; with more than one worker, its clears' contexts),
+// none per marker, with ClearTimeout, retries and the dedupe table on.
+func TestPassAllocsPerPage(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		concurrency int
+		perPage     float64
+	}{{1, 1.2}, {4, 2.2}} {
+		allocs := func(pages int) float64 {
+			pk := preparedPages(t, pages)
+			s, clock := newSweep(t, pk, Config{Concurrency: tt.concurrency, Clear: func(context.Context, string) error { return nil }})
+			clock.Set(t0.Add(24 * time.Hour))
+			return testing.AllocsPerRun(5, func() {
+				pk.next = 0
+				st, err := s.Pass(ctx)
+				require.NoError(t, err)
+				require.Equal(t, pages*DefaultPageSize, st.Cleared)
+			})
+		}
+		few, many := allocs(10), allocs(40)
+		perPage := (many - few) / 30
+		t.Logf("Concurrency %d: %v allocations for 10 pages, %v for 40: %.2f per page", tt.concurrency, few, many, perPage)
+		assert.LessOrEqual(t, perPage, tt.perPage, "Concurrency %d: allocations per page (%v for 10 pages, %v for 40)", tt.concurrency, few, many)
+		assert.LessOrEqual(t, few, 10*tt.perPage+20, "Concurrency %d: allocations of a pass of 10 pages", tt.concurrency)
+	}
+}
+
+// TestIdlePassCost: a pass with nothing expired makes three Scan calls,
+// reads one key, and allocates nothing beyond what MemKV returns (two
+// objects for the key past the expired range) and a share of a slab of
+// store contexts; it starts no goroutine.
+func TestIdlePassCost(t *testing.T) {
+	ctx := context.Background()
+	mem := NewMemKV()
+	kv := &countingKV{KV: mem}
+	for i := range 1000 {
+		mark(t, mem, "runs/", "m"+itoa(i), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	s, _ := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 3, st.ScanCalls, "Scan calls: the expired range, the marker past it, the retry range's first key")
+	assert.Equal(t, 1, st.Scanned)
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := s.Pass(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%v allocations per idle pass", allocs)
+	assert.LessOrEqual(t, allocs, 2.2, "allocations per idle pass")
+}
+
+// sleepyScanKV is a MemKV whose Scan takes delay, and which counts the
+// Scans in progress.
+type sleepyScanKV struct {
+	*MemKV
+	delay  time.Duration
+	inScan atomic.Int32
+}
+
+func (k *sleepyScanKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	k.inScan.Add(1)
+	defer k.inScan.Add(-1)
+	time.Sleep(k.delay)
+	return k.MemKV.Scan(ctx, start, end, limit)
+}
+
+// TestSlowStoreReadAhead: with Concurrency 1 the walk's goroutine clears,
+// and reads the next page before; from a store whose Scan is slow, it
+// reads it on a goroutine of its own while it clears, as with workers.
+func TestSlowStoreReadAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := &sleepyScanKV{MemKV: NewMemKV(), delay: time.Millisecond}
+		for i := range 50 {
+			mark(t, kv.MemKV, "runs/", "m"+itoa(100+i), time.Now().Add(-2*time.Hour+time.Duration(i)*time.Millisecond))
+		}
+		var overlapped atomic.Int32
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, PageSize: 10, Clear: func(context.Context, string) error {
+			time.Sleep(100 * time.Microsecond)
+			if kv.inScan.Load() > 0 {
+				overlapped.Add(1)
+			}
+			return nil
+		}})
+		require.NoError(t, err)
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 50, st.Cleared)
+		assert.Equal(t, 6+1+1, st.ScanCalls, "5 pages, the read after the last, the peek and the retry range")
+		// The first page's read of the next is timed; from the second on,
+		// the next page's read runs during the clears.
+		t.Logf("%d clears of 50 ran during a Scan", overlapped.Load())
+		assert.GreaterOrEqual(t, overlapped.Load(), int32(3*10), "clears during a Scan")
+		assert.Zero(t, kv.Len())
+	})
+}
+
+// waitingKV's Scan waits until its context is done.
+type waitingKV struct{ *MemKV }
+
+func (waitingKV) Scan(ctx context.Context, _, _ []byte, _ int) ([][]byte, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestCallersDeadlineIsNoStoreTimeout: the lazy context of a store call
+// ends at the caller's deadline as the caller's own, never as a
+// StoreTimeout, whichever timer fires first.
+func TestCallersDeadlineIsNoStoreTimeout(t *testing.T) {
+	t.Parallel()
+	for _, timeout := range []time.Duration{-1, time.Hour} {
+		s, err := New(waitingKV{NewMemKV()}, Config{Prefix: "x/", Retention: time.Hour, StoreTimeout: timeout,
+			Clear: func(context.Context, string) error { return nil }})
+		require.NoError(t, err)
+		for range 20 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+			_, err := s.Pass(ctx)
+			cancel()
+			require.Equal(t, context.DeadlineExceeded, err, "StoreTimeout %v: Pass() = %v, want the caller's deadline", timeout, err)
+		}
+	}
+}
