@@ -75,7 +75,6 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 		return nil, fmt.Errorf("retention: Due's limit must be 1 to %d, got %d", MaxPageSize, limit)
 	}
 	now := s.clock.Now()
-	dueAt := func(finishedMs int64) time.Time { return time.UnixMilli(finishedMs).Add(s.retention) }
 	var out []DueMarker
 	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
 	if _, err := s.backlogRange(ctx, s.lower, cutoffKey, limit, func(key []byte) bool {
@@ -83,7 +82,7 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 		if isForeign || err != nil || s.checkIDBytes(key, id) != nil {
 			return false
 		}
-		out = append(out, DueMarker{ID: string(id), Due: dueAt(ms), State: StateDue})
+		out = append(out, DueMarker{ID: string(id), Due: time.UnixMilli(ms).Add(s.retention), State: StateDue})
 		return true
 	}); err != nil {
 		return nil, err
@@ -97,10 +96,7 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 			}
 			m := DueMarker{ID: string(k.id), Attempts: k.attempts}
 			if infix == parkedInfix {
-				m.Due, m.State = dueAt(k.finished), StateParked
-				if k.kind == keyDeadline {
-					m.Due = time.UnixMilli(k.finished)
-				}
+				m.Due, m.State = s.keyDue(k), StateParked
 			} else {
 				m.Due, m.State, m.Next = s.retryState(k, now)
 			}
@@ -124,10 +120,7 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 // due any later: it only puts the clear off); a deadline key at its
 // deadline, whatever the Retention.
 func (s *Sweep) retryState(k retryKey, now time.Time) (due time.Time, state MarkerState, next time.Time) {
-	due, next = time.UnixMilli(k.finished).Add(s.retention), time.UnixMilli(k.at)
-	if k.kind == keyDeadline {
-		due = time.UnixMilli(k.finished)
-	}
+	due, next = s.keyDue(k), time.UnixMilli(k.at)
 	switch {
 	case !next.After(now):
 		return due, StateDue, time.Time{}
@@ -135,4 +128,14 @@ func (s *Sweep) retryState(k retryKey, now time.Time) (due time.Time, state Mark
 		return due, StateRetrying, next
 	}
 	return due, StateHeld, next
+}
+
+// keyDue returns when the entity of a retry- or parked-range key fell (or
+// falls) due: its finish time plus Retention, or a deadline key's own
+// deadline, whatever the Retention.
+func (s *Sweep) keyDue(k retryKey) time.Time {
+	if k.kind == keyDeadline {
+		return time.UnixMilli(k.finished)
+	}
+	return time.UnixMilli(k.finished).Add(s.retention)
 }
