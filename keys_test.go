@@ -259,7 +259,8 @@ func markerShaped(prefix string, key []byte) bool {
 // classed as deletable.
 func FuzzClassifyKey(f *testing.F) {
 	for _, k := range []string{"runs/00000001764000000123/a", "runs/0042/state", "runs/00000001764000000123/", "runs/99999999999999999999/a",
-		"runs/00000253402300800000/x", "runs/0000000176400000012x/a", "runs/000000017640000001234/a", "runs/00000001764000000123/a b"} {
+		"runs/00000253402300800000/x", "runs/0000000176400000012x/a", "runs/000000017640000001234/a", "runs/00000001764000000123/a b",
+		"runs/0000x001764000000123/a", "runs/000000017640000001:3/a", "runs/00010001764000000123/a", "runs/00002533402300800000/a"} {
 		f.Add("runs/", []byte(k))
 	}
 	f.Fuzz(func(t *testing.T, prefix string, key []byte) {
