@@ -647,7 +647,18 @@ type item struct {
 // preparePage sorts a page's keys into items (see parsePage), and marks
 // those in their retry delay and the duplicates.
 func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
-	items, now := s.parsePage(p, keys), s.clock.Now()
+	items := s.parsePage(p, keys)
+	if len(s.retries.byID) > 0 { // else no id waits: most pages
+		s.markWaiting(p, items)
+	}
+	s.dedupe(items)
+	return items
+}
+
+// markWaiting marks the pending items whose id waits for its retry delay
+// or hold in this process.
+func (s *Sweep) markWaiting(p *passState, items []item) {
+	now := s.clock.Now()
 	canWrite := (p.mover != nil || p.putter != nil) && !s.dryRun
 	for i := range items {
 		it := &items[i]
@@ -662,8 +673,6 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 			it.err = Hold(until)
 		}
 	}
-	s.dedupe(items)
-	return items
 }
 
 // finishPage clears the prepared page of the walk, from its next item on,
