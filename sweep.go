@@ -639,9 +639,10 @@ type item struct {
 	seen          int32 // one more than its record in the pass's seenIDs, or 0
 	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome
-	withDups      bool  // cleared by a ClearDeleter's call that deleted its duplicates too
-	kind          byte  // a retry-range key's kind: 0, keyHeld or keyDeadline
-	doneAt        int64 // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
+	withDups      bool   // cleared by a ClearDeleter's call that deleted its duplicates too
+	kind          byte   // a retry-range key's kind: 0, keyHeld or keyDeadline
+	hash          uint32 // of the id, for the pass's seenIDs
+	doneAt        int64  // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
 }
 
 // preparePage sorts a page's keys into items (see parsePage), and marks
@@ -777,6 +778,7 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		items = append(items, item{ms: ms, lagMs: lagMs, kind: kind, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))})
 		if out == pending {
 			ids = append(ids, id...)
+			items[len(items)-1].hash = s.seen.hash(id)
 		}
 		items[len(items)-1].hi = int32(len(ids))
 	}
@@ -818,7 +820,7 @@ func (s *Sweep) dedupe(items []item) {
 		if it.out != pending && it.out != deferred {
 			continue
 		}
-		rec, dup, earlier, at := s.seen.add(int(it.lo), int(it.hi), i)
+		rec, dup, earlier, at := s.seen.add(it.hash, int(it.lo), int(it.hi), i)
 		it.seen = int32(rec) + 1
 		switch {
 		case !dup:
