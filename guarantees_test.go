@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -287,6 +289,41 @@ func TestDuplicateMarkersMerge(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestDuplicatesOfEveryIDLength: the page's table finds the second marker
+// of an id of any length, and tells apart ids that differ in one byte
+// anywhere (the hash reads ids of up to 16 bytes in two loads).
+func TestDuplicatesOfEveryIDLength(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	var ids []string
+	for n := 1; n <= 40; n++ {
+		base := []byte(strings.Repeat("a", n))
+		ids = append(ids, string(base))
+		for _, at := range []int{0, n / 2, n - 1} {
+			other := slices.Clone(base)
+			other[at] = 'b'
+			if !slices.Contains(ids, string(other)) {
+				ids = append(ids, string(other))
+			}
+		}
+	}
+	for i, id := range ids {
+		mark(t, mem, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+		mark(t, mem, "runs/", id, t0.Add(time.Duration(len(ids)+i)*time.Millisecond))
+	}
+	calls := map[string]int{}
+	s, clock := newSweep(t, mem, Config{PageSize: 1000, Clear: func(_ context.Context, id string) error { calls[id]++; return nil }})
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	for _, id := range ids {
+		assert.Equal(t, 1, calls[id], "calls of Clear(%q)", id)
+	}
+	assert.Equal(t, len(ids), st.Cleared)
+	assert.Equal(t, len(ids), st.Duplicates)
+	assert.Zero(t, mem.Len(), "every marker went")
 }
 
 // TestDuplicateOfFailedIDKeepsOne: the second marker of an id whose clear
