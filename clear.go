@@ -130,16 +130,53 @@ type clearing struct {
 // clearFrom clears the page's pending items from the walk's next on, one
 // at a time, on the walk's goroutine.
 func (c *clearing) clearFrom(w *walk) {
-	for w.next < len(c.items) && c.ctx.Err() == nil {
-		i := w.next
-		w.next++
-		if c.items[i].out == pending {
-			c.calls++
-			if !c.clearOne(i) {
-				return
+	for c.clearRun(w) {
+	}
+}
+
+// clearRun calls Clear for the page's pending items one after the other,
+// taken from the walk w on its goroutine, or from the workers' shared
+// index when w is nil, until none is left or the pass is over. It returns
+// true when a Clear panicked, for the caller to run on from the next item.
+//
+// One deferred call covers the run rather than one per Clear, which cost a
+// tenth of the sweep's own work per marker: a Clear that panics or calls
+// runtime.Goexit is recorded by interrupted.
+func (c *clearing) clearRun(w *walk) (again bool) {
+	var cur clearCall
+	defer func() {
+		if cur.item != nil {
+			again = c.interrupted(&cur, recover())
+		}
+	}()
+	for c.ctx.Err() == nil {
+		var i int
+		if w != nil {
+			if w.next >= len(c.items) {
+				return false
 			}
+			i = w.next
+			w.next++
+		} else if i = int(c.next.Add(1)) - 1; i >= len(c.items) {
+			return false
+		}
+		if c.items[i].out != pending {
+			continue
+		}
+		if w != nil {
+			c.calls++
+		}
+		if !c.clearOne(i, &cur) {
+			return false
 		}
 	}
+	return false
+}
+
+// clearCall is the call of Clear under way in a run, if any.
+type clearCall struct {
+	item *item     // nil between calls
+	ctx  *clearCtx // its context under ClearTimeout, or nil
 }
 
 // ctxFor returns the context of the Clear of items[i] under ClearTimeout,
@@ -199,68 +236,70 @@ func (c *clearing) stop() {
 // work takes the page's items one at a time until none is left.
 func (c *clearing) work() {
 	defer c.page.Done()
-	for c.ctx.Err() == nil {
-		i := int(c.next.Add(1)) - 1
-		if i >= len(c.items) {
-			return
-		}
-		if c.items[i].out == pending && !c.clearOne(i) {
-			return
-		}
+	for c.clearRun(nil) {
 	}
 }
 
 // clearOne calls Clear for one item under ClearTimeout and records the
-// outcome. Only a Clear that returned nil, ErrLiveAgain or Hold is recorded
-// as such; one that returned another error, panicked or never returned
-// (runtime.Goexit) is recorded as failed. It returns false when the pass is
-// over before the call.
-func (c *clearing) clearOne(i int) (started bool) {
+// outcome; cur says which call is under way while it is. Only a Clear that
+// returned nil, ErrLiveAgain or Hold is recorded as such; one that returned
+// another error is recorded as failed here, and one that panicked or never
+// returned (runtime.Goexit) by interrupted. It returns false when the pass
+// is over before the call.
+func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	if c.s.limiter != nil && c.s.waitBudget(c.ctx, c.p, 1) != nil {
 		return false // the item stays pending
 	}
 	it := &c.items[i]
-	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		it.out, started = failed, true
-		if r := recover(); r != nil {
-			it.err = panicked(r)
-			c.p.callFailed(it.err)
-			return // the worker goes on
-		}
-		c.p.callFailed(errClearExited)
-		// runtime.Goexit: this goroutine ends once the deferred calls ran.
-		// Another takes its place: the walk's next (see runWalk), or a
-		// worker that takes its share of the page.
-		it.err = errClearExited
-		if c.inline {
-			c.exited = true
-			return
-		}
-		c.page.Add(1)
-		c.workers.Add(1)
-		go c.serve(true)
-	}()
 	var ctx context.Context = c.ctx
-	if cctx := c.ctxFor(i); cctx != nil {
-		defer cctx.returned()
+	cctx := c.ctxFor(i)
+	if cctx != nil {
 		ctx = cctx
 	}
+	cur.item, cur.ctx = it, cctx
 	err := c.s.clear(ctx, it.id)
+	cur.item, cur.ctx = nil, nil
+	if cctx != nil {
+		cctx.returned()
+	}
 	switch it.out = outcomeOf(err); it.out {
 	case cleared, liveAgain:
 	case held:
 		it.err = err
 	default:
-		if cctx, ok := ctx.(*clearCtx); ok && cctx.timedOut() {
+		if cctx != nil && cctx.timedOut() {
 			err = fmt.Errorf("%w after ClearTimeout (%v): %w", errClearTimedOut, c.s.clearTimeout, err)
 		}
 		it.err = err
 		c.p.callFailed(err)
 	}
-	returned = true
 	return true
+}
+
+// interrupted records the call cur of a run as failed: its Clear panicked
+// with r, or called runtime.Goexit when r is nil. It reports whether the
+// run goes on after a panic. After runtime.Goexit this goroutine ends once
+// the deferred calls ran, and another takes its place: the walk's next
+// (see runWalk), or a worker that takes its share of the page.
+func (c *clearing) interrupted(cur *clearCall, r any) (again bool) {
+	if cur.ctx != nil {
+		cur.ctx.returned()
+	}
+	it := cur.item
+	it.out = failed
+	if r != nil {
+		it.err = panicked(r)
+		c.p.callFailed(it.err)
+		return true
+	}
+	it.err = errClearExited
+	c.p.callFailed(errClearExited)
+	if c.inline {
+		c.exited = true
+		return false
+	}
+	c.page.Add(1)
+	c.workers.Add(1)
+	go c.serve(true)
+	return false
 }
