@@ -73,9 +73,10 @@ func TestPassAllocsPerPage(t *testing.T) {
 }
 
 // TestIdlePassCost: a pass with nothing expired makes three Scan calls,
-// reads one key, and allocates nothing beyond what MemKV returns (two
-// objects for the key past the expired range) and a share of a slab of
-// store contexts; it starts no goroutine.
+// two after a pass that found nothing expired either, reads one key, and
+// allocates nothing beyond what MemKV returns (two objects for the key
+// past the expired range) and a share of a slab of store contexts; it
+// starts no goroutine.
 func TestIdlePassCost(t *testing.T) {
 	ctx := context.Background()
 	mem := NewMemKV()
@@ -88,6 +89,10 @@ func TestIdlePassCost(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 3, st.ScanCalls, "Scan calls: the expired range, the marker past it, the retry range's first key")
 	assert.Equal(t, 1, st.Scanned)
+	st, err = s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.ScanCalls, "Scan calls after an idle pass: the range's first key, the retry range's first key")
+	assert.Equal(t, 1, st.Scanned)
 	allocs := testing.AllocsPerRun(100, func() {
 		if _, err := s.Pass(ctx); err != nil {
 			t.Fatal(err)
@@ -95,6 +100,78 @@ func TestIdlePassCost(t *testing.T) {
 	})
 	t.Logf("%v allocations per idle pass", allocs)
 	assert.LessOrEqual(t, allocs, 2.2, "allocations per idle pass")
+}
+
+// TestIdleGuess: a pass after one that found nothing expired reads the
+// range's first key alone, and reads the range as usual when that key is
+// expired, foreign or malformed; what it clears and reports is what it
+// would without the guess.
+func TestIdleGuess(t *testing.T) {
+	t.Parallel()
+	type pass struct {
+		advance time.Duration // the clock moves on before the pass
+		scans   int
+		cleared int
+		nextDue time.Time // zero: none
+	}
+	tests := []struct {
+		name   string
+		keys   []string // besides markers m0 at t0 and m1 at t0+1h
+		empty  bool     // no markers at all
+		passes []pass
+	}{
+		{name: "quiet", passes: []pass{
+			{scans: 3, nextDue: t0.Add(time.Hour)},
+			{scans: 2, nextDue: t0.Add(time.Hour)},
+			{scans: 2, nextDue: t0.Add(time.Hour)},
+		}},
+		{name: "expires after an idle pass", passes: []pass{
+			{scans: 3, nextDue: t0.Add(time.Hour)},
+			{advance: time.Hour + time.Millisecond, scans: 1 + 1 + 1 + 1, cleared: 1, nextDue: t0.Add(2 * time.Hour)},
+			{scans: 3, nextDue: t0.Add(2 * time.Hour)},
+			{scans: 2, nextDue: t0.Add(2 * time.Hour)},
+		}},
+		{name: "empty", empty: true, passes: []pass{
+			{scans: 3},
+			{scans: 2},
+		}},
+		{name: "foreign key below the cutoff", keys: []string{"runs/0/x"}, passes: []pass{
+			{scans: 3, nextDue: t0.Add(time.Hour)},
+			{scans: 3, nextDue: t0.Add(time.Hour)},
+		}},
+		// The peek steps over the key and reads a page more.
+		{name: "foreign key first past the cutoff", keys: []string{"runs/1/x"}, empty: true, passes: []pass{
+			{scans: 4},
+			{scans: 4},
+		}},
+		{name: "malformed key first past the cutoff", keys: []string{"runs/99999999999999999999/x"}, empty: true, passes: []pass{
+			{scans: 4}, // deleted by the peek
+			{scans: 3}, // no guess after a key that was no marker
+			{scans: 2}, // nothing there now
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			if !tt.empty {
+				mark(t, mem, "runs/", "m0", t0)
+				mark(t, mem, "runs/", "m1", t0.Add(time.Hour))
+			}
+			for _, k := range tt.keys {
+				require.NoError(t, mem.Put(context.Background(), []byte(k), nil))
+			}
+			s, clock := newSweep(t, mem, Config{Clear: func(context.Context, string) error { return nil }})
+			for i, want := range tt.passes {
+				clock.Advance(want.advance)
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, want.scans, st.ScanCalls, "pass %d: Pass().ScanCalls", i)
+				assert.Equal(t, want.cleared, st.Cleared, "pass %d: Pass().Cleared", i)
+				assert.True(t, want.nextDue.Equal(st.NextDue), "pass %d: Pass().NextDue = %v, want %v", i, st.NextDue, want.nextDue)
+			}
+		})
+	}
 }
 
 // sleepyScanKV is a MemKV whose Scan takes delay, and which counts the

@@ -115,10 +115,13 @@ type Sweep struct {
 	seen          seenIDs         // the ids met in the pass
 	moveFrom      [][]byte        // reused by settle
 	moveTo        [][]byte
-	ps            passState  // the pass's state
-	pst           Stats      // the pass's Stats, which ps.st points to
-	ctxSlab       []storeCtx // store contexts not handed out yet
-	walked        chan walkEnd
+	ps            passState // the pass's state
+	// idle: the last pass found nothing below its cutoff, so the next
+	// starts with one key (see passRanges).
+	idle    bool
+	pst     Stats      // the pass's Stats, which ps.st points to
+	ctxSlab []storeCtx // store contexts not handed out yet
+	walked  chan walkEnd
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -180,9 +183,10 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 // Pass reads only the expired range of keys, plus one key past it to learn
 // Stats.NextDue, and the due part of the retry range (one key when none is
 // due), so a pass with nothing expired costs three Scan calls however many
-// markers wait. It returns an error when the KV fails or does not
-// answer within StoreTimeout, and ctx.Err() when ctx is done; in every case
-// no marker whose Clear did not succeed has been deleted.
+// markers wait, and two after a pass that found nothing expired either.
+// It returns an error when the KV fails or does not answer within
+// StoreTimeout, and ctx.Err() when ctx is done; in every case no marker
+// whose Clear did not succeed has been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 	if err := s.configured("Pass"); err != nil {
 		return st, err
@@ -243,15 +247,23 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 // passRanges is the work of a pass: the expired range a page at a time,
 // the first marker past it, and the due part of the retry range.
 func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
-	keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
-	if err == nil {
-		err = s.walk(ctx, p, keys, p.cutoffKey)
-	}
+	idle, err := s.stillIdle(ctx, p)
 	if err != nil {
 		return err
 	}
-	if err := s.peek(ctx, p); err != nil {
-		return err
+	if !idle {
+		keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
+		if err == nil {
+			err = s.walk(ctx, p, keys, p.cutoffKey)
+		}
+		if err != nil {
+			return err
+		}
+		clean, err := s.peek(ctx, p)
+		if err != nil {
+			return err
+		}
+		s.idle = len(keys) == 0 && clean
 	}
 	if err := s.retryPass(ctx, p); err != nil {
 		return err
@@ -1029,14 +1041,16 @@ func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 // peek reads the first marker past the expired range to set st.NextDue. It
 // reads one key when that is a marker, as it nearly always is; foreign and
 // malformed keys there are stepped over a page at a time, and the malformed
-// ones deleted.
-func (s *Sweep) peek(ctx context.Context, p *passState) error {
+// ones deleted. It reports whether the first key it read was a marker (or
+// none was there).
+func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) {
 	st := p.st
 	from, limit := p.cutoffKey, 1
+	clean = true
 	for {
 		keys, err := s.scan(ctx, p, from, s.upper, limit)
 		if err != nil {
-			return err
+			return false, err
 		}
 		var del [][]byte
 		found := false
@@ -1051,11 +1065,13 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 			case isForeign:
 				st.Foreign++
 				p.notes.noteForeign(key)
+				clean = false
 				continue
 			case err != nil:
 				st.Malformed++
 				p.notes.noteMalformed(err)
 				del = append(del, key)
+				clean = false
 				continue
 			}
 			st.NextDue = earliest(st.NextDue, time.UnixMilli(ms).Add(s.retention))
@@ -1064,15 +1080,38 @@ func (s *Sweep) peek(ctx context.Context, p *passState) error {
 		}
 		if len(del) > 0 && !s.dryRun {
 			if err := s.delete(ctx, p, del); err != nil {
-				return err
+				return false, err
 			}
 		}
 		if found || len(keys) < limit {
-			return nil
+			return clean, nil
 		}
 		from = keyAfter(keys[len(keys)-1])
 		limit = s.pageSize
 	}
+}
+
+// stillIdle reports whether the range of markers holds nothing expired,
+// from its first key alone, when the last pass found nothing expired: most
+// passes of a quiet sweep then read one key in one Scan, where the expired
+// range and the key past it take two. That key must be a marker (neither
+// foreign nor malformed) and not expired; else the pass reads the range as
+// usual, one Scan more than without the guess.
+func (s *Sweep) stillIdle(ctx context.Context, p *passState) (bool, error) {
+	if !s.idle {
+		return false, nil
+	}
+	keys, err := s.scan(ctx, p, s.lower, s.upper, 1)
+	if err != nil || len(keys) == 0 {
+		return err == nil, err
+	}
+	ms, id, _, err := parseKey(s.prefix, keys[0])
+	if err != nil || ms < p.cutoffMs || s.checkIDBytes(keys[0], id) != nil {
+		s.idle = false
+		return false, nil
+	}
+	p.st.NextDue = time.UnixMilli(ms).Add(s.retention)
+	return true, nil
 }
 
 // earliest returns the earlier of a and b, where the zero time means none.
