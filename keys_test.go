@@ -3,6 +3,7 @@ package retention
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -342,4 +343,17 @@ func FuzzParseRetryKey(f *testing.F) {
 		require.False(t, foreign)
 		require.Equal(t, retryKey{at: at, finished: finished, attempts: attempts, kind: kind, id: []byte(id)}, k)
 	})
+}
+
+func TestAppendTimestamp(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(5, 6))
+	cases := []uint64{0, 1, 9, 10, 99, 100, 9999, 10000, 99_999_999, 100_000_000, 1764000000123, uint64(MaxMarkerTime.UnixMilli()), 1e16 - 1, 1e16, 99_999_999_999_999_999, math.MaxUint64}
+	for range 10000 {
+		cases = append(cases, rng.Uint64()>>rng.IntN(64))
+	}
+	for _, v := range cases {
+		got := string(appendTimestamp([]byte("p"), v))
+		assert.Equal(t, fmt.Sprintf("p%020d", v), got, "appendTimestamp(%d)", v)
+	}
 }
