@@ -146,11 +146,12 @@ func (r *retries) forget(id string) {
 // than the largest delay: their markers are gone (cleared elsewhere) or
 // will be tried at the next pass anyway, so forgetting costs at most a
 // shorter next delay.
-func (r *retries) prune(now time.Time) {
+func (r *retries) prune(clock Clock) {
 	r.passes++
 	if len(r.byID) == 0 || r.passes%64 != 0 {
 		return
 	}
+	now := clock.Now()
 	for id, e := range r.byID {
 		if e.notBefore.Add(r.most).Before(now) {
 			delete(r.byID, id)

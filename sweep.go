@@ -223,8 +223,6 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	p.mover, _ = kv.(Mover)
 	s.seen.reset(p.putter != nil && p.mover == nil)
 	p.cutoffMs = cutoffMillis(p.cutoff)
-	p.cutoffKey = appendTimestamp(append(p.buf.cutoffKey[:0], s.prefix...), uint64(p.cutoffMs))
-	p.buf.cutoffKey = p.cutoffKey
 	defer func() {
 		if p.clearing != nil {
 			p.clearing.stop() // no Clear outlives the pass, even one an Observer's panic cut short
@@ -256,6 +254,8 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 		return err
 	}
 	if !idle {
+		p.cutoffKey = appendTimestamp(append(p.buf.cutoffKey[:0], s.prefix...), uint64(p.cutoffMs))
+		p.buf.cutoffKey = p.cutoffKey
 		keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
 		if err == nil {
 			err = s.walk(ctx, p, keys, p.cutoffKey)
@@ -272,7 +272,7 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	if err := s.retryPass(ctx, p); err != nil {
 		return err
 	}
-	s.retries.prune(s.clock.Now())
+	s.retries.prune(s.clock)
 	return nil
 }
 
@@ -469,8 +469,6 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	if time.UnixMilli(p.retryDueMs).Before(p.start) {
 		p.retryDueMs++
 	}
-	dueKey := appendTimestamp(append(p.buf.dueKey[:0], s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
-	p.buf.dueKey = dueKey
 	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
 	if err != nil || len(first) == 0 {
 		return err
@@ -479,6 +477,8 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 		s.noteRetry(p, time.UnixMilli(k.at))
 		return nil
 	}
+	dueKey := appendTimestamp(append(p.buf.dueKey[:0], s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
+	p.buf.dueKey = dueKey
 	// Something is due, or a key that is no retry marker comes first:
 	// the pages handle both (malformed keys deleted, foreign ones counted).
 	keys, err := s.scan(ctx, p, s.retryLower, dueKey, s.pageSize)
