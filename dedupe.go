@@ -152,12 +152,13 @@ func (s *seenIDs) repoint(rec, lo, hi, idx int) {
 	s.recs[rec] = seenRec{page: uint32(len(s.pages) - 1), lo: uint32(lo), hi: uint32(hi), idx: uint32(idx), hash: s.recs[rec].hash}
 }
 
-// dedupePage is dedupe where the pass keeps one page's ids only: the table
-// then holds items of the page, not records, so that a marker costs a hash
-// and a probe and nothing more.
-func (s *seenIDs) dedupePage(items []item) {
+// startPage readies the table of one page's ids for probe, where the pass
+// keeps one page's ids only: the table then holds items of the page, not
+// records, so that a marker costs a hash and a probe and nothing more. At
+// most a quarter full, a probe mostly finds its slot empty at once.
+func (s *seenIDs) startPage(items int) {
 	n := 256
-	for n < 4*len(items) {
+	for n < 4*items {
 		n *= 2
 	}
 	if len(s.slots) < n {
@@ -167,28 +168,28 @@ func (s *seenIDs) dedupePage(items []item) {
 		clear(s.slots)
 	}
 	s.dirty = true
-	mask := uint64(n - 1)
-	for i := range items {
-		it := &items[i]
-		if it.out != pending && it.out != deferred {
-			continue
+}
+
+// probe marks items[i] a duplicate of the page's first item with its id,
+// linking it into that item's chain, or records it as that first item.
+func (s *seenIDs) probe(items []item, i int) {
+	it := &items[i]
+	tag := uint64(it.hash) << 32
+	mask := uint64(len(s.slots) - 1)
+	for k := tag >> 32 & mask; ; k = (k + 1) & mask {
+		slot := s.slots[k]
+		if slot == 0 {
+			s.slots[k] = tag | uint64(i+1)
+			return
 		}
-		tag := uint64(it.hash) << 32
-		for k := tag >> 32 & mask; ; k = (k + 1) & mask {
-			slot := s.slots[k]
-			if slot == 0 {
-				s.slots[k] = tag | uint64(i+1)
-				break
+		if j := int(uint32(slot)) - 1; slot>>32<<32 == tag && items[j].id == it.id {
+			// Deleted with the first, once it is settled.
+			it.out, it.primary = duplicate, int32(j)
+			for items[j].next != 0 {
+				j = int(items[j].next) - 1
 			}
-			if j := int(uint32(slot)) - 1; slot>>32<<32 == tag && items[j].id == it.id {
-				// Deleted with the first, once it is settled.
-				it.out, it.primary = duplicate, int32(j)
-				for items[j].next != 0 {
-					j = int(items[j].next) - 1
-				}
-				items[j].next = int32(i) + 1
-				break
-			}
+			items[j].next = int32(i) + 1
+			return
 		}
 	}
 }

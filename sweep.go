@@ -791,32 +791,45 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		if lagMs < 0 {
 			lagMs = ms
 		}
-		items = append(items, item{ms: ms, lagMs: lagMs, kind: kind, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))})
+		// Field by field into the slice: a literal built on the stack and
+		// copied in reads back stores it cannot forward, which cost a
+		// tenth of the work per marker.
+		items = append(items, item{})
+		it := &items[len(items)-1]
+		it.ms, it.lagMs, it.kind, it.err, it.out, it.attempts = ms, lagMs, kind, err, out, int32(attempts)
+		it.lo = int32(len(ids))
 		if out == pending {
 			ids = append(ids, id...)
-			items[len(items)-1].hash = s.seen.hash(id)
+			it.hash = s.seen.hash(id)
 		}
-		items[len(items)-1].hi = int32(len(ids))
+		it.hi = int32(len(ids))
 	}
 	s.ids = ids
 	// One string holds the page's ids and Clear gets substrings of it: one
 	// allocation per page rather than per marker.
 	all := string(ids)
 	s.seen.page(all)
+	if !s.seen.wide {
+		s.seen.startPage(len(items))
+	}
 	for i := range items {
 		it := &items[i]
 		if it.out != pending {
 			continue
 		}
 		it.id = all[it.lo:it.hi]
-		if s.validate == nil {
-			continue
+		if s.validate != nil {
+			switch err := s.checkID(it.id); {
+			case errors.Is(err, errValidatePanicked):
+				it.err, it.out = err, failed // kept, and tried again after its delay
+				continue
+			case err != nil:
+				it.err, it.out = malformed(keys[i], "id", err), bad
+				continue
+			}
 		}
-		switch err := s.checkID(it.id); {
-		case errors.Is(err, errValidatePanicked):
-			it.err, it.out = err, failed // kept, and tried again after its delay
-		case err != nil:
-			it.err, it.out = malformed(keys[i], "id", err), bad
+		if !s.seen.wide {
+			s.seen.probe(items, i)
 		}
 	}
 	s.items = items
@@ -828,8 +841,7 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 // chain on this page: the id is cleared once and every marker goes with it.
 func (s *Sweep) dedupe(items []item) {
 	if !s.seen.wide {
-		s.seen.dedupePage(items)
-		return
+		return // parsePage probed the page's table
 	}
 	for i := range items {
 		it := &items[i]
