@@ -258,10 +258,13 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	}
 	cur.item, cur.ctx = it, cctx
 	err := c.s.clear(ctx, it.id)
-	cur.item, cur.ctx = nil, nil
 	if cctx != nil {
+		cur.ctx = nil
 		cctx.returned()
 	}
+	// The call counts as under way until its outcome is recorded: reading
+	// the error can panic too (a typed nil whose Unwrap dereferences it),
+	// and is then recorded as the Clear's panic.
 	switch it.out = outcomeOf(err); it.out {
 	case cleared, liveAgain:
 	case held:
@@ -273,6 +276,7 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 		it.err = err
 		c.p.callFailed(err)
 	}
+	cur.item = nil
 	return true
 }
 

@@ -1122,7 +1122,12 @@ func (s *Sweep) stillIdle(ctx context.Context, p *passState) (bool, error) {
 		return err == nil, err
 	}
 	ms, id, _, err := parseKey(s.prefix, keys[0])
-	if err != nil || ms < p.cutoffMs || s.checkIDBytes(keys[0], id) != nil {
+	if err == nil {
+		if err = s.checkIDBytes(keys[0], id); errors.Is(err, errValidatePanicked) {
+			err = nil // not known to be malformed: a marker, as peek counts it
+		}
+	}
+	if err != nil || ms < p.cutoffMs {
 		s.idle = false
 		return false, nil
 	}
