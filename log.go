@@ -148,13 +148,24 @@ func errString(err error) string {
 	return msg
 }
 
-// errorPanics calls err.Error(); when that panics it returns an error that
-// says so instead.
+// errorPanics calls err.Error() and walks err's chain; when either panics
+// it returns an error that says so instead.
 func errorPanics(err error) (msg string, perr error) {
+	method := "Error"
 	defer func() {
 		if r := recover(); r != nil {
-			perr = fmt.Errorf("retention: an error of type %T whose Error method panics: %v", err, r)
+			perr = fmt.Errorf("retention: an error of type %T whose %s method panics: %v", err, method, r)
 		}
 	}()
-	return err.Error(), nil
+	msg = err.Error()
+	// The sweep classifies errors with errors.Is and errors.As, which call
+	// the Unwrap, Is and As methods of the whole chain: a typed nil pointer
+	// among them panics there, on whichever goroutine reads it.
+	method = "Unwrap, Is or As"
+	_ = errors.Is(err, errNeverMatches)
+	_ = errors.As(err, new(BatchError))
+	return msg, nil
 }
+
+// errNeverMatches is an error no other is: errorPanics walks a chain with it.
+var errNeverMatches = errors.New("retention: (no error is this one)")

@@ -578,3 +578,26 @@ func TestReview20DuplicatesInBatchModes(t *testing.T) {
 		assert.Empty(t, markerIDs(t, mem, "runs/"))
 	})
 }
+
+// TestReview20TypedNilWrapperErrorFromClearBatch: a ClearBatch whose error
+// is a typed nil with an Unwrap method fails its call, on workers too; it
+// neither panics out of Pass nor kills the process.
+func TestReview20TypedNilWrapperErrorFromClearBatch(t *testing.T) {
+	t.Parallel()
+	for _, concurrency := range []int{1, 3} {
+		kv := NewMemKV()
+		s, clock := newSweep(t, kv, Config{Concurrency: concurrency, BatchSize: 2, ClearBatch: func(context.Context, []string) error {
+			var e *review20WrapErr
+			return e
+		}})
+		for i := range 6 {
+			mark(t, kv, "runs/", "typednil"+itoa(i), t0.Add(time.Duration(i)*time.Millisecond))
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err, "Concurrency %d", concurrency)
+		assert.Zero(t, st.Cleared, "Concurrency %d", concurrency)
+		assert.Equal(t, 6, st.Failed, "Concurrency %d", concurrency)
+		assert.Len(t, markerIDs(t, kv, "runs/"), 6, "Concurrency %d: every marker stays", concurrency)
+	}
+}
