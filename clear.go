@@ -252,7 +252,12 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	}
 	it := &c.items[i]
 	var ctx context.Context = c.ctx
-	cctx := c.ctxFor(i)
+	var cctx *clearCtx
+	if c.inline && c.slot != nil && c.slot.state.Load() == nil {
+		cctx = c.slot // the most common case, without a call (see ctxFor)
+	} else {
+		cctx = c.ctxFor(i)
+	}
 	if cctx != nil {
 		ctx = cctx
 	}
@@ -261,6 +266,10 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	if cctx != nil {
 		cur.ctx = nil
 		cctx.returned()
+	}
+	if err == nil {
+		it.out, cur.item = cleared, nil
+		return true
 	}
 	// The call counts as under way until its outcome is recorded: reading
 	// the error can panic too (a typed nil whose Unwrap dereferences it),
