@@ -230,6 +230,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		if f := p.ahead.inFlight; f != nil {
 			f.wait(p) // nor a Scan
 		}
+		if p.firstCtx != nil {
+			p.firstCtx.end()
+		}
 		s.seen.end()
 		st = *p.st
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
@@ -469,7 +472,7 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	if time.UnixMilli(p.retryDueMs).Before(p.start) {
 		p.retryDueMs++
 	}
-	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
+	first, err := s.scanFirst(ctx, p, s.retryLower, s.retryUpper)
 	if err != nil || len(first) == 0 {
 		return err
 	}
@@ -539,6 +542,7 @@ type passState struct {
 	w          walk        // the range being walked
 	clearing   *clearing   // the pass's clear workers, once a page has clears
 	slab       *[]storeCtx // where storeCtx takes contexts from
+	firstCtx   *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
 	buf        passBuffers // kept from pass to pass
 
 	// Written by the clears of a page, which run concurrently.
@@ -1117,7 +1121,7 @@ func (s *Sweep) stillIdle(ctx context.Context, p *passState) (bool, error) {
 	if !s.idle {
 		return false, nil
 	}
-	keys, err := s.scan(ctx, p, s.lower, s.upper, 1)
+	keys, err := s.scanFirst(ctx, p, s.lower, s.upper)
 	if err != nil || len(keys) == 0 {
 		return err == nil, err
 	}

@@ -23,6 +23,33 @@ func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit
 	return keys, nil
 }
 
+// scanFirst is scan of a range's first key with the pass's context ctx, as
+// an idle pass makes two of (see stillIdle and retryPass). They share one
+// store context while neither consults it beyond a first Err, so that an
+// idle pass takes one context of the slab, not two: the allocation that
+// drives a collection of a store's whole heap (a million MemKV markers)
+// the more often, the more each pass allocates. A context consulted by a
+// call ends with the call, as scan's do; the shared one with the pass.
+func (s *Sweep) scanFirst(ctx context.Context, p *passState, start, end []byte) ([][]byte, error) {
+	cctx := p.firstCtx
+	if cctx == nil {
+		cctx = p.storeCtx(ctx, s.storeTimeout)
+		p.firstCtx = cctx
+	} else {
+		cctx.polled.Store(false)
+	}
+	keys, err := p.kv.Scan(cctx, start, end, 1)
+	p.countScan(keys)
+	if err != nil {
+		err = s.storeErr(ctx, cctx, "scan markers", err)
+	}
+	if cctx.state.Load() != nil {
+		cctx.end()
+		p.firstCtx = nil
+	}
+	return keys, err
+}
+
 // countScan counts a Scan call that returned keys in the pass's Stats.
 func (p *passState) countScan(keys [][]byte) {
 	p.st.ScanCalls++

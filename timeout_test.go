@@ -239,3 +239,63 @@ func TestClearCtx(t *testing.T) {
 		})
 	})
 }
+
+// ctxKeepingKV is a MemKV that keeps the context of every Scan.
+type ctxKeepingKV struct {
+	*MemKV
+	ctxs []context.Context
+}
+
+func (k *ctxKeepingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	k.ctxs = append(k.ctxs, ctx)
+	return k.MemKV.Scan(ctx, start, end, limit)
+}
+
+// TestScanContextsEndWithThePass: the two first-key reads of an idle pass
+// share one store context, which still has StoreTimeout's deadline, and
+// every Scan's context reads as cancelled once the pass returned.
+func TestScanContextsEndWithThePass(t *testing.T) {
+	t.Parallel()
+	kv := &ctxKeepingKV{MemKV: NewMemKV()}
+	mark(t, kv.MemKV, "runs/", "m0", t0)
+	s, _ := newSweep(t, kv, Config{StoreTimeout: time.Minute, Clear: func(context.Context, string) error { return nil }})
+	for pass := range 3 {
+		kv.ctxs = nil
+		_, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.NotEmpty(t, kv.ctxs)
+		if pass > 0 {
+			require.Len(t, kv.ctxs, 2, "pass %d: Scans of an idle pass after an idle pass", pass)
+			assert.Same(t, kv.ctxs[0], kv.ctxs[1], "pass %d: the two first-key reads share a context", pass)
+		}
+		for i, ctx := range kv.ctxs {
+			assert.ErrorIs(t, ctx.Err(), context.Canceled, "pass %d: Scan %d's context after the pass", pass, i)
+		}
+	}
+	// A context consulted during its call is its call's alone.
+	kv.ctxs = nil
+	consulting := &consultingKV{ctxKeepingKV: kv}
+	s2, _ := newSweep(t, consulting, Config{StoreTimeout: time.Minute, Clear: func(context.Context, string) error { return nil }})
+	for range 2 {
+		_, err := s2.Pass(context.Background())
+		require.NoError(t, err)
+	}
+	for i := 1; i < len(kv.ctxs); i++ {
+		assert.NotSame(t, kv.ctxs[i-1], kv.ctxs[i], "Scan %d reused a context its call consulted", i)
+	}
+	for i, d := range consulting.deadlines {
+		assert.True(t, d, "Scan %d's context had no deadline", i)
+	}
+}
+
+// consultingKV asks each Scan's context for its deadline.
+type consultingKV struct {
+	*ctxKeepingKV
+	deadlines []bool
+}
+
+func (k *consultingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	_, ok := ctx.Deadline()
+	k.deadlines = append(k.deadlines, ok)
+	return k.ctxKeepingKV.Scan(ctx, start, end, limit)
+}
