@@ -200,7 +200,7 @@ func (c *clearing) ctxFor(i int) *clearCtx {
 		cctx.c, cctx.page = c, c.pageNo
 		return cctx
 	}
-	if c.slot == nil || c.slot.state.Load() != nil {
+	if c.shared() == nil {
 		if len(c.spare) == 0 {
 			c.spare = make([]clearCtx, 32)
 		}
@@ -209,6 +209,15 @@ func (c *clearing) ctxFor(i int) *clearCtx {
 		c.inPage = append(c.inPage, c.slot)
 	}
 	return c.slot
+}
+
+// shared returns the context the walk's clears share while none of them
+// consulted it (see ctxFor), or nil. Only the walk's goroutine sets slot.
+func (c *clearing) shared() *clearCtx {
+	if slot := c.slot; slot != nil && slot.state.Load() == nil {
+		return slot
+	}
+	return nil
 }
 
 // serve is a worker: it clears its share of each page until the pass ends.
@@ -252,10 +261,8 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	}
 	it := &c.items[i]
 	var ctx context.Context = c.ctx
-	var cctx *clearCtx
-	if c.inline && c.slot != nil && c.slot.state.Load() == nil {
-		cctx = c.slot // the most common case, without a call (see ctxFor)
-	} else {
+	cctx := c.shared() // most clears, without a call
+	if cctx == nil {
 		cctx = c.ctxFor(i)
 	}
 	if cctx != nil {
@@ -266,10 +273,6 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	if cctx != nil {
 		cur.ctx = nil
 		cctx.returned()
-	}
-	if err == nil {
-		it.out, cur.item = cleared, nil
-		return true
 	}
 	// The call counts as under way until its outcome is recorded: reading
 	// the error can panic too (a typed nil whose Unwrap dereferences it),

@@ -28,7 +28,7 @@ type seenIDs struct {
 	// length is a power of two, or zero.
 	slots []uint64
 	recs  []seenRec // the ids met, in order
-	dirty bool      // dedupePage left items in slots
+	dirty bool      // startPage's table left items in slots
 	pages []string  // the id buffer of each page of the pass
 }
 

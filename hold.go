@@ -52,9 +52,15 @@ func heldUntil(err error) (time.Time, bool) {
 // outcomeOf classifies what a clear (or the entry of a BatchError for one
 // id) returned: cleared on nil, live again, held, or else failed.
 func outcomeOf(err error) outcome {
+	if err == nil {
+		return cleared // most calls: small enough to be inlined
+	}
+	return errOutcome(err)
+}
+
+// errOutcome is outcomeOf of an error.
+func errOutcome(err error) outcome {
 	switch {
-	case err == nil:
-		return cleared
 	case errors.Is(err, ErrLiveAgain):
 		return liveAgain
 	case errors.Is(err, ErrHeld):

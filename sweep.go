@@ -1075,12 +1075,7 @@ func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) 
 		var del [][]byte
 		found := false
 		for _, key := range keys {
-			ms, id, isForeign, err := parseKey(s.prefix, key)
-			if err == nil {
-				if err = s.checkIDBytes(key, id); errors.Is(err, errValidatePanicked) {
-					err = nil // not known to be malformed: it counts as a marker
-				}
-			}
+			ms, isForeign, err := s.parseNext(key)
 			switch {
 			case isForeign:
 				st.Foreign++
@@ -1111,6 +1106,20 @@ func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) 
 	}
 }
 
+// parseNext parses a key read past the expired range (see peek and
+// stillIdle): a marker, a foreign key, or a malformed one (err). An id
+// whose Config.ValidateID panicked is not known to be malformed: its key
+// counts as a marker.
+func (s *Sweep) parseNext(key []byte) (ms int64, foreign bool, err error) {
+	ms, id, foreign, err := parseKey(s.prefix, key)
+	if err == nil {
+		if err = s.checkIDBytes(key, id); errors.Is(err, errValidatePanicked) {
+			err = nil
+		}
+	}
+	return ms, foreign, err
+}
+
 // stillIdle reports whether the range of markers holds nothing expired,
 // from its first key alone, when the last pass found nothing expired: most
 // passes of a quiet sweep then read one key in one Scan, where the expired
@@ -1125,12 +1134,7 @@ func (s *Sweep) stillIdle(ctx context.Context, p *passState) (bool, error) {
 	if err != nil || len(keys) == 0 {
 		return err == nil, err
 	}
-	ms, id, _, err := parseKey(s.prefix, keys[0])
-	if err == nil {
-		if err = s.checkIDBytes(keys[0], id); errors.Is(err, errValidatePanicked) {
-			err = nil // not known to be malformed: a marker, as peek counts it
-		}
-	}
+	ms, _, err := s.parseNext(keys[0])
 	if err != nil || ms < p.cutoffMs {
 		s.idle = false
 		return false, nil

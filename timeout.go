@@ -15,6 +15,12 @@ import (
 func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit int) ([][]byte, error) {
 	cctx := p.storeCtx(ctx, s.storeTimeout)
 	defer cctx.end()
+	return s.scanIn(ctx, p, cctx, start, end, limit)
+}
+
+// scanIn is a Scan of the pass under the store context cctx, a child of
+// ctx, counted and its error named.
+func (s *Sweep) scanIn(ctx context.Context, p *passState, cctx *storeCtx, start, end []byte, limit int) ([][]byte, error) {
 	keys, err := p.kv.Scan(cctx, start, end, limit)
 	p.countScan(keys)
 	if err != nil {
@@ -36,13 +42,9 @@ func (s *Sweep) scanFirst(ctx context.Context, p *passState, start, end []byte) 
 		cctx = p.storeCtx(ctx, s.storeTimeout)
 		p.firstCtx = cctx
 	} else {
-		cctx.polled.Store(false)
+		cctx.polled.Store(false) // a new call's first Err
 	}
-	keys, err := p.kv.Scan(cctx, start, end, 1)
-	p.countScan(keys)
-	if err != nil {
-		err = s.storeErr(ctx, cctx, "scan markers", err)
-	}
+	keys, err := s.scanIn(ctx, p, cctx, start, end, 1)
 	if cctx.state.Load() != nil {
 		cctx.end()
 		p.firstCtx = nil
@@ -160,7 +162,8 @@ type clearCtx struct {
 // a second time. A first Err, which a store checks before it starts,
 // cannot be past a deadline that starts then: it reads no clock, so that a
 // call of an in-memory store costs no more than the call. The contexts
-// come from a slab (see passState.storeCtx), each for one call; end
+// come from a slab (see passState.storeCtx), each for one call (but for
+// the unconsulted one an idle pass's two reads share, see scanFirst); end
 // cancels it when the call returns.
 type storeCtx struct {
 	parent  context.Context
