@@ -51,6 +51,7 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 	}
 	if w.next == 0 {
 		c.items, c.slot = items, nil
+		c.cleared.Store(0)
 		c.pageNo = c.pagesOver.Load()
 		if s.clearTimeout > 0 && !c.inline {
 			// A slab per page, not reused: a Clear may keep its context,
@@ -62,11 +63,13 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		// This goroutine makes the clears: the next page is read before
 		// them, or meanwhile on a goroutine of its own from a slow store.
 		s.prefetch(ctx, p)
-		if p.ahead.inFlight == nil {
+		if p.ahead.inFlight == nil && p.inRetry {
 			s.readAhead(ctx, p)
 		}
 		c.clearFrom(w)
-		s.readAhead(ctx, p)
+		if p.inRetry {
+			s.readAhead(ctx, p)
+		}
 	} else {
 		c.next.Store(0)
 		shares := min(s.concurrency, n)
@@ -87,6 +90,7 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		c.calls = n
 	}
 	c.endPage()
+	p.pageCleared = int(c.cleared.Load())
 	c.items, c.ctxs, c.slot = nil, nil, nil
 	calls, c.calls = c.calls, 0
 	return calls, ctx.Err()
@@ -118,6 +122,7 @@ type clearing struct {
 	exited bool        // an inline Clear called runtime.Goexit (see runWalk)
 
 	pagesOver atomic.Int64 // pages whose clears are all done (see clearCtx)
+	cleared   atomic.Int64 // the page's items whose Clear returned nil (see settle)
 
 	// The workers, with Concurrency above 1.
 	pages   chan struct{}  // one token per worker's share of a page
@@ -145,11 +150,23 @@ func (c *clearing) clearFrom(w *walk) {
 func (c *clearing) clearRun(w *walk) (again bool) {
 	var cur clearCall
 	defer func() {
+		c.cleared.Add(int64(cur.cleared))
 		if cur.item != nil {
 			again = c.interrupted(&cur, recover())
 		}
 	}()
-	for c.ctx.Err() == nil {
+	// A context that is never cancelled has no Done channel: no check per
+	// Clear. Done is closed once Err is set, and a receive that cannot
+	// block takes no lock, where Err may.
+	done := c.ctx.Done()
+	for {
+		if done != nil {
+			select {
+			case <-done:
+				return false
+			default:
+			}
+		}
 		var i int
 		if w != nil {
 			if w.next >= len(c.items) {
@@ -170,13 +187,13 @@ func (c *clearing) clearRun(w *walk) (again bool) {
 			return false
 		}
 	}
-	return false
 }
 
 // clearCall is the call of Clear under way in a run, if any.
 type clearCall struct {
-	item *item     // nil between calls
-	ctx  *clearCtx // its context under ClearTimeout, or nil
+	item    *item     // nil between calls
+	ctx     *clearCtx // its context under ClearTimeout, or nil
+	cleared int       // the run's calls that returned nil
 }
 
 // ctxFor returns the context of the Clear of items[i] under ClearTimeout,
@@ -278,7 +295,9 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	// the error can panic too (a typed nil whose Unwrap dereferences it),
 	// and is then recorded as the Clear's panic.
 	switch it.out = outcomeOf(err); it.out {
-	case cleared, liveAgain:
+	case cleared:
+		cur.cleared++
+	case liveAgain:
 	case held:
 		it.err = err
 	default:

@@ -4,7 +4,33 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
+	"strings"
 )
+
+// idStore holds the ids of pages as strings, which Clear gets substrings
+// of and may keep. Pages share a block of idBlock bytes until it is full:
+// a block is written once and never changed, as a strings.Builder is, so
+// each page's string stays as it was. An allocation per page cost more
+// than the rest of the page's bookkeeping (fresh memory to fault in,
+// mostly); a kept id now holds its block alive rather than its page's
+// ids alone.
+type idStore struct {
+	b strings.Builder
+}
+
+// idBlock is the size of a block of idStore.
+const idBlock = 64 << 10
+
+// hold returns ids as a string.
+func (s *idStore) hold(ids []byte) string {
+	if s.b.Cap()-s.b.Len() < len(ids) {
+		s.b = strings.Builder{} // the old block stays with its strings
+		s.b.Grow(max(idBlock, len(ids)))
+	}
+	start := s.b.Len()
+	s.b.Write(ids)
+	return s.b.String()[start:]
+}
 
 // seenIDs is the set of ids a pass has met, so that a second marker of one
 // id (a crash between the write of a rescheduled marker and the delete of
@@ -44,20 +70,46 @@ type seenRec struct {
 // take two loads and a multiplication (the mixing of wyhash) instead of a
 // call of maphash, which cost a quarter of the sweep's own work per marker;
 // a collision costs a probe, never a wrong answer.
-func (s *seenIDs) hash(id []byte) uint32 {
+//
+// With check, valid reports whether ValidateID accepts id, tested on the
+// words the hash loaded (see idWord) where a look-up per byte cost as much
+// as the hash; without it, valid is true.
+func (s *seenIDs) hash(id []byte, check bool) (h uint32, valid bool) {
 	var x, y uint64
+	valid = true
 	switch n := len(id); {
 	case n > 16:
-		return uint32(maphash.Bytes(s.seed, id))
+		return uint32(maphash.Bytes(s.seed, id)), !check || validID(id)
 	case n >= 8:
 		x, y = binary.LittleEndian.Uint64(id), binary.LittleEndian.Uint64(id[n-8:])
+		valid = !check || idWord(x)&idWord(y) == idTops
 	case n >= 4:
 		x, y = uint64(binary.LittleEndian.Uint32(id)), uint64(binary.LittleEndian.Uint32(id[n-4:]))
+		valid = !check || idWord(x|y<<32) == idTops
 	case n > 0:
 		x = uint64(id[0]) | uint64(id[n/2])<<8 | uint64(id[n-1])<<16
+		valid = !check || validID(id)
+	default:
+		valid = !check
 	}
 	hi, lo := bits.Mul64(x^s.mix[0], y^s.mix[1]^uint64(len(id)))
-	return uint32(hi ^ lo)
+	return uint32(hi ^ lo), valid
+}
+
+// idTops is idWord of a word of eight bytes that ValidateID accepts.
+const idTops = 0x8080808080808080
+
+// idWord returns, in the top bit of each of the eight bytes of w, whether
+// ValidateID accepts that byte. For a byte below 0x80, adding 0x80-lo
+// sets its top bit when it is lo or more, and adding 0x7f-hi when it is
+// above hi; neither carries into the next byte.
+func idWord(w uint64) uint64 {
+	const ones = 0x0101010101010101
+	in := func(w uint64, lo, hi uint64) uint64 {
+		return (w + (0x80-lo)*ones) &^ (w + (0x7f-hi)*ones)
+	}
+	ok := in(w|0x20*ones, 'a', 'z') | in(w, '0', '9') | in(w, '_', '_') | in(w, '-', '-')
+	return ok &^ w & idTops // a byte of 0x80 or more is none of them
 }
 
 // reset starts a pass, over its whole length when wide. A table grown by

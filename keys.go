@@ -198,15 +198,21 @@ func CheckMarkerKey(key []byte) error {
 // validateIDBytes is ValidateID without converting id to a string on the
 // success path.
 func validateIDBytes(id []byte) error {
-	if len(id) == 0 || len(id) > MaxIDLen {
-		return ValidateID(string(id))
-	}
-	for _, c := range id {
-		if !idByte(c) {
-			return ValidateID(string(id))
-		}
+	if !validID(id) {
+		return ValidateID(string(id)) // says what is wrong
 	}
 	return nil
+}
+
+// validID reports whether ValidateID accepts id; small enough to be
+// inlined on the sweep's per-marker path.
+func validID(id []byte) bool {
+	for _, c := range id {
+		if !idBytes[c] {
+			return false
+		}
+	}
+	return len(id) != 0 && len(id) <= MaxIDLen
 }
 
 // parseKey checks a marker key: prefix, TimestampWidth digits, '/', and a
@@ -215,6 +221,19 @@ func validateIDBytes(id []byte) error {
 // keys alone) rather than a marker-shaped key whose time is out of range
 // (the sweep deletes those as malformed).
 func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err error) {
+	// Most keys are markers: one test of their shape, then the details of
+	// what is wrong with the others.
+	if n := len(prefix); len(key) > n+TimestampWidth+1 && key[n+TimestampWidth] == '/' && string(key[:n]) == prefix {
+		if v, ok := parseStamp(key[n : n+TimestampWidth]); ok && v <= uint64(maxMarkerMs) {
+			return int64(v), key[n+TimestampWidth+1:], false, nil
+		}
+	}
+	return parseBadKey(prefix, key)
+}
+
+// parseBadKey is parseKey of a key that is not a valid marker's: it says
+// why.
+func parseBadKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err error) {
 	if len(key) < len(prefix) || string(key[:len(prefix)]) != prefix {
 		return 0, nil, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix))
 	}

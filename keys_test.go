@@ -357,3 +357,46 @@ func TestAppendTimestamp(t *testing.T) {
 		assert.Equal(t, fmt.Sprintf("p%020d", v), got, "appendTimestamp(%d)", v)
 	}
 }
+
+// TestIDCheckedWithHash: the id check the sweep runs with the hash, eight
+// bytes at a time, agrees with ValidateID for every byte value at the
+// first, middle and last place of ids of every length up to past the
+// longest checked a word at a time, and the hash is that of the check-less
+// call.
+func TestIDCheckedWithHash(t *testing.T) {
+	t.Parallel()
+	var seen seenIDs
+	seen.reset(false)
+	for n := 0; n <= 24; n++ {
+		for c := range 256 {
+			for _, at := range []int{0, n / 2, n - 1} {
+				id := []byte(strings.Repeat("a", n))
+				if n > 0 {
+					id[at] = byte(c)
+				}
+				h, valid := seen.hash(id, true)
+				want := ValidateID(string(id)) == nil
+				require.Equal(t, want, valid, "hash(%q, true) valid = %v, want %v", id, valid, want)
+				h2, valid2 := seen.hash(id, false)
+				require.True(t, valid2, "hash(%q, false) must not check", id)
+				require.Equal(t, h2, h, "hash(%q) depends on the check", id)
+			}
+		}
+	}
+	long := []byte(strings.Repeat("a", MaxIDLen+1))
+	_, valid := seen.hash(long, true)
+	assert.False(t, valid, "an id longer than MaxIDLen")
+}
+
+// FuzzIDCheckedWithHash: the sweep's id check agrees with ValidateID.
+func FuzzIDCheckedWithHash(f *testing.F) {
+	for _, id := range []string{"", "a", "run-42", "A_z-09", "run 42", "ab\x80cdefgh", "abcdefg\xff", "abcdefghijklmnop/", "_-_-_-_-_-_-_-_-_"} {
+		f.Add([]byte(id))
+	}
+	var seen seenIDs
+	seen.reset(false)
+	f.Fuzz(func(t *testing.T, id []byte) {
+		_, valid := seen.hash(id, true)
+		require.Equal(t, ValidateID(string(id)) == nil, valid, "hash(%q, true)", id)
+	})
+}

@@ -497,11 +497,6 @@ func TestLeaseReleasedWhenObserverPanicsOnAcquired(t *testing.T) {
 	}
 }
 
-// lagPanicObserver panics in ObserveLags.
-type lagPanicObserver struct{ recorder }
-
-func (p *lagPanicObserver) ObserveLags(string, []time.Duration) { panic("observer bug") }
-
 // slowScanKV's Scans after the first take a while, so that the read-ahead
 // of the next page is still in flight when the first page is settled.
 type slowScanKV struct {
@@ -517,22 +512,37 @@ func (k *slowScanKV) Scan(ctx context.Context, start, end []byte, limit int) ([]
 	return k.KV.Scan(ctx, start, end, limit)
 }
 
+// secondLagPanicObserver panics in its second ObserveLags.
+type secondLagPanicObserver struct {
+	recorder
+	calls atomic.Int32
+}
+
+func (p *secondLagPanicObserver) ObserveLags(string, []time.Duration) {
+	if p.calls.Add(1) == 2 {
+		panic("observer bug")
+	}
+}
+
 func TestPassCutShortByObserverPanicLeavesNoScan(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	for i := range 8 {
-		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
+	old := time.Now().Add(-2 * time.Hour)
+	for i := range 12 {
+		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), old)
 	}
 	kv := &slowScanKV{KV: mem}
-	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: &lagPanicObserver{}, PageSize: 4})
-	clock.Advance(2 * time.Hour)
+	// A real clock, by which the read of page 2 is slow: page 3 is read on
+	// a goroutine of its own while page 2 is cleared, and is in flight
+	// when the Observer panics on page 2's lags.
+	s, _ := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: &secondLagPanicObserver{}, PageSize: 4, Clock: SystemClock})
 	func() {
 		defer func() { assert.Equal(t, "observer bug", recover()) }()
 		_, _ = s.Pass(t.Context())
 	}()
-	assert.Equal(t, int64(2), kv.calls.Load(), "Scan calls: the page and the read-ahead of the next")
-	assert.Equal(t, int64(1), kv.done.Load(), "the read-ahead returned before the pass did")
-	assert.Equal(t, 4, mem.Len(), "the first page was deleted before the Observer saw it")
+	assert.Equal(t, int64(3), kv.calls.Load(), "Scan calls: the three pages")
+	assert.Equal(t, int64(2), kv.done.Load(), "the read of page 3 returned before the pass did")
+	assert.Equal(t, 4, mem.Len(), "pages 1 and 2 were deleted before the Observer saw them")
 }
 
 // TestObserverLagsEveryWayOfClearing: whatever clears the markers (Clear

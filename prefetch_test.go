@@ -11,51 +11,83 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// aheadKV closes scanned at its second Scan: the read of the next page.
+// aheadKV closes scanned at its Scan number at, and makes every Scan
+// after the first take delay.
 type aheadKV struct {
 	*MemKV
+	at      int32
+	delay   time.Duration
 	scans   atomic.Int32
 	scanned chan struct{}
 }
 
 func (k *aheadKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	if k.scans.Add(1) == 2 {
+	n := k.scans.Add(1)
+	if n > 1 {
+		time.Sleep(k.delay)
+	}
+	if n == k.at {
 		close(k.scanned)
 	}
 	return k.MemKV.Scan(ctx, start, end, limit)
 }
 
-// TestNextPageReadWhileClearing: the next page is read while the current
-// one is cleared, and pages are still cleared in order.
-func TestNextPageReadWhileClearing(t *testing.T) {
+// TestNextPageRead: with Concurrency 1 and a quick store, the walk's
+// goroutine reads the next page once the current one is settled, its
+// markers deleted; with a store whose reads are slow, it reads the next
+// page on a goroutine of its own while it clears the current one. Either
+// way pages are cleared in order.
+func TestNextPageRead(t *testing.T) {
 	t.Parallel()
-	kv := &aheadKV{MemKV: NewMemKV(), scanned: make(chan struct{})}
-	var order []string
-	readAhead := false
-	s, clock := newSweep(t, kv, Config{PageSize: 10, Clear: func(_ context.Context, id string) error {
-		if id == "m00" { // the first Clear waits for the read of page 2
-			select {
-			case <-kv.scanned:
-				readAhead = true
-			case <-time.After(10 * time.Second):
+	tests := []struct {
+		name  string
+		delay time.Duration
+		// The Clear of waitID waits until Scan number at started; the
+		// quick store's never starts during a Clear.
+		waitID string
+		at     int32
+		during bool
+	}{
+		{name: "quick store, after the page", waitID: "m10", at: 3, during: false},
+		// Scan 2 (page 2) is slow: page 3 is read during page 2's clears.
+		{name: "slow store, during the clears", delay: 2 * slowScan, waitID: "m10", at: 3, during: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kv := &aheadKV{MemKV: NewMemKV(), at: tt.at, delay: tt.delay, scanned: make(chan struct{})}
+			var order []string
+			var during bool
+			var leftAtPage2 int
+			// The sweep times its reads by its clock: a real one.
+			s, _ := newSweep(t, kv, Config{PageSize: 10, Clock: SystemClock, Clear: func(_ context.Context, id string) error {
+				if id == tt.waitID {
+					leftAtPage2 = kv.Len()
+					select {
+					case <-kv.scanned:
+						during = true
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+				order = append(order, id)
+				return nil
+			}})
+			old := time.Now().Add(-2 * time.Hour)
+			for i := range 55 {
+				mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), old.Add(time.Duration(i)*time.Millisecond))
 			}
-		}
-		order = append(order, id)
-		return nil
-	}})
-	for i := range 55 {
-		mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tt.during, during, "the next page was read during a Clear")
+			assert.Equal(t, 45, leftAtPage2, "page 1 deleted before page 2's clears")
+			assert.Equal(t, 55, st.Cleared)
+			assert.Equal(t, 6+1+1, st.ScanCalls, "6 pages, the peek and the retry range")
+			for i := range order {
+				require.Equal(t, fmt.Sprintf("m%02d", i), order[i], "oldest first, page after page")
+			}
+			assert.Zero(t, kv.Len())
+		})
 	}
-	clock.Set(t0.Add(2 * time.Hour))
-	st, err := s.Pass(context.Background())
-	require.NoError(t, err)
-	assert.True(t, readAhead, "the next page was read during a Clear of the first")
-	assert.Equal(t, 55, st.Cleared)
-	assert.Equal(t, 6+1+1, st.ScanCalls, "6 pages, the peek and the retry range")
-	for i := range order {
-		require.Equal(t, fmt.Sprintf("m%02d", i), order[i], "oldest first, page after page")
-	}
-	assert.Zero(t, kv.Len())
 }
 
 // TestReadAheadFailure: a failing read of the next page fails the pass, but

@@ -122,6 +122,7 @@ type Sweep struct {
 	pst     Stats      // the pass's Stats, which ps.st points to
 	ctxSlab []storeCtx // store contexts not handed out yet
 	walked  chan walkEnd
+	idStore idStore // holds the pages' ids
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -538,12 +539,15 @@ type passState struct {
 	notes      passNotes
 	observed   Stats // the counts an Observer was told of, page by page
 	ahead      readAhead
-	slowScans  bool        // the last Scan of a page took slowScan or more
-	w          walk        // the range being walked
-	clearing   *clearing   // the pass's clear workers, once a page has clears
-	slab       *[]storeCtx // where storeCtx takes contexts from
-	firstCtx   *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
-	buf        passBuffers // kept from pass to pass
+	slowScans  bool // the last Scan of a page took slowScan or more
+	// pageCleared counts the items of the page in hand whose Clear
+	// returned nil; settle deletes a page whose items all were at once.
+	pageCleared int
+	w           walk        // the range being walked
+	clearing    *clearing   // the pass's clear workers, once a page has clears
+	slab        *[]storeCtx // where storeCtx takes contexts from
+	firstCtx    *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
+	buf         passBuffers // kept from pass to pass
 
 	// Written by the clears of a page, which run concurrently.
 	streak                                    atomic.Int64          // clear calls that failed in a row
@@ -701,6 +705,7 @@ func (s *Sweep) markWaiting(p *passState, items []item) {
 func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 	keys, items := w.keys, w.items
 	var err error
+	p.pageCleared = 0
 	if s.dryRun {
 		for i := range items {
 			if items[i].out == pending {
@@ -713,7 +718,9 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 		p.st.ClearCalls += calls
 		p.foldCalls()
 	}
-	s.readAhead(ctx, p) // if the clears did not
+	if p.inRetry || p.clearing == nil || !p.clearing.inline {
+		s.readAhead(ctx, p) // if the clears did not
+	}
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -727,6 +734,9 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 	}
 	err = s.settle(ctx, p, keys, items)
 	s.observePage(p)
+	if err == nil {
+		s.readAhead(ctx, p)
+	}
 	return err
 }
 
@@ -777,10 +787,13 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 				break
 			}
 		}
-		if err == nil && s.validate == nil {
-			// The default rule runs on the bytes, before any string exists.
-			if verr := validateIDBytes(id); verr != nil {
-				err = malformed(key, "id", verr)
+		var h uint32
+		if err == nil {
+			// The default rule runs on the bytes, before any string
+			// exists, with the hash.
+			var valid bool
+			if h, valid = s.seen.hash(id, s.validate == nil); !valid {
+				err = malformed(key, "id", validateIDBytes(id))
 			}
 		}
 		out := pending
@@ -804,14 +817,12 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		it.lo = int32(len(ids))
 		if out == pending {
 			ids = append(ids, id...)
-			it.hash = s.seen.hash(id)
+			it.hash = h
 		}
 		it.hi = int32(len(ids))
 	}
 	s.ids = ids
-	// One string holds the page's ids and Clear gets substrings of it: one
-	// allocation per page rather than per marker.
-	all := string(ids)
+	all := s.idStore.hold(ids)
 	s.seen.page(all)
 	if !s.seen.wide {
 		s.seen.startPage(len(items))
@@ -881,6 +892,9 @@ func (s *Sweep) dedupe(items []item) {
 // and malformed ones are deleted in one call. It is the one place that
 // decides what becomes of a marker; see outcome.
 func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
+	if s.allCleared(p, items) {
+		return s.settleCleared(ctx, p, keys, items)
+	}
 	st := p.st
 	del := s.del[:0]
 	from, to := s.moveFrom[:0], s.moveTo[:0]
@@ -1038,6 +1052,31 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		}
 	}
 	if s.obs != nil && oldest >= 0 {
+		s.observeLags(items, false)
+	}
+	return nil
+}
+
+// allCleared reports whether the Clear of every item of the page returned
+// nil, in a pass that keeps no record per id: no duplicates in the pass
+// (see seenIDs), no retry delays in memory to forget, a marker range
+// (not the retry range) whose oldest marker is its first.
+func (s *Sweep) allCleared(p *passState, items []item) bool {
+	return p.pageCleared == len(items) && !p.inRetry && !s.seen.wide && len(s.retries.byID) == 0 && !s.dryRun
+}
+
+// settleCleared is settle of a page whose items were all cleared (see
+// allCleared): each is counted cleared and the page deleted in one call, as
+// settle's loop would, without it.
+func (s *Sweep) settleCleared(ctx context.Context, p *passState, keys [][]byte, items []item) error {
+	p.st.Cleared += len(items)
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(items[0].lagMs)))
+	// A page that ends early, at a marker not expired that a KV breaking
+	// Scan's end bound returned, has keys past its items: they stay.
+	if err := s.delete(ctx, p, keys[:len(items)]); err != nil {
+		return err
+	}
+	if s.obs != nil {
 		s.observeLags(items, false)
 	}
 	return nil
