@@ -35,6 +35,9 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 	for i := w.next; i < len(items); i++ {
 		if items[i].out == pending {
 			n++
+			if s.concurrency == 1 {
+				break // there are clears; only workers share them out by their number
+			}
 		}
 	}
 	c := p.clearing
@@ -159,6 +162,7 @@ func (c *clearing) clearRun(w *walk) (again bool) {
 	// Clear. Done is closed once Err is set, and a receive that cannot
 	// block takes no lock, where Err may.
 	done := c.ctx.Done()
+	items := c.items
 	for {
 		if done != nil {
 			select {
@@ -169,15 +173,15 @@ func (c *clearing) clearRun(w *walk) (again bool) {
 		}
 		var i int
 		if w != nil {
-			if w.next >= len(c.items) {
+			if w.next >= len(items) {
 				return false
 			}
 			i = w.next
 			w.next++
-		} else if i = int(c.next.Add(1)) - 1; i >= len(c.items) {
+		} else if i = int(c.next.Add(1)) - 1; i >= len(items) {
 			return false
 		}
-		if c.items[i].out != pending {
+		if items[i].out != pending {
 			continue
 		}
 		if w != nil {
@@ -273,7 +277,8 @@ func (c *clearing) work() {
 // returned (runtime.Goexit) by interrupted. It returns false when the pass
 // is over before the call.
 func (c *clearing) clearOne(i int, cur *clearCall) bool {
-	if c.s.limiter != nil && c.s.waitBudget(c.ctx, c.p, 1) != nil {
+	s := c.s
+	if s.limiter != nil && s.waitBudget(c.ctx, c.p, 1) != nil {
 		return false // the item stays pending
 	}
 	it := &c.items[i]
@@ -286,7 +291,7 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 		ctx = cctx
 	}
 	cur.item, cur.ctx = it, cctx
-	err := c.s.clear(ctx, it.id)
+	err := s.clear(ctx, it.id)
 	if cctx != nil {
 		cur.ctx = nil
 		cctx.returned()

@@ -264,8 +264,17 @@ func FuzzClassifyKey(f *testing.F) {
 		"runs/0000x001764000000123/a", "runs/000000017640000001:3/a", "runs/00010001764000000123/a", "runs/00002533402300800000/a"} {
 		f.Add("runs/", []byte(k))
 	}
+	f.Add("", []byte("00000001764000000123/a"))
+	f.Add("12345678", []byte("1234567800000001764000000123/a"))
+	f.Add("123456789", []byte("12345678900000001764000000123/a"))
+	f.Add("runs/", []byte("runs/"))
 	f.Fuzz(func(t *testing.T, prefix string, key []byte) {
 		ms, id, foreign, err := parseKey(prefix, key)
+		// The sweep's parser of one prefix, which tests a short prefix with
+		// one load, says the same.
+		m := newMarkerParser(prefix)
+		ms2, id2, foreign2, err2 := m.parse(key)
+		require.Equal(t, fmt.Sprint(ms, id, foreign, err), fmt.Sprint(ms2, id2, foreign2, err2), "markerParser(%q).parse(%q)", prefix, key)
 		shaped := markerShaped(prefix, key)
 		require.Equal(t, !shaped, foreign, "key %q: foreign = %v, err = %v", key, foreign, err)
 		if !shaped {

@@ -68,6 +68,7 @@ type Stats struct {
 type Sweep struct {
 	kv           KV
 	prefix       string
+	keys         markerParser // of prefix
 	retention    time.Duration
 	clear        func(context.Context, string) error
 	clearBatch   func(context.Context, []string) error
@@ -134,6 +135,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 	s := &Sweep{
 		kv:           kv,
 		prefix:       cfg.Prefix,
+		keys:         newMarkerParser(cfg.Prefix),
 		retention:    cfg.Retention,
 		clear:        cfg.Clear,
 		clearBatch:   cfg.ClearBatch,
@@ -780,7 +782,7 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 				notExpired = err == nil && ms >= p.cutoffMs
 			}
 		} else {
-			ms, id, isForeign, err = parseKey(s.prefix, key)
+			ms, id, isForeign, err = s.keys.parse(key)
 			if err == nil && ms >= p.cutoffMs {
 				// Clearing this marker would delete state before its
 				// retention ran out.
