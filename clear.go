@@ -158,18 +158,14 @@ func (c *clearing) clearRun(w *walk) (again bool) {
 			again = c.interrupted(&cur, recover())
 		}
 	}()
-	// A context that is never cancelled has no Done channel: no check per
-	// Clear. Done is closed once Err is set, and a receive that cannot
-	// block takes no lock, where Err may.
-	done := c.ctx.Done()
+	// A context that can never be cancelled has no Done channel: no check
+	// per Clear. Others are asked for Err, not Done, before each: a pass's
+	// context under a lease reads its loss there first (see leaseContext).
+	cancellable := c.ctx.Done() != nil
 	items := c.items
 	for {
-		if done != nil {
-			select {
-			case <-done:
-				return false
-			default:
-			}
+		if cancellable && c.ctx.Err() != nil {
+			return false
 		}
 		var i int
 		if w != nil {

@@ -98,3 +98,49 @@ func TestClearNeverEarly(t *testing.T) {
 		})
 	}
 }
+
+// errFirstCtx reports an error from Err once lost is set, before its Done
+// channel closes: as a pass's context under a lease does between the
+// lease's loss and the goroutine that cancels it (see leaseContext).
+type errFirstCtx struct {
+	context.Context
+	done chan struct{}
+	lost atomic.Bool
+}
+
+func (c *errFirstCtx) Done() <-chan struct{} { return c.done }
+
+func (c *errFirstCtx) Err() error {
+	if c.lost.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestClearsAskErrBeforeEach: a context's Err is read before every Clear,
+// not only its Done channel, so that no Clear starts once Err reports the
+// pass over.
+func TestClearsAskErrBeforeEach(t *testing.T) {
+	t.Parallel()
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency=%d", concurrency), func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			ctx := &errFirstCtx{Context: context.Background(), done: make(chan struct{})}
+			var calls atomic.Int32
+			s, clock := newSweep(t, mem, Config{Concurrency: concurrency, Clear: func(context.Context, string) error {
+				calls.Add(1)
+				ctx.lost.Store(true)
+				return nil
+			}})
+			for i := range 20 {
+				mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+			}
+			clock.Set(t0.Add(2 * time.Hour))
+			_, err := s.Pass(ctx)
+			require.ErrorIs(t, err, context.Canceled)
+			assert.LessOrEqual(t, int(calls.Load()), concurrency, "Clears after Err reported the pass over")
+			assert.Equal(t, 20, mem.Len(), "nothing deleted once Err reported the pass over")
+		})
+	}
+}
