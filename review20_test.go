@@ -601,3 +601,48 @@ func TestReview20TypedNilWrapperErrorFromClearBatch(t *testing.T) {
 		assert.Len(t, markerIDs(t, kv, "runs/"), 6, "Concurrency %d: every marker stays", concurrency)
 	}
 }
+
+// noEndKV breaks Scan's end bound: it reads to the end of the prefix.
+type noEndKV struct{ *MemKV }
+
+func (k noEndKV) Scan(ctx context.Context, start, _ []byte, limit int) ([][]byte, error) {
+	return k.MemKV.Scan(ctx, start, []byte("runs/\xff"), limit)
+}
+
+// TestPageOfNoItems: a page whose first key is a marker not expired (only
+// a KV that breaks Scan's end bound returns one) has no items; it is no
+// page whose items were all cleared, and the marker stays. Found by review
+// of the settle fast path, which read the first item of such a page.
+func TestPageOfNoItems(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		expired int // markers before the unexpired one: a full page of 2 and then the page of none
+		cfg     Config
+	}{
+		{name: "Clear, the first page", expired: 0},
+		{name: "Clear, after a full page", expired: 2},
+		{name: "ClearBatch with workers", expired: 2, cfg: Config{ClearBatch: func(context.Context, []string) error { return nil }, Concurrency: 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			cfg := tt.cfg
+			cfg.PageSize = 2
+			if cfg.ClearBatch == nil {
+				cfg.Clear = newClears().clear
+			}
+			s, clock := newSweep(t, noEndKV{mem}, cfg)
+			for i := range tt.expired {
+				mark(t, mem, "runs/", fmt.Sprintf("m%d", i), clock.Now().Add(-2*time.Hour))
+			}
+			young := mark(t, mem, "runs/", "young", clock.Now())
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tt.expired, st.Cleared)
+			assert.True(t, has(t, mem, young), "the marker not expired stays")
+			assert.Equal(t, 1, mem.Len())
+		})
+	}
+}

@@ -1064,7 +1064,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 // (see seenIDs), no retry delays in memory to forget, a marker range
 // (not the retry range) whose oldest marker is its first.
 func (s *Sweep) allCleared(p *passState, items []item) bool {
-	return p.pageCleared == len(items) && !p.inRetry && !s.seen.wide && len(s.retries.byID) == 0 && !s.dryRun
+	return p.pageCleared == len(items) && len(items) > 0 && !p.inRetry && !s.seen.wide && len(s.retries.byID) == 0 && !s.dryRun
 }
 
 // settleCleared is settle of a page whose items were all cleared (see
