@@ -92,24 +92,32 @@ func (s *seenIDs) hash(id []byte, check bool) (h uint32, valid bool) {
 	default:
 		valid = !check
 	}
-	hi, lo := bits.Mul64(x^s.mix[0], y^s.mix[1]^uint64(len(id)))
-	return uint32(hi ^ lo), valid
+	return s.mixHash(x, y, len(id)), valid
 }
 
-// idTops is idWord of a word of eight bytes that ValidateID accepts.
+// mixHash is the hash of an id of n bytes, 16 at most, from its words x
+// and y (see hash).
+func (s *seenIDs) mixHash(x, y uint64, n int) uint32 {
+	hi, lo := bits.Mul64(x^s.mix[0], y^s.mix[1]^uint64(n))
+	return uint32(hi ^ lo)
+}
+
+// idTops is idWord of a word whose eight bytes ValidateID accepts.
 const idTops = 0x8080808080808080
 
 // idWord returns, in the top bit of each of the eight bytes of w, whether
-// ValidateID accepts that byte. For a byte below 0x80, adding 0x80-lo
-// sets its top bit when it is lo or more, and adding 0x7f-hi when it is
-// above hi; neither carries into the next byte.
+// ValidateID accepts that byte. For a byte below 0x80, adding 0x80-lo sets
+// its top bit when it is lo or more, and adding 0x7f-hi when it is above
+// hi; neither carries into the next byte. A byte of 0x80 or more is no id
+// byte, and may carry into the next: the word is refused all the same.
 func idWord(w uint64) uint64 {
 	const ones = 0x0101010101010101
-	in := func(w uint64, lo, hi uint64) uint64 {
+	in := func(lo, hi uint64) uint64 {
 		return (w + (0x80-lo)*ones) &^ (w + (0x7f-hi)*ones)
 	}
-	ok := in(w|0x20*ones, 'a', 'z') | in(w, '0', '9') | in(w, '_', '_') | in(w, '-', '-')
-	return ok &^ w & idTops // a byte of 0x80 or more is none of them
+	ok := in('0', '9') | in('_', '_') | in('-', '-')
+	w |= 0x20 * ones // the letters, either case
+	return (ok | in('a', 'z')) &^ w & idTops
 }
 
 // reset starts a pass, over its whole length when wide. A table grown by
@@ -220,6 +228,19 @@ func (s *seenIDs) startPage(items int) {
 		clear(s.slots)
 	}
 	s.dirty = true
+}
+
+// claim records items[i], whose hash is h, in the slot its hash points
+// to when that slot is free, as it is for most items: small enough to be
+// inlined, where probe is not. It reports whether it did; when not, probe
+// does the rest.
+func (s *seenIDs) claim(h uint32, i int) bool {
+	k := uint64(h) & uint64(len(s.slots)-1)
+	if s.slots[k] != 0 {
+		return false
+	}
+	s.slots[k] = uint64(h)<<32 | uint64(i+1)
+	return true
 }
 
 // probe marks items[i] a duplicate of the page's first item with its id,

@@ -409,3 +409,71 @@ func FuzzIDCheckedWithHash(f *testing.F) {
 		require.Equal(t, ValidateID(string(id)) == nil, valid, "hash(%q, true)", id)
 	})
 }
+
+// FuzzQuickMarker: what the sweep's quick parse of a key accepts, parseKey
+// accepts alike, with an id that ValidateID accepts, appended whole to the
+// ids before it and hashed as seenIDs.hash hashes it; what it refuses
+// leaves the ids as they were.
+func FuzzQuickMarker(f *testing.F) {
+	for _, k := range []string{"runs/00000001764000000123/run-42", "runs/00000001764000000123/abcd", "runs/00000001764000000123/abc",
+		"runs/00000001764000000123/abcdefghijklmnop", "runs/00000001764000000123/abcdefghijklmnopq", "runs/00000001764000000123/ab cd",
+		"runs/00002533402300800000/abcd", "runs/00000253402300800000/abcd", "runs/0000x001764000000123/abcd", "runs/00000001764000000123:abcd",
+		"runX00000001764000000123/abcd", "runs/00000001764000000123/abc\x80", "runs/00000001764000000123/ABCdef_-09"} {
+		f.Add("runs/", []byte(k))
+	}
+	f.Add("12345678", []byte("1234567800000001764000000123/abcd"))
+	f.Add("123456789", []byte("12345678900000001764000000123/abcd"))
+	f.Add("", []byte("00000001764000000123/abcd"))
+	var seen seenIDs
+	seen.reset(false)
+	f.Fuzz(func(t *testing.T, prefix string, key []byte) {
+		m := newMarkerParser(prefix)
+		ids := []byte("ids:")
+		ms, more, h, ok := m.quick(key, &seen, ids[:len(ids):len(ids)])
+		if !ok {
+			require.Equal(t, "ids:", string(more), "quick(%q) refused the key but changed the ids", key)
+			return
+		}
+		wantMs, id, foreign, err := parseKey(prefix, key)
+		require.NoError(t, err, "quick accepted %q", key)
+		require.False(t, foreign)
+		require.Equal(t, wantMs, ms, "quick(%q)", key)
+		require.NoError(t, ValidateID(string(id)), "quick accepted %q", key)
+		require.Equal(t, "ids:"+string(id), string(more), "quick(%q) ids", key)
+		wantH, valid := seen.hash(id, true)
+		require.True(t, valid)
+		require.Equal(t, wantH, h, "quick(%q) hash", key)
+	})
+}
+
+// TestQuickMarkerTakesMostKeys: keys of the usual shape take the quick
+// parse (ids of 4 to 16 bytes under a prefix of up to 8); the others go
+// the whole way, which TestDuplicatesOfEveryIDLength covers.
+func TestQuickMarkerTakesMostKeys(t *testing.T) {
+	t.Parallel()
+	var seen seenIDs
+	seen.reset(false)
+	tests := []struct {
+		prefix, id string
+		at         time.Time
+		quick      bool
+	}{
+		{"runs/", "run-42", time.UnixMilli(1764000000123), true},
+		{"runs/", "abcd", time.UnixMilli(0), true},
+		{"runs/", "abcdefghijklmnop", MaxMarkerTime, true},
+		{"jobs/v2/", "A_z-09", time.UnixMilli(1764000000123), true},
+		{"runs/", "abc", time.UnixMilli(1764000000123), false},
+		{"runs/", "abcdefghijklmnopq", time.UnixMilli(1764000000123), false},
+		{"tenant-1/runs/", "run-42", time.UnixMilli(1764000000123), false},
+	}
+	for _, tt := range tests {
+		key, err := AppendMarkerKey(nil, tt.prefix, tt.at, tt.id)
+		require.NoError(t, err)
+		m := newMarkerParser(tt.prefix)
+		ms, _, _, ok := m.quick(key, &seen, nil)
+		assert.Equal(t, tt.quick, ok, "quick(%q)", key)
+		if ok {
+			assert.Equal(t, tt.at.UnixMilli(), ms, "quick(%q)", key)
+		}
+	}
+}

@@ -748,7 +748,21 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	items := s.items[:0]
 	ids := s.ids[:0]
+	quick := !p.inRetry && s.validate == nil
 	for _, key := range keys {
+		if quick {
+			// Most keys: one call parses, checks and hashes the marker and
+			// copies its id.
+			lo := len(ids)
+			if ms, more, h, ok := s.keys.quick(key, &s.seen, ids); ok && ms < p.cutoffMs {
+				ids = more
+				items = append(items, item{}) // pending
+				it := &items[len(items)-1]
+				it.ms, it.lagMs, it.hash = ms, ms, h
+				it.lo, it.hi = int32(lo), int32(len(ids))
+				continue
+			}
+		}
 		var (
 			ms, at     int64
 			lagMs      = int64(-1) // -1: ms
@@ -845,7 +859,7 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 				continue
 			}
 		}
-		if !s.seen.wide {
+		if !s.seen.wide && !s.seen.claim(it.hash, i) {
 			s.seen.probe(items, i)
 		}
 	}
