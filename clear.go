@@ -63,14 +63,15 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		}
 	}
 	if c.inline {
-		// This goroutine makes the clears: the next page is read before
-		// them, or meanwhile on a goroutine of its own from a slow store.
+		// This goroutine makes the clears: the next page is read once this
+		// one is settled (see readsSettled), or meanwhile on a goroutine of
+		// its own from a slow store.
 		s.prefetch(ctx, p)
-		if p.ahead.inFlight == nil && p.inRetry {
+		if p.ahead.inFlight == nil && !p.readsSettled() {
 			s.readAhead(ctx, p)
 		}
 		c.clearFrom(w)
-		if p.inRetry {
+		if !p.readsSettled() {
 			s.readAhead(ctx, p)
 		}
 	} else {

@@ -296,9 +296,9 @@ type walk struct {
 
 // walk handles the pages of a range up to end, from keys, its first page
 // on: each full page may have a next one, read while it is cleared (or
-// just before, when the pass's goroutine clears it); it starts just after
-// the page's last key, so markers that stay (failed clears) are not read
-// again in the pass.
+// once it is settled, when the walk's goroutine clears it); it starts just
+// after the page's last key, so markers that stay (failed clears) are not
+// read again in the pass.
 //
 // With Concurrency 1 the walk runs on a goroutine of its own, which calls
 // Clear itself, and the pass waits for it: a page needs no hand-over then,
@@ -396,8 +396,11 @@ func (s *Sweep) runWalk(ctx context.Context, p *passState) {
 }
 
 // readAhead is the read of the page after the current one, made while the
-// current page's clears run, or just before when the walk's goroutine
-// clears them itself and the store answers quickly (see prefetch).
+// current page's clears run, or once the page is settled when the walk's
+// goroutine clears it itself and the store answers quickly (see prefetch):
+// the read then starts past markers deleted already, as a loop of Scan and
+// Delete would, where a store that keeps them ordered (MemKV's skip list,
+// a B-tree) finds its place fastest.
 type readAhead struct {
 	from, end []byte // the range to read, when want
 	want      bool
@@ -566,6 +569,14 @@ type passBuffers struct {
 	cutoffKey, dueKey, after []byte
 }
 
+// readsSettled reports whether the walk reads the next page once the page
+// in hand is settled, rather than during or before its clears: when the
+// walk's goroutine clears the page itself (Concurrency 1), outside the
+// retry range, into which settling moves markers.
+func (p *passState) readsSettled() bool {
+	return !p.inRetry && p.clearing != nil && p.clearing.inline
+}
+
 // foldCalls adds the page's failed calls to the pass's Stats.
 func (p *passState) foldCalls() {
 	p.st.FailedCalls += int(p.failedCalls.Swap(0))
@@ -720,7 +731,7 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 		p.st.ClearCalls += calls
 		p.foldCalls()
 	}
-	if p.inRetry || p.clearing == nil || !p.clearing.inline {
+	if !p.readsSettled() {
 		s.readAhead(ctx, p) // if the clears did not
 	}
 	if err == nil {
