@@ -597,14 +597,23 @@ func (f *procFleet) deletedAfter(i int, t time.Time) int {
 	return n
 }
 
-// waitDeletes waits until replica i has made n successful Deletes that
-// started after t.
-func (f *procFleet) waitDeletes(i int, t time.Time, n int, limit time.Duration) {
+// waitDeletes waits until the replicas other than old have made n
+// successful Deletes, together, that started after t.
+func (f *procFleet) waitDeletes(old int, t time.Time, n int, limit time.Duration) {
 	f.t.Helper()
 	deadline := time.Now().Add(limit)
-	for f.deletedAfter(i, t) < n {
+	for {
+		got := 0
+		for i := range f.procs {
+			if i != old {
+				got += f.deletedAfter(i, t)
+			}
+		}
+		if got >= n {
+			return
+		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("replica %d made %d successful Deletes in %v, want %d", i, f.deletedAfter(i, t), limit, n)
+			f.t.Fatalf("the replicas but %d made %d successful Deletes in %v, want %d", old, got, limit, n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -719,7 +728,10 @@ func testHostCrash(t *testing.T, e Engine) {
 		t.Fatalf("no replica took over within %v of the holder's host crash (TTL %v)", bound, e.TTL)
 	}
 	took := acquired.Sub(crashedAt)
-	f.waitDeletes(next, acquired, 5, 10*time.Second)
+	// The fleet goes on deleting: the replica that took over, or one that
+	// took the lease from it in turn (on a loaded machine a new holder
+	// may miss its first renewal, and rightly lose the lease).
+	f.waitDeletes(old, acquired, 5, 10*time.Second)
 	f.stopAll()
 	t.Logf("holder's host crashed (replica %d); replica %d took over %v later (TTL %v, retry interval %v)",
 		old, next, took.Round(time.Millisecond), e.TTL, procInterval)
@@ -761,7 +773,7 @@ func testFrozen(t *testing.T, e Engine) {
 	if !ok {
 		t.Fatalf("no replica took over within %v of the holder freezing (TTL %v)", bound, e.TTL)
 	}
-	f.waitDeletes(next, acquired, 5, 10*time.Second)
+	f.waitDeletes(old, acquired, 5, 10*time.Second)
 	resumedAt := time.Now()
 	if err := os.WriteFile(flag+".resumed", nil, 0o644); err != nil {
 		t.Fatal(err)
