@@ -602,13 +602,6 @@ func TestReview20TypedNilWrapperErrorFromClearBatch(t *testing.T) {
 	}
 }
 
-// noEndKV breaks Scan's end bound: it reads to the end of the prefix.
-type noEndKV struct{ *MemKV }
-
-func (k noEndKV) Scan(ctx context.Context, start, _ []byte, limit int) ([][]byte, error) {
-	return k.MemKV.Scan(ctx, start, []byte("runs/\xff"), limit)
-}
-
 // TestPageOfNoItems: a page whose first key is a marker not expired (only
 // a KV that breaks Scan's end bound returns one) has no items; it is no
 // page whose items were all cleared, and the marker stays. Found by review
@@ -633,7 +626,7 @@ func TestPageOfNoItems(t *testing.T) {
 			if cfg.ClearBatch == nil {
 				cfg.Clear = newClears().clear
 			}
-			s, clock := newSweep(t, noEndKV{mem}, cfg)
+			s, clock := newSweep(t, endIgnoringKV{mem}, cfg)
 			for i := range tt.expired {
 				mark(t, mem, "runs/", fmt.Sprintf("m%d", i), clock.Now().Add(-2*time.Hour))
 			}
