@@ -919,14 +919,21 @@ func (s *Sweep) dedupe(items []item) {
 // and malformed ones are deleted in one call. It is the one place that
 // decides what becomes of a marker; see outcome.
 func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
-	if s.allCleared(p, items) {
-		return s.settleCleared(ctx, p, keys, items)
-	}
 	st := p.st
 	del := s.del[:0]
 	from, to := s.moveFrom[:0], s.moveTo[:0]
 	var targets map[int][]byte // where a failed marker with duplicates moves
 	oldest := int64(-1)        // ms of the oldest cleared marker: it has the largest lag
+	each := items              // the items the loop below settles one by one
+	if s.allCleared(p, items) {
+		// Counted and deleted at once, as the loop would. A page that
+		// ends early, at a marker not expired that a KV breaking Scan's
+		// end bound returned, has keys past its items: they stay.
+		st.Cleared += len(items)
+		oldest = items[0].lagMs
+		del = append(del, keys[:len(items)]...)
+		each = nil
+	}
 	now := s.clock.Now()
 	// putOff readies the move of keys[i] to key, its new place in the retry
 	// range (on a Mover), and reports whether keys[i] is to be deleted
@@ -947,7 +954,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		}
 		return false
 	}
-	for i := range items {
+	for i := range each {
 		it := &items[i]
 		switch it.out {
 		case foreign:
@@ -1087,26 +1094,10 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 // allCleared reports whether the Clear of every item of the page returned
 // nil, in a pass that keeps no record per id: no duplicates in the pass
 // (see seenIDs), no retry delays in memory to forget, a marker range
-// (not the retry range) whose oldest marker is its first.
+// (not the retry range) whose oldest marker is its first. settle then
+// needs no look at each item.
 func (s *Sweep) allCleared(p *passState, items []item) bool {
 	return p.pageCleared == len(items) && len(items) > 0 && !p.inRetry && !s.seen.wide && len(s.retries.byID) == 0 && !s.dryRun
-}
-
-// settleCleared is settle of a page whose items were all cleared (see
-// allCleared): each is counted cleared and the page deleted in one call, as
-// settle's loop would, without it.
-func (s *Sweep) settleCleared(ctx context.Context, p *passState, keys [][]byte, items []item) error {
-	p.st.Cleared += len(items)
-	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(items[0].lagMs)))
-	// A page that ends early, at a marker not expired that a KV breaking
-	// Scan's end bound returned, has keys past its items: they stay.
-	if err := s.delete(ctx, p, keys[:len(items)]); err != nil {
-		return err
-	}
-	if s.obs != nil {
-		s.observeLags(items, false)
-	}
-	return nil
 }
 
 // countCleared counts a cleared marker in the pass's Stats, forgets its
