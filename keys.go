@@ -224,28 +224,16 @@ func validID(id []byte) bool {
 func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err error) {
 	// Most keys are markers: one test of their shape, then the details of
 	// what is wrong with the others.
-	if len(key) >= len(prefix) && string(key[:len(prefix)]) == prefix {
-		if ms, id, ok := markerTail(key, len(prefix)); ok {
-			return ms, id, false, nil
+	if n := len(prefix); len(key) > n+TimestampWidth+1 && key[n+TimestampWidth] == '/' && string(key[:n]) == prefix {
+		if v, ok := parseStamp(key[n : n+TimestampWidth]); ok && v <= uint64(maxMarkerMs) {
+			return int64(v), key[n+TimestampWidth+1:], false, nil
 		}
 	}
 	return parseBadKey(prefix, key)
 }
 
-// markerTail parses what follows a marker key's prefix of n bytes: the
-// timestamp, '/' and a non-empty id. ok is false when the key is not a
-// valid marker's.
-func markerTail(key []byte, n int) (ms int64, id []byte, ok bool) {
-	if len(key) <= n+TimestampWidth+1 || key[n+TimestampWidth] != '/' {
-		return 0, nil, false
-	}
-	v, ok := parseStamp(key[n : n+TimestampWidth])
-	return int64(v), key[n+TimestampWidth+1:], ok && v <= uint64(maxMarkerMs)
-}
-
-// markerParser is parseKey for one prefix, which it tests with one load
-// of eight bytes when it is no longer: the sweep parses every key of a
-// page with it.
+// markerParser parses the keys of one prefix the quick way (see quick),
+// testing a prefix of up to eight bytes with one load.
 type markerParser struct {
 	prefix     string
 	word, mask uint64 // the prefix's bytes, and which bytes of a word it covers (0: longer than 8)
@@ -262,17 +250,6 @@ func newMarkerParser(prefix string) markerParser {
 		}
 	}
 	return m
-}
-
-// parse is parseKey(m.prefix, key).
-func (m *markerParser) parse(key []byte) (ms int64, id []byte, foreign bool, err error) {
-	n := len(m.prefix)
-	if m.mask != 0 && len(key) >= 8 && binary.LittleEndian.Uint64(key)&m.mask == m.word {
-		if ms, id, ok := markerTail(key, n); ok {
-			return ms, id, false, nil
-		}
-	}
-	return parseKey(m.prefix, key)
 }
 
 // parseBadKey is parseKey of a key that is not a valid marker's: it says

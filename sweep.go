@@ -68,7 +68,7 @@ type Stats struct {
 type Sweep struct {
 	kv           KV
 	prefix       string
-	keys         markerParser // of prefix
+	keys         markerParser // of prefix, for parsePage
 	retention    time.Duration
 	clear        func(context.Context, string) error
 	clearBatch   func(context.Context, []string) error
@@ -807,7 +807,7 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 				notExpired = err == nil && ms >= p.cutoffMs
 			}
 		} else {
-			ms, id, isForeign, err = s.keys.parse(key)
+			ms, id, isForeign, err = parseKey(s.prefix, key)
 			if err == nil && ms >= p.cutoffMs {
 				// Clearing this marker would delete state before its
 				// retention ran out.
