@@ -677,7 +677,11 @@ func answered(err error) bool {
 }
 
 // waitBudget waits for n tokens of Config.Limiter, in parts of its burst,
-// adding the time it waited to the pass's BudgetWait.
+// adding the time it waited to the pass's BudgetWait. A limiter that
+// cannot grant the tokens now or within budgetSlice (paused with
+// SetLimit(0) or SetBurst(0), a rate too low, a wait past ctx's deadline)
+// is asked again every budgetPoll until ctx ends: raising its limit
+// resumes the wait within a poll.
 func (s *Sweep) waitBudget(ctx context.Context, p *passState, n int) error {
 	lim := s.limiter
 	if lim == nil || lim.Limit() == rate.Inf {
@@ -686,17 +690,39 @@ func (s *Sweep) waitBudget(ctx context.Context, p *passState, n int) error {
 	start := s.clock.Now()
 	defer func() { p.budgetWait.Add(int64(max(s.clock.Now().Sub(start), 0))) }()
 	for n > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		k := min(n, lim.Burst())
-		if err := lim.WaitN(ctx, k); err != nil {
-			// The budget would outlast ctx's deadline: the call never goes
-			// out, and its ids stay for a later pass.
-			<-ctx.Done()
+		if lim.Limit() > 0 && k > 0 {
+			// WaitN refuses, without taking tokens, a wait longer than
+			// its context allows: bounded here, a paused or slowed
+			// limiter is polled rather than waited on for ever.
+			wctx, cancel := context.WithTimeout(ctx, budgetSlice)
+			err := lim.WaitN(wctx, k)
+			cancel()
+			if err == nil {
+				n -= k
+				continue
+			}
+		}
+		t := time.NewTimer(budgetPoll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
 		}
-		n -= k
 	}
 	return nil
 }
+
+// budgetPoll is how often a limiter that cannot grant a wait is asked
+// again, and budgetSlice the longest wait it is asked to grant at once.
+const (
+	budgetPoll  = time.Millisecond
+	budgetSlice = time.Minute
+)
 
 // callBatch runs ClearBatch under ClearTimeout on a goroutine of its own,
 // so that a panic or a runtime.Goexit in it becomes an error of the call.

@@ -223,3 +223,56 @@ func TestMinIntervalCoalescesPasses(t *testing.T) {
 		})
 	}
 }
+
+// TestPausedBudgetResumes: a limiter paused with SetLimit(0) (or
+// SetBurst(0)) holds the clears back, and raising it again resumes them
+// within a poll and a token's time, whether or not the pass's context has
+// a deadline; the time paused counts as BudgetWait.
+func TestPausedBudgetResumes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		pause    func(*rate.Limiter)
+		resume   func(*rate.Limiter)
+		deadline bool
+	}{
+		{"SetLimit/deadline", func(l *rate.Limiter) { l.SetLimit(0) }, func(l *rate.Limiter) { l.SetLimit(1000) }, true},
+		{"SetLimit/no deadline", func(l *rate.Limiter) { l.SetLimit(0) }, func(l *rate.Limiter) { l.SetLimit(1000) }, false},
+		{"SetBurst/no deadline", func(l *rate.Limiter) { l.SetBurst(0) }, func(l *rate.Limiter) { l.SetBurst(1) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const n = 10
+				mem := NewMemKV()
+				for i := range n {
+					mark(t, mem, "runs/", fmt.Sprintf("j%04d", i), time.Now().Add(-2*time.Hour))
+				}
+				lim := rate.NewLimiter(1000, 1)
+				require.True(t, lim.Allow(), "the bucket starts drained")
+				var cleared atomic.Int64
+				s, err := New(mem, Config{Prefix: "runs/", Retention: time.Hour, Limiter: lim,
+					Clear: func(context.Context, string) error { cleared.Add(1); return nil }})
+				require.NoError(t, err)
+				tc.pause(lim)
+				ctx := context.Background()
+				if tc.deadline {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+					defer cancel()
+				}
+				const pause = 300 * time.Millisecond
+				go func() {
+					time.Sleep(pause)
+					tc.resume(lim)
+				}()
+				start := time.Now()
+				st, err := s.Pass(ctx)
+				require.NoError(t, err)
+				took := time.Since(start)
+				assert.Equal(t, n, st.Cleared, "Pass() cleared %d, want %d", st.Cleared, n)
+				assert.Equal(t, int64(n), cleared.Load())
+				assert.LessOrEqual(t, took, pause+budgetPoll+n*time.Millisecond, "Pass() took %v: resumed late", took)
+				assert.GreaterOrEqual(t, st.BudgetWait, pause, "BudgetWait = %v, want the pause", st.BudgetWait)
+			})
+		})
+	}
+}

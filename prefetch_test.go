@@ -19,6 +19,7 @@ type aheadKV struct {
 	delay   time.Duration
 	scans   atomic.Int32
 	scanned chan struct{}
+	panicAt int32 // the Scan that panics, or 0
 }
 
 func (k *aheadKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
@@ -28,6 +29,9 @@ func (k *aheadKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]b
 	}
 	if n == k.at {
 		close(k.scanned)
+	}
+	if n == k.panicAt {
+		panic("store panicked")
 	}
 	return k.MemKV.Scan(ctx, start, end, limit)
 }
@@ -112,4 +116,23 @@ func TestReadAheadFailure(t *testing.T) {
 	assert.Equal(t, 10, st.Cleared)
 	assert.Equal(t, 15, mem.Len())
 	assert.Equal(t, 2, st.ScanCalls)
+}
+
+// TestPanicOfNextPageReadReachesCaller: a store that panics while the next
+// page is read on a goroutine of its own (a slow store) makes Pass panic
+// on its caller's goroutine, not the process, once the current page is
+// settled.
+func TestPanicOfNextPageReadReachesCaller(t *testing.T) {
+	kv := &aheadKV{MemKV: NewMemKV(), delay: 2 * slowScan, scanned: make(chan struct{}), panicAt: 3}
+	s, _ := newSweep(t, kv, Config{PageSize: 10, Clock: SystemClock, Clear: func(context.Context, string) error { return nil }})
+	old := time.Now().Add(-2 * time.Hour)
+	for i := range 35 {
+		mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), old.Add(time.Duration(i)*time.Millisecond))
+	}
+	assert.PanicsWithValue(t, "store panicked", func() { _, _ = s.Pass(context.Background()) })
+	assert.LessOrEqual(t, kv.Len(), 25, "the pages before the panic settled")
+	kv.panicAt = 0
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err, "the sweep is usable after the panic")
+	assert.Zero(t, kv.Len(), "Pass() left %d markers (cleared %d)", kv.Len(), st.Cleared)
 }

@@ -437,9 +437,11 @@ const slowScan = 200 * time.Microsecond
 
 // prefetch is a read of the next page on a goroutine of its own.
 type prefetch struct {
-	done chan struct{}
-	keys [][]byte
-	err  error
+	done     chan struct{}
+	keys     [][]byte
+	err      error
+	panicked bool
+	value    any // the store's panic, when panicked
 }
 
 // prefetch starts reading the next page on a goroutine of its own, when
@@ -453,6 +455,13 @@ func (s *Sweep) prefetch(ctx context.Context, p *passState) {
 	kv, from, end := p.kv, a.from, a.end
 	go func() {
 		defer close(f.done)
+		defer func() {
+			// Raised again on the pass's goroutine by wait: a store's
+			// panic reaches the pass's caller, as it would unprefetched.
+			if r := recover(); r != nil {
+				f.panicked, f.value = true, r
+			}
+		}()
 		f.keys, f.err = s.scanKV(ctx, kv, from, end, s.pageSize)
 	}()
 	a.inFlight = f
@@ -462,6 +471,9 @@ func (s *Sweep) prefetch(ctx context.Context, p *passState) {
 // waits, so that no Scan outlives the pass.
 func (f *prefetch) wait(p *passState) ([][]byte, error) {
 	<-f.done
+	if f.panicked {
+		panic(f.value)
+	}
 	p.countScan(f.keys)
 	return f.keys, f.err
 }
