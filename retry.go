@@ -167,34 +167,59 @@ func (r *retries) prune(clock Clock) {
 // the caller deletes old. It returns a nil key when the marker stays where
 // it is.
 //
+// A marker that failed Config.MaxAttempts times goes to the parked range
+// instead. It counts as parked only once it is there: at once on a Putter,
+// and when park is set, once the caller's Move succeeded (see parked);
+// until then its failures are remembered, so that a park that fails keeps
+// the id's backoff.
+//
 // The first Put of a pass is read back before the old key may go: a Put
 // that writes where Scan does not read (a wrapper that inherited Put from
 // the store it wraps) must not cost the marker. A key that lands on the old
 // one itself (the clock stepped back) moves nothing.
-func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move bool) {
+func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move, park bool) {
 	id := it.id
 	own := !errors.As(it.err, new(*outageError)) // not put off in an outage
 	attempts, due := s.retries.failed(id, s.clock.Now(), int(it.attempts), own)
 	canWrite := (p.mover != nil || p.putter != nil) && !p.noPut
 	if own && canWrite && s.maxAttempts > 0 && attempts >= s.maxAttempts {
 		// Parked: out of every range a pass reads, until requeued.
-		p.st.Parked++
-		p.notes.noteParked(id, it.err)
-		s.retries.forget(id)
-		key = appendParkedKey(nil, s.prefix, deadlineKind(it), it.ms, attempts, id)
-	} else {
-		p.st.Retried++
-		dueMs, err := markerMillis(due)
-		if !canWrite || err != nil {
-			s.noteRetry(p, due)
-			return nil, false
+		key, move = s.place(ctx, p, appendParkedKey(nil, s.prefix, deadlineKind(it), it.ms, attempts, id), old)
+		switch {
+		case key == nil:
+			s.notParked(p, it)
+		case !move:
+			s.parked(p, it)
 		}
-		// The key keeps whole milliseconds, rounded up: a pass at due
-		// itself would not find it due yet.
-		s.noteRetry(p, time.UnixMilli(dueMs))
-		key = appendRetryKey(nil, s.prefix, deadlineKind(it), dueMs, it.ms, attempts, id)
+		return key, move, key != nil && move
 	}
-	return s.place(ctx, p, key, old)
+	p.st.Retried++
+	dueMs, err := markerMillis(due)
+	if !canWrite || err != nil {
+		s.noteRetry(p, due)
+		return nil, false, false
+	}
+	// The key keeps whole milliseconds, rounded up: a pass at due
+	// itself would not find it due yet.
+	s.noteRetry(p, time.UnixMilli(dueMs))
+	key, move = s.place(ctx, p, appendRetryKey(nil, s.prefix, deadlineKind(it), dueMs, it.ms, attempts, id), old)
+	return key, move, false
+}
+
+// parked counts the marker of it, which is now in the parked range, and
+// forgets its id's failures: a requeue starts them anew.
+func (s *Sweep) parked(p *passState, it *item) {
+	p.st.Parked++
+	p.notes.noteParked(it.id, it.err)
+	s.retries.forget(it.id)
+}
+
+// notParked counts the marker of it, which failed to move to the parked
+// range, as put off: its delay and failures stay in memory, and the next
+// failure parks it again.
+func (s *Sweep) notParked(p *passState, it *item) {
+	p.st.Retried++
+	s.noteRetry(p, s.retries.due(it.id))
 }
 
 // deadlineKind is keyDeadline for the item of a deadline key, which stays

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -351,4 +352,58 @@ func (f *failingPutKV) Put(ctx context.Context, key, value []byte) error {
 func failedAt(r *retries, id string, now time.Time) time.Time {
 	_, at := r.failed(id, now, 0, true)
 	return at
+}
+
+// TestParkCountsOnlyOnceMoved: a marker that reaches MaxAttempts while the
+// store refuses its Move to the parked range is not counted or logged as
+// parked, stays due, and keeps its id's backoff; once the Move goes
+// through, it is parked and counted.
+func TestParkCountsOnlyOnceMoved(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := newFaultKV(mem, newFaultRand(t, 1), 0)
+	kv.enabled.Store(true)
+	c := newClears()
+	c.set("x", errBoom)
+	var logs strings.Builder
+	s, clock := newSweep(t, kv, Config{Clear: c.clear, MaxAttempts: 2, RetryDelay: time.Minute, MaxRetryDelay: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	mark(t, mem, "runs/", "x", t0)
+	clock.Set(t0.Add(time.Hour + time.Second))
+	ctx := context.Background()
+
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Retried, "first failure: rescheduled")
+
+	kv.set(opMove, storeErr, 1)
+	clock.Set(st.NextDue.Add(time.Millisecond))
+	st, err = s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, c.count("x"))
+	assert.Equal(t, 0, st.Parked, "Pass() Parked = %d with the Move refused, want 0", st.Parked)
+	assert.Equal(t, 1, st.Retried)
+	assert.NotContains(t, logs.String(), "parked")
+	b, err := s.Backlog(ctx, 10)
+	require.NoError(t, err)
+	assert.Zero(t, b.Parked, "Backlog().Parked")
+	assert.GreaterOrEqual(t, st.NextDue.Sub(clock.Now()), time.Minute, "the backoff is kept: next try at %v", st.NextDue)
+
+	clock.Advance(time.Second)
+	st, err = s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, c.count("x"), "not tried again within its delay")
+	assert.Equal(t, 1, st.Deferred)
+
+	kv.set(opMove, storeErr, 0)
+	clock.Set(st.NextDue.Add(time.Millisecond))
+	st, err = s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 3, c.count("x"))
+	assert.Equal(t, 1, st.Parked, "parked once the Move goes through")
+	assert.Contains(t, logs.String(), "parked")
+	b, err = s.Backlog(ctx, 10)
+	require.NoError(t, err)
+	assert.Equal(t, 1, b.Parked)
+	assert.Zero(t, b.Retrying+b.Due)
 }

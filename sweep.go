@@ -935,6 +935,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	del := s.del[:0]
 	from, to := s.moveFrom[:0], s.moveTo[:0]
 	var targets map[int][]byte // where a failed marker with duplicates moves
+	var parking []int          // items moving to the parked range
 	oldest := int64(-1)        // ms of the oldest cleared marker: it has the largest lag
 	each := items              // the items the loop below settles one by one
 	if s.allCleared(p, items) {
@@ -1061,7 +1062,10 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			default:
 				st.Failed++
 				p.notes.noteFailed(it.id, it.err)
-				key, move = s.retry(ctx, p, it, keys[i])
+				var park bool
+				if key, move, park = s.retry(ctx, p, it, keys[i]); park {
+					parking = append(parking, i)
+				}
 			}
 			if !putOff(i, key, move) {
 				continue
@@ -1087,6 +1091,13 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			// stay, and their delays are kept in memory.
 			p.noPut = true
 			p.notes.rescheduleErr = err
+		}
+		for _, i := range parking {
+			if err == nil {
+				s.parked(p, &items[i])
+			} else {
+				s.notParked(p, &items[i])
+			}
 		}
 	}
 	if len(del) > 0 {
