@@ -119,7 +119,7 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 			}
 			due, state, _ := s.retryState(k, now)
 			switch {
-			case k.kind == 0 || state == StateRetrying:
+			case state == StateRetrying:
 				if due.Before(now) {
 					// Due, unless a Retention raised since it failed says not yet.
 					oldest(due, k.id)

@@ -21,6 +21,10 @@ const (
 	// StateParked is a marker parked after Config.MaxAttempts failed
 	// clears, waiting for Sweep.Requeue.
 	StateParked
+
+	// stateWaiting is a marker with a deadline of its own not reached
+	// yet: not due, so Due lists none; Backlog counts it as held.
+	stateWaiting
 )
 
 // String returns "due", "retrying", "held" or "parked".
@@ -114,27 +118,24 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 }
 
 // retryState tells what a key k of the retry range stands for at now: when
-// its entity fell (or falls) due, its state, and when a pass tries it
-// next (zero when that is the next pass). Retries and holds fall due at
-// their finish time plus Retention (a hold's end does not make its entity
-// due any later: it only puts the clear off); a deadline key at its
-// deadline, whatever the Retention.
+// its entity fell (or falls) due, its state (see retryKey.state), and when
+// a pass tries it next (zero when that is the next pass). Retries and holds
+// fall due at their finish time plus Retention (a hold's end does not make
+// its entity due any later: it only puts the clear off); a deadline key at
+// its deadline, whatever the Retention.
 func (s *Sweep) retryState(k retryKey, now time.Time) (due time.Time, state MarkerState, next time.Time) {
-	due, next = s.keyDue(k), time.UnixMilli(k.at)
-	switch {
-	case !next.After(now):
-		return due, StateDue, time.Time{}
-	case k.kind == 0 || k.attempts > 0 && k.kind == keyDeadline:
-		return due, StateRetrying, next
+	due, state = s.keyDue(k), k.state(now)
+	if state != StateDue {
+		next = time.UnixMilli(k.at)
 	}
-	return due, StateHeld, next
+	return due, state, next
 }
 
 // keyDue returns when the entity of a retry- or parked-range key fell (or
 // falls) due: its finish time plus Retention, or a deadline key's own
 // deadline, whatever the Retention.
 func (s *Sweep) keyDue(k retryKey) time.Time {
-	if k.kind == keyDeadline {
+	if k.kind&keyDeadline != 0 {
 		return time.UnixMilli(k.finished)
 	}
 	return time.UnixMilli(k.finished).Add(s.retention)

@@ -88,14 +88,11 @@ func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 	if (p.mover == nil && p.putter == nil) || p.noPut {
 		return until, nil
 	}
-	if it.kind == keyDeadline {
-		// Still due at its own time: until, past its deadline.
-		return until, appendRetryKey(nil, s.prefix, keyDeadline, untilMs, it.ms, int(it.attempts), it.id)
-	}
 	// The failures before the hold go with it, so that MaxAttempts counts
-	// the same whether or not the process restarts while it is held.
+	// the same whether or not the process restarts while it is held. A
+	// deadline key stays one: due at its own time, until past it.
 	attempts := max(int(it.attempts), s.retries.failures(it.id))
-	return until, appendRetryKey(nil, s.prefix, keyHeld, untilMs, it.ms, attempts, it.id)
+	return until, appendRetryKey(nil, s.prefix, it.kind&keyDeadline|keyHeld, untilMs, it.ms, attempts, it.id)
 }
 
 // DeadlineKey returns the key of a marker for id that falls due at deleteAt

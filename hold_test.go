@@ -471,3 +471,80 @@ func TestDue(t *testing.T) {
 	assert.Error(t, err)
 	assert.Equal(t, "held", StateHeld.String())
 }
+
+// TestHeldMarkerIsNotRetrying: a held marker reads as held in Backlog and
+// Due whatever its key's kind (a deadline key held after a failure too),
+// and a marker rescheduled after a failure or put off in an outage reads
+// as retrying, a deadline key too; a deadline not reached is waited for.
+func TestHeldMarkerIsNotRetrying(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(48 * time.Hour)
+	deadline := t0.Add(24 * time.Hour)
+	for _, tc := range []struct {
+		name     string
+		kind     byte
+		at       time.Time
+		finished time.Time
+		attempts int
+		want     Backlog
+		state    MarkerState // in Due; 0: not listed
+	}{
+		{"held", keyHeld, now.Add(time.Hour), t0, 1, Backlog{Held: 1}, StateHeld},
+		{"held deadline after a failure", keyDeadline | keyHeld, now.Add(30 * 24 * time.Hour), deadline, 1, Backlog{Held: 1}, StateHeld},
+		{"held deadline", keyDeadline | keyHeld, now.Add(time.Hour), deadline, 0, Backlog{Held: 1}, StateHeld},
+		{"deadline put off in an outage", keyDeadline, now.Add(time.Minute), deadline, 0,
+			Backlog{OldestID: "x", OldestDue: deadline, Age: 24 * time.Hour, Retrying: 1, RetryingAge: 24 * time.Hour}, StateRetrying},
+		{"deadline retrying", keyDeadline, now.Add(time.Minute), deadline, 2,
+			Backlog{OldestID: "x", OldestDue: deadline, Age: 24 * time.Hour, Retrying: 1, RetryingAge: 24 * time.Hour}, StateRetrying},
+		{"retrying", 0, now.Add(time.Minute), t0, 1,
+			Backlog{OldestID: "x", OldestDue: t0.Add(time.Hour), Age: 47 * time.Hour, Retrying: 1, RetryingAge: 47 * time.Hour}, StateRetrying},
+		{"deadline ahead", keyDeadline, now.Add(time.Hour), now.Add(time.Hour), 0, Backlog{Held: 1}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			s, clock := newSweep(t, mem, Config{Clear: newClears().clear})
+			clock.Set(now)
+			key := appendRetryKey(nil, "runs/", tc.kind, tc.at.UnixMilli(), tc.finished.UnixMilli(), tc.attempts, "x")
+			require.NoError(t, mem.Put(context.Background(), key, nil))
+			b, err := s.Backlog(context.Background(), 10)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, b, "Backlog() of %q", key)
+			due, err := s.Due(context.Background(), 10)
+			require.NoError(t, err)
+			if tc.state == 0 {
+				assert.Empty(t, due)
+				return
+			}
+			require.Len(t, due, 1)
+			assert.Equal(t, tc.state, due[0].State, "Due() state of %q = %v, want %v", key, due[0].State, tc.state)
+			assert.True(t, due[0].Next.Equal(time.UnixMilli(tc.at.UnixMilli())), "Next = %v", due[0].Next)
+		})
+	}
+
+	// The same end to end: a deadline marker that failed once, then held.
+	mem := NewMemKV()
+	c := newClears()
+	s, clock := newSweep(t, mem, Config{Clear: c.clear, RetryDelay: time.Minute})
+	key, err := s.DeadlineKey("x", deadline)
+	require.NoError(t, err)
+	require.NoError(t, mem.Put(context.Background(), key, nil))
+	c.set("x", errBoom)
+	clock.Set(deadline.Add(time.Second))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Failed)
+	c.set("x", Hold(clock.Now().Add(30*24*time.Hour)))
+	clock.Set(st.NextDue.Add(time.Millisecond))
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Held)
+	clock.Advance(24 * time.Hour)
+	b, err := s.Backlog(context.Background(), 10)
+	require.NoError(t, err)
+	assert.Equal(t, Backlog{Held: 1}, b, "a day into the hold")
+	due, err := s.Due(context.Background(), 10)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	assert.Equal(t, StateHeld, due[0].State)
+}

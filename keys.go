@@ -323,18 +323,19 @@ func malformed(key []byte, part string, cause error) error {
 //	<prefix>r<retry at, ms:020>/<finished, ms:020>/<attempts>/<id>
 //	<prefix>p<finished, ms:020>/<attempts>/<id>
 //
-// A letter before the attempts tells two more kinds of key apart, in the
-// retry range (and, for d, in the parked range too):
+// Letters before the attempts tell more kinds of key apart, in the retry
+// range (and, for d, in the parked range too):
 //
 //	<prefix>r<until, ms:020>/<finished, ms:020>/h<attempts>/<id>
 //	<prefix>r<at, ms:020>/<deadline, ms:020>/d<attempts>/<id>
+//	<prefix>r<until, ms:020>/<deadline, ms:020>/dh<attempts>/<id>
 //
 // h is a held marker (see Hold): due at the later of until and its finish
 // time plus Retention; it is no failure, and keeps the count of failures
 // before the hold. d is a marker with a deadline of its own (see
 // DeadlineKey), in place of the finish time: due at at (the deadline, or a
 // later retry or hold's end) whatever the Retention, and it stays a d key
-// through failures and holds.
+// through failures and holds; dh is one that is held.
 const (
 	retryInfix  = 'r'
 	parkedInfix = 'p'
@@ -354,36 +355,57 @@ type retryKey struct {
 	at       int64 // retry range: when it falls due; parked range: finished
 	finished int64 // the entity's finish time, Unix ms
 	attempts int
-	kind     byte // 0, or keyHeld or keyDeadline: the letter before the attempts
+	kind     byte // keyDeadline and keyHeld, set as the letters before the attempts say
 	id       []byte
 }
 
-// The kinds of retry-range key that a letter before the attempts marks.
+// The kinds of retry-range key, flags of retryKey.kind and item.kind that
+// the letters d and h before the attempts mark.
 const (
-	keyHeld     = 'h'
-	keyDeadline = 'd'
+	keyDeadline = 1 << iota // d: a deadline of its own in place of the finish time
+	keyHeld                 // h: held until its retry time (retry range only)
 )
 
-// appendRetryKey appends the retry-range key of id of kind (0, keyHeld or
-// keyDeadline), due again at atMs.
+// state tells what k, a key of the retry range, stands for at now: held
+// (until its hold's end), waiting for a deadline of its own, or rescheduled
+// after a failure or an outage (retrying) until its retry time; and due
+// once that time came. It is the one rule Sweep.Due and Sweep.Backlog go by.
+func (k retryKey) state(now time.Time) MarkerState {
+	next := time.UnixMilli(k.at)
+	switch {
+	case !next.After(now):
+		return StateDue
+	case k.kind&keyHeld != 0:
+		return StateHeld
+	case k.kind&keyDeadline != 0 && k.at == k.finished:
+		return stateWaiting
+	}
+	return StateRetrying
+}
+
+// appendRetryKey appends the retry-range key of id of kind (keyDeadline,
+// keyHeld, both or neither), due again at atMs.
 func appendRetryKey(dst []byte, prefix string, kind byte, atMs, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), retryInfix)
 	dst = append(appendTimestamp(dst, uint64(atMs)), '/')
 	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind, attempts, id)
 }
 
-// appendParkedKey appends the parked-range key of id of kind (0 or
-// keyDeadline).
+// appendParkedKey appends the parked-range key of id of kind (keyDeadline
+// or 0; a parked key is never held).
 func appendParkedKey(dst []byte, prefix string, kind byte, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), parkedInfix)
-	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind, attempts, id)
+	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind&keyDeadline, attempts, id)
 }
 
-// appendAttemptsID appends '/', the kind's letter, the attempts, '/' and id.
+// appendAttemptsID appends '/', the kind's letters, the attempts, '/' and id.
 func appendAttemptsID(dst []byte, kind byte, attempts int, id string) []byte {
 	dst = append(dst, '/')
-	if kind != 0 {
-		dst = append(dst, kind)
+	if kind&keyDeadline != 0 {
+		dst = append(dst, 'd')
+	}
+	if kind&keyHeld != 0 {
+		dst = append(dst, 'h')
 	}
 	dst = append(strconv.AppendInt(dst, int64(min(attempts, maxAttempts)), 10), '/')
 	return append(dst, id...)
@@ -416,8 +438,11 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 		}
 		*stamp, rest = int64(v), rest[TimestampWidth+1:]
 	}
-	if len(rest) > 0 && (rest[0] == keyDeadline || (rest[0] == keyHeld && infix == retryInfix)) {
-		k.kind, rest = rest[0], rest[1:]
+	if len(rest) > 0 && rest[0] == 'd' {
+		k.kind, rest = k.kind|keyDeadline, rest[1:]
+	}
+	if len(rest) > 0 && rest[0] == 'h' && infix == retryInfix {
+		k.kind, rest = k.kind|keyHeld, rest[1:]
 	}
 	n := 0
 	for n < len(rest) && n < 10 && '0' <= rest[n] && rest[n] <= '9' {

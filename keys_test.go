@@ -298,6 +298,7 @@ func FuzzParseRetryKey(f *testing.F) {
 	f.Add("p/", []byte("p/r99999999999999999999/00000000000000000000/1/x"), int64(-1), int64(0), 0, "", true)
 	f.Add("runs/", []byte("runs/r00000001764000000123/00000001764000000000/h2/run-42"), int64(1764000000123), int64(1764000000000), -1, "a", true)
 	f.Add("runs/", []byte("runs/p00000001764000000000/d3/run-42"), int64(1764000000123), int64(1764000000000), -2, "a", false)
+	f.Add("runs/", []byte("runs/r00000001764000000123/00000001764000000000/dh1/run-42"), int64(1764000000123), int64(1764000000000), -3, "a", true)
 	f.Fuzz(func(t *testing.T, prefix string, key []byte, at, finished int64, attempts int, id string, retry bool) {
 		infix := byte(parkedInfix)
 		if retry {
@@ -310,7 +311,7 @@ func FuzzParseRetryKey(f *testing.F) {
 			if retry {
 				again = appendRetryKey(nil, prefix, k.kind, k.at, k.finished, k.attempts, string(k.id))
 			} else {
-				require.NotEqual(t, byte(keyHeld), k.kind, "a held key in the parked range")
+				require.Zero(t, k.kind&keyHeld, "a held key in the parked range")
 				again = appendParkedKey(nil, prefix, k.kind, k.finished, k.attempts, string(k.id))
 			}
 			// Attempts may be spelt with leading zeros; the rest is exact.
@@ -322,7 +323,8 @@ func FuzzParseRetryKey(f *testing.F) {
 			}
 		}
 		// Attempts of -1 stand for a held key (retry range), -2 for a
-		// deadline key, with attempts 0.
+		// deadline key, -3 for a held deadline key (retry range), with
+		// attempts 0.
 		var kind byte
 		switch attempts {
 		case -1:
@@ -331,6 +333,10 @@ func FuzzParseRetryKey(f *testing.F) {
 			}
 		case -2:
 			kind, attempts = keyDeadline, 0
+		case -3:
+			if retry {
+				kind, attempts = keyDeadline|keyHeld, 0
+			}
 		}
 		if at < 0 || at > maxMarkerMs || finished < 0 || finished > maxMarkerMs || attempts < 0 || attempts > maxAttempts || id == "" {
 			return

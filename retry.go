@@ -225,10 +225,7 @@ func (s *Sweep) notParked(p *passState, it *item) {
 // deadlineKind is keyDeadline for the item of a deadline key, which stays
 // one when rescheduled or parked, and 0 otherwise.
 func deadlineKind(it *item) byte {
-	if it.kind == keyDeadline {
-		return keyDeadline
-	}
-	return 0
+	return it.kind & keyDeadline
 }
 
 // hold puts off the marker old of a held id until the hold's end, as retry

@@ -689,7 +689,7 @@ type item struct {
 	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome
 	withDups      bool   // cleared by a ClearDeleter's call that deleted its duplicates too
-	kind          byte   // a retry-range key's kind: 0, keyHeld or keyDeadline
+	kind          byte   // a retry-range key's kind: keyDeadline and keyHeld flags
 	hash          uint32 // of the id, for the pass's seenIDs
 	doneAt        int64  // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
 }
@@ -803,20 +803,20 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 			if err == nil && at >= p.retryDueMs {
 				break // only a KV that breaks Scan's end bound returns it
 			}
-			switch kind {
-			case keyDeadline:
+			lagMs = ms
+			if kind&keyDeadline != 0 {
 				// Due at its deadline (ms) whatever the Retention, and
 				// late from then.
 				lagMs = max(ms-s.retention.Milliseconds(), 0)
-			case keyHeld:
-				// Late from the hold's end, when that is after the due
-				// time.
-				lagMs = max(at-s.retention.Milliseconds(), ms)
-				fallthrough
-			default:
+			} else {
 				// A Retention raised since the marker failed (or was
 				// held): it is not expired any more, and stays until it is.
 				notExpired = err == nil && ms >= p.cutoffMs
+			}
+			if kind&keyHeld != 0 {
+				// Late from the hold's end, when that is after the due
+				// time.
+				lagMs = max(at-s.retention.Milliseconds(), lagMs)
 			}
 		} else {
 			ms, id, isForeign, err = parseKey(s.prefix, key)
