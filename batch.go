@@ -504,11 +504,12 @@ func (b *batching) tryAtomic(idx []int) error {
 	return nil
 }
 
-// markGone records as cleared the items at idx with a marker missing from
-// left (the markers left, ascending), and returns the others. An id with
-// a marker gone was cleared with it (by this call, or by another replica's
-// with fewer of its markers): its other markers are duplicates the sweep
-// deletes.
+// markGone records as found gone the items at idx with a marker missing
+// from left (the markers left, ascending), and returns the others. An id
+// with a marker gone was cleared with it, by this call or by another
+// replica's (with fewer of its markers, maybe): which, the store cannot
+// tell, so it is not counted as this replica's clear. Its other markers
+// are duplicates the sweep deletes.
 func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	isLeft := func(key []byte) bool {
 		_, ok := slices.BinarySearchFunc(left, key, bytes.Compare)
@@ -520,7 +521,7 @@ func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 			gone = !isLeft(b.keys[j-1])
 		}
 		if gone {
-			b.items[i].out = clearedGone
+			b.items[i].out = foundGone
 		} else {
 			rest = append(rest, i)
 		}
@@ -771,12 +772,17 @@ func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) e
 }
 
 // countGone counts, in a page the pass leaves without settling it, the
-// markers a ClearDeleter cleared and deleted with their entities.
+// markers a ClearDeleter cleared and deleted with their entities, and
+// those found gone.
 func (s *Sweep) countGone(p *passState, items []item) {
 	oldest := int64(-1)
 	for i := range items {
-		if it := &items[i]; it.out == clearedGone {
+		switch it := &items[i]; it.out {
+		case clearedGone:
 			s.countCleared(p, it, &oldest)
+		case foundGone:
+			p.st.Gone++
+			s.doneWith(it)
 		}
 	}
 	if oldest < 0 {

@@ -125,8 +125,8 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 // its deadline, whatever the Retention.
 func (s *Sweep) retryState(k retryKey, now time.Time) (due time.Time, state MarkerState, next time.Time) {
 	due, state = s.keyDue(k), k.state(now)
-	if state != StateDue {
-		next = time.UnixMilli(k.at)
+	if next = time.UnixMilli(k.at); !next.After(now) {
+		next = time.Time{}
 	}
 	return due, state, next
 }

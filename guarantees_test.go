@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -126,9 +127,10 @@ func TestAtomicAmbiguousFailure(t *testing.T) {
 		commit                 bool
 		scanErr                error
 		cleared, failed, calls int
-		markers                int
+		gone, markers          int
 	}{
-		{name: "committed", commit: true, cleared: 8, calls: 1},
+		// Found gone: committed, by this call or another replica's.
+		{name: "committed", commit: true, gone: 8, calls: 1},
 		{name: "not committed", failed: 8, calls: 1 + bits.Len(8), markers: 8}, // an outage: the batch, then one path down
 		{name: "unknown", commit: true, scanErr: errBoom, failed: 8, calls: 1},
 	} {
@@ -146,6 +148,7 @@ func TestAtomicAmbiguousFailure(t *testing.T) {
 				require.NoError(t, err)
 			}
 			assert.Equal(t, tc.cleared, st.Cleared)
+			assert.Equal(t, tc.gone, st.Gone)
 			assert.Equal(t, tc.failed, st.Failed)
 			assert.Equal(t, tc.calls, st.ClearCalls, "no batch sent again once it was found committed")
 			for id, n := range kv.cleared {
@@ -600,4 +603,53 @@ func TestKeptIDsStay(t *testing.T) {
 			require.Equal(t, want(pass, i), kept[pass*n+i], "id %d of pass %d", i, pass)
 		}
 	}
+}
+
+// blockingAtomicKV is an atomicKV whose first call waits, uncommitted,
+// until released, then fails as a call whose reply was lost.
+type blockingAtomicKV struct {
+	*atomicKV
+	started, release chan struct{}
+	once             sync.Once
+}
+
+func (b *blockingAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	first := false
+	b.once.Do(func() { first = true })
+	if !first {
+		return b.atomicKV.ClearAndDelete(ctx, ids, keys)
+	}
+	close(b.started)
+	<-b.release
+	return fmt.Errorf("read reply: %w", context.DeadlineExceeded)
+}
+
+// TestReplicaCountsOnlyItsOwnClears: a replica whose call hung while
+// another replica cleared the same markers finds them gone and counts
+// them as Gone, not Cleared: the replicas' Cleared add up to the entities
+// cleared.
+func TestReplicaCountsOnlyItsOwnClears(t *testing.T) {
+	t.Parallel()
+	base, _ := newAtomicKV(t, 8)
+	slow := &blockingAtomicKV{atomicKV: base, started: make(chan struct{}), release: make(chan struct{})}
+	a, clockA := newSweep(t, slow, Config{})
+	b, clockB := newSweep(t, base, Config{})
+	clockA.Set(t0.Add(2 * time.Hour))
+	clockB.Set(t0.Add(2 * time.Hour))
+	done := make(chan Stats)
+	go func() {
+		st, err := a.Pass(context.Background())
+		assert.NoError(t, err)
+		done <- st
+	}()
+	<-slow.started
+	stB, err := b.Pass(context.Background())
+	require.NoError(t, err)
+	close(slow.release)
+	stA := <-done
+	assert.Equal(t, 8, stB.Cleared, "the replica that cleared them")
+	assert.Zero(t, stA.Cleared, "Pass() Cleared = %d for markers another replica cleared, want 0", stA.Cleared)
+	assert.Equal(t, 8, stA.Gone)
+	assert.Equal(t, 8, stA.Cleared+stB.Cleared, "the fleet's Cleared add up to the entities cleared")
+	assert.Empty(t, base.entities)
 }

@@ -367,20 +367,21 @@ const (
 )
 
 // state tells what k, a key of the retry range, stands for at now: held
-// (until its hold's end), waiting for a deadline of its own, or rescheduled
-// after a failure or an outage (retrying) until its retry time; and due
-// once that time came. It is the one rule Sweep.Due and Sweep.Backlog go by.
+// until its hold's end, or waiting for a deadline of its own, and due once
+// that time came; or rescheduled after a failure or an outage (retrying),
+// which it stays, its retry time come or not, until a clear settles it. It
+// is the one rule Sweep.Due and Sweep.Backlog go by.
 func (k retryKey) state(now time.Time) MarkerState {
-	next := time.UnixMilli(k.at)
 	switch {
-	case !next.After(now):
-		return StateDue
-	case k.kind&keyHeld != 0:
-		return StateHeld
-	case k.kind&keyDeadline != 0 && k.at == k.finished:
+	case k.kind&keyHeld == 0 && (k.kind&keyDeadline == 0 || k.at != k.finished):
+		return StateRetrying
+	case time.UnixMilli(k.at).After(now):
+		if k.kind&keyHeld != 0 {
+			return StateHeld
+		}
 		return stateWaiting
 	}
-	return StateRetrying
+	return StateDue
 }
 
 // appendRetryKey appends the retry-range key of id of kind (keyDeadline,

@@ -51,7 +51,7 @@ type Observer interface {
 	// ObservePage is called after each page of a pass is settled, just
 	// after ObserveLags for its cleared markers, with what the page did:
 	// its counts by outcome (Cleared, Failed, Retried, Parked, Deferred,
-	// Malformed, Foreign, LiveAgain, Duplicates, Held, WouldClear) and of calls (Scanned,
+	// Malformed, Foreign, LiveAgain, Duplicates, Held, WouldClear, Gone) and of calls (Scanned,
 	// ScanCalls, DeleteCalls, PutCalls, ClearCalls, FailedCalls,
 	// TimedOutCalls, PanickedCalls) and its BudgetWait; Duration, MaxLag,
 	// NextDue and BatchSize are zero. A last call just before ObservePass carries what the pass did
@@ -174,7 +174,7 @@ func (a Stats) minus(b Stats) Stats {
 		Duplicates: a.Duplicates - b.Duplicates, ScanCalls: a.ScanCalls - b.ScanCalls, DeleteCalls: a.DeleteCalls - b.DeleteCalls,
 		PutCalls: a.PutCalls - b.PutCalls, ClearCalls: a.ClearCalls - b.ClearCalls, FailedCalls: a.FailedCalls - b.FailedCalls,
 		TimedOutCalls: a.TimedOutCalls - b.TimedOutCalls, PanickedCalls: a.PanickedCalls - b.PanickedCalls,
-		Held: a.Held - b.Held, WouldClear: a.WouldClear - b.WouldClear,
+		Held: a.Held - b.Held, WouldClear: a.WouldClear - b.WouldClear, Gone: a.Gone - b.Gone,
 		BudgetWait: a.BudgetWait - b.BudgetWait,
 	}
 }

@@ -570,7 +570,7 @@ func TestReview16HoldsAtomicRetryRangeLostReply(t *testing.T) {
 	base.entities["fresh"] = true
 	st, err := s.Pass(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, 6, st.Cleared)
+	assert.Equal(t, 6, st.Gone, "committed, found gone: who cleared them, the store cannot tell")
 	for id, n := range base.cleared {
 		assert.Equal(t, 1, n, id)
 	}
@@ -764,5 +764,6 @@ func TestReview16KnownMovedMarkerCountedCleared(t *testing.T) {
 	// moved by another replica from one cleared would take a read of the
 	// retry range per id. Nothing is lost, and the sweep under a lease
 	// never races another's move.
-	assert.Equal(t, 1, st.Cleared, "counted as cleared, though nobody cleared it")
+	assert.Zero(t, st.Cleared, "not counted as this replica's clear")
+	assert.Equal(t, 1, st.Gone, "counted as found gone")
 }

@@ -25,6 +25,13 @@ type Stats struct {
 	LiveAgain   int // markers whose Clear returned ErrLiveAgain, deleted without clearing
 	Duplicates  int // further markers of an id met earlier in the pass, deleted without a clear of their own
 	Held        int // markers whose Clear returned Hold: kept until the hold's end, no failure
+	// Gone counts markers found deleted after a ClearDeleter's call whose
+	// outcome the sweep could not hear (a timeout, a lost connection, the
+	// pass cut short): this replica's call or another replica's cleared
+	// their entities, and the store cannot tell which. They are not in
+	// Cleared, so that the Cleared of a fleet's replicas add up to no more
+	// than the entities cleared.
+	Gone int
 	WouldClear  int // in a dry run (Config.DryRun), markers whose entity the pass would have cleared
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
@@ -632,8 +639,10 @@ func cutoffMillis(cutoff time.Time) int64 {
 //	outcome      marker                         counted in
 //	cleared      deleted after the clear        Cleared
 //	clearedGone  deleted in the clear's own     Cleared
-//	             transaction (ClearDeleter), or
-//	             found gone after a failed call
+//	             transaction (ClearDeleter)
+//	foundGone    found gone after a call whose  Gone
+//	             outcome is unknown: cleared by
+//	             it or by another replica
 //	liveAgain    deleted, entity not cleared    LiveAgain
 //	failed       moved to its retry time (or    Failed, Retried
 //	             kept, its delay in memory)
@@ -661,6 +670,7 @@ const (
 	pending     outcome = iota // Clear has not returned (yet): the marker stays
 	cleared                    // Clear returned nil
 	clearedGone                // cleared with its marker deleted, by a ClearDeleter
+	foundGone                  // its marker found gone after a call whose outcome is unknown
 	liveAgain                  // Clear returned ErrLiveAgain
 	failed                     // Clear failed; the marker stays, put off for a retry
 	held                       // Clear returned Hold: the marker waits for the hold's end
@@ -1017,6 +1027,11 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 			// already, or its marker was gone: deleting it again is free),
 			// live again, or its first marker stays for it.
 			st.Duplicates++
+		case foundGone:
+			st.Gone++
+			s.doneWith(it)
+			// Its marker, or one of its duplicates', is gone; deleting
+			// what is left of them is free.
 		case cleared, clearedGone:
 			s.countCleared(p, it, &oldest)
 			if it.out == clearedGone {
@@ -1129,12 +1144,18 @@ func (s *Sweep) allCleared(p *passState, items []item) bool {
 // lag. Retries are not in the order of finish times.
 func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 	p.st.Cleared++
+	s.doneWith(it)
+	if *oldest < 0 || it.lagMs < *oldest {
+		*oldest = it.lagMs
+	}
+}
+
+// doneWith forgets the failures of the id of it, which is cleared, and
+// records that the pass is done with the id.
+func (s *Sweep) doneWith(it *item) {
 	s.retries.forget(it.id)
 	if it.seen != 0 {
 		s.seen.markDone(int(it.seen) - 1)
-	}
-	if *oldest < 0 || it.lagMs < *oldest {
-		*oldest = it.lagMs
 	}
 }
 

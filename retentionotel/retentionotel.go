@@ -7,7 +7,7 @@
 //
 // The instruments, each with the attribute retention.prefix:
 //
-//	retention.markers             counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate, held, would_clear)
+//	retention.markers             counter {marker}, by retention.outcome: markers handled (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate, held, would_clear, gone)
 //	retention.clear.calls         counter {call}: calls of Clear, ClearBatch or a ClearDeleter
 //	retention.clear.calls.failed  counter {call}, by retention.cause: those calls that failed as a whole (error, timeout, panic)
 //	retention.passes              counter {pass}, by retention.pass.result (ok, error, canceled, lease_lost)
@@ -78,13 +78,13 @@ type Options struct {
 // The outcomes of retention.markers, in the order of outcomeCounts, all
 // counted page by page (ObservePage).
 var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate",
-	"held", "would_clear"}
+	"held", "would_clear", "gone"}
 
 // outcomeCounts returns the counts of st by outcome, in the order of
 // outcomes.
 func outcomeCounts(st *retention.Stats) [len(outcomes)]int {
 	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates,
-		st.Held, st.WouldClear}
+		st.Held, st.WouldClear, st.Gone}
 }
 
 // The causes of retention.clear.calls.failed, in the order of causeCounts.
@@ -179,7 +179,7 @@ func New(opts Options) (*Observer, error) {
 	o.markers = counter("retention.markers", "{marker}",
 		"Markers a sweep handled, by outcome: cleared, failed, retried, parked (failed Config.MaxAttempts times; never cleared until requeued), "+
 			"deferred (skipped in its retry delay, at every pass), malformed, foreign (seen again at every pass), live_again, duplicate, "+
-			"held (Clear returned retention.Hold: kept until the hold's end, no failure), would_clear (a dry run would have cleared it; at every dry pass).")
+			"held (Clear returned retention.Hold: kept until the hold's end, no failure), would_clear (a dry run would have cleared it; at every dry pass), gone (found deleted after a call whose outcome was lost: this replica's call or another's cleared it; not in cleared).")
 	o.clearCalls = counter("retention.clear.calls", "{call}", "Calls of Clear, ClearBatch or a ClearDeleter.")
 	o.failedCalls = counter("retention.clear.calls.failed", "{call}",
 		"Calls of Clear, ClearBatch or a ClearDeleter that failed as a whole, also those whose ids a bisection then cleared apart, "+

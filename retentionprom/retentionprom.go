@@ -6,7 +6,7 @@
 //
 // Every series is labelled by the sweep's prefix:
 //
-//	retention_markers_total{outcome}           counter: markers handled, by outcome (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate, held, would_clear)
+//	retention_markers_total{outcome}           counter: markers handled, by outcome (cleared, failed, retried, parked, deferred, malformed, foreign, live_again, duplicate, held, would_clear, gone)
 //	retention_clear_calls_total                counter: calls of Clear, ClearBatch or a ClearDeleter
 //	retention_clear_calls_failed_total{cause}  counter: those calls that failed as a whole, by cause (error, timeout, panic)
 //	retention_budget_wait_seconds_total        counter: time clears waited for Config.Limiter, the delete budget
@@ -84,13 +84,13 @@ type Options struct {
 // The outcomes of retention_markers_total, in the order of outcomeCounts,
 // all counted page by page (ObservePage).
 var outcomes = [...]string{"cleared", "failed", "retried", "parked", "deferred", "malformed", "foreign", "live_again", "duplicate",
-	"held", "would_clear"}
+	"held", "would_clear", "gone"}
 
 // outcomeCounts returns the counts of st by outcome, in the order of
 // outcomes.
 func outcomeCounts(st *retention.Stats) [len(outcomes)]int {
 	return [...]int{st.Cleared, st.Failed, st.Retried, st.Parked, st.Deferred, st.Malformed, st.Foreign, st.LiveAgain, st.Duplicates,
-		st.Held, st.WouldClear}
+		st.Held, st.WouldClear, st.Gone}
 }
 
 // The causes of retention_clear_calls_failed_total, in the order of
@@ -192,7 +192,7 @@ func New(opts Options) (*Collector, error) {
 				"parked (failed Config.MaxAttempts times; never cleared until requeued), "+
 				"deferred (skipped in its retry delay, counted at every pass), malformed (deleted without Clear), "+
 				"foreign (keys under the prefix that are not markers, seen again at every pass), live_again, duplicate (further markers of an id met earlier in the pass), "+
-				"held (Clear returned retention.Hold: kept until the hold's end, no failure), would_clear (a dry run would have cleared it; counted at every dry pass).",
+				"held (Clear returned retention.Hold: kept until the hold's end, no failure), would_clear (a dry run would have cleared it; counted at every dry pass), gone (found deleted after a call whose outcome was lost: this replica's call or another's cleared it; not in cleared).",
 			[]string{"prefix", "outcome"}, nil),
 		clearCalls: prometheus.NewDesc(name("clear_calls_total"),
 			"Calls of Clear, ClearBatch or a ClearDeleter.", prefix, nil),
