@@ -14,24 +14,24 @@ import (
 
 // Stats describes one pass.
 type Stats struct {
-	Scanned     int // keys read by Scan, including the one read past the expired range
-	Cleared     int // markers whose Clear returned nil
-	Failed      int // markers whose Clear failed (error, panic, timeout, Goexit); they stay
-	Retried     int // failed markers put off until their retry delay is over
-	Parked      int // failed markers moved to the parked range, having failed Config.MaxAttempts times
-	Deferred    int // markers skipped because their retry delay is not over (KVs without Put)
-	Malformed   int // marker-shaped keys with a refused id or time, deleted without Clear
-	Foreign     int // keys under the prefix that are not marker-shaped, left alone
-	LiveAgain   int // markers whose Clear returned ErrLiveAgain, deleted without clearing
-	Duplicates  int // further markers of an id met earlier in the pass, deleted without a clear of their own
-	Held        int // markers whose Clear returned Hold: kept until the hold's end, no failure
+	Scanned    int // keys read by Scan, including the one read past the expired range
+	Cleared    int // markers whose Clear returned nil
+	Failed     int // markers whose Clear failed (error, panic, timeout, Goexit); they stay
+	Retried    int // failed markers put off until their retry delay is over
+	Parked     int // failed markers moved to the parked range, having failed Config.MaxAttempts times
+	Deferred   int // markers skipped because their retry delay is not over (KVs without Put)
+	Malformed  int // marker-shaped keys with a refused id or time, deleted without Clear
+	Foreign    int // keys under the prefix that are not marker-shaped, left alone
+	LiveAgain  int // markers whose Clear returned ErrLiveAgain, deleted without clearing
+	Duplicates int // further markers of an id met earlier in the pass, deleted without a clear of their own
+	Held       int // markers whose Clear returned Hold: kept until the hold's end, no failure
 	// Gone counts markers found deleted after a ClearDeleter's call whose
 	// outcome the sweep could not hear (a timeout, a lost connection, the
 	// pass cut short): this replica's call or another replica's cleared
 	// their entities, and the store cannot tell which. They are not in
 	// Cleared, so that the Cleared of a fleet's replicas add up to no more
 	// than the entities cleared.
-	Gone int
+	Gone        int
 	WouldClear  int // in a dry run (Config.DryRun), markers whose entity the pass would have cleared
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
