@@ -18,10 +18,12 @@ import (
 // again after Config.RetryDelay".
 //
 // The hold is asked for again at until, so keep returning Hold for as long
-// as the entity is held: a hold lifted early takes effect then, and the
-// sweep may also ask before until in rare cases (a restart after a crash
-// between writing the held key and deleting the old marker, on a store
-// that can Put but not Move).
+// as the entity is held: a hold lifted early takes effect then. Until the
+// marker is moved (the store refused the Move, or the pass was cut short
+// before its page settled) the hold is kept in memory, and the next pass
+// moves it; the sweep asks before until only after a restart in that
+// window, or after a crash between writing the held key and deleting the
+// old marker on a store that can Put but not Move.
 //
 // Where an entity's retention differs from the others from the start, write
 // its marker with a deadline of its own instead (see DeadlineKey).
@@ -74,17 +76,8 @@ func errOutcome(err error) outcome {
 // move old to (move, on a Mover) or that it wrote (on a Putter), or nil when
 // the marker stays and the hold is kept in memory.
 func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
-	until, _ = heldUntil(it.err)
-	now := s.clock.Now()
-	if !until.After(now) {
-		until = now.Add(s.retries.first)
-	}
-	untilMs, err := markerMillis(until)
-	if err != nil {
-		untilMs = maxMarkerMs
-	}
-	until = time.UnixMilli(untilMs)
-	s.retries.hold(it.id, until)
+	until = s.remember(it)
+	untilMs := until.UnixMilli()
 	if (p.mover == nil && p.putter == nil) || p.noPut {
 		return until, nil
 	}
@@ -93,6 +86,38 @@ func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 	// deadline key stays one: due at its own time, until past it.
 	attempts := max(int(it.attempts), s.retries.failures(it.id))
 	return until, appendRetryKey(nil, s.prefix, it.kind&keyDeadline|keyHeld, untilMs, it.ms, attempts, it.id)
+}
+
+// remember records in memory the hold that the clear of it returned, and
+// returns its end, in whole milliseconds: the hold's end, or RetryDelay
+// from now when that is zero or past. Until the marker is moved to the
+// hold's end (or on a store that cannot move it), the pass skips the id.
+func (s *Sweep) remember(it *item) time.Time {
+	until, _ := heldUntil(it.err)
+	if now := s.clock.Now(); !until.After(now) {
+		until = now.Add(s.retries.first)
+	}
+	untilMs, err := markerMillis(until)
+	if err != nil {
+		untilMs = maxMarkerMs
+	}
+	until = time.UnixMilli(untilMs)
+	s.retries.hold(it.id, until)
+	return until
+}
+
+// rememberHolds records the holds of a page the pass leaves unsettled (it
+// was cancelled or failed): the next pass skips those ids until the
+// holds' ends, and moves their markers there.
+func (s *Sweep) rememberHolds(items []item) {
+	if s.dryRun {
+		return
+	}
+	for i := range items {
+		if items[i].out == held {
+			s.remember(&items[i])
+		}
+	}
 }
 
 // DeadlineKey returns the key of a marker for id that falls due at deleteAt

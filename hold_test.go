@@ -248,6 +248,87 @@ func TestHoldSurvivesRestart(t *testing.T) {
 	assert.Equal(t, 2, c.count("a"))
 }
 
+// TestHoldKeptWhenPassCutShort: a hold returned in a page that the pass
+// leaves unsettled (its context cancelled by a later clear of the page) is
+// kept: the next pass does not ask for it again before its end, and moves
+// the marker there; the other markers are cleared.
+func TestHoldKeptWhenPassCutShort(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			until := t0.Add(30 * time.Hour)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var mu sync.Mutex
+			asked := map[string]int{}
+			clear := func(ctx context.Context, id string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				asked[id]++
+				switch {
+				case id == "a":
+					return Hold(until)
+				case id == "b" && asked[id] == 1:
+					cancel()
+					return ctx.Err()
+				}
+				return nil
+			}
+			cfg := Config{Clear: clear}
+			if batch {
+				cfg = Config{BatchSize: 1, ClearBatch: func(ctx context.Context, ids []string) error { return clear(ctx, ids[0]) }}
+			}
+			s, clock := newSweep(t, mem, cfg)
+			for _, id := range []string{"a", "b", "c"} {
+				mark(t, mem, "runs/", id, t0)
+			}
+			clock.Set(t0.Add(2 * time.Hour))
+			_, err := s.Pass(ctx)
+			require.ErrorIs(t, err, context.Canceled)
+			require.Equal(t, 3, mem.Len(), "nothing settled")
+
+			clock.Advance(time.Hour)
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, asked["a"], "Clear asked again for a hold before its end")
+			assert.Equal(t, 2, st.Cleared, "b and c")
+			assert.Equal(t, []string{string(appendRetryKey(nil, "runs/", keyHeld, until.UnixMilli(), t0.UnixMilli(), 0, "a"))},
+				keysUnder(t, mem, "runs/"), "the held marker moved to the hold's end")
+		})
+	}
+}
+
+// TestHoldKeptWhenMoveFails: a hold whose marker the store refused to move
+// is kept in memory: the next pass does not ask for it again and moves the
+// marker to the hold's end.
+func TestHoldKeptWhenMoveFails(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := newFaultKV(mem, newFaultRand(t, 2), 0)
+	kv.enabled.Store(true)
+	kv.set(opMove, storeErr, 1)
+	c := newClears()
+	until := t0.Add(30 * time.Hour)
+	c.set("a", Hold(until))
+	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "a", t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Held)
+	require.Len(t, keysUnder(t, mem, "runs/0"), 1, "the marker stays where it was")
+
+	kv.set(opMove, storeErr, 0)
+	clock.Advance(time.Hour)
+	_, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.count("a"), "Clear asked again for a hold before its end")
+	assert.Equal(t, []string{string(appendRetryKey(nil, "runs/", keyHeld, until.UnixMilli(), t0.UnixMilli(), 0, "a"))},
+		keysUnder(t, mem, "runs/"), "moved to the hold's end once the store takes it")
+}
+
 // TestDeadlineKey: a marker with a deadline of its own falls due at it,
 // earlier or later than the sweep's Retention would say, and a later
 // change of Retention leaves it alone.

@@ -763,7 +763,10 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 		// Deleting now would drop markers of clears that the cancellation
 		// cut short; they are all retried by the next pass instead. The
 		// batches a ClearDeleter committed are gone already: count them.
+		// Holds are kept in memory, so that the next pass does not ask
+		// for them again before their ends.
 		s.countGone(p, items)
+		s.rememberHolds(items)
 		s.observePage(p)
 		return err
 	}
