@@ -22,8 +22,10 @@ const (
 	DefaultMaxRetryDelay = 10 * time.Minute
 )
 
-// Config configures a Sweep. Prefix, Retention and Clear are required; every
-// other field has a usable zero value.
+// Config configures a Sweep. Prefix and Retention are required, and one
+// way to clear: Clear, ClearBatch, or neither when the KV is a
+// ClearDeleter (which clears in the transaction that deletes the markers).
+// Every other field has a usable zero value.
 type Config struct {
 	// Prefix is the key prefix of this sweep's markers, such as "runs/done/".
 	// Required. It must end in a byte that is not an id byte (A-Z a-z 0-9 _
@@ -38,7 +40,8 @@ type Config struct {
 	// than Retention: a marker exactly Retention old is kept. At least 1ms.
 	Retention time.Duration
 
-	// Clear removes the state of the entity with the given id. Required.
+	// Clear removes the state of the entity with the given id. Set it, or
+	// ClearBatch, unless the KV is a ClearDeleter: then leave both nil.
 	//
 	// Clear must be idempotent: a marker is deleted only after its Clear
 	// returned nil, so a crash or failed delete in between makes the next

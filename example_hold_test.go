@@ -29,7 +29,7 @@ func clearUnlessHeld(ctx context.Context, id string) error {
 // successful runs go after the sweep's Retention; write it with the
 // adapter's MarkKeyTx in the transaction that records the failure.
 func failedRunKey(s *retention.Sweep, id string, finished time.Time) ([]byte, error) {
-	return s.DeadlineKey(id, finished.Add(30*24*time.Hour))
+	return s.DeadlineKey(finished.Add(30*24*time.Hour), id)
 }
 
 // previewSweep reports what a sweep with cfg would delete now, deleting

@@ -151,7 +151,7 @@ func deadlineKey(prefix string, deleteAt time.Time, id string) ([]byte, error) {
 
 // DeadlineKey is the package's DeadlineKey for the sweep's prefix, with ids
 // checked by the sweep's rule (Config.ValidateID).
-func (s *Sweep) DeadlineKey(id string, deleteAt time.Time) ([]byte, error) {
+func (s *Sweep) DeadlineKey(deleteAt time.Time, id string) ([]byte, error) {
 	if err := s.configured("DeadlineKey"); err != nil {
 		return nil, err
 	}

@@ -413,7 +413,7 @@ func TestReview19FailedDeadlineKeepsItsDeadline(t *testing.T) {
 	c := newClears()
 	deadline := t0.Add(2 * time.Hour)
 	s, clock := newSweep(t, mem, Config{Clear: c.clear, RetryDelay: time.Minute})
-	key, err := s.DeadlineKey("d", deadline)
+	key, err := s.DeadlineKey(deadline, "d")
 	require.NoError(t, err)
 	require.NoError(t, mem.Put(context.Background(), key, nil))
 	c.set("d", errBoom)
@@ -714,7 +714,7 @@ func TestReview19DueAndBacklog(t *testing.T) {
 	_, err := s.Pass(context.Background())
 	require.NoError(t, err)
 	for i, d := range []time.Duration{-30 * time.Minute, 10 * time.Hour} {
-		key, err := s.DeadlineKey(fmt.Sprintf("dl%d", i), clock.Now().Add(d))
+		key, err := s.DeadlineKey(clock.Now().Add(d), fmt.Sprintf("dl%d", i))
 		require.NoError(t, err)
 		require.NoError(t, mem.Put(context.Background(), key, nil))
 	}
@@ -762,7 +762,7 @@ func TestReview19DueLimitIsAPrefix(t *testing.T) {
 	clock.Set(t0.Add(2 * time.Hour))
 	_, err := s.Pass(context.Background())
 	require.NoError(t, err)
-	key, err := s.DeadlineKey("dl0", clock.Now().Add(-30*time.Minute))
+	key, err := s.DeadlineKey(clock.Now().Add(-30*time.Minute), "dl0")
 	require.NoError(t, err)
 	require.NoError(t, mem.Put(context.Background(), key, nil))
 	mark(t, mem, "runs/", "plain", t0.Add(10*time.Minute))

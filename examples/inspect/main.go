@@ -92,7 +92,7 @@ func run() error {
 	// Each job's state and its marker commit in one transaction. The
 	// marker of job-06, a failed run kept for a month, carries its own
 	// deadline instead of its finish time.
-	deadline, err := sweep.DeadlineKey("job-06", t0.Add(30*24*time.Hour))
+	deadline, err := sweep.DeadlineKey(t0.Add(30*24*time.Hour), "job-06")
 	if err != nil {
 		return err
 	}
