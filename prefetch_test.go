@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,58 +37,48 @@ func (k *aheadKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]b
 	return k.MemKV.Scan(ctx, start, end, limit)
 }
 
-// TestNextPageRead: with Concurrency 1 and a quick store, the walk's
-// goroutine reads the next page once the current one is settled, its
-// markers deleted; with a store whose reads are slow, it reads the next
-// page on a goroutine of its own while it clears the current one. Either
-// way pages are cleared in order.
+// TestNextPageRead: whatever the Concurrency, the next page is read while
+// the current one's clears run, and pages are cleared in order, each
+// deleted before the next one's clears.
 func TestNextPageRead(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name  string
-		delay time.Duration
-		// The Clear of waitID waits until Scan number at started; the
-		// quick store's never starts during a Clear.
-		waitID string
-		at     int32
-		during bool
-	}{
-		{name: "quick store, after the page", waitID: "m10", at: 3, during: false},
-		// Scan 2 (page 2) is slow: page 3 is read during page 2's clears.
-		{name: "slow store, during the clears", delay: 2 * slowScan, waitID: "m10", at: 3, during: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency=%d", concurrency), func(t *testing.T) {
 			t.Parallel()
-			kv := &aheadKV{MemKV: NewMemKV(), at: tt.at, delay: tt.delay, scanned: make(chan struct{})}
+			// Scan 3 reads page 3, while page 2's clears run.
+			kv := &aheadKV{MemKV: NewMemKV(), at: 3, scanned: make(chan struct{})}
+			var mu sync.Mutex
 			var order []string
 			var during bool
 			var leftAtPage2 int
-			// The sweep times its reads by its clock: a real one.
-			s, _ := newSweep(t, kv, Config{PageSize: 10, Clock: SystemClock, Clear: func(_ context.Context, id string) error {
-				if id == tt.waitID {
+			s, _ := newSweep(t, kv, Config{PageSize: 10, Concurrency: concurrency, Clear: func(_ context.Context, id string) error {
+				if id == "m10" {
 					leftAtPage2 = kv.Len()
 					select {
 					case <-kv.scanned:
 						during = true
-					case <-time.After(50 * time.Millisecond):
+					case <-time.After(10 * time.Second):
 					}
 				}
+				mu.Lock()
 				order = append(order, id)
+				mu.Unlock()
 				return nil
 			}})
-			old := time.Now().Add(-2 * time.Hour)
 			for i := range 55 {
-				mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), old.Add(time.Duration(i)*time.Millisecond))
+				mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
 			}
+			s.clock.(*ManualClock).Set(t0.Add(2 * time.Hour))
 			st, err := s.Pass(context.Background())
 			require.NoError(t, err)
-			assert.Equal(t, tt.during, during, "the next page was read during a Clear")
+			assert.True(t, during, "the next page was read during a Clear")
 			assert.Equal(t, 45, leftAtPage2, "page 1 deleted before page 2's clears")
 			assert.Equal(t, 55, st.Cleared)
 			assert.Equal(t, 6+1+1, st.ScanCalls, "6 pages, the peek and the retry range")
-			for i := range order {
-				require.Equal(t, fmt.Sprintf("m%02d", i), order[i], "oldest first, page after page")
+			if concurrency == 1 {
+				for i := range order {
+					require.Equal(t, fmt.Sprintf("m%02d", i), order[i], "oldest first, page after page")
+				}
 			}
 			assert.Zero(t, kv.Len())
 		})
@@ -119,20 +110,23 @@ func TestReadAheadFailure(t *testing.T) {
 }
 
 // TestPanicOfNextPageReadReachesCaller: a store that panics while the next
-// page is read on a goroutine of its own (a slow store) makes Pass panic
-// on its caller's goroutine, not the process, once the current page is
-// settled.
+// page is read (during the current page's clears) makes Pass panic on its
+// caller's goroutine, not the process, and leaves no worker behind.
 func TestPanicOfNextPageReadReachesCaller(t *testing.T) {
-	kv := &aheadKV{MemKV: NewMemKV(), delay: 2 * slowScan, scanned: make(chan struct{}), panicAt: 3}
-	s, _ := newSweep(t, kv, Config{PageSize: 10, Clock: SystemClock, Clear: func(context.Context, string) error { return nil }})
-	old := time.Now().Add(-2 * time.Hour)
-	for i := range 35 {
-		mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), old.Add(time.Duration(i)*time.Millisecond))
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency=%d", concurrency), func(t *testing.T) {
+			kv := &aheadKV{MemKV: NewMemKV(), scanned: make(chan struct{}), panicAt: 3}
+			s, clock := newSweep(t, kv, Config{PageSize: 10, Concurrency: concurrency, Clear: func(context.Context, string) error { return nil }})
+			for i := range 35 {
+				mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+			}
+			clock.Set(t0.Add(2 * time.Hour))
+			assert.PanicsWithValue(t, "store panicked", func() { _, _ = s.Pass(context.Background()) })
+			assert.Equal(t, 25, kv.Len(), "the page before the panic settled")
+			kv.panicAt = 0
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err, "the sweep is usable after the panic")
+			assert.Zero(t, kv.Len(), "Pass() left %d markers (cleared %d)", kv.Len(), st.Cleared)
+		})
 	}
-	assert.PanicsWithValue(t, "store panicked", func() { _, _ = s.Pass(context.Background()) })
-	assert.LessOrEqual(t, kv.Len(), 25, "the pages before the panic settled")
-	kv.panicAt = 0
-	st, err := s.Pass(context.Background())
-	require.NoError(t, err, "the sweep is usable after the panic")
-	assert.Zero(t, kv.Len(), "Pass() left %d markers (cleared %d)", kv.Len(), st.Cleared)
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -129,7 +128,6 @@ type Sweep struct {
 	idle    bool
 	pst     Stats      // the pass's Stats, which ps.st points to
 	ctxSlab []storeCtx // store contexts not handed out yet
-	walked  chan walkEnd
 	idStore idStore // holds the pages' ids
 }
 
@@ -237,9 +235,6 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		if p.clearing != nil {
 			p.clearing.stop() // no Clear outlives the pass, even one an Observer's panic cut short
 		}
-		if f := p.ahead.inFlight; f != nil {
-			f.wait(p) // nor a Scan
-		}
 		if p.firstCtx != nil {
 			p.firstCtx.end()
 		}
@@ -289,200 +284,49 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	return nil
 }
 
-// walk is a pass's way through a range, a page at a time: keys is the
-// page in hand, and once it is prepared, items are its items and next the
-// item to clear next. It lives in the pass's state, so that a goroutine can
-// take it up where a Clear's runtime.Goexit left it (see runWalk).
-type walk struct {
-	keys     [][]byte
-	end      []byte // the range's exclusive end
-	items    []item
-	next     int
-	prepared bool
-}
-
 // walk handles the pages of a range up to end, from keys, its first page
-// on: each full page may have a next one, read while it is cleared (or
-// once it is settled, when the walk's goroutine clears it); it starts just
-// after the page's last key, so markers that stay (failed clears) are not
-// read again in the pass.
-//
-// With Concurrency 1 the walk runs on a goroutine of its own, which calls
-// Clear itself, and the pass waits for it: a page needs no hand-over then,
-// which costs more than the page's clears where they are quick. More
-// clears at once run on the pass's workers, a page at a time (see
-// clearAll).
+// on: the next page of a full one is read while its clears run (see
+// readAhead), starting just after its last key, so markers that stay
+// (failed clears) are not read again in the pass.
 func (s *Sweep) walk(ctx context.Context, p *passState, keys [][]byte, end []byte) error {
-	if len(keys) == 0 {
-		return nil
-	}
-	p.w = walk{keys: keys, end: end}
-	if s.concurrency == 1 && s.clear != nil && s.clearBatch == nil && !s.dryRun {
-		return s.walkOn(ctx, p)
-	}
-	return s.walkPages(ctx, p)
-}
-
-// walkPages goes through the pages of the pass's walk, from the page in
-// hand, prepared or not.
-func (s *Sweep) walkPages(ctx context.Context, p *passState) error {
-	w := &p.w
-	for len(w.keys) > 0 {
-		if !w.prepared {
-			p.ahead = readAhead{}
-			if len(w.keys) == s.pageSize {
-				p.buf.after = append(append(p.buf.after[:0], w.keys[len(w.keys)-1]...), 0)
-				p.ahead = readAhead{from: p.buf.after, end: w.end, want: true}
-			}
-			w.items, w.next, w.prepared = s.preparePage(p, w.keys), 0, true
+	for len(keys) > 0 {
+		p.ahead = readAhead{}
+		if len(keys) == s.pageSize {
+			p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
+			p.ahead = readAhead{from: p.buf.after, end: end, want: true}
 		}
-		err := s.finishPage(ctx, p, w)
-		w.prepared = false
+		err := s.finishPage(ctx, p, keys, s.preparePage(p, keys))
 		if err == nil {
 			err = p.ahead.err // a failure of the page comes first
 		}
 		if err != nil {
 			return err
 		}
-		w.keys = p.ahead.keys
+		keys = p.ahead.keys
 		p.ahead = readAhead{}
 	}
 	return nil
 }
 
-// walkEnd is how a walk's goroutine ended.
-type walkEnd struct {
-	err      error
-	panicked bool
-	value    any  // the panic's, when panicked
-	exited   bool // runtime.Goexit outside a Clear
-}
-
-// walkOn runs the pass's walk on a goroutine of its own (runWalk) and
-// waits for it. A panic there (an Observer's, a KV's) reaches the pass's
-// caller as it would have without the goroutine, and so does a
-// runtime.Goexit outside a Clear.
-func (s *Sweep) walkOn(ctx context.Context, p *passState) error {
-	if s.walked == nil {
-		s.walked = make(chan walkEnd, 1)
-	}
-	go s.runWalk(ctx, p)
-	e := <-s.walked
-	switch {
-	case e.panicked:
-		panic(e.value)
-	case e.exited:
-		runtime.Goexit()
-	}
-	return e.err
-}
-
-// runWalk is the goroutine of a walk. When a Clear calls runtime.Goexit,
-// its item is recorded failed (see clearOne) and a new goroutine takes the
-// walk up at the next item.
-func (s *Sweep) runWalk(ctx context.Context, p *passState) {
-	finished := false
-	defer func() {
-		if finished {
-			return
-		}
-		if r := recover(); r != nil {
-			s.walked <- walkEnd{panicked: true, value: r}
-			return
-		}
-		if c := p.clearing; c != nil && c.exited {
-			c.exited = false
-			go s.runWalk(ctx, p)
-			return
-		}
-		s.walked <- walkEnd{exited: true}
-	}()
-	err := s.walkPages(ctx, p)
-	finished = true
-	s.walked <- walkEnd{err: err}
-}
-
 // readAhead is the read of the page after the current one, made while the
-// current page's clears run, or once the page is settled when the walk's
-// goroutine clears it itself and the store answers quickly (see prefetch):
-// the read then starts past markers deleted already, as a loop of Scan and
-// Delete would, where a store that keeps them ordered (MemKV's skip list,
-// a B-tree) finds its place fastest.
+// current page's clears run.
 type readAhead struct {
 	from, end []byte // the range to read, when want
 	want      bool
 	done      bool
 	keys      [][]byte
 	err       error
-	inFlight  *prefetch // the read on a goroutine of its own
 }
 
 // readAhead reads the next page, if the current one has one and it was not
-// read yet, or waits for its read in flight. Every way through a page calls
-// it, once its clears run.
+// read yet. Every way through a page calls it, once its clears run.
 func (s *Sweep) readAhead(ctx context.Context, p *passState) {
 	a := &p.ahead
-	switch {
-	case !a.want || a.done:
+	if !a.want || a.done {
 		return
-	case a.inFlight != nil:
-		a.keys, a.err = a.inFlight.wait(p)
-		a.inFlight = nil
-	default:
-		start := s.clock.Now()
-		a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
-		p.slowScans = s.clock.Now().Sub(start) >= slowScan
 	}
+	a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
 	a.done = true
-}
-
-// slowScan is how long a Scan of a page takes before the walk's goroutine
-// reads each next page on a goroutine of its own, while it clears the
-// current one: the hand-over costs microseconds, nothing beside a slow
-// store, and more than the Scan beside a quick one.
-const slowScan = 200 * time.Microsecond
-
-// prefetch is a read of the next page on a goroutine of its own.
-type prefetch struct {
-	done     chan struct{}
-	keys     [][]byte
-	err      error
-	panicked bool
-	value    any // the store's panic, when panicked
-}
-
-// prefetch starts reading the next page on a goroutine of its own, when
-// the last Scan of a page was slow.
-func (s *Sweep) prefetch(ctx context.Context, p *passState) {
-	a := &p.ahead
-	if !a.want || a.done || a.inFlight != nil || !p.slowScans {
-		return
-	}
-	f := &prefetch{done: make(chan struct{})}
-	kv, from, end := p.kv, a.from, a.end
-	go func() {
-		defer close(f.done)
-		defer func() {
-			// Raised again on the pass's goroutine by wait: a store's
-			// panic reaches the pass's caller, as it would unprefetched.
-			if r := recover(); r != nil {
-				f.panicked, f.value = true, r
-			}
-		}()
-		f.keys, f.err = s.scanKV(ctx, kv, from, end, s.pageSize)
-	}()
-	a.inFlight = f
-}
-
-// wait returns the prefetched page, counted in the pass's Stats. It always
-// waits, so that no Scan outlives the pass.
-func (f *prefetch) wait(p *passState) ([][]byte, error) {
-	<-f.done
-	if f.panicked {
-		panic(f.value)
-	}
-	p.countScan(f.keys)
-	return f.keys, f.err
 }
 
 // retryPass handles the markers of the retry range whose retry is due:
@@ -563,11 +407,9 @@ type passState struct {
 	notes      passNotes
 	observed   Stats // the counts an Observer was told of, page by page
 	ahead      readAhead
-	slowScans  bool // the last Scan of a page took slowScan or more
 	// pageCleared counts the items of the page in hand whose Clear
 	// returned nil; settle deletes a page whose items all were at once.
 	pageCleared int
-	w           walk        // the range being walked
 	clearing    *clearing   // the pass's clear workers, once a page has clears
 	slab        *[]storeCtx // where storeCtx takes contexts from
 	firstCtx    *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
@@ -586,14 +428,6 @@ type passState struct {
 // passBuffers are the buffers of keys a pass builds, kept for the next.
 type passBuffers struct {
 	cutoffKey, dueKey, after []byte
-}
-
-// readsSettled reports whether the walk reads the next page once the page
-// in hand is settled, rather than during or before its clears: when the
-// walk's goroutine clears the page itself (Concurrency 1), outside the
-// retry range, into which settling moves markers.
-func (p *passState) readsSettled() bool {
-	return !p.inRetry && p.clearing != nil && p.clearing.inline
 }
 
 // foldCalls adds the page's failed calls to the pass's Stats.
@@ -735,10 +569,8 @@ func (s *Sweep) markWaiting(p *passState, items []item) {
 	}
 }
 
-// finishPage clears the prepared page of the walk, from its next item on,
-// and settles it.
-func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
-	keys, items := w.keys, w.items
+// finishPage clears a prepared page and settles it.
+func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, items []item) error {
 	var err error
 	p.pageCleared = 0
 	if s.dryRun {
@@ -749,13 +581,11 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 		}
 	} else {
 		var calls int
-		calls, err = s.clearAll(ctx, p, keys, items, w)
+		calls, err = s.clearAll(ctx, p, keys, items)
 		p.st.ClearCalls += calls
 		p.foldCalls()
 	}
-	if !p.readsSettled() {
-		s.readAhead(ctx, p) // if the clears did not
-	}
+	s.readAhead(ctx, p) // if the clears did not
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -772,9 +602,6 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, w *walk) error {
 	}
 	err = s.settle(ctx, p, keys, items)
 	s.observePage(p)
-	if err == nil {
-		s.readAhead(ctx, p)
-	}
 	return err
 }
 

@@ -456,8 +456,9 @@ func TestPassClearPanics(t *testing.T) {
 func TestCallClearPanicError(t *testing.T) {
 	t.Parallel()
 	s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { panic(errBoom) }})
-	c := &clearing{s: s, p: &passState{st: &Stats{}}, ctx: context.Background(), items: []item{{id: "x", out: pending}}, inline: true}
-	c.clearFrom(&walk{})
+	c := &clearing{s: s, p: &passState{st: &Stats{}}, ctx: context.Background(), items: []item{{id: "x", out: pending}}}
+	for c.clearRun() {
+	}
 	it := &c.items[0]
 	assert.Equal(t, failed, it.out)
 	require.ErrorIs(t, it.err, ErrClearPanicked)

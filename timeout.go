@@ -274,13 +274,6 @@ func (c *clearing) endPage() {
 			c.ctxs[i].end()
 		}
 	}
-	for i, cctx := range c.inPage {
-		if cctx.state.Load() != nil {
-			cctx.end()
-		}
-		c.inPage[i] = nil
-	}
-	c.inPage = c.inPage[:0]
 }
 
 // timedOut reports whether the deadline of ClearTimeout, not the parent,
