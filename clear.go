@@ -47,7 +47,6 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		p.clearing = c
 	}
 	c.items = items
-	c.cleared.Store(0)
 	c.pageNo = c.pagesOver.Load()
 	if s.clearTimeout > 0 {
 		// A slab per page, not reused: a Clear may keep its context,
@@ -68,7 +67,6 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 	s.readAhead(ctx, p)
 	c.page.Wait()
 	c.endPage()
-	p.pageCleared = int(c.cleared.Load())
 	c.items, c.ctxs = nil, nil
 	return n, ctx.Err()
 }
@@ -90,7 +88,6 @@ type clearing struct {
 	pageNo int64      // the page's number in the pass
 
 	pagesOver atomic.Int64 // pages whose clears are all done (see clearCtx)
-	cleared   atomic.Int64 // the page's items whose Clear returned nil (see settle)
 
 	pages   chan struct{}  // one token per worker's share of a page
 	workers sync.WaitGroup // the workers alive
@@ -110,7 +107,6 @@ type clearing struct {
 func (c *clearing) clearRun() (again bool) {
 	var cur clearCall
 	defer func() {
-		c.cleared.Add(int64(cur.cleared))
 		if cur.item != nil {
 			again = c.interrupted(&cur, recover())
 		}
@@ -139,9 +135,8 @@ func (c *clearing) clearRun() (again bool) {
 
 // clearCall is the call of Clear under way in a run, if any.
 type clearCall struct {
-	item    *item     // nil between calls
-	ctx     *clearCtx // its context under ClearTimeout, or nil
-	cleared int       // the run's calls that returned nil
+	item *item     // nil between calls
+	ctx  *clearCtx // its context under ClearTimeout, or nil
 }
 
 // ctxFor returns the context of the Clear of items[i] under ClearTimeout,
@@ -211,9 +206,7 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	// the error can panic too (a typed nil whose Unwrap dereferences it),
 	// and is then recorded as the Clear's panic.
 	switch it.out = outcomeOf(err); it.out {
-	case cleared:
-		cur.cleared++
-	case liveAgain:
+	case cleared, liveAgain:
 	case held:
 		it.err = err
 	default:

@@ -52,9 +52,6 @@ type Config struct {
 	// tried again after RetryDelay (doubling up to MaxRetryDelay). ctx is
 	// done when ClearTimeout runs out or the pass is cancelled; a Clear that
 	// ignores ctx cannot be stopped and holds up its page until it returns.
-	// The ids of many pages share one block of memory (64 KB): a Clear that
-	// keeps an id for long, beyond a log line or an error, should keep
-	// strings.Clone(id) instead, or the id keeps its block alive.
 	Clear func(ctx context.Context, id string) error
 
 	// ClearBatch, set instead of Clear, clears the entities of many ids in

@@ -45,14 +45,14 @@ func itoa(n int) string {
 }
 
 // TestPassAllocsPerPage: a pass allocates a few objects per page (the
-// string of its ids; with more than one worker, its clears' contexts),
+// string of its ids, its clears' contexts),
 // none per marker, with ClearTimeout, retries and the dedupe table on.
 func TestPassAllocsPerPage(t *testing.T) {
 	ctx := context.Background()
 	for _, tt := range []struct {
 		concurrency int
 		perPage     float64
-	}{{1, 1.2}, {4, 2.2}} {
+	}{{1, 2.2}, {4, 2.2}} {
 		allocs := func(pages int) float64 {
 			pk := preparedPages(t, pages)
 			s, clock := newSweep(t, pk, Config{Concurrency: tt.concurrency, Clear: func(context.Context, string) error { return nil }})

@@ -1,36 +1,8 @@
 package retention
 
 import (
-	"encoding/binary"
 	"hash/maphash"
-	"math/bits"
-	"strings"
 )
-
-// idStore holds the ids of pages as strings, which Clear gets substrings
-// of and may keep. Pages share a block of idBlock bytes until it is full:
-// a block is written once and never changed, as a strings.Builder is, so
-// each page's string stays as it was. An allocation per page cost more
-// than the rest of the page's bookkeeping (fresh memory to fault in,
-// mostly); a kept id now holds its block alive rather than its page's
-// ids alone.
-type idStore struct {
-	b strings.Builder
-}
-
-// idBlock is the size of a block of idStore.
-const idBlock = 64 << 10
-
-// hold returns ids as a string.
-func (s *idStore) hold(ids []byte) string {
-	if s.b.Cap()-s.b.Len() < len(ids) {
-		s.b = strings.Builder{} // the old block stays with its strings
-		s.b.Grow(max(idBlock, len(ids)))
-	}
-	start := s.b.Len()
-	s.b.Write(ids)
-	return s.b.String()[start:]
-}
 
 // seenIDs is the set of ids a pass has met, so that a second marker of one
 // id (a crash between the write of a rescheduled marker and the delete of
@@ -46,7 +18,6 @@ func (s *idStore) hold(ids []byte) string {
 // otherwise those of one page at a time, in a table that stays in cache.
 type seenIDs struct {
 	seed  maphash.Seed
-	mix   [2]uint64 // hash's keys, from seed
 	ready bool
 	wide  bool // the whole pass's ids, not only the page's
 	// slots is an open-addressing table: a slot holds the upper 32 bits of
@@ -66,58 +37,10 @@ type seenRec struct {
 	done              bool // its marker was cleared (or live again): the id is done with
 }
 
-// hash returns the hash of an id. Ids of up to 16 bytes, most of them,
-// take two loads and a multiplication (the mixing of wyhash) instead of a
-// call of maphash, which cost a quarter of the sweep's own work per marker;
-// a collision costs a probe, never a wrong answer.
-//
-// With check, valid reports whether ValidateID accepts id, tested on the
-// words the hash loaded (see idWord) where a look-up per byte cost as much
-// as the hash; without it, valid is true.
-func (s *seenIDs) hash(id []byte, check bool) (h uint32, valid bool) {
-	var x, y uint64
-	valid = true
-	switch n := len(id); {
-	case n > 16:
-		return uint32(maphash.Bytes(s.seed, id)), !check || validID(id)
-	case n >= 8:
-		x, y = binary.LittleEndian.Uint64(id), binary.LittleEndian.Uint64(id[n-8:])
-		valid = !check || idWord(x)&idWord(y) == idTops
-	case n >= 4:
-		x, y = uint64(binary.LittleEndian.Uint32(id)), uint64(binary.LittleEndian.Uint32(id[n-4:]))
-		valid = !check || idWord(x|y<<32) == idTops
-	case n > 0:
-		x = uint64(id[0]) | uint64(id[n/2])<<8 | uint64(id[n-1])<<16
-		valid = !check || validID(id)
-	default:
-		valid = !check
-	}
-	return s.mixHash(x, y, len(id)), valid
-}
-
-// mixHash is the hash of an id of n bytes, 16 at most, from its words x
-// and y (see hash).
-func (s *seenIDs) mixHash(x, y uint64, n int) uint32 {
-	hi, lo := bits.Mul64(x^s.mix[0], y^s.mix[1]^uint64(n))
-	return uint32(hi ^ lo)
-}
-
-// idTops is idWord of a word whose eight bytes ValidateID accepts.
-const idTops = 0x8080808080808080
-
-// idWord returns, in the top bit of each of the eight bytes of w, whether
-// ValidateID accepts that byte. For a byte below 0x80, adding 0x80-lo sets
-// its top bit when it is lo or more, and adding 0x7f-hi when it is above
-// hi; neither carries into the next byte. A byte of 0x80 or more is no id
-// byte, and may carry into the next: the word is refused all the same.
-func idWord(w uint64) uint64 {
-	const ones = 0x0101010101010101
-	in := func(lo, hi uint64) uint64 {
-		return (w + (0x80-lo)*ones) &^ (w + (0x7f-hi)*ones)
-	}
-	ok := in('0', '9') | in('_', '_') | in('-', '-')
-	w |= 0x20 * ones // the letters, either case
-	return (ok | in('a', 'z')) &^ w & idTops
+// hash returns the hash of an id, for the table's probes: a collision
+// costs a probe, never a wrong answer.
+func (s *seenIDs) hash(id []byte) uint32 {
+	return uint32(maphash.Bytes(s.seed, id))
 }
 
 // reset starts a pass, over its whole length when wide. A table grown by
@@ -126,8 +49,6 @@ func (s *seenIDs) reset(wide bool) {
 	s.wide = wide
 	if !s.ready {
 		s.seed, s.ready = maphash.MakeSeed(), true
-		// Odd constants, so that the product keeps every bit of both.
-		s.mix = [2]uint64{maphash.Comparable(s.seed, 1) | 1, maphash.Comparable(s.seed, 2) | 1}
 	}
 	switch {
 	case len(s.slots) > 1<<14 && len(s.recs) < len(s.slots)/16:

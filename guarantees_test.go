@@ -575,9 +575,8 @@ func TestFenceThroughAtomicWrapper(t *testing.T) {
 	assert.Zero(t, probe.unfenced.Load())
 }
 
-// TestKeptIDsStay: ids that Clear keeps stay as they were through later
-// pages and passes, which write more ids into the blocks that hold them
-// (see idStore), and past the end of a block.
+// TestKeptIDsStay: ids that Clear keeps are plain strings: they stay as
+// they were through later pages and passes.
 func TestKeptIDsStay(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()

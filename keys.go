@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 )
@@ -230,26 +229,6 @@ func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err
 		}
 	}
 	return parseBadKey(prefix, key)
-}
-
-// markerParser parses the keys of one prefix the quick way (see quick),
-// testing a prefix of up to eight bytes with one load.
-type markerParser struct {
-	prefix     string
-	word, mask uint64 // the prefix's bytes, and which bytes of a word it covers (0: longer than 8)
-}
-
-func newMarkerParser(prefix string) markerParser {
-	m := markerParser{prefix: prefix}
-	if len(prefix) <= 8 {
-		var b [8]byte
-		copy(b[:], prefix)
-		m.word, m.mask = binary.LittleEndian.Uint64(b[:]), ^uint64(0)>>(64-8*len(prefix))
-		if len(prefix) == 0 {
-			m.mask = 0
-		}
-	}
-	return m
 }
 
 // parseBadKey is parseKey of a key that is not a valid marker's: it says
@@ -486,58 +465,4 @@ func parseStamp(b []byte) (uint64, bool) {
 		return uint64(maxMarkerMs) + 1, true // hi·10¹² could wrap
 	}
 	return hi*1_000_000_000_000 + mid*10_000 + lo, true
-}
-
-// quick parses key when it has the shape nearly every marker has, in one
-// call that makes none (each call on the per-marker path costs the loop
-// its registers, spilled and reloaded): the prefix, of up to 8 bytes; a
-// timestamp whose first 4 digits are zeros, as every one up to
-// MaxMarkerTime has; '/'; an id of 4 to 16 bytes that ValidateID accepts.
-// It appends the id to ids and returns its hash by seen (see
-// seenIDs.hash). For any other key ok is false and ids keeps its length:
-// the caller parses the key with parseKey. FuzzQuickMarker checks that
-// the two agree.
-func (m *markerParser) quick(key []byte, seen *seenIDs, ids []byte) (ms int64, more []byte, h uint32, ok bool) {
-	const stampAt = TimestampWidth + 1
-	n := len(m.prefix)
-	if m.mask == 0 || len(key) < n+stampAt+4 || len(key) > n+stampAt+16 ||
-		binary.LittleEndian.Uint64(key)&m.mask != m.word || key[n+TimestampWidth] != '/' {
-		return 0, ids, 0, false
-	}
-	b := key[n : n+TimestampWidth]
-	if binary.LittleEndian.Uint32(b) != 0x30303030 {
-		return 0, ids, 0, false
-	}
-	hi, ok1 := parse8(b[4:12])
-	lo, ok2 := parse8(b[12:20])
-	v := hi*100_000_000 + lo
-	if !ok1 || !ok2 || v > uint64(maxMarkerMs) {
-		return 0, ids, 0, false
-	}
-	id := key[n+stampAt:]
-	l, o := len(id), len(ids)
-	var x, y uint64
-	if l >= 8 {
-		x, y = binary.LittleEndian.Uint64(id), binary.LittleEndian.Uint64(id[l-8:])
-		ok = idWord(x)&idWord(y) == idTops
-	} else {
-		x, y = uint64(binary.LittleEndian.Uint32(id)), uint64(binary.LittleEndian.Uint32(id[l-4:]))
-		ok = idWord(x|y<<32) == idTops
-	}
-	if !ok {
-		return 0, ids, 0, false
-	}
-	// The id's words, stored as they were loaded, which may overlap.
-	if cap(ids)-o < 16 {
-		ids = slices.Grow(ids, 16)
-	}
-	ids = ids[:o+l]
-	if l >= 8 {
-		binary.LittleEndian.PutUint64(ids[o:], x)
-		binary.LittleEndian.PutUint64(ids[o+l-8:], y)
-	} else {
-		binary.LittleEndian.PutUint32(ids[o:], uint32(x))
-		binary.LittleEndian.PutUint32(ids[o+l-4:], uint32(y))
-	}
-	return int64(v), ids, seen.mixHash(x, y, l), true
 }

@@ -74,7 +74,6 @@ type Stats struct {
 type Sweep struct {
 	kv           KV
 	prefix       string
-	keys         markerParser // of prefix, for parsePage
 	retention    time.Duration
 	clear        func(context.Context, string) error
 	clearBatch   func(context.Context, []string) error
@@ -128,7 +127,6 @@ type Sweep struct {
 	idle    bool
 	pst     Stats      // the pass's Stats, which ps.st points to
 	ctxSlab []storeCtx // store contexts not handed out yet
-	idStore idStore // holds the pages' ids
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -140,7 +138,6 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 	s := &Sweep{
 		kv:           kv,
 		prefix:       cfg.Prefix,
-		keys:         newMarkerParser(cfg.Prefix),
 		retention:    cfg.Retention,
 		clear:        cfg.Clear,
 		clearBatch:   cfg.ClearBatch,
@@ -407,13 +404,10 @@ type passState struct {
 	notes      passNotes
 	observed   Stats // the counts an Observer was told of, page by page
 	ahead      readAhead
-	// pageCleared counts the items of the page in hand whose Clear
-	// returned nil; settle deletes a page whose items all were at once.
-	pageCleared int
-	clearing    *clearing   // the pass's clear workers, once a page has clears
-	slab        *[]storeCtx // where storeCtx takes contexts from
-	firstCtx    *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
-	buf         passBuffers // kept from pass to pass
+	clearing   *clearing   // the pass's clear workers, once a page has clears
+	slab       *[]storeCtx // where storeCtx takes contexts from
+	firstCtx   *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
+	buf        passBuffers // kept from pass to pass
 
 	// Written by the clears of a page, which run concurrently.
 	streak                                    atomic.Int64          // clear calls that failed in a row
@@ -572,7 +566,6 @@ func (s *Sweep) markWaiting(p *passState, items []item) {
 // finishPage clears a prepared page and settles it.
 func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, items []item) error {
 	var err error
-	p.pageCleared = 0
 	if s.dryRun {
 		for i := range items {
 			if items[i].out == pending {
@@ -611,21 +604,7 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, ite
 func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	items := s.items[:0]
 	ids := s.ids[:0]
-	quick := !p.inRetry && s.validate == nil
 	for _, key := range keys {
-		if quick {
-			// Most keys: one call parses, checks and hashes the marker and
-			// copies its id.
-			lo := len(ids)
-			if ms, more, h, ok := s.keys.quick(key, &s.seen, ids); ok && ms < p.cutoffMs {
-				ids = more
-				items = append(items, item{}) // pending
-				it := &items[len(items)-1]
-				it.ms, it.lagMs, it.hash = ms, ms, h
-				it.lo, it.hi = int32(lo), int32(len(ids))
-				continue
-			}
-		}
 		var (
 			ms, at     int64
 			lagMs      = int64(-1) // -1: ms
@@ -669,10 +648,11 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		var h uint32
 		if err == nil {
 			// The default rule runs on the bytes, before any string
-			// exists, with the hash.
-			var valid bool
-			if h, valid = s.seen.hash(id, s.validate == nil); !valid {
+			// exists.
+			if s.validate == nil && !validID(id) {
 				err = malformed(key, "id", validateIDBytes(id))
+			} else {
+				h = s.seen.hash(id)
 			}
 		}
 		out := pending
@@ -687,21 +667,17 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		if lagMs < 0 {
 			lagMs = ms
 		}
-		// Field by field into the slice: a literal built on the stack and
-		// copied in reads back stores it cannot forward, which cost a
-		// tenth of the work per marker.
-		items = append(items, item{})
-		it := &items[len(items)-1]
-		it.ms, it.lagMs, it.kind, it.err, it.out, it.attempts = ms, lagMs, kind, err, out, int32(attempts)
-		it.lo = int32(len(ids))
+		it := item{ms: ms, lagMs: lagMs, kind: kind, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))}
 		if out == pending {
 			ids = append(ids, id...)
 			it.hash = h
 		}
 		it.hi = int32(len(ids))
+		items = append(items, it)
 	}
 	s.ids = ids
-	all := s.idStore.hold(ids)
+	// One string holds the page's ids, which Clear gets substrings of.
+	all := string(ids)
 	s.seen.page(all)
 	if !s.seen.wide {
 		s.seen.startPage(len(items))
@@ -777,16 +753,6 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	var targets map[int][]byte // where a failed marker with duplicates moves
 	var parking []int          // items moving to the parked range
 	oldest := int64(-1)        // ms of the oldest cleared marker: it has the largest lag
-	each := items              // the items the loop below settles one by one
-	if s.allCleared(p, items) {
-		// Counted and deleted at once, as the loop would. A page that
-		// ends early, at a marker not expired that a KV breaking Scan's
-		// end bound returned, has keys past its items: they stay.
-		st.Cleared += len(items)
-		oldest = items[0].lagMs
-		del = append(del, keys[:len(items)]...)
-		each = nil
-	}
 	now := s.clock.Now()
 	// putOff readies the move of keys[i] to key, its new place in the retry
 	// range (on a Mover), and reports whether keys[i] is to be deleted
@@ -807,7 +773,7 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		}
 		return false
 	}
-	for i := range each {
+	for i := range items {
 		it := &items[i]
 		switch it.out {
 		case foreign:
@@ -957,15 +923,6 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 		s.observeLags(items, false)
 	}
 	return nil
-}
-
-// allCleared reports whether the Clear of every item of the page returned
-// nil, in a pass that keeps no record per id: no duplicates in the pass
-// (see seenIDs), no retry delays in memory to forget, a marker range
-// (not the retry range) whose oldest marker is its first. settle then
-// needs no look at each item.
-func (s *Sweep) allCleared(p *passState, items []item) bool {
-	return p.pageCleared == len(items) && len(items) > 0 && !p.inRetry && !s.seen.wide && len(s.retries.byID) == 0 && !s.dryRun
 }
 
 // countCleared counts a cleared marker in the pass's Stats, forgets its
