@@ -782,7 +782,7 @@ func (s *Sweep) countGone(p *passState, items []item) {
 			s.countCleared(p, it, &oldest)
 		case foundGone:
 			p.st.Gone++
-			s.doneWith(it)
+			s.retries.forget(it.id)
 		}
 	}
 	if oldest < 0 {

@@ -103,15 +103,12 @@ type Config struct {
 	// On a KV that is a Mover, the sweep reschedules the marker: it moves
 	// it, in one atomic step, to the sweep's retry range, with a time that
 	// makes it fall due after the wait, so passes in between do not read
-	// it again and no crash leaves two markers of one id. On a KV that is
-	// only a Putter it writes the new key, then deletes the old one (a
-	// crash in between leaves both, and the id is cleared again when the
-	// second falls due, or once, with both deleted, by a pass that meets
-	// both). The rescheduled marker keeps the entity's finish time and the
-	// count of failed attempts, so lag, Backlog and the backoff count from
-	// the real due time, across restarts. On any other KV the wait is kept
-	// in memory and the marker is skipped, unread by Clear, until it is
-	// over; after a restart such an id starts again at RetryDelay. An id
+	// it again and no crash leaves two markers of one id. The rescheduled
+	// marker keeps the entity's finish time and the count of failed
+	// attempts, so lag, Backlog and the backoff count from the real due
+	// time, across restarts. On any other KV the wait is kept in memory and
+	// the marker is skipped, unread by Clear, until it is over; after a
+	// restart such an id starts again at RetryDelay. An id
 	// put off untried because the dependency seemed down (see ClearBatch)
 	// backs off the same way but counts no attempt of its own.
 	RetryDelay    time.Duration
@@ -124,7 +121,7 @@ type Config struct {
 	// keep their count of failed attempts in the store, so it survives
 	// restarts and lease hand-overs. Zero means no limit: a marker is
 	// retried for ever, at most every MaxRetryDelay. It needs a KV that
-	// can write (a Mover or a Putter).
+	// is a Mover.
 	MaxAttempts int
 
 	// Limiter is a delete budget, counted in entities: every call of
@@ -275,8 +272,8 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.MaxAttempts < 0 || cfg.MaxAttempts > maxAttempts:
 		return invalidConfig("Config.MaxAttempts must be 0 (no limit) or 1 to %d, got %d", maxAttempts, cfg.MaxAttempts)
-	case cfg.MaxAttempts > 0 && !canWrite(kv):
-		return invalidConfig("Config.MaxAttempts is set, but the KV (%T) can neither Move nor Put: it cannot park a marker", kv)
+	case cfg.MaxAttempts > 0 && !isMover(kv):
+		return invalidConfig("Config.MaxAttempts is set, but the KV (%T) is no Mover: it cannot park a marker", kv)
 	case cfg.Limiter != nil && cfg.Limiter.Limit() != rate.Inf && cfg.Limiter.Burst() < 1:
 		return invalidConfig("Config.Limiter has a burst of %d: it would never let a clear through (give it a burst of at least 1)", cfg.Limiter.Burst())
 	case cfg.BatchTarget > 0 && cfg.BatchTarget < time.Millisecond:
@@ -296,11 +293,11 @@ func checkConfig(kv KV, cfg *Config) error {
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
 }
 
-// canWrite reports whether the sweep can write to kv.
-func canWrite(kv KV) bool {
-	_, mover := kv.(Mover)
-	_, putter := kv.(Putter)
-	return mover || putter
+// isMover reports whether kv is a Mover: the sweep reschedules, holds and
+// parks markers in the store only over one.
+func isMover(kv KV) bool {
+	_, ok := kv.(Mover)
+	return ok
 }
 
 func isClearDeleter(kv KV) bool {

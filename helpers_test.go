@@ -75,6 +75,15 @@ func (c *countingKV) reset() {
 	c.puts.Store(0)
 }
 
+// countingMover is a countingKV over a Mover that Moves too, counted as
+// puts.
+type countingMover struct{ *countingKV }
+
+func (c countingMover) Move(ctx context.Context, from, to [][]byte) error {
+	c.puts.Add(1)
+	return c.KV.(Mover).Move(ctx, from, to)
+}
+
 // readOnlyKV hides the Put of the KV it wraps: the sweep then keeps retry
 // delays in memory.
 type readOnlyKV struct{ KV }

@@ -73,12 +73,11 @@ func errOutcome(err error) outcome {
 
 // holdKey puts off the marker old of a held id until the hold's end, as
 // retry does a failed one's: it returns the held key of the retry range to
-// move old to (move, on a Mover) or that it wrote (on a Putter), or nil when
-// the marker stays and the hold is kept in memory.
+// move old to, or nil when the marker stays and the hold is kept in memory.
 func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 	until = s.remember(it)
 	untilMs := until.UnixMilli()
-	if (p.mover == nil && p.putter == nil) || p.noPut {
+	if !p.writes() {
 		return until, nil
 	}
 	// The failures before the hold go with it, so that MaxAttempts counts

@@ -16,15 +16,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// storeKinds are the three kinds of store a hold takes a different path
-// through: moved (Mover), written then deleted (Putter), kept in memory.
+// storeKinds are the kinds of store a hold takes a different path through:
+// moved (Mover), kept in memory (a store that is no Mover, one that can Put
+// included).
 var storeKinds = []struct {
 	name   string
 	wrap   func(*MemKV) KV
 	writes bool
 }{
 	{"Mover", func(m *MemKV) KV { return m }, true},
-	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, true},
+	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, false},
 	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false},
 }
 

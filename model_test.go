@@ -110,7 +110,7 @@ type modelStore int
 
 const (
 	modelMover    modelStore = iota // Putter and Mover
-	modelPutter                     // Putter only: reschedules by Put, then Delete
+	modelPutter                     // Putter only: delays kept in memory, as read-only (the sweep moves markers only on a Mover)
 	modelReadOnly                   // neither: retry delays kept in memory
 )
 
@@ -226,7 +226,7 @@ type modelPass struct {
 // in one Scan is cleared once per page that holds one.
 func (w *modelWorld) pagewise(id string) bool {
 	e := w.entities[id]
-	return w.cfg.store != modelPutter && e != nil && e.dup && !w.pass.together[id]
+	return e != nil && e.dup && !w.pass.together[id]
 }
 
 // modelProcess is one incarnation of the sweeping process: a Sweep with
@@ -573,7 +573,7 @@ func (w *modelWorld) clearEffect(id, how string) *modelEffect {
 			reason = "the pass of the earlier clear failed or crashed"
 		case prev.hadUnexpired:
 			reason = "the id had another marker, unexpired at the earlier clear"
-		case w.cfg.store != modelPutter && e.dup:
+		case e.dup:
 			reason = "the writer gave the id two markers, which a store deduped page by page may clear apiece"
 		}
 		switch {
@@ -613,7 +613,7 @@ func (w *modelWorld) commitEffect(id string, left int) *modelEffect {
 				reason = "the id had another marker after its first commit, whose pass failed"
 			case prev.hadUnexpired:
 				reason = "the id had another marker, unexpired at its first commit"
-			case w.cfg.store != modelPutter && w.entities[id].dup:
+			case w.entities[id].dup:
 				reason = "the writer gave the id two markers, which a store deduped page by page may clear apiece"
 			}
 		}

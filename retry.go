@@ -161,49 +161,42 @@ func (r *retries) prune(clock Clock) {
 
 // retry puts off the marker old of id, whose Clear just failed, until its
 // retry delay is over: the delay is kept in memory, so that the pass skips
-// the marker until it is over, and on a KV that can write, retry returns
-// the key that makes it fall due then. On a Mover (move) the caller moves
-// old there in one atomic step; on a Putter retry has written the key, and
-// the caller deletes old. It returns a nil key when the marker stays where
-// it is.
+// the marker until it is over, and when the pass writes (see
+// passState.writes) retry returns the key of the retry range that makes it
+// fall due then, for the caller to move old to in one atomic step. It
+// returns a nil key when the marker stays where it is: a key that lands on
+// the old one itself (the clock stepped back) moves nothing.
 //
 // A marker that failed Config.MaxAttempts times goes to the parked range
-// instead. It counts as parked only once it is there: at once on a Putter,
-// and when park is set, once the caller's Move succeeded (see parked);
-// until then its failures are remembered, so that a park that fails keeps
-// the id's backoff.
-//
-// The first Put of a pass is read back before the old key may go: a Put
-// that writes where Scan does not read (a wrapper that inherited Put from
-// the store it wraps) must not cost the marker. A key that lands on the old
-// one itself (the clock stepped back) moves nothing.
-func (s *Sweep) retry(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move, park bool) {
+// instead (park). It counts as parked only once the caller's Move
+// succeeded (see parked); until then its failures are remembered, so that
+// a park that fails keeps the id's backoff.
+func (s *Sweep) retry(p *passState, it *item, old []byte) (key []byte, park bool) {
 	id := it.id
 	own := !errors.As(it.err, new(*outageError)) // not put off in an outage
 	attempts, due := s.retries.failed(id, s.clock.Now(), int(it.attempts), own)
-	canWrite := (p.mover != nil || p.putter != nil) && !p.noPut
-	if own && canWrite && s.maxAttempts > 0 && attempts >= s.maxAttempts {
+	if own && p.writes() && s.maxAttempts > 0 && attempts >= s.maxAttempts {
 		// Parked: out of every range a pass reads, until requeued.
-		key, move = s.place(ctx, p, appendParkedKey(nil, s.prefix, deadlineKind(it), it.ms, attempts, id), old)
-		switch {
-		case key == nil:
-			s.notParked(p, it)
-		case !move:
-			s.parked(p, it)
-		}
-		return key, move, key != nil && move
+		return appendParkedKey(nil, s.prefix, deadlineKind(it), it.ms, attempts, id), true
 	}
 	p.st.Retried++
 	dueMs, err := markerMillis(due)
-	if !canWrite || err != nil {
+	if !p.writes() || err != nil {
 		s.noteRetry(p, due)
-		return nil, false, false
+		return nil, false
 	}
-	// The key keeps whole milliseconds, rounded up: a pass at due
-	// itself would not find it due yet.
+	// The key keeps whole milliseconds, rounded up: a pass at due itself
+	// would not find it due yet.
 	s.noteRetry(p, time.UnixMilli(dueMs))
-	key, move = s.place(ctx, p, appendRetryKey(nil, s.prefix, deadlineKind(it), dueMs, it.ms, attempts, id), old)
-	return key, move, false
+	return moved(appendRetryKey(nil, s.prefix, deadlineKind(it), dueMs, it.ms, attempts, id), old), false
+}
+
+// moved returns key, or nil when it is old itself.
+func moved(key, old []byte) []byte {
+	if bytes.Equal(key, old) {
+		return nil
+	}
+	return key
 }
 
 // parked counts the marker of it, which is now in the parked range, and
@@ -230,45 +223,13 @@ func deadlineKind(it *item) byte {
 
 // hold puts off the marker old of a held id until the hold's end, as retry
 // puts off a failed one's (see holdKey), and returns what retry does.
-func (s *Sweep) hold(ctx context.Context, p *passState, it *item, old []byte) (key []byte, move bool) {
+func (s *Sweep) hold(p *passState, it *item, old []byte) []byte {
 	until, key := s.holdKey(p, it)
 	s.noteRetry(p, until)
 	if key == nil {
-		return nil, false
+		return nil
 	}
-	return s.place(ctx, p, key, old)
-}
-
-// place readies the move of old to key: on a Mover it returns key for the
-// caller to move old there; on a Putter it writes key (reading the pass's
-// first such write back) and the caller deletes old. It returns a nil key
-// when old stays where it is.
-func (s *Sweep) place(ctx context.Context, p *passState, key, old []byte) ([]byte, bool) {
-	if bytes.Equal(key, old) {
-		return nil, false
-	}
-	if p.mover != nil {
-		return key, true
-	}
-	if err := s.put(ctx, p, key); err != nil {
-		p.noPut = true
-		p.notes.rescheduleErr = err
-		return nil, false
-	}
-	if !p.putChecked {
-		p.putChecked = true
-		got, err := s.scan(ctx, p, key, append(key[:len(key):len(key)], 0), 1)
-		if err == nil && (len(got) != 1 || !bytes.Equal(got[0], key)) {
-			err = fmt.Errorf("retention: the KV's Put of %q is not seen by its Scan: "+
-				"its Put must write where Scan reads (does a wrapper inherit Put from the store it wraps?)", key)
-		}
-		if err != nil {
-			p.noPut = true
-			p.notes.rescheduleErr = err
-			return nil, false
-		}
-	}
-	return key, false
+	return moved(key, old)
 }
 
 // checkMove reads the first move of a pass back: a Move that writes where

@@ -116,17 +116,17 @@ func TestRetryDelayCapped(t *testing.T) {
 
 // TestFailingBacklogIdlePass: 10,000 markers whose Clear always fails. After
 // one pass puts them off, a pass before their retry is as cheap as any idle
-// pass on a Putter, and calls no Clear on any KV.
+// pass on a Mover, and calls no Clear on any KV.
 func TestFailingBacklogIdlePass(t *testing.T) {
 	t.Parallel()
 	const n = 10_000
-	for _, putter := range []bool{true, false} {
-		t.Run(fmt.Sprint("putter=", putter), func(t *testing.T) {
+	for _, mover := range []bool{true, false} {
+		t.Run(fmt.Sprint("mover=", mover), func(t *testing.T) {
 			t.Parallel()
 			mem := NewMemKV()
 			counting := &countingKV{KV: mem}
-			var kv KV = counting
-			if !putter {
+			var kv KV = countingMover{counting}
+			if !mover {
 				kv = readOnlyKV{counting}
 			}
 			c := newClears()
@@ -150,12 +150,12 @@ func TestFailingBacklogIdlePass(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, n, c.total(), "no Clear before the retry delay is over")
 			assert.Zero(t, counting.deletes.Load()+counting.puts.Load(), "an idle pass writes nothing")
-			if putter {
+			if mover {
 				assert.LessOrEqual(t, counting.scans.Load(), int64(3), "Scan calls: the expired range, the next marker, the retry range's first")
 				assert.LessOrEqual(t, counting.keys.Load(), int64(1), "keys read")
 				assert.Zero(t, st.Deferred)
 			} else {
-				// Without Put the markers stay where they are: they are read
+				// Without Move the markers stay where they are: they are read
 				// again, a page at a time, but not cleared.
 				assert.Equal(t, n, st.Deferred)
 				assert.Equal(t, int64(n/DefaultPageSize+2+1), counting.scans.Load(), "and the empty retry range")
@@ -173,13 +173,14 @@ func TestFailingBacklogIdlePass(t *testing.T) {
 	}
 }
 
-// TestRescheduleWriteFails: when the rewrite of a failed marker fails, the
+// TestRescheduleWriteFails: when the Move of a failed marker fails, the
 // marker stays as it was, the retry delay holds in memory, the failure is
 // logged, and the pass goes on with the rest of the backlog.
 func TestRescheduleWriteFails(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &failingPutKV{countingKV: countingKV{KV: mem}}
+	kv := newFaultKV(mem, newFaultRand(t, 3), 0)
+	kv.enabled.Store(true)
 	c := newClears()
 	c.set("bad", errBoom)
 	c.set("worse", errBoom)
@@ -192,7 +193,7 @@ func TestRescheduleWriteFails(t *testing.T) {
 	}
 	clock.Set(t0.Add(2 * time.Hour))
 
-	kv.fail = true
+	kv.set(opMove, storeErr, 1)
 	st, err := s.Pass(context.Background())
 	require.NoError(t, err, "a failed rewrite fails no pass")
 	assert.Equal(t, 5, st.Cleared, "the rest of the backlog is cleared")
@@ -203,7 +204,7 @@ func TestRescheduleWriteFails(t *testing.T) {
 	assert.Equal(t, 2, mem.Len())
 	assert.Contains(t, logs.String(), "could not reschedule failed markers")
 
-	kv.fail = false
+	kv.set(opMove, storeErr, 0)
 	st, err = s.Pass(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 2, st.Deferred, "the retry delays hold in memory")
@@ -333,18 +334,6 @@ func TestPanickingErrorsAndValidators(t *testing.T) {
 	assert.Equal(t, 1, st.Deferred)
 	assert.Zero(t, st.Duplicates)
 	assert.Equal(t, map[string]int{"typednil": 1, "crashes": 2}, markerIDs(t, kv, "runs/"))
-}
-
-type failingPutKV struct {
-	countingKV
-	fail bool
-}
-
-func (f *failingPutKV) Put(ctx context.Context, key, value []byte) error {
-	if f.fail {
-		return errBoom
-	}
-	return f.countingKV.Put(ctx, key, value)
 }
 
 // failedAt records one failure of id after none before and returns when it

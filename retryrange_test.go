@@ -173,7 +173,8 @@ func TestMaxAttemptsValidation(t *testing.T) {
 	}{
 		{NewMemKV(), -1, "Config.MaxAttempts must be 0"},
 		{NewMemKV(), maxAttempts + 1, "Config.MaxAttempts must be 0"},
-		{readOnlyKV{NewMemKV()}, 3, "can neither Move nor Put"},
+		{readOnlyKV{NewMemKV()}, 3, "is no Mover"},
+		{putOnlyKV{NewMemKV(), NewMemKV()}, 3, "is no Mover"},
 	} {
 		_, err := New(tt.kv, Config{Prefix: "runs/", Retention: time.Hour, Clear: clear, MaxAttempts: tt.n})
 		require.ErrorIs(t, err, ErrInvalidConfig)

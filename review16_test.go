@@ -290,7 +290,7 @@ func flatDoc(src string) string {
 
 // r16KVs returns a Mover (MemKV) and a Put-only view of one MemKV.
 func r16KVs(mem *MemKV) map[string]KV {
-	return map[string]KV{"mover": mem, "putonly": &countingKV{KV: mem}}
+	return map[string]KV{"mover": mem}
 }
 
 // TestReview16HoldsRetentionChangedBeforeRetry: a Retention raised between
@@ -409,36 +409,6 @@ func TestReview16HoldsSlashIDsInRetryKeys(t *testing.T) {
 		assert.Equal(t, 3, c.count(id), id)
 	}
 	assert.Zero(t, mem.Len())
-}
-
-// TestReview16HoldsPutOnlyParkCrash: on a Put-only store, a crash between
-// the Put of the parked key and the delete of the old marker (the delete
-// fails) leaves both: nothing is lost, the id is tried again, and a parked
-// key stays listed.
-func TestReview16HoldsPutOnlyParkCrash(t *testing.T) {
-	t.Parallel()
-	mem := NewMemKV()
-	kv := &countingKV{KV: mem}
-	c := newClears()
-	c.set("x", errBoom)
-	s, clock := newSweep(t, kv, Config{Clear: c.clear, MaxAttempts: 1})
-	mark(t, mem, "runs/", "x", t0)
-	clock.Set(t0.Add(2 * time.Hour))
-	kv.deleteErr = func(int64) error { return errBoom }
-	_, err := s.Pass(context.Background())
-	require.ErrorIs(t, err, errBoom)
-	assert.Len(t, keysUnder(t, mem, "runs/"), 2, "parked key written, old marker kept")
-	kv.mu.Lock()
-	kv.deleteErr = nil
-	kv.mu.Unlock()
-	c.set("x", nil)
-	s2, _ := newSweep(t, kv, Config{Clear: c.clear, MaxAttempts: 1, Clock: clock})
-	st, err := s2.Pass(context.Background())
-	require.NoError(t, err)
-	assert.Equal(t, 1, st.Cleared)
-	p, err := s2.Parked(context.Background(), 10)
-	require.NoError(t, err)
-	assert.Len(t, p, 1, "the parked twin of a cleared id stays listed (harmless: Requeue clears it again, idempotently)")
 }
 
 // TestReview16HoldsRequeueRacingPasses: Requeue on a Mover and on a
@@ -671,37 +641,6 @@ func TestReview16HoldsPageSumsCancelledAndFailedDelete(t *testing.T) {
 		require.ErrorIs(t, err, errBoom)
 		assert.Equal(t, pick(st), sum(rec.pages))
 	})
-}
-
-// TestReview16HoldsPutOnlyCrashTwinsClearedOnce: on a Put-only store, a
-// crash between the Put of the retry key and the delete of the old marker
-// leaves both; a later pass that meets both (fresh range, then retry
-// range) clears the id once and deletes both.
-func TestReview16HoldsPutOnlyCrashTwinsClearedOnce(t *testing.T) {
-	t.Parallel()
-	mem := NewMemKV()
-	kv := &countingKV{KV: mem}
-	c := newClears()
-	c.set("x", errBoom)
-	s, clock := newSweep(t, kv, Config{Clear: c.clear, RetryDelay: time.Second, MaxRetryDelay: time.Minute})
-	mark(t, mem, "runs/", "x", t0)
-	clock.Set(t0.Add(2 * time.Hour))
-	kv.deleteErr = func(int64) error { return errBoom }
-	_, err := s.Pass(context.Background())
-	require.ErrorIs(t, err, errBoom)
-	require.Len(t, keysUnder(t, mem, "runs/"), 2)
-	kv.mu.Lock()
-	kv.deleteErr = nil
-	kv.mu.Unlock()
-	c.set("x", nil)
-	clock.Advance(time.Minute)
-	s2, _ := newSweep(t, kv, Config{Clear: c.clear, Clock: clock}) // a restart: no memory of x
-	st, err := s2.Pass(context.Background())
-	require.NoError(t, err)
-	assert.Equal(t, 1, st.Cleared)
-	assert.Equal(t, 1, st.Duplicates)
-	assert.Equal(t, 2, c.count("x"), "one failed call, one clear")
-	assert.Zero(t, mem.Len())
 }
 
 // TestReview16BugBacklogOldestIDNotDue: a retry-range marker that is not

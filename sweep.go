@@ -18,7 +18,7 @@ type Stats struct {
 	Failed     int // markers whose Clear failed (error, panic, timeout, Goexit); they stay
 	Retried    int // failed markers put off until their retry delay is over
 	Parked     int // failed markers moved to the parked range, having failed Config.MaxAttempts times
-	Deferred   int // markers skipped because their retry delay is not over (KVs without Put)
+	Deferred   int // markers skipped because their retry delay is not over (KVs that are no Mover)
 	Malformed  int // marker-shaped keys with a refused id or time, deleted without Clear
 	Foreign    int // keys under the prefix that are not marker-shaped, left alone
 	LiveAgain  int // markers whose Clear returned ErrLiveAgain, deleted without clearing
@@ -34,7 +34,7 @@ type Stats struct {
 	WouldClear  int // in a dry run (Config.DryRun), markers whose entity the pass would have cleared
 	ScanCalls   int // calls to KV.Scan
 	DeleteCalls int // calls to KV.Delete
-	PutCalls    int // calls to Putter.Put or Mover.Move, rescheduling failed markers
+	PutCalls    int // calls to Mover.Move, rescheduling failed and held markers
 	ClearCalls  int // calls of Config.Clear or Config.ClearBatch, or of a ClearDeleter
 
 	// FailedCalls counts the calls of ClearCalls that failed as a whole
@@ -62,7 +62,7 @@ type Stats struct {
 
 	// NextDue is when a pass will next find work: the oldest marker left
 	// unexpired falls due, or the first marker kept in memory for a retry
-	// (on a KV without Put) may be tried again. Zero when there is none.
+	// (on a KV that is no Mover) may be tried again. Zero when there is none.
 	NextDue time.Time
 }
 
@@ -116,12 +116,10 @@ type Sweep struct {
 	foreignWarned time.Time // when they were last logged at Warn
 	items         []item
 	ids           []byte
-	del           [][]byte
 	lags          []time.Duration // reused by observeLags
-	seen          seenIDs         // the ids met in the pass
-	moveFrom      [][]byte        // reused by settle
-	moveTo        [][]byte
-	ps            passState // the pass's state
+	seen          seenIDs         // the ids of the page in hand
+	plan          pagePlan        // reused by settle
+	ps            passState       // the pass's state
 	// idle: the last pass found nothing below its cutoff, so the next
 	// starts with one key (see passRanges).
 	idle    bool
@@ -224,9 +222,8 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	*p = passState{kv: kv, fence: fence, st: &s.pst, start: start, cutoff: start.Add(-s.retention),
 		slab: &s.ctxSlab, buf: p.buf}
 	s.pst = Stats{}
-	p.putter, _ = kv.(Putter)
 	p.mover, _ = kv.(Mover)
-	s.seen.reset(p.putter != nil && p.mover == nil)
+	s.seen.reset()
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	defer func() {
 		if p.clearing != nil {
@@ -235,7 +232,6 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		if p.firstCtx != nil {
 			p.firstCtx.end()
 		}
-		s.seen.end()
 		st = *p.st
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
 		if s.clear == nil {
@@ -245,7 +241,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		s.logPass(p)
 		s.observePage(p)
 		s.observePass(ctx, st, err)
-		p.kv, p.fence, p.putter, p.mover, p.clearing = nil, nil, nil, nil, nil
+		p.kv, p.fence, p.mover, p.clearing = nil, nil, nil, nil
 	}()
 	err = s.passRanges(ctx, p)
 	return *p.st, err
@@ -388,26 +384,25 @@ func (s *Sweep) nextRetry(ctx context.Context, p *passState, start []byte) (at i
 
 // passState is what one pass carries from page to page.
 type passState struct {
-	kv         KV
-	fence      Fencer // on the context of writes, or nil
-	putter     Putter // kv as a Putter, or nil
-	mover      Mover  // kv as a Mover, or nil
-	noPut      bool   // a rewrite failed this pass: keep retry delays in memory
-	putChecked bool   // a rewrite was read back this pass
-	st         *Stats
-	start      time.Time // the clock when the pass started
-	inRetry    bool      // the pages are the retry range's
-	retryDueMs int64     // a retry-range marker is due when its time is below this
-	cutoff     time.Time
-	cutoffMs   int64
-	cutoffKey  []byte
-	notes      passNotes
-	observed   Stats // the counts an Observer was told of, page by page
-	ahead      readAhead
-	clearing   *clearing   // the pass's clear workers, once a page has clears
-	slab       *[]storeCtx // where storeCtx takes contexts from
-	firstCtx   *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
-	buf        passBuffers // kept from pass to pass
+	kv          KV
+	fence       Fencer // on the context of writes, or nil
+	mover       Mover  // kv as a Mover, or nil
+	noMove      bool   // a Move failed this pass: keep retry delays in memory
+	moveChecked bool   // a Move was read back this pass
+	st          *Stats
+	start       time.Time // the clock when the pass started
+	inRetry     bool      // the pages are the retry range's
+	retryDueMs  int64     // a retry-range marker is due when its time is below this
+	cutoff      time.Time
+	cutoffMs    int64
+	cutoffKey   []byte
+	notes       passNotes
+	observed    Stats // the counts an Observer was told of, page by page
+	ahead       readAhead
+	clearing    *clearing   // the pass's clear workers, once a page has clears
+	slab        *[]storeCtx // where storeCtx takes contexts from
+	firstCtx    *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
+	buf         passBuffers // kept from pass to pass
 
 	// Written by the clears of a page, which run concurrently.
 	streak                                    atomic.Int64          // clear calls that failed in a row
@@ -423,6 +418,11 @@ type passState struct {
 type passBuffers struct {
 	cutoffKey, dueKey, after []byte
 }
+
+// writes reports whether the pass moves markers to reschedule, hold and
+// park them: over a Mover, until a Move failed. Without, delays and holds
+// are kept in memory, and nothing is parked.
+func (p *passState) writes() bool { return p.mover != nil && !p.noMove }
 
 // foldCalls adds the page's failed calls to the pass's Stats.
 func (p *passState) foldCalls() {
@@ -523,7 +523,6 @@ type item struct {
 	// page, or -1 when that was on an earlier page; for the others, next is
 	// one more than the item of the id's next marker in the page, or 0.
 	primary, next int32
-	seen          int32 // one more than its record in the pass's seenIDs, or 0
 	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome
 	withDups      bool   // cleared by a ClearDeleter's call that deleted its duplicates too
@@ -539,7 +538,6 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 	if len(s.retries.byID) > 0 { // else no id waits: most pages
 		s.markWaiting(p, items)
 	}
-	s.dedupe(items)
 	return items
 }
 
@@ -547,7 +545,7 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 // or hold in this process.
 func (s *Sweep) markWaiting(p *passState, items []item) {
 	now := s.clock.Now()
-	canWrite := (p.mover != nil || p.putter != nil) && !s.dryRun
+	canWrite := p.writes() && !s.dryRun
 	for i := range items {
 		it := &items[i]
 		if it.out != pending || !s.retries.waiting(it.id, now) {
@@ -678,10 +676,7 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	s.ids = ids
 	// One string holds the page's ids, which Clear gets substrings of.
 	all := string(ids)
-	s.seen.page(all)
-	if !s.seen.wide {
-		s.seen.startPage(len(items))
-	}
+	s.seen.startPage(len(items))
 	for i := range items {
 		it := &items[i]
 		if it.out != pending {
@@ -698,252 +693,12 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 				continue
 			}
 		}
-		if !s.seen.wide && !s.seen.claim(it.hash, i) {
+		if !s.seen.claim(it.hash, i) {
 			s.seen.probe(items, i)
 		}
 	}
 	s.items = items
 	return items
-}
-
-// dedupe marks every marker of an id the pass met before (on this page or
-// an earlier one) a duplicate of the first, linking it into the first's
-// chain on this page: the id is cleared once and every marker goes with it.
-func (s *Sweep) dedupe(items []item) {
-	if !s.seen.wide {
-		return // parsePage probed the page's table
-	}
-	for i := range items {
-		it := &items[i]
-		if it.out != pending && it.out != deferred {
-			continue
-		}
-		rec, dup, earlier, at := s.seen.add(it.hash, int(it.lo), int(it.hi), i)
-		it.seen = int32(rec) + 1
-		switch {
-		case !dup:
-			continue
-		case earlier && s.seen.done(rec):
-			it.out, it.primary = duplicate, -1
-			continue
-		case earlier:
-			// Its first marker in the pass was not cleared: it failed and
-			// moved, maybe to this very key (a clock that stepped back).
-			// Deleting this one could lose the id, so it is cleared anew.
-			s.seen.repoint(rec, int(it.lo), int(it.hi), i)
-			continue
-		}
-		it.out, it.primary = duplicate, int32(at)
-		j := at
-		for items[j].next != 0 {
-			j = int(items[j].next) - 1
-		}
-		items[j].next = int32(i) + 1
-	}
-}
-
-// settle acts on a page's outcomes: failed markers are put off for a retry
-// (moved in one call on a Mover), and the cleared, live-again, duplicate
-// and malformed ones are deleted in one call. It is the one place that
-// decides what becomes of a marker; see outcome.
-func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
-	st := p.st
-	del := s.del[:0]
-	from, to := s.moveFrom[:0], s.moveTo[:0]
-	var targets map[int][]byte // where a failed marker with duplicates moves
-	var parking []int          // items moving to the parked range
-	oldest := int64(-1)        // ms of the oldest cleared marker: it has the largest lag
-	now := s.clock.Now()
-	// putOff readies the move of keys[i] to key, its new place in the retry
-	// range (on a Mover), and reports whether keys[i] is to be deleted
-	// instead (on a Putter, which wrote key already).
-	putOff := func(i int, key []byte, move bool) bool {
-		switch {
-		case key == nil:
-			return false
-		case !move:
-			return true
-		}
-		from, to = append(from, keys[i]), append(to, key)
-		if items[i].next != 0 {
-			if targets == nil {
-				targets = map[int][]byte{}
-			}
-			targets[i] = key
-		}
-		return false
-	}
-	for i := range items {
-		it := &items[i]
-		switch it.out {
-		case foreign:
-			st.Foreign++
-			p.notes.noteForeign(keys[i])
-			continue
-		case deferred:
-			st.Deferred++
-			s.noteRetry(p, s.retries.due(it.id))
-			if it.err == nil {
-				continue
-			}
-			// A further marker of an id held in memory goes where the
-			// hold put the first (see page).
-			if key, move := s.hold(ctx, p, it, keys[i]); !putOff(i, key, move) {
-				continue
-			}
-		case pending:
-			continue // only a cancelled pass leaves one, and it returned before
-		case unexpired:
-			s.noteRetry(p, time.UnixMilli(it.ms).Add(s.retention))
-			continue
-		case bad:
-			st.Malformed++
-			p.notes.noteMalformed(it.err)
-		case duplicate:
-			if it.primary >= 0 {
-				switch items[it.primary].out {
-				case pending:
-					continue // kept with the first, which stays
-				case clearedGone:
-					if items[it.primary].withDups {
-						st.Duplicates++
-						continue // deleted in the clear's transaction
-					}
-				case failed, held:
-					if target, ok := targets[int(it.primary)]; ok {
-						// Moved onto the first's new key in the same call: no
-						// crash leaves one of them behind, due before it.
-						st.Duplicates++
-						from, to = append(from, keys[i]), append(to, target)
-						continue
-					}
-				}
-			}
-			// The id is cleared (a ClearDeleter's call deleted this marker
-			// already, or its marker was gone: deleting it again is free),
-			// live again, or its first marker stays for it.
-			st.Duplicates++
-		case foundGone:
-			st.Gone++
-			s.doneWith(it)
-			// Its marker, or one of its duplicates', is gone; deleting
-			// what is left of them is free.
-		case cleared, clearedGone:
-			s.countCleared(p, it, &oldest)
-			if it.out == clearedGone {
-				continue
-			}
-		case liveAgain:
-			st.LiveAgain++
-			s.retries.forget(it.id)
-			if it.seen != 0 {
-				s.seen.markDone(int(it.seen) - 1)
-			}
-		case unknown:
-			st.Failed++
-			p.notes.noteFailed(it.id, it.err)
-			st.Retried++
-			_, due := s.retries.failed(it.id, now, int(it.attempts), true)
-			s.noteRetry(p, due)
-			continue
-		case wouldClear:
-			st.WouldClear++
-			p.notes.wouldClear.add(func() string { return it.id })
-			if it.seen != 0 {
-				s.seen.markDone(int(it.seen) - 1)
-			}
-			continue
-		case failed, held:
-			var key []byte
-			var move bool
-			switch {
-			case s.dryRun:
-				// Only a panicking Config.ValidateID fails a dry run's
-				// marker: counted, and nothing written for it.
-				if it.out == held {
-					st.Held++
-				} else {
-					st.Failed++
-					p.notes.noteFailed(it.id, it.err)
-				}
-				continue
-			case it.out == held:
-				st.Held++
-				key, move = s.hold(ctx, p, it, keys[i])
-			default:
-				st.Failed++
-				p.notes.noteFailed(it.id, it.err)
-				var park bool
-				if key, move, park = s.retry(ctx, p, it, keys[i]); park {
-					parking = append(parking, i)
-				}
-			}
-			if !putOff(i, key, move) {
-				continue
-			}
-		}
-		del = append(del, keys[i])
-	}
-	s.del, s.moveFrom, s.moveTo = del, from, to
-	if s.dryRun {
-		return nil // counted, and nothing more
-	}
-	if oldest >= 0 {
-		st.MaxLag = max(st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
-	}
-	if len(from) > 0 {
-		err := s.move(ctx, p, from, to)
-		if err == nil && !p.putChecked {
-			p.putChecked = true
-			err = s.checkMove(ctx, p, from[0], to[0])
-		}
-		if err != nil {
-			// Each pair moved whole or not at all: the markers not moved
-			// stay, and their delays are kept in memory.
-			p.noPut = true
-			p.notes.rescheduleErr = err
-		}
-		for _, i := range parking {
-			if err == nil {
-				s.parked(p, &items[i])
-			} else {
-				s.notParked(p, &items[i])
-			}
-		}
-	}
-	if len(del) > 0 {
-		if err := s.delete(ctx, p, del); err != nil {
-			if s.obs != nil && oldest >= 0 {
-				s.observeLags(items, true) // a ClearDeleter's are gone all the same
-			}
-			return err
-		}
-	}
-	if s.obs != nil && oldest >= 0 {
-		s.observeLags(items, false)
-	}
-	return nil
-}
-
-// countCleared counts a cleared marker in the pass's Stats, forgets its
-// id's failures, records that the pass is done with the id, and lowers
-// *oldest (-1: none yet) to its finish time: the oldest has the largest
-// lag. Retries are not in the order of finish times.
-func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
-	p.st.Cleared++
-	s.doneWith(it)
-	if *oldest < 0 || it.lagMs < *oldest {
-		*oldest = it.lagMs
-	}
-}
-
-// doneWith forgets the failures of the id of it, which is cleared, and
-// records that the pass is done with the id.
-func (s *Sweep) doneWith(it *item) {
-	s.retries.forget(it.id)
-	if it.seen != 0 {
-		s.seen.markDone(int(it.seen) - 1)
-	}
 }
 
 // peek reads the first marker past the expired range to set st.NextDue. It

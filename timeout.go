@@ -81,17 +81,6 @@ func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
 	return checkFenced(mark, p.kv, "Delete")
 }
 
-func (s *Sweep) put(ctx context.Context, p *passState, key []byte) error {
-	wctx, mark := p.writeCtx(ctx)
-	cctx := p.storeCtx(wctx, s.storeTimeout)
-	defer cctx.end()
-	p.st.PutCalls++
-	if err := p.putter.Put(cctx, key, nil); err != nil {
-		return s.storeErr(ctx, cctx, "reschedule marker", err)
-	}
-	return checkFenced(mark, p.kv, "Put")
-}
-
 func (s *Sweep) move(ctx context.Context, p *passState, from, to [][]byte) error {
 	wctx, mark := p.writeCtx(ctx)
 	cctx := p.storeCtx(wctx, s.storeTimeout)

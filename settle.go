@@ -1,0 +1,203 @@
+package retention
+
+import (
+	"context"
+	"time"
+)
+
+// settle acts on a page's outcomes, the one place that decides what becomes
+// of a marker (see outcome): it counts each in the pass's Stats, then moves
+// the failed and held markers to the retry range (and those that failed
+// MaxAttempts times to the parked range) in one Move, and deletes the
+// cleared, live-again, duplicate and malformed ones in one Delete. A dry
+// run counts and writes nothing.
+func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
+	pl := &s.plan
+	pl.reset()
+	for i := range items {
+		s.decide(p, pl, keys, items, i)
+	}
+	if s.dryRun {
+		return nil
+	}
+	if pl.oldest >= 0 {
+		p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(pl.oldest)))
+	}
+	if len(pl.from) > 0 {
+		s.reschedule(ctx, p, pl, items)
+	}
+	if len(pl.del) > 0 {
+		if err := s.delete(ctx, p, pl.del); err != nil {
+			if s.obs != nil && pl.oldest >= 0 {
+				s.observeLags(items, true) // a ClearDeleter's are gone all the same
+			}
+			return err
+		}
+	}
+	if s.obs != nil && pl.oldest >= 0 {
+		s.observeLags(items, false)
+	}
+	return nil
+}
+
+// pagePlan is what settle writes for a page, reused from page to page.
+type pagePlan struct {
+	del      [][]byte       // markers to delete
+	from, to [][]byte       // markers to move, and where
+	targets  map[int][]byte // where a failed or held marker with duplicates moves, by item
+	parking  []int          // items whose move parks them
+	oldest   int64          // lagMs of the oldest cleared marker, or -1: it has the largest lag
+}
+
+func (pl *pagePlan) reset() {
+	pl.del, pl.from, pl.to, pl.parking = pl.del[:0], pl.from[:0], pl.to[:0], pl.parking[:0]
+	clear(pl.targets)
+	pl.oldest = -1
+}
+
+// move plans the move of keys[i] to key; a nil key moves nothing.
+func (pl *pagePlan) move(keys [][]byte, items []item, i int, key []byte) {
+	if key == nil {
+		return
+	}
+	pl.from, pl.to = append(pl.from, keys[i]), append(pl.to, key)
+	if items[i].next != 0 {
+		if pl.targets == nil {
+			pl.targets = map[int][]byte{}
+		}
+		pl.targets[i] = key
+	}
+}
+
+// decide counts the outcome of items[i] and plans what becomes of its
+// marker keys[i].
+func (s *Sweep) decide(p *passState, pl *pagePlan, keys [][]byte, items []item, i int) {
+	st, it := p.st, &items[i]
+	switch it.out {
+	case pending: // only a cancelled pass leaves one, and it returned before
+	case foreign:
+		st.Foreign++
+		p.notes.noteForeign(keys[i])
+	case unexpired:
+		s.noteRetry(p, time.UnixMilli(it.ms).Add(s.retention))
+	case bad:
+		st.Malformed++
+		p.notes.noteMalformed(it.err)
+		pl.del = append(pl.del, keys[i])
+	case duplicate:
+		s.decideDuplicate(p, pl, keys, items, i)
+	case cleared, clearedGone:
+		s.countCleared(p, it, &pl.oldest)
+		if it.out == cleared {
+			pl.del = append(pl.del, keys[i])
+		}
+	case foundGone:
+		// Its marker, or one of its duplicates', is gone; deleting what
+		// is left of them is free.
+		st.Gone++
+		s.retries.forget(it.id)
+		pl.del = append(pl.del, keys[i])
+	case liveAgain:
+		st.LiveAgain++
+		s.retries.forget(it.id)
+		pl.del = append(pl.del, keys[i])
+	case unknown:
+		// A failed call may have committed, and the store could not
+		// tell: the marker stays where it is, its delay in memory.
+		st.Failed++
+		st.Retried++
+		p.notes.noteFailed(it.id, it.err)
+		_, due := s.retries.failed(it.id, s.clock.Now(), int(it.attempts), true)
+		s.noteRetry(p, due)
+	case wouldClear:
+		st.WouldClear++
+		p.notes.wouldClear.add(func() string { return it.id })
+	case deferred:
+		st.Deferred++
+		s.noteRetry(p, s.retries.due(it.id))
+		if it.err != nil {
+			// A further marker of an id held in memory goes where the hold
+			// put the first (see markWaiting).
+			pl.move(keys, items, i, s.hold(p, it, keys[i]))
+		}
+	case held:
+		st.Held++
+		if !s.dryRun {
+			pl.move(keys, items, i, s.hold(p, it, keys[i]))
+		}
+	case failed:
+		// In a dry run only a panicking Config.ValidateID fails a marker:
+		// counted, and nothing written for it.
+		st.Failed++
+		p.notes.noteFailed(it.id, it.err)
+		if !s.dryRun {
+			key, park := s.retry(p, it, keys[i])
+			pl.move(keys, items, i, key)
+			if park {
+				pl.parking = append(pl.parking, i)
+			}
+		}
+	}
+}
+
+// decideDuplicate settles items[i], a further marker of the id of an
+// earlier item of the page: it goes with that one.
+func (s *Sweep) decideDuplicate(p *passState, pl *pagePlan, keys [][]byte, items []item, i int) {
+	first := &items[items[i].primary]
+	switch first.out {
+	case pending:
+		return // kept with the first, which stays
+	case clearedGone:
+		if first.withDups {
+			p.st.Duplicates++
+			return // deleted in the clear's transaction
+		}
+	case failed, held:
+		if target, ok := pl.targets[int(items[i].primary)]; ok {
+			// Moved onto the first's new key in the same call: no crash
+			// leaves one of them behind, due before it.
+			p.st.Duplicates++
+			pl.from, pl.to = append(pl.from, keys[i]), append(pl.to, target)
+			return
+		}
+	}
+	// The id is cleared (a ClearDeleter's call deleted this marker already,
+	// or its marker was gone: deleting it again is free), live again, or
+	// its first marker stays for it.
+	p.st.Duplicates++
+	pl.del = append(pl.del, keys[i])
+}
+
+// reschedule makes the page's planned moves in one call, reading the
+// pass's first move back (see checkMove), and counts the parks it made.
+// Each pair moves whole or not at all: after a failure the markers not
+// moved stay, their delays kept in memory, and the pass moves no more.
+func (s *Sweep) reschedule(ctx context.Context, p *passState, pl *pagePlan, items []item) {
+	err := s.move(ctx, p, pl.from, pl.to)
+	if err == nil && !p.moveChecked {
+		p.moveChecked = true
+		err = s.checkMove(ctx, p, pl.from[0], pl.to[0])
+	}
+	if err != nil {
+		p.noMove = true
+		p.notes.rescheduleErr = err
+	}
+	for _, i := range pl.parking {
+		if err == nil {
+			s.parked(p, &items[i])
+		} else {
+			s.notParked(p, &items[i])
+		}
+	}
+}
+
+// countCleared counts a cleared marker in the pass's Stats, forgets its
+// id's failures, and lowers *oldest (-1: none yet) to its lag's start: the
+// oldest has the largest lag. Retries are not in the order of finish times.
+func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
+	p.st.Cleared++
+	s.retries.forget(it.id)
+	if *oldest < 0 || it.lagMs < *oldest {
+		*oldest = it.lagMs
+	}
+}
