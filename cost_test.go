@@ -45,14 +45,15 @@ func itoa(n int) string {
 }
 
 // TestPassAllocsPerPage: a pass allocates a few objects per page (the
-// string of its ids, its clears' contexts),
+// string of its ids, its clears' contexts, the contexts of its Scan and
+// Delete under StoreTimeout),
 // none per marker, with ClearTimeout, retries and the dedupe table on.
 func TestPassAllocsPerPage(t *testing.T) {
 	ctx := context.Background()
 	for _, tt := range []struct {
 		concurrency int
 		perPage     float64
-	}{{1, 2.2}, {4, 2.2}} {
+	}{{1, 10.2}, {4, 10.2}} {
 		allocs := func(pages int) float64 {
 			pk := preparedPages(t, pages)
 			s, clock := newSweep(t, pk, Config{Concurrency: tt.concurrency, Clear: func(context.Context, string) error { return nil }})
@@ -75,8 +76,8 @@ func TestPassAllocsPerPage(t *testing.T) {
 // TestIdlePassCost: a pass with nothing expired makes three Scan calls,
 // two after a pass that found nothing expired either, reads one key, and
 // allocates nothing beyond what MemKV returns (two objects for the key
-// past the expired range) and a share of a slab of store contexts; it
-// starts no goroutine.
+// past the expired range) and its two reads' contexts under StoreTimeout
+// (four objects each); it starts no goroutine.
 func TestIdlePassCost(t *testing.T) {
 	ctx := context.Background()
 	mem := NewMemKV()
@@ -99,7 +100,7 @@ func TestIdlePassCost(t *testing.T) {
 		}
 	})
 	t.Logf("%v allocations per idle pass", allocs)
-	assert.LessOrEqual(t, allocs, 2.2, "allocations per idle pass")
+	assert.LessOrEqual(t, allocs, 10.2, "allocations per idle pass")
 }
 
 // TestIdleGuess: a pass after one that found nothing expired reads the

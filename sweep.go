@@ -122,9 +122,8 @@ type Sweep struct {
 	ps            passState       // the pass's state
 	// idle: the last pass found nothing below its cutoff, so the next
 	// starts with one key (see passRanges).
-	idle    bool
-	pst     Stats      // the pass's Stats, which ps.st points to
-	ctxSlab []storeCtx // store contexts not handed out yet
+	idle bool
+	pst  Stats // the pass's Stats, which ps.st points to
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -220,7 +219,7 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	// an idle pass allocates (nearly) nothing.
 	p := &s.ps
 	*p = passState{kv: kv, fence: fence, st: &s.pst, start: start, cutoff: start.Add(-s.retention),
-		slab: &s.ctxSlab, buf: p.buf}
+		buf: p.buf}
 	s.pst = Stats{}
 	p.mover, _ = kv.(Mover)
 	s.seen.reset()
@@ -228,9 +227,6 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	defer func() {
 		if p.clearing != nil {
 			p.clearing.stop() // no Clear outlives the pass, even one an Observer's panic cut short
-		}
-		if p.firstCtx != nil {
-			p.firstCtx.end()
 		}
 		st = *p.st
 		st.Duration = max(s.clock.Now().Sub(start), 0) // a clock may step back
@@ -334,7 +330,7 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	if time.UnixMilli(p.retryDueMs).Before(p.start) {
 		p.retryDueMs++
 	}
-	first, err := s.scanFirst(ctx, p, s.retryLower, s.retryUpper)
+	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
 	if err != nil || len(first) == 0 {
 		return err
 	}
@@ -400,8 +396,6 @@ type passState struct {
 	observed    Stats // the counts an Observer was told of, page by page
 	ahead       readAhead
 	clearing    *clearing   // the pass's clear workers, once a page has clears
-	slab        *[]storeCtx // where storeCtx takes contexts from
-	firstCtx    *storeCtx   // scanFirst's context, not consulted yet; ended with the pass
 	buf         passBuffers // kept from pass to pass
 
 	// Written by the clears of a page, which run concurrently.
@@ -773,7 +767,7 @@ func (s *Sweep) stillIdle(ctx context.Context, p *passState) (bool, error) {
 	if !s.idle {
 		return false, nil
 	}
-	keys, err := s.scanFirst(ctx, p, s.lower, s.upper)
+	keys, err := s.scan(ctx, p, s.lower, s.upper, 1)
 	if err != nil || len(keys) == 0 {
 		return err == nil, err
 	}

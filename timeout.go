@@ -12,43 +12,10 @@ import (
 // Store calls go through these three, which give each call its own deadline
 // (Config.StoreTimeout), count it and name it in errors.
 
+// scan is a Scan of the pass's KV under StoreTimeout, counted in its Stats.
 func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit int) ([][]byte, error) {
-	cctx := p.storeCtx(ctx, s.storeTimeout)
-	defer cctx.end()
-	return s.scanIn(ctx, p, cctx, start, end, limit)
-}
-
-// scanIn is a Scan of the pass under the store context cctx, a child of
-// ctx, counted and its error named.
-func (s *Sweep) scanIn(ctx context.Context, p *passState, cctx *storeCtx, start, end []byte, limit int) ([][]byte, error) {
-	keys, err := p.kv.Scan(cctx, start, end, limit)
+	keys, err := s.scanKV(ctx, p.kv, start, end, limit)
 	p.countScan(keys)
-	if err != nil {
-		return nil, s.storeErr(ctx, cctx, "scan markers", err)
-	}
-	return keys, nil
-}
-
-// scanFirst is scan of a range's first key with the pass's context ctx, as
-// an idle pass makes two of (see stillIdle and retryPass). They share one
-// store context while neither consults it beyond a first Err, so that an
-// idle pass takes one context of the slab, not two: the allocation that
-// drives a collection of a store's whole heap (a million MemKV markers)
-// the more often, the more each pass allocates. A context consulted by a
-// call ends with the call, as scan's do; the shared one with the pass.
-func (s *Sweep) scanFirst(ctx context.Context, p *passState, start, end []byte) ([][]byte, error) {
-	cctx := p.firstCtx
-	if cctx == nil {
-		cctx = p.storeCtx(ctx, s.storeTimeout)
-		p.firstCtx = cctx
-	} else {
-		cctx.polled.Store(false) // a new call's first Err
-	}
-	keys, err := s.scanIn(ctx, p, cctx, start, end, 1)
-	if cctx.state.Load() != nil {
-		cctx.end()
-		p.firstCtx = nil
-	}
 	return keys, err
 }
 
@@ -72,8 +39,8 @@ func (s *Sweep) scanKV(ctx context.Context, kv KV, start, end []byte, limit int)
 
 func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
 	wctx, mark := p.writeCtx(ctx)
-	cctx := p.storeCtx(wctx, s.storeTimeout)
-	defer cctx.end()
+	cctx, cancel := withTimeout(wctx, s.storeTimeout)
+	defer cancel()
 	p.st.DeleteCalls++
 	if err := p.kv.Delete(cctx, keys...); err != nil {
 		return s.storeErr(ctx, cctx, fmt.Sprintf("delete %d markers", len(keys)), err)
@@ -83,8 +50,8 @@ func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
 
 func (s *Sweep) move(ctx context.Context, p *passState, from, to [][]byte) error {
 	wctx, mark := p.writeCtx(ctx)
-	cctx := p.storeCtx(wctx, s.storeTimeout)
-	defer cctx.end()
+	cctx, cancel := withTimeout(wctx, s.storeTimeout)
+	defer cancel()
 	p.st.PutCalls++
 	if err := p.mover.Move(cctx, from, to); err != nil {
 		return s.storeErr(ctx, cctx, fmt.Sprintf("reschedule %d markers", len(from)), err)
@@ -144,43 +111,7 @@ type clearCtx struct {
 	state atomic.Pointer[clearState] // nil until first consulted or ended
 }
 
-// storeCtx is the context of one store call of a pass under StoreTimeout,
-// lazy as clearCtx is: what context.WithTimeout gives, without its
-// allocations, timer and clock read per call. Its deadline counts from the
-// first time the store waits on it or asks for it: Deadline, Done, or Err
-// a second time. A first Err, which a store checks before it starts,
-// cannot be past a deadline that starts then: it reads no clock, so that a
-// call of an in-memory store costs no more than the call. The contexts
-// come from a slab (see passState.storeCtx), each for one call (but for
-// the unconsulted one an idle pass's two reads share, see scanFirst); end
-// cancels it when the call returns.
-type storeCtx struct {
-	parent  context.Context
-	timeout time.Duration              // <= 0: no deadline of its own
-	polled  atomic.Bool                // Err was called once
-	state   atomic.Pointer[clearState] // nil until consulted or ended
-}
-
-// storeCtxChunk is how many store contexts the sweep allocates at once.
-const storeCtxChunk = 32
-
-// storeCtx returns the context of one store call of the pass, a child of
-// ctx under timeout, for the caller to end when the call returns. The
-// contexts come from a slab the sweep keeps across passes and hands out
-// once each: most idle passes allocate none, a pass of many pages one
-// per sixteen pages. Only the pass's goroutine calls it.
-func (p *passState) storeCtx(ctx context.Context, timeout time.Duration) *storeCtx {
-	slab := p.slab
-	if len(*slab) == 0 {
-		*slab = make([]storeCtx, storeCtxChunk)
-	}
-	c := &(*slab)[0]
-	*slab = (*slab)[1:]
-	c.parent, c.timeout = ctx, timeout
-	return c
-}
-
-// clearState is the state of a consulted clearCtx or storeCtx.
+// clearState is the state of a consulted clearCtx.
 type clearState struct {
 	deadline time.Time // zero: none
 	own      bool      // the deadline is the context's timeout's, not the parent's
@@ -276,25 +207,6 @@ func (c *clearCtx) timedOut() bool {
 	defer st.mu.Unlock()
 	return st.err == context.DeadlineExceeded && st.own
 }
-
-func (c *storeCtx) get() *clearState { return lazyState(&c.state, c.parent, c.timeout) }
-
-func (c *storeCtx) Deadline() (time.Time, bool) { return c.get().deadlineOf() }
-
-func (c *storeCtx) Value(key any) any { return c.parent.Value(key) }
-
-func (c *storeCtx) Err() error {
-	if c.state.Load() == nil && !c.polled.Load() {
-		c.polled.Store(true)
-		return c.parent.Err()
-	}
-	return c.get().errOf(c.parent)
-}
-
-func (c *storeCtx) Done() <-chan struct{} { return c.get().doneOf(c.parent) }
-
-// end cancels the context once the call returned.
-func (c *storeCtx) end() { endState(&c.state) }
 
 // endState cancels the context of state once its call returned.
 func endState(state *atomic.Pointer[clearState]) {
