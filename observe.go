@@ -158,27 +158,6 @@ func (s *Sweep) observePage(p *passState) {
 	s.obs.ObservePage(s.prefix, d)
 }
 
-// counts returns st with only its counts: no Duration, MaxLag or NextDue.
-func (st *Stats) counts() Stats {
-	c := *st
-	c.Duration, c.MaxLag, c.NextDue, c.BatchSize = 0, 0, time.Time{}, 0
-	return c
-}
-
-// minus returns the counts of a less those of b.
-func (a Stats) minus(b Stats) Stats {
-	return Stats{
-		Scanned: a.Scanned - b.Scanned, Cleared: a.Cleared - b.Cleared, Failed: a.Failed - b.Failed,
-		Retried: a.Retried - b.Retried, Parked: a.Parked - b.Parked, Deferred: a.Deferred - b.Deferred,
-		Malformed: a.Malformed - b.Malformed, Foreign: a.Foreign - b.Foreign, LiveAgain: a.LiveAgain - b.LiveAgain,
-		Duplicates: a.Duplicates - b.Duplicates, ScanCalls: a.ScanCalls - b.ScanCalls, DeleteCalls: a.DeleteCalls - b.DeleteCalls,
-		PutCalls: a.PutCalls - b.PutCalls, ClearCalls: a.ClearCalls - b.ClearCalls, FailedCalls: a.FailedCalls - b.FailedCalls,
-		TimedOutCalls: a.TimedOutCalls - b.TimedOutCalls, PanickedCalls: a.PanickedCalls - b.PanickedCalls,
-		Held: a.Held - b.Held, WouldClear: a.WouldClear - b.WouldClear, Gone: a.Gone - b.Gone,
-		BudgetWait: a.BudgetWait - b.BudgetWait,
-	}
-}
-
 // observePass tells the observer of a pass under ctx that ended with err.
 // Like OnPass, it sees the error of a pass cut short by the loss of its
 // lease match ErrLeaseLost, not only context.Canceled.

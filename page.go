@@ -1,0 +1,247 @@
+package retention
+
+import (
+	"context"
+	"errors"
+)
+
+// outcome is what became of one key of a page. Every clear mode (Clear,
+// ClearBatch, a ClearDeleter) ends in one of these, and settle alone acts
+// on them, as the README's guarantees say:
+//
+//	outcome      marker                         counted in
+//	cleared      deleted after the clear        Cleared
+//	clearedGone  deleted in the clear's own     Cleared
+//	             transaction (ClearDeleter)
+//	foundGone    found gone after a call whose  Gone
+//	             outcome is unknown: cleared by
+//	             it or by another replica
+//	liveAgain    deleted, entity not cleared    LiveAgain
+//	failed       moved to its retry time (or    Failed, Retried
+//	             kept, its delay in memory)
+//	held         moved to the hold's end (or    Held
+//	             kept, the hold in memory)
+//	unknown      kept as it is, its delay in    Failed, Retried
+//	             memory: a failed call may have
+//	             committed and the store could
+//	             not tell
+//	duplicate    deleted once the id's first    Duplicates
+//	             marker in the pass is settled
+//	bad          deleted without a clear        Malformed
+//	foreign      kept                           Foreign
+//	deferred     kept: in its retry delay       Deferred
+//	unexpired    kept: a retry of a marker not
+//	             expired under today's Retention
+//	pending      kept: the clear never returned (a cancelled pass)
+//	wouldClear   kept: a dry run calls no clear WouldClear
+//
+// A dry run (Config.DryRun) counts every outcome as it comes, but deletes
+// and moves nothing.
+type outcome uint8
+
+const (
+	pending     outcome = iota // Clear has not returned (yet): the marker stays
+	cleared                    // Clear returned nil
+	clearedGone                // cleared with its marker deleted, by a ClearDeleter
+	foundGone                  // its marker found gone after a call whose outcome is unknown
+	liveAgain                  // Clear returned ErrLiveAgain
+	failed                     // Clear failed; the marker stays, put off for a retry
+	held                       // Clear returned Hold: the marker waits for the hold's end
+	unknown                    // a ClearDeleter failed and its commit could not be checked
+	duplicate                  // another marker of an id met before in the pass
+	bad                        // malformed: deleted without Clear
+	foreign                    // not marker-shaped: left alone
+	deferred                   // in its retry delay: left for later
+	unexpired                  // in the retry range, not expired under today's Retention: left
+	wouldClear                 // a dry run would have cleared it
+)
+
+// preparePage sorts a page's keys into items (see parsePage), and marks
+// those in their retry delay and the duplicates.
+func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
+	items := s.parsePage(p, keys)
+	if len(s.retries.byID) > 0 { // else no id waits: most pages
+		s.markWaiting(p, items)
+	}
+	return items
+}
+
+// markWaiting marks the pending items whose id waits for its retry delay
+// or hold in this process.
+func (s *Sweep) markWaiting(p *passState, items []item) {
+	now := s.clock.Now()
+	canWrite := p.writes() && !s.dryRun
+	for i := range items {
+		it := &items[i]
+		if it.out != pending || !s.retries.waiting(it.id, now) {
+			continue
+		}
+		it.out = deferred
+		if until, ok := s.retries.heldUntil(it.id, now); ok && canWrite {
+			// Another marker of an id held in memory: it waits for the
+			// hold in the store too (see settle), so that a restart
+			// keeps it.
+			it.err = Hold(until)
+		}
+	}
+}
+
+// finishPage clears a prepared page and settles it.
+func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, items []item) error {
+	var err error
+	if s.dryRun {
+		for i := range items {
+			if items[i].out == pending {
+				items[i].out = wouldClear
+			}
+		}
+	} else {
+		var calls int
+		calls, err = s.clearAll(ctx, p, keys, items)
+		p.st.ClearCalls += calls
+		p.foldCalls()
+	}
+	s.readAhead(ctx, p) // if the clears did not
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		// Deleting now would drop markers of clears that the cancellation
+		// cut short; they are all retried by the next pass instead. The
+		// batches a ClearDeleter committed are gone already: count them.
+		// Holds are kept in memory, so that the next pass does not ask
+		// for them again before their ends.
+		s.countGone(p, items)
+		s.rememberHolds(items)
+		s.observePage(p)
+		return err
+	}
+	err = s.settle(ctx, p, keys, items)
+	s.observePage(p)
+	return err
+}
+
+// parsePage sorts the keys of a page into items: markers to clear (pending),
+// malformed and foreign keys. It stops at a marker that is not expired,
+// which only a KV that breaks Scan's end bound returns.
+func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
+	items := s.items[:0]
+	ids := s.ids[:0]
+	for _, key := range keys {
+		var (
+			ms, at     int64
+			lagMs      = int64(-1) // -1: ms
+			id         []byte
+			isForeign  bool
+			err        error
+			attempts   int
+			kind       byte
+			notExpired bool
+		)
+		if p.inRetry {
+			var k retryKey
+			k, isForeign, err = parseRetryKey(s.prefix, retryInfix, key)
+			ms, at, id, attempts, kind = k.finished, k.at, k.id, k.attempts, k.kind
+			if err == nil && at >= p.retryDueMs {
+				break // only a KV that breaks Scan's end bound returns it
+			}
+			lagMs = ms
+			if kind&keyDeadline != 0 {
+				// Due at its deadline (ms) whatever the Retention, and
+				// late from then.
+				lagMs = max(ms-s.retention.Milliseconds(), 0)
+			} else {
+				// A Retention raised since the marker failed (or was
+				// held): it is not expired any more, and stays until it is.
+				notExpired = err == nil && ms >= p.cutoffMs
+			}
+			if kind&keyHeld != 0 {
+				// Late from the hold's end, when that is after the due
+				// time.
+				lagMs = max(at-s.retention.Milliseconds(), lagMs)
+			}
+		} else {
+			ms, id, isForeign, err = parseKey(s.prefix, key)
+			if err == nil && ms >= p.cutoffMs {
+				// Clearing this marker would delete state before its
+				// retention ran out.
+				break
+			}
+		}
+		var h uint32
+		if err == nil {
+			// The default rule runs on the bytes, before any string
+			// exists.
+			if s.validate == nil && !validID(id) {
+				err = malformed(key, "id", validateIDBytes(id))
+			} else {
+				h = s.seen.hash(id)
+			}
+		}
+		out := pending
+		switch {
+		case isForeign:
+			out = foreign
+		case err != nil:
+			out = bad
+		case notExpired:
+			out = unexpired
+		}
+		if lagMs < 0 {
+			lagMs = ms
+		}
+		it := item{ms: ms, lagMs: lagMs, kind: kind, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))}
+		if out == pending {
+			ids = append(ids, id...)
+			it.hash = h
+		}
+		it.hi = int32(len(ids))
+		items = append(items, it)
+	}
+	s.ids = ids
+	// One string holds the page's ids, which Clear gets substrings of.
+	all := string(ids)
+	s.seen.startPage(len(items))
+	for i := range items {
+		it := &items[i]
+		if it.out != pending {
+			continue
+		}
+		it.id = all[it.lo:it.hi]
+		if s.validate != nil {
+			switch err := s.checkID(it.id); {
+			case errors.Is(err, errValidatePanicked):
+				it.err, it.out = err, failed // kept, and tried again after its delay
+				continue
+			case err != nil:
+				it.err, it.out = malformed(keys[i], "id", err), bad
+				continue
+			}
+		}
+		if !s.seen.claim(it.hash, i) {
+			s.seen.probe(items, i)
+		}
+	}
+	s.items = items
+	return items
+}
+
+// item is one key of a page on its way through a pass; items[i] stands for
+// the page's keys[i].
+type item struct {
+	id     string
+	ms     int64 // the finish time its key records (a deadline key's: the deadline)
+	lagMs  int64 // the finish time its lag counts from: ms, or later for a hold's end or a deadline
+	err    error // why the key is malformed, or how Clear failed
+	lo, hi int32 // the id's bounds in the page's id buffer
+	// For a duplicate, primary is the item of the id's first marker in the
+	// page, or -1 when that was on an earlier page; for the others, next is
+	// one more than the item of the id's next marker in the page, or 0.
+	primary, next int32
+	attempts      int32 // failed attempts the key records (retry range)
+	out           outcome
+	withDups      bool   // cleared by a ClearDeleter's call that deleted its duplicates too
+	kind          byte   // a retry-range key's kind: keyDeadline and keyHeld flags
+	hash          uint32 // of the id, for the pass's seenIDs
+	doneAt        int64  // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
+}

@@ -1,0 +1,233 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// walk handles the pages of a range up to end, from keys, its first page
+// on: the next page of a full one is read while its clears run (see
+// readAhead), starting just after its last key, so markers that stay
+// (failed clears) are not read again in the pass.
+func (s *Sweep) walk(ctx context.Context, p *passState, keys [][]byte, end []byte) error {
+	for len(keys) > 0 {
+		p.ahead = readAhead{}
+		if len(keys) == s.pageSize {
+			p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
+			p.ahead = readAhead{from: p.buf.after, end: end, want: true}
+		}
+		err := s.finishPage(ctx, p, keys, s.preparePage(p, keys))
+		if err == nil {
+			err = p.ahead.err // a failure of the page comes first
+		}
+		if err != nil {
+			return err
+		}
+		keys = p.ahead.keys
+		p.ahead = readAhead{}
+	}
+	return nil
+}
+
+// readAhead is the read of the page after the current one, made while the
+// current page's clears run.
+type readAhead struct {
+	from, end []byte // the range to read, when want
+	want      bool
+	done      bool
+	keys      [][]byte
+	err       error
+}
+
+// readAhead reads the next page, if the current one has one and it was not
+// read yet. Every way through a page calls it, once its clears run.
+func (s *Sweep) readAhead(ctx context.Context, p *passState) {
+	a := &p.ahead
+	if !a.want || a.done {
+		return
+	}
+	a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
+	a.done = true
+}
+
+// retryPass handles the markers of the retry range whose retry is due:
+// markers whose clear failed before, moved there with the time of their
+// next try. Most passes find none, in one Scan of one key, which also
+// tells when the next one falls due.
+func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
+	p.inRetry = true
+	defer func() { p.inRetry = false }()
+	// Due, like a marker, once strictly past: at < start, in whole ms.
+	p.retryDueMs = p.start.UnixMilli()
+	if time.UnixMilli(p.retryDueMs).Before(p.start) {
+		p.retryDueMs++
+	}
+	first, err := s.scan(ctx, p, s.retryLower, s.retryUpper, 1)
+	if err != nil || len(first) == 0 {
+		return err
+	}
+	if k, _, err := parseRetryKey(s.prefix, retryInfix, first[0]); err == nil && k.at >= p.retryDueMs {
+		s.noteRetry(p, time.UnixMilli(k.at))
+		return nil
+	}
+	dueKey := appendTimestamp(append(p.buf.dueKey[:0], s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
+	p.buf.dueKey = dueKey
+	// Something is due, or a key that is no retry marker comes first:
+	// the pages handle both (malformed keys deleted, foreign ones counted).
+	keys, err := s.scan(ctx, p, s.retryLower, dueKey, s.pageSize)
+	if err == nil {
+		err = s.walk(ctx, p, keys, dueKey)
+	}
+	if err != nil {
+		return err
+	}
+	if at, found, err := s.nextRetry(ctx, p, dueKey); err != nil || !found {
+		return err
+	} else {
+		s.noteRetry(p, time.UnixMilli(at))
+	}
+	return nil
+}
+
+// nextRetry returns the retry time of the first key of the retry range
+// from start that parses, reading one key when that is it, as it nearly
+// always is, else stepping over the others a page at a time.
+func (s *Sweep) nextRetry(ctx context.Context, p *passState, start []byte) (at int64, found bool, err error) {
+	for limit := 1; ; limit = s.pageSize {
+		keys, err := s.scan(ctx, p, start, s.retryUpper, limit)
+		if err != nil {
+			return 0, false, err
+		}
+		for _, key := range keys {
+			if k, _, err := parseRetryKey(s.prefix, retryInfix, key); err == nil {
+				return k.at, true, nil
+			}
+		}
+		if len(keys) < limit {
+			return 0, false, nil
+		}
+		start = keyAfter(keys[len(keys)-1])
+	}
+}
+
+// dueEnd returns the exclusive end of the range of markers due before
+// cutoffMs: the prefix followed by cutoffMs as a timestamp.
+func (s *Sweep) dueEnd(cutoffMs int64) []byte {
+	return appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMs))
+}
+
+// keyAfter returns the first key after key in byte order, where the read
+// of the next page starts.
+func keyAfter(key []byte) []byte {
+	return append(append([]byte(nil), key...), 0)
+}
+
+// cutoffMillis returns the smallest whole millisecond not before cutoff: a
+// marker of ts milliseconds is expired iff ts is below it.
+func cutoffMillis(cutoff time.Time) int64 {
+	switch {
+	case cutoff.Before(epoch):
+		return 0
+	case cutoff.After(MaxMarkerTime):
+		return maxMarkerMs + 1
+	}
+	ms := cutoff.UnixMilli()
+	if time.UnixMilli(ms).Before(cutoff) {
+		ms++
+	}
+	return ms
+}
+
+// peek reads the first marker past the expired range to set st.NextDue. It
+// reads one key when that is a marker, as it nearly always is; foreign and
+// malformed keys there are stepped over a page at a time, and the malformed
+// ones deleted. It reports whether the first key it read was a marker (or
+// none was there).
+func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) {
+	st := p.st
+	from, limit := p.cutoffKey, 1
+	clean = true
+	for {
+		keys, err := s.scan(ctx, p, from, s.upper, limit)
+		if err != nil {
+			return false, err
+		}
+		var del [][]byte
+		found := false
+		for _, key := range keys {
+			ms, isForeign, err := s.parseNext(key)
+			switch {
+			case isForeign:
+				st.Foreign++
+				p.notes.noteForeign(key)
+				clean = false
+				continue
+			case err != nil:
+				st.Malformed++
+				p.notes.noteMalformed(err)
+				del = append(del, key)
+				clean = false
+				continue
+			}
+			st.NextDue = earliest(st.NextDue, time.UnixMilli(ms).Add(s.retention))
+			found = true
+			break
+		}
+		if len(del) > 0 && !s.dryRun {
+			if err := s.delete(ctx, p, del); err != nil {
+				return false, err
+			}
+		}
+		if found || len(keys) < limit {
+			return clean, nil
+		}
+		from = keyAfter(keys[len(keys)-1])
+		limit = s.pageSize
+	}
+}
+
+// parseNext parses a key read past the expired range (see peek and
+// stillIdle): a marker, a foreign key, or a malformed one (err). An id
+// whose Config.ValidateID panicked is not known to be malformed: its key
+// counts as a marker.
+func (s *Sweep) parseNext(key []byte) (ms int64, foreign bool, err error) {
+	ms, id, foreign, err := parseKey(s.prefix, key)
+	if err == nil {
+		if err = s.checkIDBytes(key, id); errors.Is(err, errValidatePanicked) {
+			err = nil
+		}
+	}
+	return ms, foreign, err
+}
+
+// stillIdle reports whether the range of markers holds nothing expired,
+// from its first key alone, when the last pass found nothing expired: most
+// passes of a quiet sweep then read one key in one Scan, where the expired
+// range and the key past it take two. That key must be a marker (neither
+// foreign nor malformed) and not expired; else the pass reads the range as
+// usual, one Scan more than without the guess.
+func (s *Sweep) stillIdle(ctx context.Context, p *passState) (bool, error) {
+	if !s.idle {
+		return false, nil
+	}
+	keys, err := s.scan(ctx, p, s.lower, s.upper, 1)
+	if err != nil || len(keys) == 0 {
+		return err == nil, err
+	}
+	ms, _, err := s.parseNext(keys[0])
+	if err != nil || ms < p.cutoffMs {
+		s.idle = false
+		return false, nil
+	}
+	p.st.NextDue = time.UnixMilli(ms).Add(s.retention)
+	return true, nil
+}
+
+// earliest returns the earlier of a and b, where the zero time means none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
