@@ -436,15 +436,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		}
 		return nil
 	case b.ctx.Err() != nil:
-		// The pass is over: the markers stay for the next one, whose calls
-		// commit only where they are still there. A call that committed
-		// as the pass was cut short is counted all the same, when a read
-		// outside the pass's context tells.
-		rctx, cancel := withTimeout(context.WithoutCancel(b.ctx), b.s.storeTimeout)
-		defer cancel()
-		if left, cerr := b.left(rctx, keys); cerr == nil {
-			b.markGone(idx, left)
-		}
+		b.cutShort(idx, keys)
 		return err
 	case errors.As(err, &perID):
 		if err := b.named(perID, idx); err != nil {
@@ -478,6 +470,24 @@ func (b *batching) tryAtomic(idx []int) error {
 	case errors.Is(err, ErrLeaseLost):
 		return err
 	}
+	return b.unknown(idx, keys, err)
+}
+
+// cutShort marks gone the items at idx of an atomic call that failed as
+// the pass was cut short. Their markers stay for the next pass, whose calls
+// commit only where they are still there; one that committed as the pass
+// ended is counted, when a read outside the pass's context tells.
+func (b *batching) cutShort(idx []int, keys [][]byte) {
+	rctx, cancel := withTimeout(context.WithoutCancel(b.ctx), b.s.storeTimeout)
+	defer cancel()
+	if left, err := b.left(rctx, keys); err == nil {
+		b.markGone(idx, left)
+	}
+}
+
+// unknown settles the items at idx of an atomic call that failed with err,
+// which may have committed (a timeout, a lost connection).
+func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 	// The call may have committed without the sweep hearing of it (a
 	// timeout, a lost connection), or another replica's may have: the
 	// markers left say which. Markers are deleted only with their

@@ -90,28 +90,7 @@ func (l *loop) run(ctx context.Context) error {
 			l.log.Error("retention: pass failed", "error", err, "retry_in", wait)
 		} else {
 			failures = 0
-			wait = l.interval()
-			progress := false
-			for i, m := range l.members {
-				if m.dryRun {
-					// Its due markers stay due: the next dry pass would
-					// find them all again at once.
-					continue
-				}
-				wait = min(wait, m.untilDue(stats[i]))
-				progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried+stats[i].Held+stats[i].Duplicates > 0
-			}
-			switch {
-			case wait <= 0 && !progress:
-				// Due, yet the pass found nothing to do: the store or the
-				// clock disagrees with the sweep. Do not spin on it.
-				wait = minWait
-			case progress:
-				// Steady traffic: one pass per MinInterval clears what fell
-				// due meanwhile, rather than a pass per marker or two.
-				wait = max(wait, l.minInterval())
-			}
-			if err := sleep(ctx, l.jittered(wait)); err != nil {
+			if err := sleep(ctx, l.jittered(l.nextWait(stats))); err != nil {
 				return err
 			}
 			continue
@@ -120,6 +99,34 @@ func (l *loop) run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// nextWait is how long the loop waits after passes that succeeded with
+// stats, one per member: until the first marker falls due, at most an
+// interval, at least MinInterval after passes that changed something.
+func (l *loop) nextWait(stats []Stats) time.Duration {
+	wait := l.interval()
+	progress := false
+	for i, m := range l.members {
+		if m.dryRun {
+			// Its due markers stay due: the next dry pass would find them
+			// all again at once.
+			continue
+		}
+		wait = min(wait, m.untilDue(stats[i]))
+		progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried+stats[i].Held+stats[i].Duplicates+stats[i].Gone > 0
+	}
+	switch {
+	case wait <= 0 && !progress:
+		// Due, yet the pass found nothing to do: the store or the clock
+		// disagrees with the sweep. Do not spin on it.
+		return minWait
+	case progress:
+		// Steady traffic: one pass per MinInterval clears what fell due
+		// meanwhile, rather than a pass per marker or two.
+		return max(wait, l.minInterval())
+	}
+	return wait
 }
 
 // sleep waits d lengthened by the jitter, but at least minWait: whatever

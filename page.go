@@ -121,86 +121,95 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, ite
 	return err
 }
 
-// parsePage sorts the keys of a page into items: markers to clear (pending),
-// malformed and foreign keys. It stops at a marker that is not expired,
-// which only a KV that breaks Scan's end bound returns.
+// parsePage sorts the keys of a page into items, each with its first
+// outcome (see classify). It stops at a marker that is not expired (or a
+// retry not due), which only a KV that breaks Scan's end bound returns.
 func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
-	items := s.items[:0]
-	ids := s.ids[:0]
+	items, ids := s.items[:0], s.ids[:0]
 	for _, key := range keys {
-		var (
-			ms, at     int64
-			lagMs      = int64(-1) // -1: ms
-			id         []byte
-			isForeign  bool
-			err        error
-			attempts   int
-			kind       byte
-			notExpired bool
-		)
-		if p.inRetry {
-			var k retryKey
-			k, isForeign, err = parseRetryKey(s.prefix, retryInfix, key)
-			ms, at, id, attempts, kind = k.finished, k.at, k.id, k.attempts, k.kind
-			if err == nil && at >= p.retryDueMs {
-				break // only a KV that breaks Scan's end bound returns it
-			}
-			lagMs = ms
-			if kind&keyDeadline != 0 {
-				// Due at its deadline (ms) whatever the Retention, and
-				// late from then.
-				lagMs = max(ms-s.retention.Milliseconds(), 0)
-			} else {
-				// A Retention raised since the marker failed (or was
-				// held): it is not expired any more, and stays until it is.
-				notExpired = err == nil && ms >= p.cutoffMs
-			}
-			if kind&keyHeld != 0 {
-				// Late from the hold's end, when that is after the due
-				// time.
-				lagMs = max(at-s.retention.Milliseconds(), lagMs)
-			}
-		} else {
-			ms, id, isForeign, err = parseKey(s.prefix, key)
-			if err == nil && ms >= p.cutoffMs {
-				// Clearing this marker would delete state before its
-				// retention ran out.
-				break
-			}
+		it, id, ok := s.classify(p, key)
+		if !ok {
+			break
 		}
-		var h uint32
-		if err == nil {
-			// The default rule runs on the bytes, before any string
-			// exists.
-			if s.validate == nil && !validID(id) {
-				err = malformed(key, "id", validateIDBytes(id))
-			} else {
-				h = s.seen.hash(id)
-			}
-		}
-		out := pending
-		switch {
-		case isForeign:
-			out = foreign
-		case err != nil:
-			out = bad
-		case notExpired:
-			out = unexpired
-		}
-		if lagMs < 0 {
-			lagMs = ms
-		}
-		it := item{ms: ms, lagMs: lagMs, kind: kind, err: err, out: out, attempts: int32(attempts), lo: int32(len(ids))}
-		if out == pending {
+		it.lo = int32(len(ids))
+		if it.out == pending {
 			ids = append(ids, id...)
-			it.hash = h
+			it.hash = s.seen.hash(id)
 		}
 		it.hi = int32(len(ids))
 		items = append(items, it)
 	}
-	s.ids = ids
+	s.items, s.ids = items, ids
 	// One string holds the page's ids, which Clear gets substrings of.
-	all := string(ids)
+	s.nameIDs(keys, items, string(ids))
+	return items
+}
+
+// classify parses key, of the expired range or of the due part of the
+// retry range, into an item with its first outcome: pending (a marker to
+// clear), foreign, bad (its time or id refused) or unexpired. It is the
+// only place a marker gets its first outcome. ok is false for a key past
+// the range's end.
+func (s *Sweep) classify(p *passState, key []byte) (it item, id []byte, ok bool) {
+	var isForeign, notExpired bool
+	var err error
+	if p.inRetry {
+		var k retryKey
+		k, isForeign, err = parseRetryKey(s.prefix, retryInfix, key)
+		if err == nil && k.at >= p.retryDueMs {
+			return it, nil, false
+		}
+		it = item{ms: k.finished, lagMs: s.retryLag(k), kind: k.kind, attempts: int32(k.attempts)}
+		// A Retention raised since the marker failed (or was held): it is
+		// not expired any more, and stays until it is. A deadline key is
+		// due at its deadline whatever the Retention.
+		notExpired = err == nil && k.kind&keyDeadline == 0 && k.finished >= p.cutoffMs
+		id = k.id
+	} else {
+		var ms int64
+		ms, id, isForeign, err = parseKey(s.prefix, key)
+		if err == nil && ms >= p.cutoffMs {
+			// Clearing this marker would delete state before its
+			// retention ran out.
+			return it, nil, false
+		}
+		it = item{ms: ms, lagMs: ms}
+	}
+	if err == nil && s.validate == nil && !validID(id) {
+		// The default rule runs on the bytes, before any string exists.
+		err = malformed(key, "id", validateIDBytes(id))
+	}
+	switch {
+	case isForeign:
+		it.out = foreign
+	case err != nil:
+		it.out = bad
+	case notExpired:
+		it.out = unexpired
+	}
+	it.err = err
+	return it, id, true
+}
+
+// retryLag returns the time, in Unix ms, that the lag of the marker of the
+// retry-range key k counts from: its finish time; for a deadline key, the
+// deadline less Retention; for a held one, the hold's end less Retention
+// when that is later.
+func (s *Sweep) retryLag(k retryKey) int64 {
+	lag := k.finished
+	if k.kind&keyDeadline != 0 {
+		lag = max(k.finished-s.retention.Milliseconds(), 0)
+	}
+	if k.kind&keyHeld != 0 {
+		lag = max(k.at-s.retention.Milliseconds(), lag)
+	}
+	return lag
+}
+
+// nameIDs gives each pending item of the page its id, a substring of all,
+// checks it by Config.ValidateID, and marks each further marker of an id a
+// duplicate of the page's first.
+func (s *Sweep) nameIDs(keys [][]byte, items []item, all string) {
 	s.seen.startPage(len(items))
 	for i := range items {
 		it := &items[i]
@@ -222,8 +231,6 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 			s.seen.probe(items, i)
 		}
 	}
-	s.items = items
-	return items
 }
 
 // item is one key of a page on its way through a pass; items[i] stands for

@@ -239,6 +239,3 @@ func TestClearCtx(t *testing.T) {
 		})
 	})
 }
-
-
-
