@@ -1,0 +1,402 @@
+// Inspection: what an admin page or a CLI asks of a sweep (Backlog, Due,
+// Parked, Requeue), read from the store by one reader of the three ranges
+// (readRanges) and one rule of what a retry-range key stands for
+// (retryKey.state).
+
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Backlog tells how far behind a sweep is: what Sweep.Backlog found due and
+// not yet cleared. The zero value means nothing is due.
+type Backlog struct {
+	// OldestID is the id of the oldest marker that is due and not cleared
+	// yet, and OldestDue when it fell due (its marker time plus Retention).
+	// Empty and zero when none is due.
+	OldestID  string
+	OldestDue time.Time
+
+	// Age is how long past due that marker was when Backlog read the
+	// clock: the figure to alert on. Zero when none is due.
+	Age time.Duration
+
+	// Due is how many due markers Backlog counted that were not tried yet,
+	// at most the limit it was given.
+	Due int
+
+	// Retrying is how many markers wait in the retry range: their clear
+	// failed and they are tried again later (see Config.RetryDelay). Their
+	// entities are due already, so the oldest of them counts for OldestID,
+	// OldestDue and Age like the others: an id that keeps failing makes
+	// the backlog grow older. At most the limit.
+	Retrying int
+
+	// RetryingAge is how long past due the oldest of the retrying markers'
+	// entities was when Backlog read the clock: the figure to alert on for
+	// stuck ids. Zero when none is retrying. The retry range is in the
+	// order of the next retry, and an id that keeps failing waits longest:
+	// when More is set, the oldest may be among the markers not read.
+	RetryingAge time.Duration
+
+	// Held is how many markers wait for a hold's end (see Hold) or for a
+	// deadline of their own (see DeadlineKey), at most the limit: they are
+	// not late, and do not count in Age. One whose time came counts as
+	// due, from that time.
+	Held int
+
+	// Parked is how many markers are parked after Config.MaxAttempts failed
+	// clears, at most the limit: they are never cleared until requeued
+	// (Sweep.Requeue), and do not count in Age.
+	Parked int
+
+	// More reports that there may be more markers than Due, Retrying,
+	// Held or Parked: a limit was reached, or foreign keys filled the reads
+	// Backlog allows itself.
+	More bool
+}
+
+// backlogScans bounds the Scan calls of one Backlog: foreign keys in front
+// of the markers cost reads, and a health check must stay cheap.
+const backlogScans = 4
+
+// Prefix returns the sweep's Config.Prefix.
+func (s *Sweep) Prefix() string { return s.prefix }
+
+// Backlog tells how far behind the sweep is, for a readiness probe or an
+// alert: the oldest marker that is due and not yet cleared, how long past
+// due it is, and how many markers are due, retrying and parked, counting
+// each up to limit (1 to MaxPageSize; a limit out of that range is an
+// error, so that 0 is not taken for "no limit"). It reads each of the
+// three ranges through at most four Scan calls of at most limit+1 keys
+// each, never a whole range, whatever the number of markers, and may run
+// while a pass does.
+//
+// A marker waiting out a retry delay in memory (on a KV that cannot write)
+// counts as due; one rescheduled by the sweep counts as retrying, from
+// its entity's due time. Malformed markers and foreign keys are skipped.
+func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
+	var b Backlog
+	if err := s.inspectable(ctx, "Backlog", limit); err != nil {
+		return b, err
+	}
+	now := s.clock.Now()
+	more, err := s.readRanges(ctx, now, limit, func(m DueMarker) bool {
+		late := m.Due.Before(now) // not when a Retention raised since says not yet
+		switch {
+		case m.State == StateParked:
+			b.Parked++
+			return true
+		case m.State == StateRetrying:
+			b.Retrying++
+			if late {
+				b.RetryingAge = max(b.RetryingAge, now.Sub(m.Due))
+			}
+		case m.State == StateDue && late:
+			b.Due++
+		default:
+			b.Held++ // a hold not over, or a deadline not reached
+			return true
+		}
+		if late && (b.OldestID == "" || m.Due.Before(b.OldestDue)) {
+			b.OldestID, b.OldestDue, b.Age = m.ID, m.Due, now.Sub(m.Due)
+		}
+		return true
+	})
+	if err != nil {
+		return Backlog{}, err
+	}
+	b.More = more
+	return b, nil
+}
+
+// inspectable checks a call of Backlog or Due (named what) before it reads.
+func (s *Sweep) inspectable(ctx context.Context, what string, limit int) error {
+	if err := s.configured(what); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if limit < 1 || limit > MaxPageSize {
+		return fmt.Errorf("retention: %s's limit must be 1 to %d, got %d", what, MaxPageSize, limit)
+	}
+	return nil
+}
+
+// readRanges reads, for Backlog and Due, the expired range and the retry
+// and parked ranges, each through backlogRange, and passes each marker that
+// parses and whose id the sweep's rule accepts to visit, as a DueMarker with
+// its state at now; visit reports whether it counted the marker. Malformed
+// markers and foreign keys are skipped. It reports whether any range may
+// hold more than it read.
+func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit func(DueMarker) bool) (more bool, err error) {
+	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
+	more, err = s.backlogRange(ctx, s.lower, cutoffKey, limit, func(key []byte) bool {
+		ms, id, isForeign, err := parseKey(s.prefix, key)
+		if isForeign || err != nil || s.checkIDBytes(key, id) != nil {
+			return false
+		}
+		return visit(DueMarker{ID: string(id), Due: time.UnixMilli(ms).Add(s.retention), State: StateDue})
+	})
+	for _, infix := range []byte{retryInfix, parkedInfix} {
+		if err != nil {
+			return false, err
+		}
+		lower, upper := infixRange(s.prefix, infix)
+		var m bool
+		m, err = s.backlogRange(ctx, lower, upper, limit, func(key []byte) bool {
+			k, isForeign, err := parseRetryKey(s.prefix, infix, key)
+			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
+				return false
+			}
+			d := DueMarker{ID: string(k.id), Attempts: k.attempts, Due: s.keyDue(k), State: StateParked}
+			if infix == retryInfix {
+				d.Due, d.State, d.Next = s.retryState(k, now)
+			}
+			return visit(d)
+		})
+		more = more || m
+	}
+	return more, err
+}
+
+// backlogRange reads [from, end) for Backlog, passing each key to count,
+// which reports whether it counted it, until limit keys counted. It
+// reports whether there may be more.
+func (s *Sweep) backlogRange(ctx context.Context, from, end []byte, limit int, count func([]byte) bool) (more bool, err error) {
+	n := 0
+	for range backlogScans {
+		keys, err := s.scanKV(ctx, s.kv, from, end, limit+1)
+		if err != nil {
+			return false, err
+		}
+		for _, key := range keys {
+			if n == limit {
+				return true, nil
+			}
+			if count(key) {
+				n++
+			}
+		}
+		if len(keys) <= limit {
+			return false, nil // a short page: the range is read to its end
+		}
+		from = keyAfter(keys[len(keys)-1])
+	}
+	return true, nil
+}
+
+// MarkerState is where a marker Sweep.Due lists stands.
+type MarkerState uint8
+
+const (
+	// StateDue is a marker past its due time that a pass clears next.
+	StateDue MarkerState = iota + 1
+	// StateRetrying is a marker whose clear failed, waiting for its retry.
+	StateRetrying
+	// StateHeld is a marker whose clear returned Hold, waiting for the
+	// hold's end.
+	StateHeld
+	// StateParked is a marker parked after Config.MaxAttempts failed
+	// clears, waiting for Sweep.Requeue.
+	StateParked
+
+	// stateWaiting is a marker with a deadline of its own not reached
+	// yet: not due, so Due lists none; Backlog counts it as held.
+	stateWaiting
+)
+
+// String returns "due", "retrying", "held" or "parked".
+func (m MarkerState) String() string {
+	switch m {
+	case StateDue:
+		return "due"
+	case StateRetrying:
+		return "retrying"
+	case StateHeld:
+		return "held"
+	case StateParked:
+		return "parked"
+	}
+	return fmt.Sprintf("MarkerState(%d)", uint8(m))
+}
+
+// DueMarker is a marker Sweep.Due found due and not cleared yet.
+type DueMarker struct {
+	ID string
+	// Due is when the entity fell due: its finish time plus Retention, or
+	// the deadline of its own (DeadlineKey).
+	Due   time.Time
+	State MarkerState
+	// Attempts is how many clears of it failed in a row, as its marker
+	// records (retrying and parked markers); 0 otherwise.
+	Attempts int
+	// Next is when a pass tries it again: a retrying marker's retry time
+	// or a held marker's hold's end. Zero for due and parked markers.
+	Next time.Time
+}
+
+// Due lists up to limit (1 to MaxPageSize) markers that are due and not
+// cleared yet, the longest overdue first, with their state: due (a pass
+// clears it next), retrying, held or parked. It is for an admin page or a
+// CLI: what the sweep will delete, what is stuck and why. It reads the
+// expired range and the retry and parked ranges, each through at most four
+// Scan calls of at most limit+1 keys, so with more than limit markers in
+// a range the list holds the first of each range by key order: the oldest
+// due ones, the earliest retries, the oldest parked. A marker with a
+// deadline of its own not reached yet is not due and is not listed. It
+// reads the store only: a retry delay kept in memory (on a KV that cannot
+// write) shows as due. It may run while a pass does.
+func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
+	if err := s.inspectable(ctx, "Due", limit); err != nil {
+		return nil, err
+	}
+	now := s.clock.Now()
+	var out []DueMarker
+	if _, err := s.readRanges(ctx, now, limit, func(m DueMarker) bool {
+		if m.Due.After(now) || m.State == stateWaiting {
+			return false // not due: a deadline ahead, or a Retention raised since
+		}
+		out = append(out, m)
+		return true
+	}); err != nil {
+		return nil, err
+	}
+	slices.SortStableFunc(out, func(a, b DueMarker) int { return a.Due.Compare(b.Due) })
+	return out[:min(len(out), limit)], nil
+}
+
+// retryState tells what a key k of the retry range stands for at now: when
+// its entity fell (or falls) due, its state (see retryKey.state), and when
+// a pass tries it next (zero when that is the next pass). Retries and holds
+// fall due at their finish time plus Retention (a hold's end does not make
+// its entity due any later: it only puts the clear off); a deadline key at
+// its deadline, whatever the Retention.
+func (s *Sweep) retryState(k retryKey, now time.Time) (due time.Time, state MarkerState, next time.Time) {
+	due, state = s.keyDue(k), k.state(now)
+	if next = time.UnixMilli(k.at); !next.After(now) {
+		next = time.Time{}
+	}
+	return due, state, next
+}
+
+// keyDue returns when the entity of a retry- or parked-range key fell (or
+// falls) due: its finish time plus Retention, or a deadline key's own
+// deadline, whatever the Retention.
+func (s *Sweep) keyDue(k retryKey) time.Time {
+	if k.kind&keyDeadline != 0 {
+		return time.UnixMilli(k.finished)
+	}
+	return time.UnixMilli(k.finished).Add(s.retention)
+}
+
+// ParkedMarker is a marker parked after Config.MaxAttempts failed clears:
+// see Sweep.Parked.
+type ParkedMarker struct {
+	ID       string
+	Finished time.Time // when the entity finished; it fell due Retention later
+	Attempts int       // failed clears in a row before it was parked
+}
+
+// Parked lists up to limit (1 to MaxPageSize) markers the sweep parked
+// after Config.MaxAttempts failed clears, oldest first, for an admin page
+// or a CLI. Fix what makes their clears fail, then put them back with
+// Requeue.
+func (s *Sweep) Parked(ctx context.Context, limit int) ([]ParkedMarker, error) {
+	if err := s.configured("Parked"); err != nil {
+		return nil, err
+	}
+	if limit < 1 || limit > MaxPageSize {
+		return nil, fmt.Errorf("retention: Parked's limit must be 1 to %d, got %d", MaxPageSize, limit)
+	}
+	var out []ParkedMarker
+	err := s.eachParked(ctx, func(key []byte, k retryKey) (bool, error) {
+		out = append(out, ParkedMarker{ID: string(k.id), Finished: time.UnixMilli(k.finished), Attempts: k.attempts})
+		return len(out) < limit, nil
+	})
+	return out, err
+}
+
+// Requeue puts the parked markers of ids back (see Parked): each moves to
+// the retry range, due at once with no failed attempt counted, and the
+// next pass clears it. It returns how many it put back; an id with no
+// parked marker is not an error. It reads the whole parked range, a page
+// at a time.
+func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
+	if err := s.configured("Requeue"); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, errors.New("retention: Requeue needs the ids of the parked markers to put back")
+	}
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	mover, _ := s.kv.(Mover)
+	putter, _ := s.kv.(Putter)
+	if mover == nil && putter == nil {
+		return 0, fmt.Errorf("retention: Requeue: the KV (%T) can neither Move nor Put", s.kv)
+	}
+	var from, to [][]byte
+	// Due for the next pass: strictly before now.
+	nowMs := max(s.clock.Now().UnixMilli()-1, 0)
+	err := s.eachParked(ctx, func(key []byte, k retryKey) (bool, error) {
+		if want[string(k.id)] {
+			from = append(from, key)
+			to = append(to, appendRetryKey(nil, s.prefix, k.kind, nowMs, k.finished, 0, string(k.id)))
+		}
+		return true, nil
+	})
+	if err != nil || len(from) == 0 {
+		return 0, err
+	}
+	cctx, cancel := withTimeout(ctx, s.storeTimeout)
+	defer cancel()
+	if mover != nil {
+		if err := mover.Move(cctx, from, to); err != nil {
+			return 0, s.storeErr(ctx, cctx, "requeue parked markers", err)
+		}
+		return len(from), nil
+	}
+	for i := range from {
+		if err := putter.Put(cctx, to[i], nil); err != nil {
+			return i, s.storeErr(ctx, cctx, "requeue a parked marker", err)
+		}
+		if err := s.kv.Delete(cctx, from[i]); err != nil {
+			return i, s.storeErr(ctx, cctx, "requeue a parked marker", err)
+		}
+	}
+	return len(from), nil
+}
+
+// eachParked calls f for each well-formed key of the parked range, in
+// order, until f returns false or an error.
+func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) (bool, error)) error {
+	from, end := infixRange(s.prefix, parkedInfix)
+	for {
+		keys, err := s.scanKV(ctx, s.kv, from, end, s.pageSize)
+		if err != nil {
+			return err
+		}
+		for _, key := range keys {
+			k, isForeign, err := parseRetryKey(s.prefix, parkedInfix, key)
+			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
+				continue
+			}
+			if more, err := f(key, k); !more || err != nil {
+				return err
+			}
+		}
+		if len(keys) < s.pageSize {
+			return nil
+		}
+		from = keyAfter(keys[len(keys)-1])
+	}
+}
