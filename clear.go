@@ -243,3 +243,49 @@ func (c *clearing) interrupted(cur *clearCall, r any) (again bool) {
 	go c.serve(true)
 	return false
 }
+
+// callBatch runs ClearBatch under ClearTimeout on a goroutine of its own,
+// so that a panic or a runtime.Goexit in it becomes an error of the call.
+func (s *Sweep) callBatch(ctx context.Context, ids []string) error {
+	return s.guarded(ctx, func(ctx context.Context) error { return s.clearBatch(ctx, ids) })
+}
+
+// callAtomic runs a ClearDeleter's ClearAndDelete as callBatch runs
+// ClearBatch; its own clear may panic too.
+func (s *Sweep) callAtomic(ctx context.Context, kv ClearDeleter, ids []string, keys [][]byte) error {
+	return s.guarded(ctx, func(ctx context.Context) error { return kv.ClearAndDelete(ctx, ids, keys) })
+}
+
+// guarded runs call under ClearTimeout on a goroutine of its own, turning
+// a panic or a runtime.Goexit into an error.
+func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) error {
+	cctx, cancel := withTimeout(ctx, s.clearTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		returned := false
+		defer func() {
+			if returned {
+				return
+			}
+			if r := recover(); r != nil {
+				done <- panicked(r)
+				return
+			}
+			done <- errClearExited
+		}()
+		err := call(cctx)
+		returned = true
+		done <- err
+	}()
+	err := <-done
+	if err != nil {
+		if _, perr := errorPanics(err); perr != nil {
+			err = perr
+		}
+	}
+	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.As(err, new(BatchError)) {
+		err = fmt.Errorf("%w after ClearTimeout (%v): %w", errClearTimedOut, s.clearTimeout, err)
+	}
+	return err
+}

@@ -201,3 +201,26 @@ func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 		*oldest = it.lagMs
 	}
 }
+
+// countGone counts, in a page the pass leaves without settling it, the
+// markers a ClearDeleter cleared and deleted with their entities, and
+// those found gone.
+func (s *Sweep) countGone(p *passState, items []item) {
+	oldest := int64(-1)
+	for i := range items {
+		switch it := &items[i]; it.out {
+		case clearedGone:
+			s.countCleared(p, it, &oldest)
+		case foundGone:
+			p.st.Gone++
+			s.retries.forget(it.id)
+		}
+	}
+	if oldest < 0 {
+		return
+	}
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
+	if s.obs != nil {
+		s.observeLags(items, true)
+	}
+}
