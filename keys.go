@@ -1,6 +1,7 @@
 package retention
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -116,11 +117,29 @@ func markerMillis(t time.Time) (int64, error) {
 // appendTimestamp appends ms as exactly TimestampWidth decimal digits.
 func appendTimestamp(dst []byte, ms uint64) []byte {
 	var buf [TimestampWidth]byte
-	for i := TimestampWidth - 1; i >= 0; i-- {
-		buf[i] = byte('0' + ms%10)
-		ms /= 10
-	}
+	// Three blocks of 8, 8 and 4 digits, each written two digits a step:
+	// three short chains of divisions instead of one of twenty.
+	lo, mid, hi := ms%1e8, ms/1e8%1e8, ms/1e16
+	put8(buf[12:20], lo)
+	put8(buf[4:12], mid)
+	put4(buf[0:4], hi)
 	return append(dst, buf[:]...)
+}
+
+// pairs holds the two digits of 0 to 99 at 2n and 2n+1.
+const pairs = "00010203040506070809" + "10111213141516171819" + "20212223242526272829" + "30313233343536373839" + "40414243444546474849" +
+	"50515253545556575859" + "60616263646566676869" + "70717273747576777879" + "80818283848586878889" + "90919293949596979899"
+
+// put8 writes v, below 10⁸, as 8 digits.
+func put8(b []byte, v uint64) {
+	put4(b[0:4], v/1e4)
+	put4(b[4:8], v%1e4)
+}
+
+// put4 writes v, below 10⁴, as 4 digits.
+func put4(b []byte, v uint64) {
+	hi, lo := v/100*2, v%100*2
+	b[0], b[1], b[2], b[3] = pairs[hi], pairs[hi+1], pairs[lo], pairs[lo+1]
 }
 
 // ParseMarkerKey splits a marker key written by MarkerKey into the time it
@@ -239,16 +258,20 @@ func parseBadKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, 
 	return int64(v), id, false, nil
 }
 
-// parse8 reads 8 digits.
+// parse8 reads 8 ASCII digits at once: it checks them and folds them into
+// their value in three multiplications instead of eight dependent steps.
 func parse8(b []byte) (uint64, bool) {
-	var v uint64
-	for _, c := range b[:8] {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		v = v*10 + uint64(c-'0')
+	x := binary.LittleEndian.Uint64(b)
+	const zeros, highNibbles = 0x3030303030303030, 0xF0F0F0F0F0F0F0F0
+	// Every byte must be 0x30-0x3F, and stay below 0x40 when 6 is added
+	// (no carry crosses bytes once the first test holds): '0' to '9'.
+	if x&highNibbles != zeros || (x+0x0606060606060606)&highNibbles != zeros {
+		return 0, false
 	}
-	return v, true
+	x -= zeros // the first digit is the lowest byte
+	x = (x * 10) + (x >> 8)
+	x = ((x & 0x000000FF000000FF) * (100 + 1_000_000<<32)) + (((x >> 16) & 0x000000FF000000FF) * (1 + 10_000<<32))
+	return x >> 32, true
 }
 
 // timestampError describes the first fault of a timestamp that is short or
@@ -419,14 +442,27 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 // be digits. A value past any marker time comes back as one, rather than
 // wrapped.
 func parseStamp(b []byte) (uint64, bool) {
-	var v uint64
-	for _, c := range b[:TimestampWidth] {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		if v <= uint64(maxMarkerMs) {
-			v = v*10 + uint64(c-'0')
-		}
+	if binary.LittleEndian.Uint32(b) == 0x30303030 {
+		// Every time up to MaxMarkerTime has 5 leading zeros: two blocks
+		// of 8 digits hold the rest.
+		hi, ok1 := parse8(b[4:12])
+		lo, ok2 := parse8(b[12:20])
+		return hi*100_000_000 + lo, ok1 && ok2
 	}
-	return min(v, uint64(maxMarkerMs)+1), true
+	hi, ok1 := parse8(b[0:8])
+	mid, ok2 := parse8(b[8:16])
+	var lo uint64
+	ok3 := true
+	for _, c := range b[16:TimestampWidth] {
+		d := c - '0' // a non-digit wraps past 9
+		ok3 = ok3 && d <= 9
+		lo = lo*10 + uint64(d)
+	}
+	if !ok1 || !ok2 || !ok3 {
+		return 0, false
+	}
+	if hi > uint64(maxMarkerMs)/1_000_000_000_000 {
+		return uint64(maxMarkerMs) + 1, true // hi·10¹² could wrap
+	}
+	return hi*1_000_000_000_000 + mid*10_000 + lo, true
 }
