@@ -127,8 +127,13 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, ite
 func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	items, ids := s.items[:0], s.ids[:0]
 	for _, key := range keys {
-		it, id, ok := s.classify(p, key)
+		// Classified in place: an item returned by value and copied in
+		// costs a tenth of the sweep's own work per marker.
+		items = append(items, item{})
+		it := &items[len(items)-1]
+		id, ok := s.classify(p, key, it)
 		if !ok {
+			items = items[:len(items)-1]
 			break
 		}
 		it.lo = int32(len(ids))
@@ -137,7 +142,6 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 			it.hash = s.seen.hash(id)
 		}
 		it.hi = int32(len(ids))
-		items = append(items, it)
 	}
 	s.items, s.ids = items, ids
 	// One string holds the page's ids, which Clear gets substrings of.
@@ -146,20 +150,20 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 }
 
 // classify parses key, of the expired range or of the due part of the
-// retry range, into an item with its first outcome: pending (a marker to
+// retry range, into it (a zero item) with its first outcome: pending (a marker to
 // clear), foreign, bad (its time or id refused) or unexpired. It is the
 // only place a marker gets its first outcome. ok is false for a key past
 // the range's end.
-func (s *Sweep) classify(p *passState, key []byte) (it item, id []byte, ok bool) {
+func (s *Sweep) classify(p *passState, key []byte, it *item) (id []byte, ok bool) {
 	var isForeign, notExpired bool
 	var err error
 	if p.inRetry {
 		var k retryKey
 		k, isForeign, err = parseRetryKey(s.prefix, retryInfix, key)
 		if err == nil && k.at >= p.retryDueMs {
-			return it, nil, false
+			return nil, false
 		}
-		it = item{ms: k.finished, lagMs: s.retryLag(k), kind: k.kind, attempts: int32(k.attempts)}
+		it.ms, it.lagMs, it.kind, it.attempts = k.finished, s.retryLag(k), k.kind, int32(k.attempts)
 		// A Retention raised since the marker failed (or was held): it is
 		// not expired any more, and stays until it is. A deadline key is
 		// due at its deadline whatever the Retention.
@@ -171,9 +175,9 @@ func (s *Sweep) classify(p *passState, key []byte) (it item, id []byte, ok bool)
 		if err == nil && ms >= p.cutoffMs {
 			// Clearing this marker would delete state before its
 			// retention ran out.
-			return it, nil, false
+			return nil, false
 		}
-		it = item{ms: ms, lagMs: ms}
+		it.ms, it.lagMs = ms, ms
 	}
 	if err == nil && s.validate == nil && !validID(id) {
 		// The default rule runs on the bytes, before any string exists.
@@ -188,7 +192,7 @@ func (s *Sweep) classify(p *passState, key []byte) (it item, id []byte, ok bool)
 		it.out = unexpired
 	}
 	it.err = err
-	return it, id, true
+	return id, true
 }
 
 // retryLag returns the time, in Unix ms, that the lag of the marker of the
