@@ -56,24 +56,16 @@ type Config struct {
 
 	// ClearBatch, set instead of Clear, clears the entities of many ids in
 	// one call: up to BatchSize ids of one page, oldest first. It returns
-	// nil when every id is cleared, and a BatchError to report ids one by
-	// one (ids of the batch not in it were cleared; one that names an id
-	// not in the batch fails the call as a whole). Every rule of Clear
-	// holds per id: idempotent, a marker deleted only once its id is
-	// cleared, failures retried after RetryDelay. Any other error, a panic, a timeout or a
-	// runtime.Goexit fails the call as a whole: the sweep then tries each
-	// half of the batch and splits further each half that fails, so each
-	// id that always fails costs about 2·log2(BatchSize) more calls and
-	// keeps no other id from being cleared; it goes alone afterwards. When
-	// the calls of a pass fail about log2(BatchSize)-2 times in a row, the
-	// sweep tries a few ids alone, and when none succeeds the fault is
-	// taken to be no one id's (a dependency is down): the batch costs at
-	// most log2(BatchSize)+2 calls, the ids not tried wait out their retry
-	// delay instead of being called one by one, and each later batch of
-	// the pass costs one call until one succeeds.
-	// An error wrapping ErrLiveAgain for the whole call drops every marker
-	// of the batch. ClearTimeout bounds each call; Concurrency is the
-	// number of batches in flight.
+	// nil when every id is cleared, or a BatchError naming the ids that are
+	// not (the others are; a BatchError naming an id not in the batch fails
+	// the call). Every rule of Clear holds per id. Any other error, a
+	// panic, a timeout or a runtime.Goexit fails the call as a whole: the
+	// sweep then bisects the batch to find the ids at fault, which go alone
+	// afterwards, and when ids tried alone fail too it takes a dependency
+	// to be down and puts the batch off (see the README, "When some clears
+	// fail"). An error wrapping ErrLiveAgain for the whole call drops every
+	// marker of the batch. ClearTimeout bounds each call; Concurrency is
+	// the number of batches in flight.
 	ClearBatch func(ctx context.Context, ids []string) error
 
 	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets; a
@@ -100,17 +92,13 @@ type Config struct {
 	// DefaultRetryDelay and MaxRetryDelay zero means DefaultMaxRetryDelay;
 	// otherwise 1ms <= RetryDelay <= MaxRetryDelay.
 	//
-	// On a KV that is a Mover, the sweep reschedules the marker: it moves
-	// it, in one atomic step, to the sweep's retry range, with a time that
-	// makes it fall due after the wait, so passes in between do not read
-	// it again and no crash leaves two markers of one id. The rescheduled
-	// marker keeps the entity's finish time and the count of failed
-	// attempts, so lag, Backlog and the backoff count from the real due
-	// time, across restarts. On any other KV the wait is kept in memory and
-	// the marker is skipped, unread by Clear, until it is over; after a
-	// restart such an id starts again at RetryDelay. An id
-	// put off untried because the dependency seemed down (see ClearBatch)
-	// backs off the same way but counts no attempt of its own.
+	// On a KV that is a Mover, the marker moves to the sweep's retry range,
+	// due after the wait, keeping the entity's finish time and its count
+	// of failed attempts (so lag, Backlog and the backoff survive
+	// restarts). On any other KV the wait is kept in memory, and a restart
+	// starts the id again at RetryDelay. An id put off untried because the
+	// dependency seemed down (see ClearBatch) backs off the same way but
+	// counts no attempt of its own.
 	RetryDelay    time.Duration
 	MaxRetryDelay time.Duration
 
