@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -167,19 +168,46 @@ func (a *AtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]by
 		}
 		return f.ClearAndDelete(ctx, ids, keys)
 	}
-	return a.clearAndDelete(ctx, ids, keys, a.markersSQL, nil)
+	return a.clearAndDelete(ctx, ids, keys, markerStatements{rangeSQL: a.rangeMarkersSQL, keysSQL: a.keysMarkersSQL}, nil)
 }
 
-// markerDeleteSQL is the statement that deletes the keys $1 (first $2,
-// last $3) and fails, with a message that holds markerGoneToken, unless it
-// deleted $4 rows. The failure is an integer cast of a text that is not
-// constant, so that the planner cannot raise it while folding constants.
-func markerDeleteSQL(table string) string {
-	return `WITH ` + deleteCTEs(table, "$1", "$2", "$3", "") + `,
-n AS (SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM a) AS deleted)
-SELECT CASE WHEN deleted = $4::bigint THEN 0
-	ELSE ('` + markerGoneToken + ` ' || deleted || ' of ' || $4::bigint || ' markers deleted')::int END
-FROM n`
+// rangeMarkersSQL is the statement that deletes the range of keys from $1
+// to $2, and fails unless they were exactly the $3 keys of the digest $4
+// (see keyRange), with a message that holds notRangeToken.
+func rangeMarkersSQL(table string) string {
+	return `WITH ` + rangeCTEs(table, "$1", "$2", "$3", "$4", "") + `
+SELECT ` + outcome("", "exact", notRange) + ` FROM n`
+}
+
+// keysMarkersSQL is the statement that deletes the keys $1, one lookup
+// each, and fails, with a message that holds markerGoneToken, unless it
+// deleted $2 rows.
+func keysMarkersSQL(table string) string {
+	return `WITH ` + keysCTE(table, "$1", "") + `
+SELECT ` + outcome("", "deleted = $2::bigint", markerGone("$2")) + `
+FROM (SELECT (SELECT count(*) FROM a) AS deleted) AS n`
+}
+
+// outcome is the CASE that ends a marker statement of an AtomicKV: 0 when
+// ok (an SQL condition) holds, else failure. leaseHeld, when not "", is a
+// condition checked first, that fails with leaseLostToken. A failure is an
+// integer cast of a text that is not constant, so that the planner cannot
+// raise it while folding constants.
+func outcome(leaseHeld, ok, failure string) string {
+	lease := ""
+	if leaseHeld != "" {
+		lease = `
+	WHEN NOT ` + leaseHeld + ` THEN ('` + leaseLostToken + ` ' || ` + leaseHeld + `)::int`
+	}
+	return `CASE` + lease + `
+	WHEN ` + ok + ` THEN 0
+	ELSE ` + failure + ` END`
+}
+
+// markerGone is the failure of a statement that deleted fewer markers
+// than the count placeholder says.
+func markerGone(count string) string {
+	return `('` + markerGoneToken + ` ' || deleted || ' of ' || ` + count + `::bigint || ' markers deleted')::int`
 }
 
 // markerGoneToken and leaseLostToken start the texts whose failed cast
@@ -208,32 +236,51 @@ func distinct(keys [][]byte) int {
 	return n
 }
 
-// clearAndDelete sends the statement sql, which deletes the markers (its
-// arguments lead, then keys, their first and last key and their number),
-// followed by the ClearFunc's statements, in one simple-protocol query.
-// lease, when not nil, is the lease sql checks.
-func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byte, sql string, lease *pgLease) error {
+// markerStatements are the two forms of the statement that deletes a
+// call's markers: by range and key by key. Each takes lead (the lease's
+// arguments, or none) before its own.
+type markerStatements struct {
+	rangeSQL, keysSQL string
+	lead              []any
+}
+
+// clearAndDelete sends the statement that deletes the markers followed by
+// the ClearFunc's statements, in one simple-protocol query: the range form
+// when keys are ascending, and the key-by-key form when they are not or
+// when the range form found the range's rows were not exactly keys (a
+// second round trip, which changes nothing the first did not). lease, when
+// not nil, is the lease the statements check.
+func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byte, st markerStatements, lease *pgLease) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
-	var first, last []byte
-	if len(keys) > 0 {
-		first, last = keys[0], keys[len(keys)-1]
-	}
-	markerArgs := []any{keys, first, last, distinct(keys)}
-	if lease != nil {
-		markerArgs = append([]any{lease.l.name, lease.holder, lease.fence}, markerArgs...)
-	}
+	r, isRange := rangeOf(keys)
 	// The markers go first: when one is gone, the ClearFunc's statements
 	// never run.
-	b.Queue(sql, markerArgs...)
+	if isRange {
+		b.Queue(st.rangeSQL, append(slices.Clip(st.lead), r.args()...)...)
+	} else {
+		b.Queue(st.keysSQL, append(slices.Clip(st.lead), keys, distinct(keys))...)
+	}
 	if err := a.clear(b, ids); err != nil {
 		return err
 	}
 	if b.Len() == 1 {
 		return errors.New("pgkv: the ClearFunc queued no statement")
 	}
+	err := a.send(ctx, b, lease)
+	if isRange && castFailure(err, notRangeToken) {
+		b.QueuedQueries[0].SQL = st.keysSQL
+		b.QueuedQueries[0].Arguments = append(slices.Clip(st.lead), keys, distinct(keys))
+		err = a.send(ctx, b, lease)
+	}
+	return err
+}
+
+// send runs the statements of b in one simple-protocol query and turns the
+// failures of the marker statement into their errors.
+func (a *AtomicKV) send(ctx context.Context, b *pgx.Batch, lease *pgLease) error {
 	text, args, err := joinBatch(ctx, b)
 	if err != nil {
 		return err
@@ -250,6 +297,8 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 	case lease != nil && castFailure(err, leaseLostToken):
 		lease.markLost()
 		return lease.refused(op)
+	case castFailure(err, notRangeToken):
+		return err // the caller tries again key by key
 	case castFailure(err, markerGoneToken):
 		var pgErr *pgconn.PgError
 		errors.As(err, &pgErr)
@@ -263,8 +312,8 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 // transaction when it is no longer held, so the entities stay too.
 type fencedAtomicKV struct {
 	*fencedKV
-	atomic   *AtomicKV
-	checkSQL string
+	atomic     *AtomicKV
+	statements markerStatements
 }
 
 var (
@@ -278,14 +327,18 @@ func (p *pgLease) fenceAtomic(a *AtomicKV) *fencedAtomicKV {
 	// The lease row is locked (FOR SHARE) to the end of the transaction, so
 	// a takeover waits for it to commit; the whole transaction is one
 	// Query message (see AtomicKV), so it never waits for a client.
-	return &fencedAtomicKV{fencedKV: f, atomic: a, checkSQL: `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `),
-` + fencedDeleteCTEs(a.table) + `,
-n AS (SELECT (SELECT count(*) FROM l) AS held, (SELECT count(*) FROM r) + (SELECT count(*) FROM a) AS deleted)
-SELECT CASE
-	WHEN held = 0 THEN ('` + leaseLostToken + ` ' || held)::int
-	WHEN deleted = $7::bigint THEN 0
-	ELSE ('` + markerGoneToken + ` ' || deleted || ' of ' || $7::bigint || ' markers deleted')::int END
-FROM n`}
+	with := `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `),
+`
+	held := `EXISTS (SELECT 1 FROM l)`
+	return &fencedAtomicKV{fencedKV: f, atomic: a, statements: markerStatements{
+		rangeSQL: with + rangeCTEs(a.table, "$4", "$5", "$6", "$7", held) + `
+SELECT ` + outcome("held", "exact", notRange) + `
+FROM (SELECT ` + held + ` AS held, exact, deleted FROM n) AS o`,
+		keysSQL: with + keysCTE(a.table, "$4", held) + `
+SELECT ` + outcome("held", "deleted = $5::bigint", markerGone("$5")) + `
+FROM (SELECT ` + held + ` AS held, (SELECT count(*) FROM a) AS deleted) AS n`,
+		lead: []any{p.l.name, p.holder, p.fence},
+	}}
 }
 
 func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
@@ -293,5 +346,5 @@ func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys 
 	if p.isLost() {
 		return p.refused("clear and delete from " + f.atomic.table)
 	}
-	return f.atomic.clearAndDelete(ctx, ids, keys, f.checkSQL, p)
+	return f.atomic.clearAndDelete(ctx, ids, keys, f.statements, p)
 }

@@ -300,28 +300,28 @@ func (p *pgLease) fenceKV(k *KV) *fencedKV {
 	// only when it found the row, and the query reports whether it did, so
 	// that a refusal is told apart from keys that were already gone.
 	with := `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `), `
+	held := `EXISTS (SELECT 1 FROM l)`
 	return &fencedKV{
 		kv: k, lease: p,
-		deleteSQL: with + fencedDeleteCTEs(k.table) + `
-SELECT EXISTS (SELECT 1 FROM l)`,
-		insertSQL: with + `w AS (INSERT INTO ` + k.table + ` (key) SELECT $4::bytea WHERE EXISTS (SELECT 1 FROM l) ON CONFLICT DO NOTHING)
-SELECT EXISTS (SELECT 1 FROM l)`,
-		moveSQL: with + moveCTEs(k.table, "$4", "$5", "EXISTS (SELECT 1 FROM l)") + `
-SELECT EXISTS (SELECT 1 FROM l)`,
+		// A range that held other rows fails only when the lease held:
+		// without it, nothing was deleted.
+		rangeDeleteSQL: with + rangeCTEs(k.table, "$4", "$5", "$6", "$7", held) + `
+SELECT CASE WHEN held AND NOT exact THEN ` + notRange + ` > 0 ELSE held END FROM (SELECT ` + held + ` AS held, exact, deleted FROM n) AS o`,
+		keysDeleteSQL: with + keysCTE(k.table, "$4", held) + `
+SELECT ` + held,
+		insertSQL: with + `w AS (INSERT INTO ` + k.table + ` (key) SELECT $4::bytea WHERE ` + held + ` ON CONFLICT DO NOTHING)
+SELECT ` + held,
+		moveSQL: with + moveCTEs(k.table, "$4", "$5", held) + `
+SELECT ` + held,
 	}
-}
-
-// fencedDeleteCTEs are deleteCTEs for the keys $4 (first $5, last $6),
-// taking effect only while the lease CTE l found its row.
-func fencedDeleteCTEs(table string) string {
-	return deleteCTEs(table, "$4", "$5", "$6", "EXISTS (SELECT 1 FROM l)")
 }
 
 // fencedKV is a KV whose writes take effect only while its lease holds.
 type fencedKV struct {
-	kv                            *KV
-	lease                         *pgLease
-	deleteSQL, insertSQL, moveSQL string
+	kv    *KV
+	lease *pgLease
+	// Each returns whether the lease held.
+	rangeDeleteSQL, keysDeleteSQL, insertSQL, moveSQL string
 }
 
 var (
@@ -341,7 +341,12 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	return f.write(ctx, "delete from", f.deleteSQL, keys, keys[0], keys[len(keys)-1])
+	if r, ok := rangeOf(keys); ok { // see KV.Delete
+		if err := f.write(ctx, "delete from", f.rangeDeleteSQL, r.args()...); !castFailure(err, notRangeToken) {
+			return err
+		}
+	}
+	return f.write(ctx, "delete from", f.keysDeleteSQL, keys)
 }
 
 func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {

@@ -229,7 +229,7 @@ func TestReviewHalfSentUnfencedDeleteStallsSweep(t *testing.T) {
 
 	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
 	require.NoError(t, err)
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "array_agg")
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "DELETE FROM")
 	host, port, err := net.SplitHostPort(proxy.addr())
 	require.NoError(t, err)
 	p, err := strconv.ParseUint(port, 10, 16)
