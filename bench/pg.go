@@ -347,6 +347,14 @@ func sweep(ctx context.Context, kv retention.KV, cfg retention.Config, t *Timing
 	return st.Cleared, nil
 }
 
+// AtomicBatches is the Atomic contender with batches and pages of size and
+// Concurrency conc.
+func (p *PG) AtomicBatches(size, conc int) Contender {
+	return p.Atomic(fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d", size, size, conc), retention.Config{
+		BatchSize: size, PageSize: size, Concurrency: conc,
+	})
+}
+
 // Contenders returns every PostgreSQL contender, the floor first and River
 // second: the two baselines of the table.
 func (p *PG) Contenders() []Contender {
@@ -360,16 +368,11 @@ func (p *PG) Contenders() []Contender {
 			ClearBatch: p.ClearBatchByID, BatchSize: size, PageSize: size, Concurrency: conc,
 		})
 	}
-	atomic := func(size, conc int) Contender {
-		return p.Atomic(fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d", size, size, conc), retention.Config{
-			BatchSize: size, PageSize: size, Concurrency: conc,
-		})
-	}
 	return []Contender{
 		p.Floor(), p.River(),
 		perID(1), perID(16), perID(64),
 		batched(1000, 1), batched(1000, 4), batched(10_000, 1),
-		atomic(1000, 1), atomic(1000, 4), atomic(10_000, 1),
+		p.AtomicBatches(1000, 1), p.AtomicBatches(1000, 4), p.AtomicBatches(10_000, 1),
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
 	}
 }

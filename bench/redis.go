@@ -243,6 +243,14 @@ func (r *Redis) ClearBatchByID(ctx context.Context, ids []string) error {
 	return r.rdb.Del(ctx, keys...).Err()
 }
 
+// AtomicBatches is the Atomic contender with batches of batch, pages of
+// 1,000 and Concurrency conc.
+func (r *Redis) AtomicBatches(batch, conc int) Contender {
+	return r.Atomic(fmt.Sprintf("retention batched+atomic %d, page 1000, concurrency %d", batch, conc), retention.Config{
+		BatchSize: batch, PageSize: 1000, Concurrency: conc,
+	})
+}
+
 // Contenders returns every Redis contender for a backlog of n, the floor
 // first and the janitor script second: the two baselines of the table.
 func (r *Redis) Contenders(n int) []Contender {
@@ -256,15 +264,10 @@ func (r *Redis) Contenders(n int) []Contender {
 			ClearBatch: r.ClearBatchByID, BatchSize: batch, PageSize: 1000, Concurrency: conc,
 		})
 	}
-	atomic := func(batch, conc int) Contender {
-		return r.Atomic(fmt.Sprintf("retention batched+atomic %d, page 1000, concurrency %d", batch, conc), retention.Config{
-			BatchSize: batch, PageSize: 1000, Concurrency: conc,
-		})
-	}
 	return []Contender{
 		r.Floor(n), r.Janitor(),
 		perID(1), perID(16),
 		batched(1000, 1), batched(1000, 4), batched(100, 4),
-		atomic(1000, 1), atomic(100, 4),
+		r.AtomicBatches(1000, 1), r.AtomicBatches(100, 4),
 	}
 }

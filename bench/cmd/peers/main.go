@@ -10,6 +10,10 @@
 // with fsync on (scripts/bench peers starts one). Without it, it tries
 // ALTER SYSTEM SET fsync = on on the first server, which works only when
 // fsync was not set on the server's command line.
+//
+// With -tripwire it runs instead the quick check that CI runs (scripts/bench
+// tripwire): each adapter's atomic clear against its peer on a small
+// backlog, failing when a ratio falls below -min-river or -min-asynq.
 package main
 
 import (
@@ -37,8 +41,25 @@ func main() {
 	only := flag.String("only", "pg,pg-fsync,redis", "comma-separated suites to run: pg, pg-fsync, redis")
 	match := flag.String("match", "", "run only the contenders whose name contains one of these comma-separated strings, besides the two baselines of each table")
 	profile := flag.String("profile", "", "after the rounds, run the contenders whose name contains this once more, breaking down their time and writing a CPU profile of this process to <tmp>/peers-<suite>-<k>.pprof")
+	trip := flag.Bool("tripwire", false, "run only the tripwire: each atomic clear (batches of 1,000, concurrency 1) against River and the asynq-style script, on a backlog of 50,000 (unless -n) in 3 rounds (unless -rounds), and fail when a median ratio falls below -min-river or -min-asynq")
+	minRiver := flag.Float64("min-river", 0.6, "with -tripwire: the lowest pgkv.AtomicKV / River ratio that passes")
+	minAsynq := flag.Float64("min-asynq", 0.9, "with -tripwire: the lowest rediskv.AtomicKV / asynq-style ratio that passes")
 	flag.Parse()
 	log.SetFlags(0)
+	if *trip {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["n"] {
+			*n = 50_000
+		}
+		if !set["rounds"] {
+			*rounds = 3
+		}
+		if err := tripwire(context.Background(), *n, *rounds, strings.Split(*only, ","), *minRiver, *minAsynq); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if err := run(context.Background(), *n, *rounds, strings.Split(*only, ","), *match, *profile); err != nil {
 		log.Fatal(err)
 	}
@@ -66,11 +87,11 @@ func run(ctx context.Context, n, rounds int, suites []string, match, profile str
 		var err error
 		switch s {
 		case "pg":
-			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, keep, profile)
+			_, err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, pgAll(keep), []string{"floor", "River"}, profile)
 		case "pg-fsync":
-			err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_FSYNC_DSN"), true, n, rounds, keep, profile)
+			_, err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_FSYNC_DSN"), true, n, rounds, pgAll(keep), []string{"floor", "River"}, profile)
 		case "redis":
-			err = runRedis(ctx, n, rounds, keep, profile)
+			_, err = runRedis(ctx, n, rounds, redisAll(keep, n), []string{"floor", "asynq-style"}, profile)
 		default:
 			err = fmt.Errorf("unknown suite %q", s)
 		}
@@ -81,7 +102,19 @@ func run(ctx context.Context, n, rounds int, suites []string, match, profile str
 	return nil
 }
 
-func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, keep func([]bench.Contender) []bench.Contender, profile string) error {
+// pgAll picks the PostgreSQL contenders that keep keeps; redisAll the
+// Redis ones. The first two of either are the table's baselines.
+func pgAll(keep func([]bench.Contender) []bench.Contender) func(*bench.PG) []bench.Contender {
+	return func(p *bench.PG) []bench.Contender { return keep(p.Contenders()) }
+}
+
+func redisAll(keep func([]bench.Contender) []bench.Contender, n int) func(*bench.Redis) []bench.Contender {
+	return func(r *bench.Redis) []bench.Contender { return keep(r.Contenders(n)) }
+}
+
+// runPG runs the contenders pick returns, the floor or another baseline
+// first and River second, and prints their table.
+func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, pick func(*bench.PG) []bench.Contender, labels []string, profile string) ([]bench.Result, error) {
 	restore := func() error { return nil }
 	if dsn == "" && fsync {
 		// No second server: turn fsync on in the first one, if it lets us.
@@ -89,32 +122,32 @@ func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, keep func
 		dsn = os.Getenv("RETENTION_POSTGRES_DSN")
 		if restore, err = fsyncOn(ctx, dsn); err != nil {
 			fmt.Printf("## PostgreSQL, fsync on\n\nskipped: %v\n\n", err)
-			return nil
+			return nil, nil
 		}
 	}
 	if dsn == "" {
-		return fmt.Errorf("RETENTION_POSTGRES_DSN is not set: run through ./scripts/test --exec")
+		return nil, fmt.Errorf("RETENTION_POSTGRES_DSN is not set: run through ./scripts/test --exec")
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg.MaxConns = 72 // concurrency 64, plus the sweep's own scans and deletes
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer pool.Close()
 	var version, fsyncSetting string
 	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync')`).Scan(&version, &fsyncSetting); err != nil {
-		return err
+		return nil, err
 	}
 	if fsync != (fsyncSetting == "on") {
-		return fmt.Errorf("server %s runs with fsync %s", cfg.ConnConfig.Host, fsyncSetting)
+		return nil, fmt.Errorf("server %s runs with fsync %s", cfg.ConnConfig.Host, fsyncSetting)
 	}
 	p, err := bench.NewPG(ctx, pool, fmt.Sprintf("bench_peers_%d", rand.Uint32()))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if err := p.Close(ctx); err != nil {
@@ -125,16 +158,16 @@ func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, keep func
 		}
 	}()
 	title := fmt.Sprintf("PostgreSQL %s, fsync %s", version, fsyncSetting)
-	cs := keep(p.Contenders())
-	err = report(ctx, title, cs, n, rounds, bench.Baseline{Label: "floor", Name: cs[0].Name}, bench.Baseline{Label: "River", Name: cs[1].Name})
+	cs := pick(p)
+	res, err := report(ctx, title, cs, n, rounds, labels)
 	if err != nil || profile == "" {
-		return err
+		return res, err
 	}
 	suite := "pg"
 	if fsync {
 		suite = "pg-fsync"
 	}
-	return profileRuns(ctx, suite, cs, n, profile, func(t *bench.Timing) { p.Timing = t })
+	return res, profileRuns(ctx, suite, cs, n, profile, func(t *bench.Timing) { p.Timing = t })
 }
 
 // fsyncOn turns fsync on with ALTER SYSTEM and returns how to turn it off.
@@ -179,10 +212,11 @@ func errString(err error) string {
 	return "; and resetting: " + err.Error()
 }
 
-func runRedis(ctx context.Context, n, rounds int, keep func([]bench.Contender) []bench.Contender, profile string) error {
+// runRedis is runPG for Redis.
+func runRedis(ctx context.Context, n, rounds int, pick func(*bench.Redis) []bench.Contender, labels []string, profile string) ([]bench.Result, error) {
 	addr := os.Getenv("RETENTION_REDIS_ADDR")
 	if addr == "" {
-		return fmt.Errorf("RETENTION_REDIS_ADDR is not set: run through ./scripts/test --exec")
+		return nil, fmt.Errorf("RETENTION_REDIS_ADDR is not set: run through ./scripts/test --exec")
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 72})
 	defer func() {
@@ -192,7 +226,7 @@ func runRedis(ctx context.Context, n, rounds int, keep func([]bench.Contender) [
 	}()
 	info, err := rdb.Info(ctx, "server").Result()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	version := "?"
 	for line := range strings.Lines(info) {
@@ -202,34 +236,50 @@ func runRedis(ctx context.Context, n, rounds int, keep func([]bench.Contender) [
 	}
 	r, err := bench.NewRedis(rdb, fmt.Sprintf("bench:peers:%d:", rand.Uint32()))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if err := r.Close(ctx); err != nil {
 			log.Printf("deleting the bench keys: %v", err)
 		}
 	}()
-	cs := keep(r.Contenders(n))
-	if err := report(ctx, "Redis "+version, cs, n, rounds, bench.Baseline{Label: "floor", Name: cs[0].Name}, bench.Baseline{Label: "asynq-style", Name: cs[1].Name}); err != nil || profile == "" {
-		return err
+	cs := pick(r)
+	res, err := report(ctx, "Redis "+version, cs, n, rounds, labels)
+	if err != nil || profile == "" {
+		return res, err
 	}
-	return profileRuns(ctx, "redis", cs, n, profile, func(t *bench.Timing) { r.Timing = t })
+	return res, profileRuns(ctx, "redis", cs, n, profile, func(t *bench.Timing) { r.Timing = t })
 }
 
-func report(ctx context.Context, title string, cs []bench.Contender, n, rounds int, baselines ...bench.Baseline) error {
+// report runs cs and prints their table, with a column for each of
+// labels: the ratio to the contender of that rank.
+func report(ctx context.Context, title string, cs []bench.Contender, n, rounds int, labels []string) ([]bench.Result, error) {
 	start := time.Now()
 	res, err := bench.Run(ctx, cs, n, rounds, func(round int, name string, rate float64) {
 		log.Printf("%s: round %d: %s: %s entities/s", title, round, name, bench.Rate(rate))
 	})
 	if err != nil {
-		return err
+		return nil, err
+	}
+	var baselines []bench.Baseline
+	for i, l := range labels {
+		baselines = append(baselines, bench.Baseline{Label: l, Name: cs[i].Name})
 	}
 	fmt.Printf("## %s\n\n", title)
 	if err := bench.Table(os.Stdout, res, baselines...); err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Printf("\n(%d rounds in %v, setup included)\n\n", rounds, time.Since(start).Round(time.Second))
-	return nil
+	fmt.Printf("\n(%d rounds in %v, setup included; load %s)\n\n", rounds, time.Since(start).Round(time.Second), loadavg())
+	return res, nil
+}
+
+// loadavg is the machine's load average over 1, 5 and 15 minutes, or "?".
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
 }
 
 // profileRuns runs once more every contender whose name contains match,
