@@ -68,7 +68,9 @@ type ClearFunc func(b *pgx.Batch, ids []string) error
 // lease the lease row) in an open transaction until TCP gives up, hours
 // later, and the fleet could neither take the lease over nor delete those
 // markers. A message cut off midway runs nothing. The price is that pgx
-// interpolates the arguments on the client (see ClearFunc).
+// interpolates the arguments on the client (see ClearFunc); the markers of
+// a batch that is a run of the table take two keys and a digest of text,
+// whatever the batch's size (see KV.Delete).
 type AtomicKV struct {
 	*KV
 	clear ClearFunc
