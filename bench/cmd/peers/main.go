@@ -44,6 +44,7 @@ func main() {
 	trip := flag.Bool("tripwire", false, "run only the tripwire: each atomic clear (batches of 1,000, concurrency 1) against River and the asynq-style script, on a backlog of 50,000 (unless -n) in 5 rounds (unless -rounds), and fail when a median ratio falls below -min-river or -min-asynq")
 	minRiver := flag.Float64("min-river", 0.6, "with -tripwire: the lowest pgkv.AtomicKV / River ratio that passes")
 	minAsynq := flag.Float64("min-asynq", 0.9, "with -tripwire: the lowest rediskv.AtomicKV / asynq-style ratio that passes")
+	attempts := flag.Int("attempts", 3, "with -tripwire: how many times a suite below its minimum runs before it fails")
 	flag.Parse()
 	log.SetFlags(0)
 	if *trip {
@@ -55,7 +56,7 @@ func main() {
 		if !set["rounds"] {
 			*rounds = 5
 		}
-		if err := tripwire(context.Background(), *n, *rounds, strings.Split(*only, ","), *minRiver, *minAsynq); err != nil {
+		if err := tripwire(context.Background(), *n, *rounds, max(*attempts, 1), strings.Split(*only, ","), *minRiver, *minAsynq); err != nil {
 			log.Fatal(err)
 		}
 		return

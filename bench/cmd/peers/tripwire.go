@@ -14,44 +14,55 @@ import (
 // returns an error naming every suite whose median ratio of the two
 // (paired within rounds, see bench.Ratio) falls below its minimum:
 // minRiver for pgkv.AtomicKV against River's JobDeleteBefore, minAsynq for
-// rediskv.AtomicKV against the asynq-style script. The minimums are far
-// below what the adapters measure, so that a busy machine does not trip
-// it, and far above what a halving of their throughput leaves (see
-// BENCHMARKS.md).
-func tripwire(ctx context.Context, n, rounds int, suites []string, minRiver, minAsynq float64) error {
-	fmt.Printf("tripwire: %d expired entities per run, %d rounds, contenders alternated; load %s\n\n", n, rounds, loadavg())
-	var errs []error
-	check := func(what, peer string, res []bench.Result, least float64) {
-		got := bench.Ratio(res[1], res[0])
-		verdict := "ok"
-		if got < least {
-			verdict = "FAILED"
-			errs = append(errs, fmt.Errorf("tripwire: %s at %.2f× %s, below %.2f×", what, got, peer, least))
-		}
-		fmt.Printf("tripwire: %s at %.2f× %s (at least %.2f×): %s\n\n", what, got, peer, least, verdict)
+// rediskv.AtomicKV against the asynq-style script. A suite below its
+// minimum runs again, up to attempts times in all, and fails only when
+// every attempt does: another process that takes the machine for a few
+// seconds can cost one attempt, while a halving of the adapter's
+// throughput fails them all. The minimums sit well below what the
+// adapters measure and well above what a halving leaves (BENCHMARKS.md).
+func tripwire(ctx context.Context, n, rounds, attempts int, suites []string, minRiver, minAsynq float64) error {
+	fmt.Printf("tripwire: %d expired entities per run, %d rounds, contenders alternated, up to %d attempts; load %s\n\n", n, rounds, attempts, loadavg())
+	type suite struct {
+		what, peer string
+		least      float64
+		run        func() ([]bench.Result, error)
 	}
+	var errs []error
 	for _, s := range suites {
+		var st suite
 		switch s {
 		case "pg":
-			res, err := runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, func(p *bench.PG) []bench.Contender {
-				return []bench.Contender{p.River(), p.AtomicBatches(1000, 1)}
-			}, []string{"River"}, "")
-			if err != nil {
-				return fmt.Errorf("pg: %w", err)
-			}
-			check("pgkv.AtomicKV", "River", res, minRiver)
+			st = suite{"pgkv.AtomicKV", "River", minRiver, func() ([]bench.Result, error) {
+				return runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, func(p *bench.PG) []bench.Contender {
+					return []bench.Contender{p.River(), p.AtomicBatches(1000, 1)}
+				}, []string{"River"}, "")
+			}}
 		case "redis":
-			res, err := runRedis(ctx, n, rounds, func(r *bench.Redis) []bench.Contender {
-				return []bench.Contender{r.Janitor(), r.AtomicBatches(1000, 1)}
-			}, []string{"asynq-style"}, "")
-			if err != nil {
-				return fmt.Errorf("redis: %w", err)
-			}
-			check("rediskv.AtomicKV", "the asynq-style script", res, minAsynq)
+			st = suite{"rediskv.AtomicKV", "the asynq-style script", minAsynq, func() ([]bench.Result, error) {
+				return runRedis(ctx, n, rounds, func(r *bench.Redis) []bench.Contender {
+					return []bench.Contender{r.Janitor(), r.AtomicBatches(1000, 1)}
+				}, []string{"asynq-style"}, "")
+			}}
 		case "pg-fsync":
-			// The tripwire needs no second server.
+			continue // the tripwire needs no second server
 		default:
 			return fmt.Errorf("unknown suite %q", s)
+		}
+		for attempt := 1; ; attempt++ {
+			res, err := st.run()
+			if err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+			got := bench.Ratio(res[1], res[0])
+			if got >= st.least {
+				fmt.Printf("tripwire: %s at %.2f× %s (at least %.2f×), attempt %d: ok\n\n", st.what, got, st.peer, st.least, attempt)
+				break
+			}
+			fmt.Printf("tripwire: %s at %.2f× %s (at least %.2f×), attempt %d of %d: below\n\n", st.what, got, st.peer, st.least, attempt, attempts)
+			if attempt >= attempts {
+				errs = append(errs, fmt.Errorf("tripwire: %s below %.2f× %s in %d attempts (last %.2f×)", st.what, st.least, st.peer, attempts, got))
+				break
+			}
 		}
 	}
 	return errors.Join(errs...)
