@@ -79,7 +79,7 @@ func TestReviewAtomicTrickySQL(t *testing.T) {
 }
 
 // TestReviewAtomicBigBatch: one ClearAndDelete of many keys (one
-// simple-protocol message with every key interpolated).
+// simple-protocol message; its markers go as a range).
 func TestReviewAtomicBigBatch(t *testing.T) {
 	pool := connect(t)
 	markers := freshTable(t, pool)
