@@ -59,7 +59,7 @@ func BenchmarkIdlePass(b *testing.B) {
 // BenchmarkPassClear measures a pass clearing 100,000 expired markers with a
 // no-op Clear, against the floor: the same store emptied by a hand-written
 // scan-and-delete loop with the same page size. ns/op is the pass alone;
-// pass/floor is the ratio of the two (issue 20 keeps it at most 1.5).
+// pass/floor is the ratio of the two (BENCHMARKS.md says what it may be).
 // The timer runs during the passes only, so that b.N calibrates on them.
 //
 // One Sweep makes every pass, over one MemKV filled again each time, as a

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The sweep's own cost (issue 20), counted rather than timed: allocations
+// The sweep's own cost, counted rather than timed: allocations
 // per page and per idle pass, and Scan calls per idle pass. The times are
 // in BenchmarkPassOverhead, BenchmarkIdlePass and BenchmarkPassClear.
 

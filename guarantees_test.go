@@ -17,9 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Tests of issue 15's guarantees on the paths added with batch clears:
-// atomic refusals, ambiguous failures, atomic reschedules, duplicates and
-// fences through wrappers.
+// Guarantees that cut across the clear modes: atomic refusals, ambiguous
+// failures, atomic reschedules, duplicates and fences through wrappers.
 
 // refusingKV is an atomicKV whose ClearAndDelete refuses every batch that
 // holds a held id, naming it in a BatchError and changing nothing, as the
@@ -57,8 +56,8 @@ func newAtomicKV(t *testing.T, n int) (*atomicKV, []string) {
 
 // TestAtomicBatchErrorRefusesTheCall: a ClearDeleter that refuses [a b c]
 // because b is held clears none of them; a and c were not cleared, so their
-// markers must not go (on main at 350bc22 they were deleted with a plain
-// Delete, their entities left for ever). They are sent again without b.
+// markers must not go (deleted with a plain Delete, their entities would
+// be left for ever). They are sent again without b.
 func TestAtomicBatchErrorRefusesTheCall(t *testing.T) {
 	t.Parallel()
 	base, ids := newAtomicKV(t, 3)
@@ -117,8 +116,8 @@ func (l *lostReplyKV) Scan(ctx context.Context, start, end []byte, limit int) ([
 // TestAtomicAmbiguousFailure: after a ClearAndDelete that failed in a way
 // that may have committed, the sweep reads which markers are left before
 // it retries, splits or reschedules: committed batches count as cleared and
-// are neither sent again nor rescheduled (on main at 350bc22 they were
-// re-sent and their markers written back for entities already gone).
+// are neither sent again nor rescheduled (which would write markers back
+// for entities already gone).
 func TestAtomicAmbiguousFailure(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -370,8 +369,8 @@ type unwrappingKV struct{ *loggingKV }
 func (w unwrappingKV) Unwrap() KV { return w.inner }
 
 // TestFenceThroughWrapper: a wrapper with Unwrap keeps the lease's fence
-// (on main at 350bc22 the fence was dropped with one Warn line, and the old
-// holder deleted after losing the lease); one without is refused unless
+// (dropping it would let the old holder delete after losing the lease);
+// one without is refused unless
 // Config.AllowUnfenced says otherwise.
 func TestFenceThroughWrapper(t *testing.T) {
 	t.Run("Unwrap", func(t *testing.T) {

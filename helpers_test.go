@@ -177,3 +177,15 @@ func newSweep(t testing.TB, kv KV, cfg Config) (*Sweep, *ManualClock) {
 	require.NoError(t, err)
 	return s, clock
 }
+
+// keysUnder returns the store's keys under prefix.
+func keysUnder(t testing.TB, kv KV, prefix string) []string {
+	t.Helper()
+	keys, err := kv.Scan(context.Background(), []byte(prefix), []byte(prefix+"\xff"), 1<<20)
+	require.NoError(t, err)
+	var out []string
+	for _, k := range keys {
+		out = append(out, string(k))
+	}
+	return out
+}

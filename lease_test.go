@@ -547,3 +547,122 @@ func TestFencedDeleteRefusedAfterSilentLoss(t *testing.T) {
 		require.ErrorIs(t, stop(), context.Canceled)
 	})
 }
+
+// fenceMem is an adapter whose writes apply a fence carried on ctx
+// (retention.Fenced), as pgkv, rediskv and etcdkv do; it counts fenced and
+// unfenced deletes.
+type fenceMem struct {
+	*MemKV
+	mu            sync.Mutex
+	fenced, plain int
+}
+
+func (f *fenceMem) Delete(ctx context.Context, keys ...[]byte) error {
+	view, err := Fenced(ctx, f)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return view.Delete(ctx, keys...)
+	}
+	f.mu.Lock()
+	f.plain++
+	f.mu.Unlock()
+	return f.MemKV.Delete(ctx, keys...)
+}
+
+type fenceMemView struct{ f *fenceMem }
+
+func (v fenceMemView) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
+	return v.f.MemKV.Scan(ctx, s, e, n)
+}
+
+func (v fenceMemView) Delete(ctx context.Context, keys ...[]byte) error {
+	v.f.mu.Lock()
+	v.f.fenced++
+	v.f.mu.Unlock()
+	return v.f.MemKV.Delete(ctx, keys...)
+}
+
+type fenceLease struct{ lost chan struct{} }
+
+func (l *fenceLease) Lost() <-chan struct{} { return l.lost }
+
+func (l *fenceLease) Release(context.Context) error { return nil }
+
+func (l *fenceLease) Fence(kv KV) (KV, bool) {
+	if f, ok := kv.(*fenceMem); ok {
+		return fenceMemView{f}, true
+	}
+	return nil, false
+}
+
+type fenceLocker struct{}
+
+func (fenceLocker) TryAcquire(context.Context) (Lease, error) {
+	return &fenceLease{lost: make(chan struct{})}, nil
+}
+
+// dropCtxKV is a logging wrapper with Unwrap whose Delete does not pass
+// the call's context on (it uses its own, as code that adds a timeout from
+// context.Background() does).
+type dropCtxKV struct{ inner *fenceMem }
+
+func (d dropCtxKV) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
+	return d.inner.Scan(ctx, s, e, n)
+}
+
+func (d dropCtxKV) Delete(_ context.Context, keys ...[]byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return d.inner.Delete(ctx, keys...)
+}
+
+func (d dropCtxKV) Unwrap() KV { return d.inner }
+
+// TestWrapperDroppingCtxNeverDeletesUnfenced: under a lease that fences,
+// LeasedPass refuses a KV it cannot fence. A wrapper with Unwrap whose
+// Delete does not pass ctx on must either be refused (ErrUnfenced) or make
+// no unfenced delete.
+func TestWrapperDroppingCtxNeverDeletesUnfenced(t *testing.T) {
+	inner := &fenceMem{MemKV: NewMemKV()}
+	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
+	s, _ := newSweep(t, dropCtxKV{inner}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+	st, err := s.LeasedPass(context.Background())
+	t.Logf("LeasedPass: %+v, %v; fenced deletes %d, unfenced %d", st, err, inner.fenced, inner.plain)
+	if err == nil {
+		assert.Zero(t, inner.plain, "a delete went out unfenced under a fencing lease, and LeasedPass returned nil")
+	} else {
+		assert.ErrorIs(t, err, ErrUnfenced)
+	}
+}
+
+type selfUnwrap struct{ *MemKV }
+
+func (s selfUnwrap) Unwrap() KV { return s }
+
+type nilUnwrap struct{ *MemKV }
+
+func (nilUnwrap) Unwrap() KV { return nil }
+
+type nested struct{ KV }
+
+func (n nested) Unwrap() KV { return n.KV }
+
+// TestUnwrapChains: Unwrap returning itself or nil is refused with
+// ErrUnfenced, not a hang; nested wrappers over a fenceable KV are fenced
+// through the context.
+func TestUnwrapChains(t *testing.T) {
+	for _, kv := range []KV{selfUnwrap{NewMemKV()}, nilUnwrap{NewMemKV()}} {
+		s, _ := newSweep(t, kv, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+		_, err := s.LeasedPass(context.Background())
+		assert.ErrorIs(t, err, ErrUnfenced, "%T", kv)
+	}
+	inner := &fenceMem{MemKV: NewMemKV()}
+	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
+	s, _ := newSweep(t, nested{nested{inner}}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+	_, err := s.LeasedPass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, inner.fenced, "the probe of the fence and the pass's delete")
+	assert.Zero(t, inner.plain)
+}

@@ -834,3 +834,105 @@ func TestAtomicLagsAtCommit(t *testing.T) {
 		rec.lags[:2], "the second batch, at its commit")
 	assert.Equal(t, []time.Duration{time.Hour, time.Hour - time.Millisecond}, rec.lags[2:], "the first batch, at its commit, not 10s later")
 }
+
+// TestObservePageAddsUpWhenPassCutShort: ObservePage calls add up to
+// ObservePass's counts in a pass cancelled mid-page and in one whose
+// delete fails.
+func TestObservePageAddsUpWhenPassCutShort(t *testing.T) {
+	t.Parallel()
+	sum := func(pages []Stats) Stats {
+		var s Stats
+		for _, p := range pages {
+			s.Scanned += p.Scanned
+			s.Cleared += p.Cleared
+			s.Failed += p.Failed
+			s.Retried += p.Retried
+			s.ClearCalls += p.ClearCalls
+			s.FailedCalls += p.FailedCalls
+			s.DeleteCalls += p.DeleteCalls
+			s.ScanCalls += p.ScanCalls
+			s.PutCalls += p.PutCalls
+			s.Duplicates += p.Duplicates
+		}
+		return s
+	}
+	pick := func(st Stats) Stats {
+		return Stats{Scanned: st.Scanned, Cleared: st.Cleared, Failed: st.Failed, Retried: st.Retried, ClearCalls: st.ClearCalls,
+			FailedCalls: st.FailedCalls, DeleteCalls: st.DeleteCalls, ScanCalls: st.ScanCalls, PutCalls: st.PutCalls, Duplicates: st.Duplicates}
+	}
+	t.Run("cancelled", func(t *testing.T) {
+		t.Parallel()
+		base := &atomicKV{MemKV: NewMemKV(), entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		kv := &cancelAfterCommitKV{atomicKV: base, cancel: cancel}
+		rec := &recorder{}
+		s, clock := newSweep(t, kv, Config{Observer: rec, BatchSize: 3, PageSize: 8})
+		for _, id := range markN(t, base.MemKV, 20, t0) {
+			base.entities[id] = true
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, pick(st), sum(rec.pages))
+		assert.Equal(t, 3, st.Cleared)
+		assert.Len(t, rec.lags, 3)
+	})
+	t.Run("failed delete", func(t *testing.T) {
+		t.Parallel()
+		mem := NewMemKV()
+		kv := &countingKV{KV: mem}
+		c := newClears()
+		c.set("b0003", errBoom)
+		rec := &recorder{}
+		s, clock := newSweep(t, kv, Config{Clear: c.clear, Observer: rec, PageSize: 4})
+		markN(t, mem, 10, t0)
+		kv.deleteErr = func(n int64) error {
+			if n == 2 {
+				return errBoom
+			}
+			return nil
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.ErrorIs(t, err, errBoom)
+		assert.Equal(t, pick(st), sum(rec.pages))
+	})
+}
+
+// TestObservePageCountsHeldAndWouldClear: ObservePage calls add up to
+// ObservePass's Held and WouldClear too.
+func TestObservePageCountsHeldAndWouldClear(t *testing.T) {
+	t.Parallel()
+	sum := func(pages []Stats) (held, would int) {
+		for _, p := range pages {
+			held += p.Held
+			would += p.WouldClear
+		}
+		return
+	}
+	t.Run("held", func(t *testing.T) {
+		mem := NewMemKV()
+		rec := &recorder{}
+		s, clock := newSweep(t, mem, Config{Observer: rec, Clear: func(context.Context, string) error { return Hold(t0.Add(9 * time.Hour)) }})
+		markN(t, mem, 3, t0)
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 3, st.Held)
+		held, _ := sum(rec.pages)
+		assert.Equal(t, st.Held, held, "ObservePage adds up to ObservePass")
+	})
+	t.Run("would clear", func(t *testing.T) {
+		mem := NewMemKV()
+		rec := &recorder{}
+		s, clock := newSweep(t, mem, Config{Observer: rec, DryRun: true, Clear: func(context.Context, string) error { return nil }})
+		markN(t, mem, 3, t0)
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 3, st.WouldClear)
+		_, would := sum(rec.pages)
+		assert.Equal(t, st.WouldClear, would, "ObservePage adds up to ObservePass")
+	})
+}
