@@ -84,9 +84,45 @@ func (c countingMover) Move(ctx context.Context, from, to [][]byte) error {
 	return c.KV.(Mover).Move(ctx, from, to)
 }
 
-// readOnlyKV hides the Put of the KV it wraps: the sweep then keeps retry
-// delays in memory.
+// readOnlyKV hides the Put and Move of the KV it wraps: the sweep then
+// keeps retry delays and holds in memory.
 type readOnlyKV struct{ KV }
+
+// putOnlyKV is a KV that can Put but not Move: the sweep keeps delays and
+// holds in memory, as on a read-only store; Put serves Mark alone.
+type putOnlyKV struct {
+	KV
+	Putter
+}
+
+// storeKind is a kind of store the sweep takes a different path through.
+type storeKind struct {
+	name string
+	wrap func(*MemKV) KV
+	// writes: the sweep moves failed and held markers in the store (a
+	// Mover); otherwise it keeps their delays and holds in memory.
+	writes bool
+}
+
+// storeKinds are the kinds of store every test that iterates over kinds
+// runs on: a Mover, a Putter that is no Mover, and a read-only store.
+var storeKinds = []storeKind{
+	{"Mover", func(m *MemKV) KV { return m }, true},
+	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, false},
+	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false},
+}
+
+// writingKinds are the store kinds on which retries and holds are written
+// to the store and promised to survive a restart.
+var writingKinds = func() []storeKind {
+	var out []storeKind
+	for _, k := range storeKinds {
+		if k.writes {
+			out = append(out, k)
+		}
+	}
+	return out
+}()
 
 // markerIDs returns how many markers each id has under prefix.
 func markerIDs(t testing.TB, kv KV, prefix string) map[string]int {

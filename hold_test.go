@@ -17,19 +17,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// storeKinds are the kinds of store a hold takes a different path through:
-// moved (Mover), kept in memory (a store that is no Mover, one that can Put
-// included).
-var storeKinds = []struct {
-	name   string
-	wrap   func(*MemKV) KV
-	writes bool
-}{
-	{"Mover", func(m *MemKV) KV { return m }, true},
-	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, false},
-	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false},
-}
-
 // levelCounter counts log records at Warn and above.
 type levelCounter struct {
 	mu   sync.Mutex
@@ -630,15 +617,6 @@ func TestHeldMarkerIsNotRetrying(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, due, 1)
 	assert.Equal(t, StateHeld, due[0].State)
-}
-
-// writingKinds are the store kinds on which a hold is written to the
-// store and promised to survive a restart.
-var writingKinds = []struct {
-	name string
-	wrap func(*MemKV) KV
-}{
-	{"Mover", func(m *MemKV) KV { return m }},
 }
 
 // TestHoldWaitsForRaisedRetention: a hold only ever keeps an entity

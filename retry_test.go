@@ -19,14 +19,8 @@ import (
 // while other markers keep falling due every 2ms, so Run passes hundreds of
 // times a second: the poison id is still tried only as its backoff allows.
 func TestPoisonMarkerBacksOff(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		kv   func(*MemKV) KV
-	}{
-		{"rescheduled on a Putter", func(m *MemKV) KV { return m }},
-		{"in memory without Put", func(m *MemKV) KV { return readOnlyKV{m} }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const retention = time.Second
 				mem := NewMemKV()
@@ -34,7 +28,7 @@ func TestPoisonMarkerBacksOff(t *testing.T) {
 				var poisonCalls []time.Duration
 				start := time.Now()
 				mark(t, mem, "runs/", "poison", start.Add(-2*retention))
-				s, err := New(tt.kv(mem), Config{Prefix: "runs/", Retention: retention,
+				s, err := New(kind.wrap(mem), Config{Prefix: "runs/", Retention: retention,
 					Clear: func(_ context.Context, id string) error {
 						if id != "poison" {
 							return nil
@@ -770,11 +764,18 @@ func TestMaxAttemptsValidation(t *testing.T) {
 	}{
 		{NewMemKV(), -1, "Config.MaxAttempts must be 0"},
 		{NewMemKV(), maxAttempts + 1, "Config.MaxAttempts must be 0"},
-		{readOnlyKV{NewMemKV()}, 3, "is no Mover"},
-		{putOnlyKV{NewMemKV(), NewMemKV()}, 3, "is no Mover"},
 	} {
 		_, err := New(tt.kv, Config{Prefix: "runs/", Retention: time.Hour, Clear: clear, MaxAttempts: tt.n})
 		require.ErrorIs(t, err, ErrInvalidConfig)
 		assert.Contains(t, err.Error(), tt.want)
+	}
+	for _, kind := range storeKinds {
+		_, err := New(kind.wrap(NewMemKV()), Config{Prefix: "runs/", Retention: time.Hour, Clear: clear, MaxAttempts: 3})
+		if kind.writes {
+			assert.NoError(t, err, "New(%s, MaxAttempts 3)", kind.name)
+			continue
+		}
+		require.ErrorIs(t, err, ErrInvalidConfig, "New(%s, MaxAttempts 3)", kind.name)
+		assert.Contains(t, err.Error(), "is no Mover")
 	}
 }
