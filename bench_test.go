@@ -38,8 +38,8 @@ func refill(b *testing.B, kv *MemKV, n int) {
 func BenchmarkIdlePass(b *testing.B) {
 	for _, n := range []int{1_000, 1_000_000} {
 		b.Run(fmt.Sprintf("markers=%d", n), func(b *testing.B) {
-			kv := &countingKV{KV: fill(b, n)}
-			s, _ := newSweep(b, kv, Config{Clear: func(context.Context, string) error { return nil }})
+			kv := &fakeKV{canPut: true, MemKV: fill(b, n)}
+			s, _ := newSweep(b, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 			ctx := context.Background()
 			kv.reset()
 			runtime.GC() // the fill's garbage is not the passes' to collect

@@ -163,11 +163,11 @@ func TestAtomicAmbiguousFailure(t *testing.T) {
 func TestRescheduleMovesOnce(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &watchingMover{MemKV: mem}
+	kv := newFakeKV(mem)
 	c := newClears()
 	c.set("a", errBoom)
 	c.set("b", errBoom)
-	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	s, clock := newSweep(t, kv.store(), Config{Clear: c.clear})
 	mark(t, mem, "runs/", "a", t0)
 	mark(t, mem, "runs/", "b", t0)
 	clock.Set(t0.Add(2 * time.Hour))
@@ -178,17 +178,6 @@ func TestRescheduleMovesOnce(t *testing.T) {
 	assert.Zero(t, st.DeleteCalls)
 	assert.Equal(t, map[string]int{"a": 1, "b": 1}, markerIDs(t, mem, "runs/"))
 	assert.Equal(t, int64(1), kv.moves.Load())
-}
-
-// watchingMover is a MemKV that counts its Moves.
-type watchingMover struct {
-	*MemKV
-	moves atomic.Int64
-}
-
-func (w *watchingMover) Move(ctx context.Context, from, to [][]byte) error {
-	w.moves.Add(1)
-	return w.MemKV.Move(ctx, from, to)
 }
 
 // TestDuplicateMarkersMerge: several markers of one id on one page clear

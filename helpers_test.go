@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,67 +21,6 @@ func TestMain(m *testing.M) {
 
 // t0 is the manual clock's start in tests: late 2026.
 var t0 = time.UnixMilli(1795000000000)
-
-// countingKV wraps a KV, counting calls and keys, and can be told to fail.
-type countingKV struct {
-	KV
-	scans, keys, deletes, deleted, puts atomic.Int64
-
-	mu        sync.Mutex
-	scanErr   func(call int64) error // nil: never fail
-	deleteErr func(call int64) error
-}
-
-func (c *countingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	n := c.scans.Add(1)
-	c.mu.Lock()
-	fail := c.scanErr
-	c.mu.Unlock()
-	if fail != nil {
-		if err := fail(n); err != nil {
-			return nil, err
-		}
-	}
-	keys, err := c.KV.Scan(ctx, start, end, limit)
-	c.keys.Add(int64(len(keys)))
-	return keys, err
-}
-
-func (c *countingKV) Delete(ctx context.Context, keys ...[]byte) error {
-	n := c.deletes.Add(1)
-	c.mu.Lock()
-	fail := c.deleteErr
-	c.mu.Unlock()
-	if fail != nil {
-		if err := fail(n); err != nil {
-			return err
-		}
-	}
-	c.deleted.Add(int64(len(keys)))
-	return c.KV.Delete(ctx, keys...)
-}
-
-func (c *countingKV) Put(ctx context.Context, key, value []byte) error {
-	c.puts.Add(1)
-	return c.KV.(Putter).Put(ctx, key, value)
-}
-
-func (c *countingKV) reset() {
-	c.scans.Store(0)
-	c.keys.Store(0)
-	c.deletes.Store(0)
-	c.deleted.Store(0)
-	c.puts.Store(0)
-}
-
-// countingMover is a countingKV over a Mover that Moves too, counted as
-// puts.
-type countingMover struct{ *countingKV }
-
-func (c countingMover) Move(ctx context.Context, from, to [][]byte) error {
-	c.puts.Add(1)
-	return c.KV.(Mover).Move(ctx, from, to)
-}
 
 // readOnlyKV hides the Put and Move of the KV it wraps: the sweep then
 // keeps retry delays and holds in memory.

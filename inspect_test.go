@@ -53,8 +53,8 @@ func TestBacklog(t *testing.T) {
 			for i := range tt.markers {
 				mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0.Add(time.Duration(i)*time.Minute))
 			}
-			kv := &countingKV{KV: mem}
-			s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+			kv := &fakeKV{canPut: true, MemKV: mem}
+			s, clock := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 			clock.Advance(tt.at)
 			got, err := s.Backlog(t.Context(), tt.limit)
 			require.NoError(t, err)
@@ -73,8 +73,8 @@ func TestBacklogReadsLittleOfALargeBacklog(t *testing.T) {
 	for i := range 10_000 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0.Add(time.Duration(i)*time.Millisecond))
 	}
-	kv := &countingKV{KV: mem}
-	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+	kv := &fakeKV{canPut: true, MemKV: mem}
+	s, clock := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 	clock.Advance(2 * time.Hour)
 	b, err := s.Backlog(t.Context(), 100)
 	require.NoError(t, err)
@@ -106,8 +106,8 @@ func TestBacklogAfterPassIsEmpty(t *testing.T) {
 
 func TestBacklogErrors(t *testing.T) {
 	t.Parallel()
-	kv := &countingKV{KV: NewMemKV(), scanErr: func(int64) error { return errBoom }}
-	s, _ := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+	kv := &fakeKV{canPut: true, MemKV: NewMemKV(), onScan: failWith(errBoom)}
+	s, _ := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 	_, err := s.Backlog(t.Context(), 10)
 	require.ErrorIs(t, err, errBoom)
 	ctx, cancel := context.WithCancel(t.Context())

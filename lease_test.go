@@ -214,14 +214,14 @@ func TestRunWithoutLeaseEveryReplicaSweeps(t *testing.T) {
 func TestLeaseLostMidPass(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := NewMemKV()
-		kv := &countingKV{KV: mem}
+		kv := &fakeKV{canPut: true, MemKV: mem}
 		locker := &fakeLocker{}
 		for i := range 20 {
 			mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
 		}
 		var deletesAtLoss atomic.Int64
 		var log passLog
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
 			Clear: func(ctx context.Context, id string) error {
 				if id == "m09" {
 					locker.steal()
@@ -392,9 +392,9 @@ func TestGroupPass(t *testing.T) {
 func TestGroupPassJoinsErrors(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	failing := &countingKV{KV: mem, scanErr: func(int64) error { return errBoom }}
+	failing := &fakeKV{canPut: true, MemKV: mem, onScan: failWith(errBoom)}
 	c := newClears()
-	a, err := New(failing, Config{Prefix: "a/", Retention: time.Hour, Clear: c.clear})
+	a, err := New(failing.store(), Config{Prefix: "a/", Retention: time.Hour, Clear: c.clear})
 	require.NoError(t, err)
 	b, err := New(mem, Config{Prefix: "b/", Retention: time.Hour, Clock: NewManualClock(t0), Clear: c.clear})
 	require.NoError(t, err)
@@ -521,13 +521,13 @@ func (f fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 func TestFencedDeleteRefusedAfterSilentLoss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := NewMemKV()
-		kv := &countingKV{KV: mem}
+		kv := &fakeKV{canPut: true, MemKV: mem}
 		locker := &fencingLocker{}
 		for i := range 20 {
 			mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
 		}
 		var log passLog
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
 			Clear: func(ctx context.Context, id string) error {
 				if id == "m09" {
 					locker.stealSilently() // the holder is never told

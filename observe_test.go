@@ -114,9 +114,9 @@ func TestObserverSeesFailedPassWithoutLags(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
 	mark(t, mem, "runs/", "a", t0)
-	kv := &countingKV{KV: mem, deleteErr: func(int64) error { return errBoom }}
+	kv := &fakeKV{canPut: true, MemKV: mem, onDelete: failWith(errBoom)}
 	rec := &recorder{}
-	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: rec})
+	s, clock := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }, Observer: rec})
 	clock.Advance(2 * time.Hour)
 	_, err := s.Pass(t.Context())
 	require.ErrorIs(t, err, errBoom)
@@ -497,21 +497,6 @@ func TestLeaseReleasedWhenObserverPanicsOnAcquired(t *testing.T) {
 	}
 }
 
-// slowScanKV's Scans after the first take a while, so that the read-ahead
-// of the next page is still in flight when the first page is settled.
-type slowScanKV struct {
-	KV
-	calls, done atomic.Int64
-}
-
-func (k *slowScanKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	if k.calls.Add(1) > 1 {
-		time.Sleep(20 * time.Millisecond)
-		defer k.done.Add(1)
-	}
-	return k.KV.Scan(ctx, start, end, limit)
-}
-
 // secondLagPanicObserver panics in its second ObserveLags.
 type secondLagPanicObserver struct {
 	recorder
@@ -531,17 +516,23 @@ func TestPassCutShortByObserverPanicLeavesNoScan(t *testing.T) {
 	for i := range 12 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), old)
 	}
-	kv := &slowScanKV{KV: mem}
+	kv := newFakeKV(mem)
+	kv.onScan = func(_ context.Context, call int64) error {
+		if call > 1 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		return nil
+	}
 	// A real clock, by which the read of page 2 is slow: page 3 is read on
 	// a goroutine of its own while page 2 is cleared, and is in flight
 	// when the Observer panics on page 2's lags.
-	s, _ := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: &secondLagPanicObserver{}, PageSize: 4, Clock: SystemClock})
+	s, _ := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }, Observer: &secondLagPanicObserver{}, PageSize: 4, Clock: SystemClock})
 	func() {
 		defer func() { assert.Equal(t, "observer bug", recover()) }()
 		_, _ = s.Pass(t.Context())
 	}()
-	assert.Equal(t, int64(3), kv.calls.Load(), "Scan calls: the three pages")
-	assert.Equal(t, int64(2), kv.done.Load(), "the read of page 3 returned before the pass did")
+	assert.Equal(t, int64(3), kv.scans.Load(), "Scan calls: the three pages")
+	assert.Zero(t, kv.inScan.Load(), "the read of page 3 returned before the pass did")
 	assert.Equal(t, 4, mem.Len(), "pages 1 and 2 were deleted before the Observer saw them")
 }
 
@@ -881,18 +872,13 @@ func TestObservePageAddsUpWhenPassCutShort(t *testing.T) {
 	t.Run("failed delete", func(t *testing.T) {
 		t.Parallel()
 		mem := NewMemKV()
-		kv := &countingKV{KV: mem}
+		kv := &fakeKV{canPut: true, MemKV: mem}
 		c := newClears()
 		c.set("b0003", errBoom)
 		rec := &recorder{}
-		s, clock := newSweep(t, kv, Config{Clear: c.clear, Observer: rec, PageSize: 4})
+		s, clock := newSweep(t, kv.store(), Config{Clear: c.clear, Observer: rec, PageSize: 4})
 		markN(t, mem, 10, t0)
-		kv.deleteErr = func(n int64) error {
-			if n == 2 {
-				return errBoom
-			}
-			return nil
-		}
+		kv.setHooks(nil, failCall(2, errBoom), nil)
 		clock.Set(t0.Add(2 * time.Hour))
 		st, err := s.Pass(context.Background())
 		require.ErrorIs(t, err, errBoom)
