@@ -269,51 +269,14 @@ func TestBatchCancelled(t *testing.T) {
 	assert.Equal(t, 40-16, kv.Len(), "the first page was deleted, the page in flight was not")
 }
 
-// atomicKV is a ClearDeleter over a MemKV: entities live in a map, and a
-// ClearAndDelete removes entities and markers under one lock, or neither.
-type atomicKV struct {
-	*MemKV
-	mu       sync.Mutex
-	entities map[string]bool
-	cleared  map[string]int
-	poison   map[string]bool
-	calls    int
-}
-
-func (a *atomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.calls++
-	want := map[string]bool{}
-	for _, id := range ids {
-		if a.poison[id] {
-			return fmt.Errorf("constraint violated by %s", id)
-		}
-		want[id] = true
-	}
-	for _, key := range keys {
-		_, gotID, err := ParseMarkerKey("runs/", key)
-		if err != nil || !want[string(gotID)] {
-			return fmt.Errorf("key %q is not the marker of an id of the batch", key)
-		}
-		if _, ok, _ := a.MemKV.Get(ctx, key); !ok {
-			return fmt.Errorf("%w: %q", ErrMarkerGone, key)
-		}
-	}
-	for _, id := range ids {
-		delete(a.entities, id)
-		a.cleared[id]++
-	}
-	return a.MemKV.Delete(ctx, keys...)
-}
-
 // TestClearDeleter: a KV that clears and deletes in one transaction is
 // called once per batch, the sweep deletes nothing itself, and a poison id
 // is isolated by bisection with nothing half done.
 func TestClearDeleter(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{"b0077": true}}
+	kv := atomicOver(mem)
+	kv.poison["b0077"] = true
 	s, clock := newSweep(t, kv, Config{BatchSize: 50, PageSize: 200})
 	for _, id := range markN(t, mem, 500, t0) {
 		kv.entities[id] = true
@@ -340,7 +303,7 @@ func TestClearDeleter(t *testing.T) {
 func TestClearDeleterNeedsFencedView(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := NewMemKV()
-		kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+		kv := atomicOver(mem)
 		markN(t, mem, 10, time.Now().Add(-2*time.Hour))
 		var log passLog
 		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Lease: &fencingLocker{}, OnPass: log.onPass})
@@ -421,56 +384,6 @@ func TestBatchOutageCallsPerBatch(t *testing.T) {
 	}
 }
 
-// atomMem is a ClearDeleter and Mover over a MemKV: ClearAndDelete commits
-// only if every key exists, clearing the ids (counted) with their markers.
-type atomMem struct {
-	*MemKV
-	mu      sync.Mutex
-	cleared map[string]int
-	// before runs before a call; a non-nil error is returned without
-	// committing anything.
-	before func(ids []string, keys [][]byte) error
-	delErr func() error
-}
-
-func newAtomMem() *atomMem { return &atomMem{MemKV: NewMemKV(), cleared: map[string]int{}} }
-
-func (a *atomMem) Delete(ctx context.Context, keys ...[]byte) error {
-	a.mu.Lock()
-	fail := a.delErr
-	a.mu.Unlock()
-	if fail != nil {
-		if err := fail(); err != nil {
-			return err
-		}
-	}
-	return a.MemKV.Delete(ctx, keys...)
-}
-
-func (a *atomMem) commit(ids []string, keys [][]byte) error {
-	for _, k := range keys {
-		if _, ok, _ := a.MemKV.Get(context.Background(), k); !ok {
-			return ErrMarkerGone
-		}
-	}
-	_ = a.MemKV.Delete(context.Background(), keys...)
-	for _, id := range ids {
-		a.cleared[id]++
-	}
-	return nil
-}
-
-func (a *atomMem) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.before != nil {
-		if err := a.before(ids, keys); err != nil {
-			return err
-		}
-	}
-	return a.commit(ids, keys)
-}
-
 // TestAtomicDuplicateGoesWhenAnotherReplicaClearedTheID: several replicas
 // without a lease clear an id once, and every marker of it goes. Replica
 // B's page holds both markers k1, k2 of id x; replica A (whose page held
@@ -478,16 +391,16 @@ func (a *atomMem) ClearAndDelete(ctx context.Context, ids []string, keys [][]byt
 // reads which markers are left and must not keep k2 as if it had gone in
 // the same transaction, or the next pass clears x a second time with k2.
 func TestAtomicDuplicateGoesWhenAnotherReplicaClearedTheID(t *testing.T) {
-	kv := newAtomMem()
+	kv := atomicOver(nil)
 	const prefix = "runs/"
 	k1 := mark(t, kv.MemKV, prefix, "x", t0.Add(-3*time.Hour))
 	k2 := mark(t, kv.MemKV, prefix, "x", t0.Add(-2*time.Hour))
 	first := true
-	kv.before = func(ids []string, keys [][]byte) error {
+	kv.before = func(_ context.Context, _ int, ids []string, keys [][]byte) error {
 		if first {
 			first = false
 			// Replica A's commit of x with its one marker k1.
-			require.NoError(t, kv.commit([]string{"x"}, [][]byte{k1}))
+			require.NoError(t, kv.commit(context.Background(), []string{"x"}, [][]byte{k1}))
 		}
 		return nil
 	}
@@ -507,14 +420,14 @@ func TestAtomicDuplicateGoesWhenAnotherReplicaClearedTheID(t *testing.T) {
 // be lost to a crash) leaving a second marker of x in the expired range:
 // after a restart, x is cleared exactly once.
 func TestAtomicDuplicateMovesWithFailedMarker(t *testing.T) {
-	kv := newAtomMem()
+	kv := atomicOver(nil)
 	const prefix = "runs/"
 	mark(t, kv.MemKV, prefix, "x", t0.Add(-3*time.Hour))
 	mark(t, kv.MemKV, prefix, "x", t0.Add(-2*time.Hour))
-	kv.before = func(ids []string, keys [][]byte) error {
+	kv.before = func(context.Context, int, []string, [][]byte) error {
 		return BatchError{"x": errBoom}
 	}
-	kv.delErr = func() error { return errors.New("store down (or SIGKILL)") }
+	kv.onDelete = failWith(errors.New("store down (or SIGKILL)"))
 	s, clock := newSweep(t, kv, Config{Prefix: prefix})
 	_, err := s.Pass(context.Background())
 	// The duplicate moves onto the first's new key in the same Move, so the
@@ -525,8 +438,9 @@ func TestAtomicDuplicateMovesWithFailedMarker(t *testing.T) {
 
 	// Restart: a new Sweep, the faults gone.
 	kv.mu.Lock()
-	kv.before, kv.delErr = nil, nil
+	kv.before = nil
 	kv.mu.Unlock()
+	kv.setHooks(nil, nil, nil)
 	s2, err := New(kv, Config{Prefix: prefix, Retention: time.Hour, Clock: clock})
 	require.NoError(t, err)
 	_, err = s2.Pass(context.Background())
@@ -641,7 +555,7 @@ func TestMidPassOutageIsNotBisectedToSingleIDs(t *testing.T) {
 func TestAtomicUnknownOutcomeIsAFailedCall(t *testing.T) {
 	t.Parallel()
 	base, _ := newAtomicKV(t, 8)
-	kv := &lostReplyKV{atomicKV: base, commit: false, scanErr: errBoom}
+	kv := loseReplies(base, false, errBoom)
 	s, clock := newSweep(t, kv, Config{})
 	clock.Set(t0.Add(2 * time.Hour))
 	st, err := s.Pass(context.Background())
@@ -657,8 +571,8 @@ func TestAtomicUnknownOutcomeIsAFailedCall(t *testing.T) {
 // counted once as found gone and not sent again.
 func TestAtomicLostReplyOverRetryRange(t *testing.T) {
 	t.Parallel()
-	base := &atomicKV{MemKV: NewMemKV(), entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
-	kv := &lostReplyKV{atomicKV: base, commit: true}
+	base := atomicOver(NewMemKV())
+	kv := loseReplies(base, true, nil)
 	s, clock := newSweep(t, kv, Config{})
 	now := t0.Add(3 * time.Hour)
 	clock.Set(now)
@@ -679,27 +593,6 @@ func TestAtomicLostReplyOverRetryRange(t *testing.T) {
 	assert.Zero(t, base.MemKV.Len())
 }
 
-// movedKV is an atomicKV whose first call finds another replica's
-// reschedule under way: the marker is moved to the retry range (that
-// replica's clear failed) and this call times out without committing.
-type movedKV struct {
-	*atomicKV
-	once sync.Once
-}
-
-func (m *movedKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	moved := false
-	m.once.Do(func() {
-		to := appendRetryKey(nil, "runs/", 0, t0.Add(5*time.Hour).UnixMilli(), t0.UnixMilli(), 1, ids[0])
-		_ = m.MemKV.Move(ctx, keys[:1], [][]byte{to})
-		moved = true
-	})
-	if moved {
-		return fmt.Errorf("read reply: %w", context.DeadlineExceeded)
-	}
-	return m.atomicKV.ClearAndDelete(ctx, ids, keys)
-}
-
 // TestAtomicMarkerMovedByAnotherReplicaIsGoneNotCleared: after an
 // ambiguous failure, a marker another replica moved to its retry range
 // (its clear failed) is gone from this replica's view: it is counted as
@@ -707,8 +600,19 @@ func (m *movedKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byt
 // marker waits in the retry range).
 func TestAtomicMarkerMovedByAnotherReplicaIsGoneNotCleared(t *testing.T) {
 	t.Parallel()
-	base := &atomicKV{MemKV: NewMemKV(), entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
-	kv := &movedKV{atomicKV: base}
+	base := atomicOver(NewMemKV())
+	// The first call finds another replica's reschedule under way: the
+	// marker is moved to the retry range (that replica's clear failed),
+	// and the call times out without committing.
+	base.before = func(ctx context.Context, call int, ids []string, keys [][]byte) error {
+		if call > 1 {
+			return nil
+		}
+		to := appendRetryKey(nil, "runs/", 0, t0.Add(5*time.Hour).UnixMilli(), t0.UnixMilli(), 1, ids[0])
+		_ = base.MemKV.Move(ctx, keys[:1], [][]byte{to})
+		return errLostReply
+	}
+	kv := base
 	s, clock := newSweep(t, kv, Config{BatchSize: 1})
 	mark(t, base.MemKV, "runs/", "x", t0)
 	base.entities["x"] = true
@@ -759,27 +663,6 @@ func TestHeldBatchesAreNoOutage(t *testing.T) {
 	assert.Equal(t, 16, b.Retrying)
 }
 
-// answeringAtomicKV refuses a batch with a BatchError of the answers it
-// has for the batch's ids (committing nothing), and commits a batch it has
-// no answer for.
-type answeringAtomicKV struct {
-	atomicKV
-	answer map[string]error
-}
-
-func (m *answeringAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	perID := BatchError{}
-	for _, id := range ids {
-		if e, ok := m.answer[id]; ok {
-			perID[id] = e
-		}
-	}
-	if len(perID) > 0 {
-		return perID
-	}
-	return m.atomicKV.ClearAndDelete(ctx, ids, keys)
-}
-
 // TestClearDeleterMixedBatchError: a ClearDeleter's BatchError with a
 // hold, a failure and a live-again entry: the held id is held (its marker
 // and a duplicate moved to one held key), the failed one retried, the
@@ -788,14 +671,12 @@ func (m *answeringAtomicKV) ClearAndDelete(ctx context.Context, ids []string, ke
 func TestClearDeleterMixedBatchError(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &answeringAtomicKV{
-		atomicKV: atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}},
-		answer: map[string]error{
-			"b0001": Hold(t0.Add(9 * time.Hour)),
-			"b0002": errBoom,
-			"b0003": fmt.Errorf("resumed: %w", ErrLiveAgain),
-		},
-	}
+	kv := atomicOver(mem)
+	kv.before = refuse(map[string]error{
+		"b0001": Hold(t0.Add(9 * time.Hour)),
+		"b0002": errBoom,
+		"b0003": fmt.Errorf("resumed: %w", ErrLiveAgain),
+	})
 	for _, id := range markN(t, mem, 10, t0) {
 		kv.entities[id] = true
 	}
@@ -823,8 +704,9 @@ func TestClearDeleterWholeCallHold(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
 	until := t0.Add(9 * time.Hour)
-	kv := &answeringAtomicKV{atomicKV: atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}}}
-	s, clock := newSweep(t, holdAllAtomicKV{kv, until}, Config{BatchSize: 5})
+	kv := atomicOver(mem)
+	kv.before = func(context.Context, int, []string, [][]byte) error { return fmt.Errorf("legal: %w", Hold(until)) }
+	s, clock := newSweep(t, kv, Config{BatchSize: 5})
 	markN(t, mem, 10, t0)
 	mark(t, mem, "runs/", "b0004", t0.Add(30*time.Millisecond))
 	clock.Set(t0.Add(2 * time.Hour))
@@ -835,16 +717,6 @@ func TestClearDeleterWholeCallHold(t *testing.T) {
 	assert.Zero(t, st.Cleared+st.Failed+st.FailedCalls+st.Retried)
 	assert.Len(t, keysUnder(t, mem, "runs/r"), 10)
 	assert.Empty(t, kv.cleared)
-}
-
-// holdAllAtomicKV is a ClearDeleter that refuses every call with a Hold.
-type holdAllAtomicKV struct {
-	*answeringAtomicKV
-	until time.Time
-}
-
-func (h holdAllAtomicKV) ClearAndDelete(context.Context, []string, [][]byte) error {
-	return fmt.Errorf("legal: %w", Hold(h.until))
 }
 
 // TestFastHeldCallsGrowBatchesBack: after one slow call halves the

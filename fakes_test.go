@@ -2,6 +2,7 @@ package retention
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -135,4 +136,135 @@ func hangWhile(hang *atomic.Bool) func(context.Context, int64) error {
 		}
 		return nil
 	}
+}
+
+// atomicKV is fakeKV's ClearDeleter: entities live in a map, and a
+// ClearAndDelete removes entities and markers under one lock, or neither.
+// Its commit deletes the markers in the MemKV itself, as a store's own
+// transaction does, past fakeKV's Delete hook and counters.
+type atomicKV struct {
+	*fakeKV
+	mu       sync.Mutex
+	entities map[string]bool
+	cleared  map[string]int
+	poison   map[string]bool
+	calls    int
+
+	// before runs before call number call (from 1) commits, without the
+	// lock: a non-nil error is the call's, and nothing is committed.
+	before func(ctx context.Context, call int, ids []string, keys [][]byte) error
+	// after runs once the call is done, and returns the call's error.
+	after func(call int, err error) error
+}
+
+// atomicOver returns an atomicKV, a Mover, over mem (a new MemKV if nil).
+func atomicOver(mem *MemKV) *atomicKV {
+	return &atomicKV{fakeKV: newFakeKV(mem), entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+}
+
+func (a *atomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	a.mu.Lock()
+	a.calls++
+	call, before, after := a.calls, a.before, a.after
+	a.mu.Unlock()
+	var err error
+	if before != nil {
+		err = before(ctx, call, ids, keys)
+	}
+	if err == nil {
+		err = a.commit(ctx, ids, keys)
+	}
+	if after != nil {
+		err = after(call, err)
+	}
+	return err
+}
+
+// commit clears ids and deletes keys, the markers of ids under "runs/", if
+// none of ids is poison and every key is there; else it changes nothing.
+func (a *atomicKV) commit(ctx context.Context, ids []string, keys [][]byte) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	want := map[string]bool{}
+	for _, id := range ids {
+		if a.poison[id] {
+			return fmt.Errorf("constraint violated by %s", id)
+		}
+		want[id] = true
+	}
+	for _, key := range keys {
+		_, gotID, err := ParseMarkerKey("runs/", key)
+		if err != nil || !want[string(gotID)] {
+			return fmt.Errorf("key %q is not the marker of an id of the batch", key)
+		}
+		if _, ok, _ := a.MemKV.Get(ctx, key); !ok {
+			return fmt.Errorf("%w: %q", ErrMarkerGone, key)
+		}
+	}
+	for _, id := range ids {
+		delete(a.entities, id)
+		a.cleared[id]++
+	}
+	return a.MemKV.Delete(ctx, keys...)
+}
+
+// cancelAfterFirstCommit makes a's first call cancel the pass once it
+// committed, as a SIGTERM landing just after a commit does.
+func cancelAfterFirstCommit(a *atomicKV, cancel context.CancelFunc) *atomicKV {
+	a.after = func(call int, err error) error {
+		if call == 1 {
+			cancel()
+		}
+		return err
+	}
+	return a
+}
+
+// errLostReply is the error of a ClearAndDelete whose reply was lost, or
+// whose timeout fired as it committed: it may or may not have committed.
+var errLostReply = fmt.Errorf("read reply: %w", context.DeadlineExceeded)
+
+// refuse returns a before hook that refuses a call holding an id answers
+// names with a BatchError of their answers, committing nothing, as the
+// ClearDeleter contract says a failed call does.
+func refuse(answers map[string]error) func(context.Context, int, []string, [][]byte) error {
+	return func(_ context.Context, _ int, ids []string, _ [][]byte) error {
+		perID := BatchError{}
+		for _, id := range ids {
+			if err, ok := answers[id]; ok {
+				perID[id] = err
+			}
+		}
+		if len(perID) > 0 {
+			return perID
+		}
+		return nil
+	}
+}
+
+// loseReplies makes every ClearAndDelete of a fail with errLostReply,
+// having committed when commit is set, without committing otherwise; once
+// a call has failed, every Scan fails with scanErr when it is not nil.
+func loseReplies(a *atomicKV, commit bool, scanErr error) *atomicKV {
+	var failed atomic.Bool
+	if !commit {
+		a.before = func(context.Context, int, []string, [][]byte) error {
+			failed.Store(true)
+			return errLostReply
+		}
+	}
+	a.after = func(_ int, err error) error {
+		if commit && err != nil {
+			return err
+		}
+		failed.Store(true)
+		return errLostReply
+	}
+	a.onScan = func(context.Context, int64) error {
+		if scanErr != nil && failed.Load() {
+			return scanErr
+		}
+		return nil
+	}
+	return a
 }

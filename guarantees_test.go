@@ -7,7 +7,6 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -20,33 +19,9 @@ import (
 // Guarantees that cut across the clear modes: atomic refusals, ambiguous
 // failures, atomic reschedules, duplicates and fences through wrappers.
 
-// refusingKV is an atomicKV whose ClearAndDelete refuses every batch that
-// holds a held id, naming it in a BatchError and changing nothing, as the
-// ClearDeleter contract says a failed call does.
-type refusingKV struct {
-	*atomicKV
-	held map[string]bool
-}
-
-func (r *refusingKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	perID := BatchError{}
-	for _, id := range ids {
-		if r.held[id] {
-			perID[id] = errors.New("on hold")
-		}
-	}
-	if len(perID) > 0 {
-		r.mu.Lock()
-		r.calls++
-		r.mu.Unlock()
-		return perID
-	}
-	return r.atomicKV.ClearAndDelete(ctx, ids, keys)
-}
-
 func newAtomicKV(t *testing.T, n int) (*atomicKV, []string) {
 	mem := NewMemKV()
-	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+	kv := atomicOver(mem)
 	ids := markN(t, mem, n, t0)
 	for _, id := range ids {
 		kv.entities[id] = true
@@ -61,7 +36,8 @@ func newAtomicKV(t *testing.T, n int) (*atomicKV, []string) {
 func TestAtomicBatchErrorRefusesTheCall(t *testing.T) {
 	t.Parallel()
 	base, ids := newAtomicKV(t, 3)
-	kv := &refusingKV{atomicKV: base, held: map[string]bool{ids[1]: true}}
+	kv := base
+	kv.before = refuse(map[string]error{ids[1]: errors.New("on hold")})
 	s, clock := newSweep(t, kv, Config{})
 	clock.Set(t0.Add(2 * time.Hour))
 	st, err := s.Pass(context.Background())
@@ -74,7 +50,7 @@ func TestAtomicBatchErrorRefusesTheCall(t *testing.T) {
 	assert.Equal(t, 2, st.ClearCalls, "the refused call, then one for the ids it did not name")
 
 	// The hold is lifted: b is cleared after its delay, once.
-	kv.held = nil
+	kv.before = nil // the hold is lifted
 	clock.Advance(2 * time.Second)
 	st, err = s.Pass(context.Background())
 	require.NoError(t, err)
@@ -84,33 +60,6 @@ func TestAtomicBatchErrorRefusesTheCall(t *testing.T) {
 	for id, n := range kv.cleared {
 		assert.Equal(t, 1, n, "%s cleared once", id)
 	}
-}
-
-// lostReplyKV is an atomicKV whose calls commit and then report an error,
-// as a call does whose reply was lost or whose timeout fired as it
-// committed; commit false makes the calls fail without committing.
-type lostReplyKV struct {
-	*atomicKV
-	commit  bool
-	scanErr error // fails every Scan after a failed call
-	failed  atomic.Bool
-}
-
-func (l *lostReplyKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	if l.commit {
-		if err := l.atomicKV.ClearAndDelete(ctx, ids, keys); err != nil {
-			return err
-		}
-	}
-	l.failed.Store(true)
-	return fmt.Errorf("read reply: %w", context.DeadlineExceeded)
-}
-
-func (l *lostReplyKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	if l.scanErr != nil && l.failed.Load() {
-		return nil, l.scanErr
-	}
-	return l.atomicKV.Scan(ctx, start, end, limit)
 }
 
 // TestAtomicAmbiguousFailure: after a ClearAndDelete that failed in a way
@@ -135,7 +84,7 @@ func TestAtomicAmbiguousFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			base, _ := newAtomicKV(t, 8)
-			kv := &lostReplyKV{atomicKV: base, commit: tc.commit, scanErr: tc.scanErr}
+			kv := loseReplies(base, tc.commit, tc.scanErr)
 			s, clock := newSweep(t, kv, Config{})
 			clock.Set(t0.Add(2 * time.Hour))
 			st, err := s.Pass(context.Background())
@@ -206,7 +155,9 @@ func TestDuplicateMarkersMerge(t *testing.T) {
 						return nil
 					}
 				default:
-					atomicStore = &atomicKV{MemKV: mem, entities: map[string]bool{"x": true, "y": true}, cleared: calls, poison: map[string]bool{}}
+					atomicStore = atomicOver(mem)
+					atomicStore.entities["x"], atomicStore.entities["y"] = true, true
+					atomicStore.cleared = calls
 					kv = atomicStore
 				}
 				mark(t, mem, "runs/", "x", t0)
@@ -547,25 +498,6 @@ func TestKeptIDsStay(t *testing.T) {
 	}
 }
 
-// blockingAtomicKV is an atomicKV whose first call waits, uncommitted,
-// until released, then fails as a call whose reply was lost.
-type blockingAtomicKV struct {
-	*atomicKV
-	started, release chan struct{}
-	once             sync.Once
-}
-
-func (b *blockingAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	first := false
-	b.once.Do(func() { first = true })
-	if !first {
-		return b.atomicKV.ClearAndDelete(ctx, ids, keys)
-	}
-	close(b.started)
-	<-b.release
-	return fmt.Errorf("read reply: %w", context.DeadlineExceeded)
-}
-
 // TestReplicaCountsOnlyItsOwnClears: a replica whose call hung while
 // another replica cleared the same markers finds them gone and counts
 // them as Gone, not Cleared: the replicas' Cleared add up to the entities
@@ -573,8 +505,19 @@ func (b *blockingAtomicKV) ClearAndDelete(ctx context.Context, ids []string, key
 func TestReplicaCountsOnlyItsOwnClears(t *testing.T) {
 	t.Parallel()
 	base, _ := newAtomicKV(t, 8)
-	slow := &blockingAtomicKV{atomicKV: base, started: make(chan struct{}), release: make(chan struct{})}
-	a, clockA := newSweep(t, slow, Config{})
+	// Replica A's call, the store's first, waits uncommitted until
+	// released, then fails as a call whose reply was lost; replica B's
+	// calls come after it and commit.
+	started, release := make(chan struct{}), make(chan struct{})
+	base.before = func(_ context.Context, call int, _ []string, _ [][]byte) error {
+		if call > 1 {
+			return nil
+		}
+		close(started)
+		<-release
+		return errLostReply
+	}
+	a, clockA := newSweep(t, base, Config{})
 	b, clockB := newSweep(t, base, Config{})
 	clockA.Set(t0.Add(2 * time.Hour))
 	clockB.Set(t0.Add(2 * time.Hour))
@@ -584,10 +527,10 @@ func TestReplicaCountsOnlyItsOwnClears(t *testing.T) {
 		assert.NoError(t, err)
 		done <- st
 	}()
-	<-slow.started
+	<-started
 	stB, err := b.Pass(context.Background())
 	require.NoError(t, err)
-	close(slow.release)
+	close(release)
 	stA := <-done
 	assert.Equal(t, 8, stB.Cleared, "the replica that cleared them")
 	assert.Zero(t, stA.Cleared, "Pass() Cleared = %d for markers another replica cleared, want 0", stA.Cleared)

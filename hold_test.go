@@ -141,7 +141,8 @@ func TestHoldWholeCall(t *testing.T) {
 	})
 	t.Run("ClearDeleter", func(t *testing.T) {
 		mem := NewMemKV()
-		kv := &holdingAtomicKV{atomicKV: atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}}, hold: map[string]time.Time{"b0003": until}}
+		kv := atomicOver(mem)
+		kv.before = refuse(map[string]error{"b0003": Hold(until)})
 		s, clock := newSweep(t, kv, Config{BatchSize: 10})
 		for _, id := range markN(t, mem, 10, t0) {
 			kv.entities[id] = true
@@ -155,7 +156,7 @@ func TestHoldWholeCall(t *testing.T) {
 		assert.Equal(t, map[string]bool{"b0003": true}, kv.entities)
 		assert.Equal(t, map[string]int{"b0003": 1}, markerIDs(t, mem, "runs/"))
 
-		delete(kv.hold, "b0003")
+		kv.before = nil // the hold ends
 		clock.Set(until.Add(time.Millisecond))
 		st, err = s.Pass(context.Background())
 		require.NoError(t, err)
@@ -165,26 +166,6 @@ func TestHoldWholeCall(t *testing.T) {
 			assert.Equal(t, 1, n, "%s cleared once", id)
 		}
 	})
-}
-
-// holdingAtomicKV refuses a batch holding an id with a BatchError naming
-// it, and commits nothing, as the ClearDeleter contract says.
-type holdingAtomicKV struct {
-	atomicKV
-	hold map[string]time.Time
-}
-
-func (h *holdingAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	perID := BatchError{}
-	for _, id := range ids {
-		if until, ok := h.hold[id]; ok {
-			perID[id] = Hold(until)
-		}
-	}
-	if len(perID) > 0 {
-		return perID
-	}
-	return h.atomicKV.ClearAndDelete(ctx, ids, keys)
 }
 
 // TestHoldZeroOrPast: a hold without a time, or with one already past,

@@ -583,8 +583,11 @@ func TestObserverLagsEveryWayOfClearing(t *testing.T) {
 			}}
 		}},
 		{"ClearDeleter", func(m *MemKV) (KV, Config) {
-			return &atomicKV{MemKV: m, entities: map[string]bool{}, cleared: map[string]int{},
-				poison: map[string]bool{"e03": true, "e07": true, "e11": true, "e15": true, "e19": true}}, Config{PageSize: 8, BatchSize: 4}
+			a := atomicOver(m)
+			for _, id := range []string{"e03", "e07", "e11", "e15", "e19"} {
+				a.poison[id] = true
+			}
+			return a, Config{PageSize: 8, BatchSize: 4}
 		}},
 	}
 	for _, tt := range tests {
@@ -684,22 +687,6 @@ func TestLeasedPassCancelledMidPass(t *testing.T) {
 	assert.Equal(t, 12, mem.Len(), "the page in flight was not deleted")
 }
 
-// cancelAfterKV is a ClearDeleter whose n-th ClearAndDelete cancels the
-// pass once it has cleared and deleted.
-type cancelAfterKV struct {
-	*atomicKV
-	n      int
-	cancel context.CancelFunc
-}
-
-func (c *cancelAfterKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	err := c.atomicKV.ClearAndDelete(ctx, ids, keys)
-	if c.atomicKV.calls == c.n {
-		c.cancel()
-	}
-	return err
-}
-
 // A ClearDeleter clears and deletes a batch in one transaction: a pass
 // cancelled mid-page still counts, and hands the observer the lags of, the
 // batches it committed.
@@ -708,8 +695,13 @@ func TestClearDeleterCancelledMidPageCountsCommittedBatches(t *testing.T) {
 	mem := NewMemKV()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	kv := &cancelAfterKV{atomicKV: &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}},
-		n: 2, cancel: cancel}
+	kv := atomicOver(mem)
+	kv.after = func(call int, err error) error {
+		if call == 2 {
+			cancel() // once its second call committed
+		}
+		return err
+	}
 	for i := range 8 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
 	}
@@ -730,25 +722,21 @@ func TestClearDeleterCancelledMidPageCountsCommittedBatches(t *testing.T) {
 func TestClearDeleterLagsWhenPageDeleteFails(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+	kv := atomicOver(mem)
 	for i := range 4 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
 	}
 	bad := appendTimestamp([]byte("runs/"), uint64(t0.UnixMilli()))
 	require.NoError(t, mem.Put(t.Context(), append(bad, "/bad id"...), nil))
 	rec := &recorder{}
-	s, clock := newSweep(t, &failDeleteKV{kv}, Config{Observer: rec})
+	kv.onDelete = failWith(errBoom) // the sweep's Delete; the commit still deletes
+	s, clock := newSweep(t, kv, Config{Observer: rec})
 	clock.Advance(2 * time.Hour)
 	st, err := s.Pass(t.Context())
 	require.ErrorIs(t, err, errBoom)
 	assert.Equal(t, 4, st.Cleared)
 	assert.Len(t, rec.lags, 4)
 }
-
-// failDeleteKV is a ClearDeleter whose own Delete fails.
-type failDeleteKV struct{ *atomicKV }
-
-func (failDeleteKV) Delete(context.Context, ...[]byte) error { return errBoom }
 
 // TestObservePageAddsUpToThePass: ObservePage comes after each page's
 // ObserveLags with that page's counts, so that counters advance with the
@@ -789,22 +777,6 @@ func (a Stats) plus(b Stats) Stats {
 	return a.minus(zero.minus(b))
 }
 
-// slowSecondKV is an atomicKV whose second call takes ten seconds by the
-// sweep's clock.
-type slowSecondKV struct {
-	*atomicKV
-	clock *ManualClock
-	n     int
-}
-
-func (k *slowSecondKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	k.n++
-	if k.n == 2 {
-		k.clock.Advance(10 * time.Second)
-	}
-	return k.atomicKV.ClearAndDelete(ctx, ids, keys)
-}
-
 // TestAtomicLagsAtCommit: a ClearDeleter's entities are gone when its call
 // commits, so their lag is measured then, not when the slowest batch of
 // their page is done.
@@ -813,7 +785,13 @@ func TestAtomicLagsAtCommit(t *testing.T) {
 	base, _ := newAtomicKV(t, 4)
 	rec := &recorder{}
 	clock := NewManualClock(t0.Add(2 * time.Hour))
-	kv := &slowSecondKV{atomicKV: base, clock: clock}
+	kv := base
+	kv.before = func(_ context.Context, call int, _ []string, _ [][]byte) error {
+		if call == 2 {
+			clock.Advance(10 * time.Second) // the second call is slow
+		}
+		return nil
+	}
 	s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Clock: clock, BatchSize: 2, Observer: rec})
 	require.NoError(t, err)
 	_, err = s.Pass(context.Background())
@@ -853,10 +831,10 @@ func TestObservePageAddsUpWhenPassCutShort(t *testing.T) {
 	}
 	t.Run("cancelled", func(t *testing.T) {
 		t.Parallel()
-		base := &atomicKV{MemKV: NewMemKV(), entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+		base := atomicOver(NewMemKV())
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		kv := &cancelAfterCommitKV{atomicKV: base, cancel: cancel}
+		kv := cancelAfterFirstCommit(base, cancel)
 		rec := &recorder{}
 		s, clock := newSweep(t, kv, Config{Observer: rec, BatchSize: 3, PageSize: 8})
 		for _, id := range markN(t, base.MemKV, 20, t0) {

@@ -118,7 +118,7 @@ func TestDuplicatesMergeInEveryClearMode(t *testing.T) {
 	})
 	t.Run("ClearDeleter", func(t *testing.T) {
 		t.Parallel()
-		kv := newAtomMem()
+		kv := atomicOver(nil)
 		s, clock := newSweep(t, kv, Config{})
 		for i, id := range []string{"a", "b", "a", "c", "b", "a", "d"} {
 			mark(t, kv.MemKV, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))

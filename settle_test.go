@@ -2,7 +2,6 @@ package retention
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -10,30 +9,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// cancelAfterCommitKV is an atomicKV whose first call commits and then
-// cancels the pass, as a SIGTERM landing just after a commit.
-type cancelAfterCommitKV struct {
-	*atomicKV
-	cancel context.CancelFunc
-	once   sync.Once
-}
-
-func (c *cancelAfterCommitKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	err := c.atomicKV.ClearAndDelete(ctx, ids, keys)
-	c.once.Do(c.cancel)
-	return err
-}
-
 // TestCancelledPassMaxLagIsOldestCleared: what a cancelled page's
 // ClearDeleter committed is counted with the lag of the oldest entity
 // cleared, though retry-range items are in retry-time order, not finish
 // order.
 func TestCancelledPassMaxLagIsOldestCleared(t *testing.T) {
 	t.Parallel()
-	base := &atomicKV{MemKV: NewMemKV(), entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+	base := atomicOver(NewMemKV())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	kv := &cancelAfterCommitKV{atomicKV: base, cancel: cancel}
+	kv := cancelAfterFirstCommit(base, cancel)
 	s, clock := newSweep(t, kv, Config{})
 	now := t0.Add(3 * time.Hour)
 	clock.Set(now)

@@ -42,8 +42,8 @@ func TestNewValidation(t *testing.T) {
 		}, ""},
 		{"both clears", kv, func(c *Config) { c.ClearBatch = func(context.Context, []string) error { return nil } }, "set one of Config.Clear and Config.ClearBatch, not both"},
 		{"batch size without batch clear", kv, func(c *Config) { c.BatchSize = 10 }, "Config.BatchSize is set but Config.Clear clears one id at a time"},
-		{"clear deleter with neither clear", &atomicKV{MemKV: kv}, func(c *Config) { c.Clear = nil }, ""},
-		{"clear deleter and a clear", &atomicKV{MemKV: kv}, func(c *Config) {}, "kv is a ClearDeleter"},
+		{"clear deleter with neither clear", atomicOver(kv), func(c *Config) { c.Clear = nil }, ""},
+		{"clear deleter and a clear", atomicOver(kv), func(c *Config) {}, "kv is a ClearDeleter"},
 		{"negative batch size", kv, func(c *Config) {
 			c.Clear, c.ClearBatch, c.BatchSize = nil, func(context.Context, []string) error { return nil }, -1
 		}, "Config.BatchSize must be 0 (default 100) or 1 to 65536, got -1"},
