@@ -771,3 +771,122 @@ func TestTypedNilWrapperErrorFailsItsBatch(t *testing.T) {
 		assert.Len(t, markerIDs(t, kv, "runs/"), 6, "Concurrency %d: every marker stays", concurrency)
 	}
 }
+
+// TestAtomicBatchErrorRefusesTheCall: a ClearDeleter that refuses [a b c]
+// because b is held clears none of them; a and c were not cleared, so their
+// markers must not go (deleted with a plain Delete, their entities would
+// be left for ever). They are sent again without b.
+func TestAtomicBatchErrorRefusesTheCall(t *testing.T) {
+	t.Parallel()
+	base, ids := newAtomicKV(t, 3)
+	kv := base
+	kv.before = refuse(map[string]error{ids[1]: errors.New("on hold")})
+	s, clock := newSweep(t, kv, Config{})
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Cleared)
+	assert.Equal(t, 1, st.Failed)
+	assert.Zero(t, st.DeleteCalls, "no marker goes but with its entity")
+	assert.Equal(t, map[string]bool{ids[1]: true}, kv.entities)
+	assert.Equal(t, map[string]int{ids[1]: 1}, markerIDs(t, kv.MemKV, "runs/"))
+	assert.Equal(t, 2, st.ClearCalls, "the refused call, then one for the ids it did not name")
+
+	// The hold is lifted: b is cleared after its delay, once.
+	kv.before = nil // the hold is lifted
+	clock.Advance(2 * time.Second)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Empty(t, kv.entities)
+	assert.Zero(t, kv.MemKV.Len())
+	for id, n := range kv.cleared {
+		assert.Equal(t, 1, n, "%s cleared once", id)
+	}
+}
+
+// TestAtomicAmbiguousFailure: after a ClearAndDelete that failed in a way
+// that may have committed, the sweep reads which markers are left before
+// it retries, splits or reschedules: committed batches count as cleared and
+// are neither sent again nor rescheduled (which would write markers back
+// for entities already gone).
+func TestAtomicAmbiguousFailure(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                   string
+		commit                 bool
+		scanErr                error
+		cleared, failed, calls int
+		gone, markers          int
+	}{
+		// Found gone: committed, by this call or another replica's.
+		{name: "committed", commit: true, gone: 8, calls: 1},
+		{name: "not committed", failed: 8, calls: 1 + bits.Len(8), markers: 8}, // an outage: the batch, then one path down
+		{name: "unknown", commit: true, scanErr: errBoom, failed: 8, calls: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			base, _ := newAtomicKV(t, 8)
+			kv := loseReplies(base, tc.commit, tc.scanErr)
+			s, clock := newSweep(t, kv, Config{})
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			if tc.scanErr != nil {
+				// The peek after the page fails too: the pass reports it.
+				require.ErrorIs(t, err, errBoom)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tc.cleared, st.Cleared)
+			assert.Equal(t, tc.gone, st.Gone)
+			assert.Equal(t, tc.failed, st.Failed)
+			assert.Equal(t, tc.calls, st.ClearCalls, "no batch sent again once it was found committed")
+			for id, n := range kv.cleared {
+				assert.Equal(t, 1, n, "%s cleared once", id)
+			}
+			assert.Len(t, kv.entities, tc.markers, "an entity is left iff its marker is")
+			assert.Equal(t, tc.markers, kv.MemKV.Len(), "no marker written back for a gone entity")
+		})
+	}
+}
+
+// TestReplicaCountsOnlyItsOwnClears: a replica whose call hung while
+// another replica cleared the same markers finds them gone and counts
+// them as Gone, not Cleared: the replicas' Cleared add up to the entities
+// cleared.
+func TestReplicaCountsOnlyItsOwnClears(t *testing.T) {
+	t.Parallel()
+	base, _ := newAtomicKV(t, 8)
+	// Replica A's call, the store's first, waits uncommitted until
+	// released, then fails as a call whose reply was lost; replica B's
+	// calls come after it and commit.
+	started, release := make(chan struct{}), make(chan struct{})
+	base.before = func(_ context.Context, call int, _ []string, _ [][]byte) error {
+		if call > 1 {
+			return nil
+		}
+		close(started)
+		<-release
+		return errLostReply
+	}
+	a, clockA := newSweep(t, base, Config{})
+	b, clockB := newSweep(t, base, Config{})
+	clockA.Set(t0.Add(2 * time.Hour))
+	clockB.Set(t0.Add(2 * time.Hour))
+	done := make(chan Stats)
+	go func() {
+		st, err := a.Pass(context.Background())
+		assert.NoError(t, err)
+		done <- st
+	}()
+	<-started
+	stB, err := b.Pass(context.Background())
+	require.NoError(t, err)
+	close(release)
+	stA := <-done
+	assert.Equal(t, 8, stB.Cleared, "the replica that cleared them")
+	assert.Zero(t, stA.Cleared, "Pass() Cleared = %d for markers another replica cleared, want 0", stA.Cleared)
+	assert.Equal(t, 8, stA.Gone)
+	assert.Equal(t, 8, stA.Cleared+stB.Cleared, "the fleet's Cleared add up to the entities cleared")
+	assert.Empty(t, base.entities)
+}

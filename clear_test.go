@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -295,4 +296,33 @@ func retryIDs(t *testing.T, kv *MemKV) map[string]int {
 		ids[string(rk.id)]++
 	}
 	return ids
+}
+
+// TestKeptIDsStay: ids that Clear keeps are plain strings: they stay as
+// they were through later pages and passes.
+func TestKeptIDsStay(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	var kept []string
+	s, clock := newSweep(t, mem, Config{PageSize: 100, Clear: func(_ context.Context, id string) error {
+		kept = append(kept, id)
+		return nil
+	}})
+	want := func(pass, i int) string { return fmt.Sprintf("p%d-%s-%d", pass, strings.Repeat("x", i%40), i) }
+	const n = 2000 // some 80 KB of ids a pass: more than a block
+	for pass := range 3 {
+		for i := range n {
+			mark(t, mem, "runs/", want(pass, i), t0.Add(time.Duration(pass*n+i)*time.Millisecond))
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, n, st.Cleared)
+	}
+	require.Len(t, kept, 3*n)
+	for pass := range 3 {
+		for i := range n {
+			require.Equal(t, want(pass, i), kept[pass*n+i], "id %d of pass %d", i, pass)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"testing"
 )
 
 // fakeKV is the store of the core's tests: the keys in a MemKV, call
@@ -267,4 +268,16 @@ func loseReplies(a *atomicKV, commit bool, scanErr error) *atomicKV {
 		return nil
 	}
 	return a
+}
+
+// newAtomicKV returns an atomicKV holding n markers finished at t0 (markN)
+// and their entities, and the markers' ids.
+func newAtomicKV(t testing.TB, n int) (*atomicKV, []string) {
+	mem := NewMemKV()
+	kv := atomicOver(mem)
+	ids := markN(t, mem, n, t0)
+	for _, id := range ids {
+		kv.entities[id] = true
+	}
+	return kv, ids
 }

@@ -666,3 +666,227 @@ func TestUnwrapChains(t *testing.T) {
 	assert.Equal(t, 2, inner.fenced, "the probe of the fence and the pass's delete")
 	assert.Zero(t, inner.plain)
 }
+
+// typedFenceKV is a store that only its own kind of lease can fence: it
+// applies a fence carried on a write's context, as the adapters do.
+type typedFenceKV struct {
+	*MemKV
+}
+
+func (k *typedFenceKV) Delete(ctx context.Context, keys ...[]byte) error {
+	if f, err := Fenced(ctx, k); f != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return f.Delete(ctx, keys...)
+	}
+	return k.MemKV.Delete(ctx, keys...)
+}
+
+// typedFencer fences *typedFenceKV only.
+type typedFencer struct{ fencingLease }
+
+func (l typedFencer) Fence(kv KV) (KV, bool) {
+	k, ok := kv.(*typedFenceKV)
+	if !ok {
+		return nil, false
+	}
+	return fencedKV{KV: k.MemKV, lease: l.fakeLease}, true
+}
+
+type typedFencingLocker struct{ fencingLocker }
+
+func (f *typedFencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fencingLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return typedFencer{l.(fencingLease)}, nil
+}
+
+// loggingKV wraps a KV as users do to log or trace its calls; with unwrap
+// set it has an Unwrap method.
+type loggingKV struct {
+	inner   KV
+	deletes atomic.Int64
+}
+
+func (w *loggingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return w.inner.Scan(ctx, start, end, limit)
+}
+
+func (w *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
+	err := w.inner.Delete(ctx, keys...)
+	if err == nil {
+		w.deletes.Add(1)
+	}
+	return err
+}
+
+type unwrappingKV struct{ *loggingKV }
+
+func (w unwrappingKV) Unwrap() KV { return w.inner }
+
+// TestFenceThroughWrapper: a wrapper with Unwrap keeps the lease's fence
+// (dropping it would let the old holder delete after losing the lease);
+// one without is refused unless
+// Config.AllowUnfenced says otherwise.
+func TestFenceThroughWrapper(t *testing.T) {
+	t.Run("Unwrap", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			store := &typedFenceKV{MemKV: mem}
+			wrapper := unwrappingKV{&loggingKV{inner: store}}
+			locker := &typedFencingLocker{}
+			for i := range 20 {
+				mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
+			}
+			var log passLog
+			var stolen atomic.Bool
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+				Clear: func(ctx context.Context, id string) error {
+					if id == "m09" {
+						locker.stealSilently()
+						stolen.Store(true)
+					}
+					return nil
+				},
+				OnPass: log.onPass,
+			})
+			require.NoError(t, err)
+			stop := runInBackground(t.Context(), s)
+			synctest.Wait()
+			assert.Equal(t, 12, mem.Len(), "the fence refused the page in flight")
+			assert.Equal(t, int64(3), wrapper.deletes.Load(), "the probe of the fence (a write of nothing) and the two pages before the loss; none after")
+			require.GreaterOrEqual(t, log.len(), 1)
+			assert.ErrorIs(t, log.err(0), ErrLeaseLost)
+			require.ErrorIs(t, stop(), context.Canceled)
+		})
+	})
+	t.Run("no Unwrap", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			wrapper := &loggingKV{inner: &typedFenceKV{MemKV: mem}}
+			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
+			locker := &typedFencingLocker{}
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: locker,
+				Clear: func(context.Context, string) error { return nil }})
+			require.NoError(t, err)
+			err = s.Run(t.Context())
+			require.ErrorIs(t, err, ErrUnfenced)
+			assert.Contains(t, err.Error(), "AllowUnfenced")
+			assert.Equal(t, 1, mem.Len(), "nothing deleted unfenced")
+			assert.Nil(t, locker.holder, "the lease was released")
+
+			_, err = s.LeasedPass(t.Context())
+			require.ErrorIs(t, err, ErrUnfenced)
+			assert.Equal(t, 1, mem.Len())
+		})
+	})
+	t.Run("AllowUnfenced", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			wrapper := &loggingKV{inner: &typedFenceKV{MemKV: mem}}
+			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: &typedFencingLocker{}, AllowUnfenced: true,
+				Clear: func(context.Context, string) error { return nil }})
+			require.NoError(t, err)
+			st, err := s.LeasedPass(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Cleared)
+			assert.Zero(t, mem.Len())
+		})
+	})
+}
+
+// TestFencedRefusesAForeignFence: a store write under a fence that cannot
+// fence the store fails rather than goes out unfenced.
+func TestFencedRefusesAForeignFence(t *testing.T) {
+	t.Parallel()
+	ctx, _ := withFence(context.Background(), typedFencer{fencingLease{&fakeLease{}}})
+	view, err := Fenced(ctx, NewMemKV())
+	require.ErrorIs(t, err, ErrUnfenced)
+	assert.Nil(t, view)
+	view, err = Fenced(context.Background(), NewMemKV())
+	require.NoError(t, err)
+	assert.Nil(t, view, "no fence on the context: write as usual")
+}
+
+// probeAtomic is an atomicKV that records whether its ClearAndDelete ran
+// under a fence carried on its context.
+type probeAtomic struct {
+	*atomicKV
+	fenced, unfenced atomic.Int64
+}
+
+func (p *probeAtomic) Delete(ctx context.Context, keys ...[]byte) error {
+	if f, err := Fenced(ctx, p); f != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return p.MemKV.Delete(ctx, keys...) // the fake fence lets every write through
+	}
+	return p.MemKV.Delete(ctx, keys...)
+}
+
+func (p *probeAtomic) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	if f, err := Fenced(ctx, p); f != nil && err == nil {
+		p.fenced.Add(1)
+	} else {
+		p.unfenced.Add(1)
+	}
+	return p.atomicKV.ClearAndDelete(ctx, ids, keys)
+}
+
+// probeFencer fences *probeAtomic only.
+type probeFencer struct{ fencingLease }
+
+func (l probeFencer) Fence(kv KV) (KV, bool) {
+	if _, ok := kv.(*probeAtomic); !ok {
+		return nil, false
+	}
+	return kv, true
+}
+
+type probeLocker struct{ fencingLocker }
+
+func (f *probeLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fencingLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return probeFencer{l.(fencingLease)}, nil
+}
+
+// atomicWrapper wraps a ClearDeleter, with Unwrap.
+type atomicWrapper struct{ inner ClearDeleter }
+
+func (w atomicWrapper) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return w.inner.Scan(ctx, start, end, limit)
+}
+
+func (w atomicWrapper) Delete(ctx context.Context, keys ...[]byte) error {
+	return w.inner.Delete(ctx, keys...)
+}
+
+func (w atomicWrapper) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	return w.inner.ClearAndDelete(ctx, ids, keys)
+}
+
+func (w atomicWrapper) Unwrap() KV { return w.inner }
+
+// TestFenceThroughAtomicWrapper: the atomic clear through a wrapper carries
+// the fence on its context too.
+func TestFenceThroughAtomicWrapper(t *testing.T) {
+	t.Parallel()
+	base, _ := newAtomicKV(t, 10)
+	probe := &probeAtomic{atomicKV: base}
+	s, err := New(atomicWrapper{probe}, Config{Prefix: "runs/", Retention: time.Hour, Lease: &probeLocker{},
+		Clock: NewManualClock(t0.Add(2 * time.Hour)), BatchSize: 4})
+	require.NoError(t, err)
+	st, err := s.LeasedPass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 10, st.Cleared)
+	assert.Equal(t, int64(3), probe.fenced.Load())
+	assert.Zero(t, probe.unfenced.Load())
+}

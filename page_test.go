@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -198,4 +200,123 @@ func TestPageOfNoItems(t *testing.T) {
 			assert.Equal(t, 1, mem.Len())
 		})
 	}
+}
+
+// TestDuplicateMarkersMerge: several markers of one id on one page clear
+// the id once and all go (on the atomic path in the same transaction); a
+// marker on a later page clears the id again (Clear is idempotent), and
+// goes too.
+func TestDuplicateMarkersMerge(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"Clear", "ClearBatch", "ClearDeleter"} {
+		for _, pageSize := range []int{16, 2} {
+			t.Run(fmt.Sprintf("%s/page%d", mode, pageSize), func(t *testing.T) {
+				t.Parallel()
+				mem := NewMemKV()
+				calls := map[string]int{}
+				cfg := Config{PageSize: pageSize}
+				var kv KV = mem
+				var atomicStore *atomicKV
+				switch mode {
+				case "Clear":
+					cfg.Clear = func(_ context.Context, id string) error { calls[id]++; return nil }
+				case "ClearBatch":
+					cfg.ClearBatch = func(_ context.Context, ids []string) error {
+						for _, id := range ids {
+							calls[id]++
+						}
+						return nil
+					}
+				default:
+					atomicStore = atomicOver(mem)
+					atomicStore.entities["x"], atomicStore.entities["y"] = true, true
+					atomicStore.cleared = calls
+					kv = atomicStore
+				}
+				mark(t, mem, "runs/", "x", t0)
+				mark(t, mem, "runs/", "y", t0.Add(time.Millisecond))
+				mark(t, mem, "runs/", "x", t0.Add(2*time.Millisecond)) // a second marker of x
+				mark(t, mem, "runs/", "x", t0.Add(3*time.Millisecond)) // and a third
+				s, clock := newSweep(t, kv, cfg)
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				if pageSize == 2 {
+					// Pages [x y] and [x x]: the id is deduped page by
+					// page, and cleared again on the later page.
+					assert.Equal(t, map[string]int{"x": 2, "y": 1}, calls, "x cleared once a page")
+					assert.Equal(t, 3, st.Cleared)
+					assert.Equal(t, 1, st.Duplicates)
+				} else {
+					assert.Equal(t, map[string]int{"x": 1, "y": 1}, calls, "each id cleared once")
+					assert.Equal(t, 2, st.Cleared)
+					assert.Equal(t, 2, st.Duplicates)
+				}
+				assert.Zero(t, mem.Len(), "every marker went")
+				if atomicStore != nil && pageSize > 2 {
+					assert.Zero(t, st.DeleteCalls, "the duplicates went in the clear's transaction")
+				}
+			})
+		}
+	}
+}
+
+// TestDuplicatesOfEveryIDLength: the page's table finds the second marker
+// of an id of any length, and tells apart ids that differ in one byte
+// anywhere (the hash reads ids of up to 16 bytes in two loads).
+func TestDuplicatesOfEveryIDLength(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	var ids []string
+	for n := 1; n <= 40; n++ {
+		base := []byte(strings.Repeat("a", n))
+		ids = append(ids, string(base))
+		for _, at := range []int{0, n / 2, n - 1} {
+			other := slices.Clone(base)
+			other[at] = 'b'
+			if !slices.Contains(ids, string(other)) {
+				ids = append(ids, string(other))
+			}
+		}
+	}
+	for i, id := range ids {
+		mark(t, mem, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+		mark(t, mem, "runs/", id, t0.Add(time.Duration(len(ids)+i)*time.Millisecond))
+	}
+	calls := map[string]int{}
+	s, clock := newSweep(t, mem, Config{PageSize: 1000, Clear: func(_ context.Context, id string) error { calls[id]++; return nil }})
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	for _, id := range ids {
+		assert.Equal(t, 1, calls[id], "calls of Clear(%q)", id)
+	}
+	assert.Equal(t, len(ids), st.Cleared)
+	assert.Equal(t, len(ids), st.Duplicates)
+	assert.Zero(t, mem.Len(), "every marker went")
+}
+
+// TestDuplicateOfFailedIDKeepsOne: the second marker of an id whose clear
+// failed goes, and the first, moved to its retry time, stands for both.
+func TestDuplicateOfFailedIDKeepsOne(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	c.set("x", errBoom)
+	s, clock := newSweep(t, mem, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "x", t0)
+	mark(t, mem, "runs/", "x", t0.Add(time.Millisecond))
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.calls["x"])
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, 1, st.Duplicates)
+	assert.Equal(t, map[string]int{"x": 1}, markerIDs(t, mem, "runs/"))
+	c.set("x", nil)
+	clock.Advance(2 * time.Second)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Zero(t, mem.Len())
 }

@@ -776,3 +776,25 @@ func TestMaxAttemptsValidation(t *testing.T) {
 		assert.Contains(t, err.Error(), "is no Mover")
 	}
 }
+
+// TestRescheduleMovesOnce: on a Mover a failed marker is moved in one
+// atomic step, so there is never a moment with two markers of the id.
+func TestRescheduleMovesOnce(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	kv := newFakeKV(mem)
+	c := newClears()
+	c.set("a", errBoom)
+	c.set("b", errBoom)
+	s, clock := newSweep(t, kv.store(), Config{Clear: c.clear})
+	mark(t, mem, "runs/", "a", t0)
+	mark(t, mem, "runs/", "b", t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Retried)
+	assert.Equal(t, 1, st.PutCalls, "both markers moved in one call")
+	assert.Zero(t, st.DeleteCalls)
+	assert.Equal(t, map[string]int{"a": 1, "b": 1}, markerIDs(t, mem, "runs/"))
+	assert.Equal(t, int64(1), kv.moves.Load())
+}
