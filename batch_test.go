@@ -454,7 +454,7 @@ func TestAtomicDuplicateMovesWithFailedMarker(t *testing.T) {
 // outagePasses runs passes over 256 markers in batches of 64 with the
 // dependency down, each pass once the retries fall due, and returns the
 // ClearCalls of each pass.
-func outagePasses(t *testing.T, passes int, cfg Config) ([]Stats, *batchRecorder, *MemKV) {
+func outagePasses(t testing.TB, passes int, cfg Config) ([]Stats, *batchRecorder, *MemKV) {
 	t.Helper()
 	kv := NewMemKV()
 	r := newBatchRecorder()

@@ -285,7 +285,7 @@ func TestPanicsAndGoexitsEachRecordedOnce(t *testing.T) {
 }
 
 // retryIDs counts the ids of the retry range under "runs/".
-func retryIDs(t *testing.T, kv *MemKV) map[string]int {
+func retryIDs(t testing.TB, kv *MemKV) map[string]int {
 	t.Helper()
 	keys, err := kv.Scan(context.Background(), []byte("runs/r"), []byte("runs/s"), 1<<20)
 	require.NoError(t, err)

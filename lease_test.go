@@ -126,7 +126,7 @@ func (c *clearLog) of(id string) []string {
 	return c.by[id]
 }
 
-func startReplicas(t *testing.T, n int, kv KV, cfg Config, clears *clearLog) []*replica {
+func startReplicas(t testing.TB, n int, kv KV, cfg Config, clears *clearLog) []*replica {
 	t.Helper()
 	var rs []*replica
 	for i := range n {
@@ -146,7 +146,7 @@ func startReplicas(t *testing.T, n int, kv KV, cfg Config, clears *clearLog) []*
 	return rs
 }
 
-func stopReplicas(t *testing.T, rs []*replica) {
+func stopReplicas(t testing.TB, rs []*replica) {
 	t.Helper()
 	for _, r := range rs {
 		r.cancel()

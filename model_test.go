@@ -960,7 +960,7 @@ func mentions(l, id string) bool {
 }
 
 // modelRuns is the number of random runs of TestModel.
-func modelRuns(t *testing.T) int {
+func modelRuns(t testing.TB) int {
 	if s := os.Getenv("RETENTION_MODEL_RUNS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil {

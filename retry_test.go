@@ -224,14 +224,15 @@ func TestRescheduleOntoItself(t *testing.T) {
 	_ = key
 }
 
-// nsKV puts a namespace in front of its keys but inherits Put from the
-// MemKV it wraps: that Put writes where Scan does not read.
-type nsKV struct {
+// misplacedWritesKV puts a namespace in front of the keys it scans and
+// deletes but inherits Put and Move from the MemKV it wraps: they write
+// where Scan does not read.
+type misplacedWritesKV struct {
 	*MemKV
 	ns string
 }
 
-func (n nsKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+func (n misplacedWritesKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
 	keys, err := n.MemKV.Scan(ctx, append([]byte(n.ns), start...), append([]byte(n.ns), end...), limit)
 	for i := range keys {
 		keys[i] = keys[i][len(n.ns):]
@@ -239,7 +240,7 @@ func (n nsKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte,
 	return keys, err
 }
 
-func (n nsKV) Delete(ctx context.Context, keys ...[]byte) error {
+func (n misplacedWritesKV) Delete(ctx context.Context, keys ...[]byte) error {
 	full := make([][]byte, len(keys))
 	for i, k := range keys {
 		full[i] = append([]byte(n.ns), k...)
@@ -248,12 +249,13 @@ func (n nsKV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // TestRescheduleReadBack: a Put that writes where Scan does not read is
-// caught by reading the first rewrite back; the marker stays. nsKV inherits
-// MemKV's Move, so the Move is what is read back.
+// caught by reading the first rewrite back; the marker stays.
+// misplacedWritesKV inherits MemKV's Move, so the Move is what is read
+// back.
 func TestRescheduleReadBack(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := nsKV{MemKV: mem, ns: "tenant1/"}
+	kv := misplacedWritesKV{MemKV: mem, ns: "tenant1/"}
 	c := newClears()
 	c.set("a", errBoom)
 	var logs syncBuffer

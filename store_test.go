@@ -24,7 +24,7 @@ func TestMemKVBasics(t *testing.T) {
 	}
 }
 
-func testMemKVBasics(t *testing.T, kv *MemKV) {
+func testMemKVBasics(t testing.TB, kv *MemKV) {
 	ctx := context.Background()
 	for _, k := range []string{"b", "a", "c", "\x00", "\xff", "ab", "b"} {
 		require.NoError(t, kv.Put(ctx, []byte(k), []byte("v"+k)))
