@@ -391,6 +391,7 @@ func TestBatchOutageCallsPerBatch(t *testing.T) {
 // reads which markers are left and must not keep k2 as if it had gone in
 // the same transaction, or the next pass clears x a second time with k2.
 func TestAtomicDuplicateGoesWhenAnotherReplicaClearedTheID(t *testing.T) {
+	t.Parallel()
 	kv := atomicOver(nil)
 	const prefix = "runs/"
 	k1 := mark(t, kv.MemKV, prefix, "x", t0.Add(-3*time.Hour))
@@ -420,6 +421,7 @@ func TestAtomicDuplicateGoesWhenAnotherReplicaClearedTheID(t *testing.T) {
 // be lost to a crash) leaving a second marker of x in the expired range:
 // after a restart, x is cleared exactly once.
 func TestAtomicDuplicateMovesWithFailedMarker(t *testing.T) {
+	t.Parallel()
 	kv := atomicOver(nil)
 	const prefix = "runs/"
 	mark(t, kv.MemKV, prefix, "x", t0.Add(-3*time.Hour))

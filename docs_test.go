@@ -30,6 +30,7 @@ var readmeCode = regexp.MustCompile(`^<!-- code: (\S+)((?: \S+)+) -->$`)
 // library itself), so that go test builds them and runs most of them.
 // go test -run TestREADMECode -update-readme rewrites the blocks.
 func TestREADMECode(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	lines := strings.SplitAfter(string(readme), "\n")
@@ -129,6 +130,7 @@ func declSource(path string, names []string) (string, error) {
 // which godoc shows next to the docs and go test compiles. Blocks that are
 // not Go (a list of metrics) may stay.
 func TestDocCommentsHaveNoCode(t *testing.T) {
+	t.Parallel()
 	// Every folder of the repository, so that a new package is checked too.
 	var dirs []string
 	require.NoError(t, filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
@@ -200,6 +202,7 @@ func docComments(f *ast.File) []*ast.CommentGroup {
 // (a client, a name, *LockerOptions) and that README.md shows each with the
 // signature it has.
 func TestREADMELockers(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	for _, pkg := range []string{"pgkv", "rediskv", "etcdkv", "sqlkv"} {

@@ -625,6 +625,7 @@ func (d dropCtxKV) Unwrap() KV { return d.inner }
 // Delete does not pass ctx on must either be refused (ErrUnfenced) or make
 // no unfenced delete.
 func TestWrapperDroppingCtxNeverDeletesUnfenced(t *testing.T) {
+	t.Parallel()
 	inner := &fenceMem{MemKV: NewMemKV()}
 	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
 	s, _ := newSweep(t, dropCtxKV{inner}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
@@ -653,6 +654,7 @@ func (n nested) Unwrap() KV { return n.KV }
 // ErrUnfenced, not a hang; nested wrappers over a fenceable KV are fenced
 // through the context.
 func TestUnwrapChains(t *testing.T) {
+	t.Parallel()
 	for _, kv := range []KV{selfUnwrap{NewMemKV()}, nilUnwrap{NewMemKV()}} {
 		s, _ := newSweep(t, kv, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
 		_, err := s.LeasedPass(context.Background())
