@@ -44,49 +44,45 @@ func TestMalformedRetryKeys(t *testing.T) {
 func TestDuplicatesOfRandomIDs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, wide := range []bool{false} {
-		for seed := range uint64(6) {
-			r := rand.New(rand.NewPCG(seed, 11))
-			mem := NewMemKV()
-			var kv KV = mem
-			pageSize := 5000
-			c := newClears()
-			s, clock := newSweep(t, kv, Config{Clear: c.clear, PageSize: pageSize})
-			ids := map[string]int{}
-			for len(ids) < 300 {
-				n := 1 + r.IntN(40)
-				id := make([]byte, n)
-				for i := range id {
-					id[i] = "abAB01_-"[r.IntN(8)]
-				}
-				for _, v := range [][]byte{id, bytes.Clone(id)} {
-					if len(ids) > 0 && r.IntN(2) == 0 {
-						v[r.IntN(n)] ^= 1 // a neighbour one bit off, when still an id byte
-						if ValidateID(string(v)) != nil {
-							continue
-						}
+	for seed := range uint64(6) {
+		r := rand.New(rand.NewPCG(seed, 11))
+		mem := NewMemKV()
+		c := newClears()
+		s, clock := newSweep(t, mem, Config{Clear: c.clear, PageSize: 5000})
+		ids := map[string]int{}
+		for len(ids) < 300 {
+			n := 1 + r.IntN(40)
+			id := make([]byte, n)
+			for i := range id {
+				id[i] = "abAB01_-"[r.IntN(8)]
+			}
+			for _, v := range [][]byte{id, bytes.Clone(id)} {
+				if len(ids) > 0 && r.IntN(2) == 0 {
+					v[r.IntN(n)] ^= 1 // a neighbour one bit off, when still an id byte
+					if ValidateID(string(v)) != nil {
+						continue
 					}
-					for range 1 + r.IntN(3) {
-						mark(t, mem, "runs/", string(v), t0.Add(time.Duration(r.IntN(1000))*time.Millisecond))
-					}
-					ids[string(v)]++
 				}
+				for range 1 + r.IntN(3) {
+					mark(t, mem, "runs/", string(v), t0.Add(time.Duration(r.IntN(1000))*time.Millisecond))
+				}
+				ids[string(v)]++
 			}
-			// Two marks may have hit one key: count what is there.
-			left := markerIDs(t, mem, "runs/")
-			markers := 0
-			for _, n := range left {
-				markers += n
-			}
-			clock.Set(t0.Add(2 * time.Hour))
-			st, err := s.Pass(ctx)
-			require.NoError(t, err)
-			assert.Empty(t, markerIDs(t, mem, "runs/"), "wide=%v seed %d", wide, seed)
-			assert.Equal(t, len(left), st.Cleared, "wide=%v seed %d", wide, seed)
-			assert.Equal(t, markers-len(left), st.Duplicates, "wide=%v seed %d", wide, seed)
-			for id := range left {
-				assert.Equal(t, 1, c.count(id), "wide=%v seed %d id %q", wide, seed, id)
-			}
+		}
+		// Two marks may have hit one key: count what is there.
+		left := markerIDs(t, mem, "runs/")
+		markers := 0
+		for _, n := range left {
+			markers += n
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(ctx)
+		require.NoError(t, err)
+		assert.Empty(t, markerIDs(t, mem, "runs/"), "seed %d", seed)
+		assert.Equal(t, len(left), st.Cleared, "seed %d", seed)
+		assert.Equal(t, markers-len(left), st.Duplicates, "seed %d", seed)
+		for id := range left {
+			assert.Equal(t, 1, c.count(id), "seed %d id %q", seed, id)
 		}
 	}
 }
