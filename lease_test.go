@@ -548,16 +548,16 @@ func TestFencedDeleteRefusedAfterSilentLoss(t *testing.T) {
 	})
 }
 
-// fenceMem is an adapter whose writes apply a fence carried on ctx
+// fenceableKV is an adapter whose writes apply a fence carried on ctx
 // (retention.Fenced), as pgkv, rediskv and etcdkv do; it counts fenced and
 // unfenced deletes.
-type fenceMem struct {
+type fenceableKV struct {
 	*MemKV
 	mu            sync.Mutex
 	fenced, plain int
 }
 
-func (f *fenceMem) Delete(ctx context.Context, keys ...[]byte) error {
+func (f *fenceableKV) Delete(ctx context.Context, keys ...[]byte) error {
 	view, err := Fenced(ctx, f)
 	if err != nil {
 		return err
@@ -571,7 +571,7 @@ func (f *fenceMem) Delete(ctx context.Context, keys ...[]byte) error {
 	return f.MemKV.Delete(ctx, keys...)
 }
 
-type fenceMemView struct{ f *fenceMem }
+type fenceMemView struct{ f *fenceableKV }
 
 func (v fenceMemView) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
 	return v.f.MemKV.Scan(ctx, s, e, n)
@@ -591,7 +591,7 @@ func (l *fenceLease) Lost() <-chan struct{} { return l.lost }
 func (l *fenceLease) Release(context.Context) error { return nil }
 
 func (l *fenceLease) Fence(kv KV) (KV, bool) {
-	if f, ok := kv.(*fenceMem); ok {
+	if f, ok := kv.(*fenceableKV); ok {
 		return fenceMemView{f}, true
 	}
 	return nil, false
@@ -606,7 +606,7 @@ func (fenceLocker) TryAcquire(context.Context) (Lease, error) {
 // dropCtxKV is a logging wrapper with Unwrap whose Delete does not pass
 // the call's context on (it uses its own, as code that adds a timeout from
 // context.Background() does).
-type dropCtxKV struct{ inner *fenceMem }
+type dropCtxKV struct{ inner *fenceableKV }
 
 func (d dropCtxKV) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
 	return d.inner.Scan(ctx, s, e, n)
@@ -626,7 +626,7 @@ func (d dropCtxKV) Unwrap() KV { return d.inner }
 // no unfenced delete.
 func TestWrapperDroppingCtxNeverDeletesUnfenced(t *testing.T) {
 	t.Parallel()
-	inner := &fenceMem{MemKV: NewMemKV()}
+	inner := &fenceableKV{MemKV: NewMemKV()}
 	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
 	s, _ := newSweep(t, dropCtxKV{inner}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
 	st, err := s.LeasedPass(context.Background())
@@ -660,7 +660,7 @@ func TestUnwrapChains(t *testing.T) {
 		_, err := s.LeasedPass(context.Background())
 		assert.ErrorIs(t, err, ErrUnfenced, "%T", kv)
 	}
-	inner := &fenceMem{MemKV: NewMemKV()}
+	inner := &fenceableKV{MemKV: NewMemKV()}
 	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
 	s, _ := newSweep(t, nested{nested{inner}}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
 	_, err := s.LeasedPass(context.Background())
@@ -669,27 +669,11 @@ func TestUnwrapChains(t *testing.T) {
 	assert.Zero(t, inner.plain)
 }
 
-// typedFenceKV is a store that only its own kind of lease can fence: it
-// applies a fence carried on a write's context, as the adapters do.
-type typedFenceKV struct {
-	*MemKV
-}
-
-func (k *typedFenceKV) Delete(ctx context.Context, keys ...[]byte) error {
-	if f, err := Fenced(ctx, k); f != nil || err != nil {
-		if err != nil {
-			return err
-		}
-		return f.Delete(ctx, keys...)
-	}
-	return k.MemKV.Delete(ctx, keys...)
-}
-
-// typedFencer fences *typedFenceKV only.
+// typedFencer fences *fenceableKV only, through the fake lease.
 type typedFencer struct{ fencingLease }
 
 func (l typedFencer) Fence(kv KV) (KV, bool) {
-	k, ok := kv.(*typedFenceKV)
+	k, ok := kv.(*fenceableKV)
 	if !ok {
 		return nil, false
 	}
@@ -737,7 +721,7 @@ func TestFenceThroughWrapper(t *testing.T) {
 	t.Run("Unwrap", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			mem := NewMemKV()
-			store := &typedFenceKV{MemKV: mem}
+			store := &fenceableKV{MemKV: mem}
 			wrapper := unwrappingKV{&loggingKV{inner: store}}
 			locker := &typedFencingLocker{}
 			for i := range 20 {
@@ -768,7 +752,7 @@ func TestFenceThroughWrapper(t *testing.T) {
 	t.Run("no Unwrap", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			mem := NewMemKV()
-			wrapper := &loggingKV{inner: &typedFenceKV{MemKV: mem}}
+			wrapper := &loggingKV{inner: &fenceableKV{MemKV: mem}}
 			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
 			locker := &typedFencingLocker{}
 			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: locker,
@@ -788,7 +772,7 @@ func TestFenceThroughWrapper(t *testing.T) {
 	t.Run("AllowUnfenced", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			mem := NewMemKV()
-			wrapper := &loggingKV{inner: &typedFenceKV{MemKV: mem}}
+			wrapper := &loggingKV{inner: &fenceableKV{MemKV: mem}}
 			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
 			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: &typedFencingLocker{}, AllowUnfenced: true,
 				Clear: func(context.Context, string) error { return nil }})
