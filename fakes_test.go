@@ -11,8 +11,8 @@ import (
 // fakeKV is the store of the core's tests: the keys in a MemKV, call
 // counters, fault hooks, and switches for what the store can do. Give the
 // sweep f.store(), which is a Mover when canMove, a Putter only when
-// canPut, and read-only otherwise; tests read and write the keys through
-// the embedded MemKV.
+// canPut, and read-only otherwise (storeKind.fake sets them for a kind of
+// the table); tests read and write the keys through the embedded MemKV.
 type fakeKV struct {
 	*MemKV
 	canPut, canMove bool

@@ -40,14 +40,20 @@ type storeKind struct {
 	// writes: the sweep moves failed and held markers in the store (a
 	// Mover); otherwise it keeps their delays and holds in memory.
 	writes bool
+	puts   bool // a Putter
+}
+
+// fake returns a fakeKV over mem whose store() is of this kind.
+func (k storeKind) fake(mem *MemKV) *fakeKV {
+	return &fakeKV{MemKV: mem, canPut: k.puts, canMove: k.writes}
 }
 
 // storeKinds are the kinds of store every test that iterates over kinds
 // runs on: a Mover, a Putter that is no Mover, and a read-only store.
 var storeKinds = []storeKind{
-	{"Mover", func(m *MemKV) KV { return m }, true},
-	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, false},
-	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false},
+	{"Mover", func(m *MemKV) KV { return m }, true, true},
+	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, false, true},
+	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false, false},
 }
 
 // writingKinds are the store kinds on which retries and holds are written

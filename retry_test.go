@@ -114,11 +114,11 @@ func TestRetryDelayCapped(t *testing.T) {
 func TestFailingBacklogIdlePass(t *testing.T) {
 	t.Parallel()
 	const n = 10_000
-	for _, mover := range []bool{true, false} {
-		t.Run(fmt.Sprint("mover=", mover), func(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind.name, func(t *testing.T) {
 			t.Parallel()
 			mem := NewMemKV()
-			counting := &fakeKV{MemKV: mem, canPut: mover, canMove: mover}
+			counting := kind.fake(mem)
 			kv := counting.store()
 			c := newClears()
 			s, clock := newSweep(t, kv, Config{Clear: func(ctx context.Context, id string) error {
@@ -141,7 +141,7 @@ func TestFailingBacklogIdlePass(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, n, c.total(), "no Clear before the retry delay is over")
 			assert.Zero(t, counting.deletes.Load()+counting.puts.Load()+counting.moves.Load(), "an idle pass writes nothing")
-			if mover {
+			if kind.writes {
 				assert.LessOrEqual(t, counting.scans.Load(), int64(3), "Scan calls: the expired range, the next marker, the retry range's first")
 				assert.LessOrEqual(t, counting.keys.Load(), int64(1), "keys read")
 				assert.Zero(t, st.Deferred)
