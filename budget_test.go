@@ -14,8 +14,9 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Tests of issue 17: a delete budget, batches that adapt, passes that
-// coalesce. They run in fake time (testing/synctest).
+// The delete budget (Config.Limiter), batches that adapt to BatchTarget,
+// and passes that coalesce under MinInterval. They run in fake time
+// (testing/synctest).
 
 // TestBudgetPacesTheSweep: a budget of N entities a second clears a
 // backlog of M in about M/N seconds, never faster, in every clear mode.

@@ -3,7 +3,10 @@ package retention
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -142,5 +145,184 @@ func TestClearsAskErrBeforeEach(t *testing.T) {
 			assert.LessOrEqual(t, int(calls.Load()), concurrency, "Clears after Err reported the pass over")
 			assert.Equal(t, 20, mem.Len(), "nothing deleted once Err reported the pass over")
 		})
+	}
+}
+
+// nilSafeWrapErr is an ordinary wrapping error type. Its nil pointer is
+// the classic typed-nil error: Error is nil-safe, Unwrap (as almost every
+// wrapper writes it) dereferences the receiver.
+type nilSafeWrapErr struct{ err error }
+
+func (e *nilSafeWrapErr) Error() string {
+	if e == nil {
+		return "<nil wrapErr>"
+	}
+	return "wrap: " + e.err.Error()
+}
+
+func (e *nilSafeWrapErr) Unwrap() error { return e.err }
+
+// typedNilClear returns a typed-nil nilSafeWrapErr for the id
+// "typednil", nil for the others.
+func typedNilClear(_ context.Context, id string) error {
+	if id == "typednil" {
+		var e *nilSafeWrapErr
+		return e // non-nil error interface holding a nil pointer
+	}
+	return nil
+}
+
+// TestTypedNilWrapperErrorFailsOnlyItsMarker: a Clear that returns a
+// typed-nil wrapper error, whose Unwrap panics under errors.Is, fails its
+// marker alone (recorded as panicked) while the pass goes on.
+func TestTypedNilWrapperErrorFailsOnlyItsMarker(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	s, clock := newSweep(t, kv, Config{Clear: typedNilClear})
+	mark(t, kv, "runs/", "typednil", t0)
+	mark(t, kv, "runs/", "fine", t0.Add(time.Millisecond))
+	clock.Set(t0.Add(2 * time.Hour))
+	var st Stats
+	var err error
+	var r any
+	func() {
+		defer func() { r = recover() }()
+		st, err = s.Pass(context.Background())
+	}()
+	require.Nil(t, r, "Pass panicked on a Clear's typed-nil error")
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, map[string]int{"typednil": 1}, markerIDs(t, kv, "runs/"))
+}
+
+// TestTypedNilWrapperErrorOnWorkersDoesNotCrash: with Concurrency > 1 the
+// same typed-nil error is met on a worker goroutine and still fails its
+// marker alone. It runs in a child process so that a crash is seen.
+func TestTypedNilWrapperErrorOnWorkersDoesNotCrash(t *testing.T) {
+	if os.Getenv("RETENTION_TEST_CHILD") == "1" {
+		kv := NewMemKV()
+		s, clock := newSweep(t, kv, Config{Clear: typedNilClear, Concurrency: 4})
+		mark(t, kv, "runs/", "typednil", t0)
+		mark(t, kv, "runs/", "fine", t0.Add(time.Millisecond))
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 1, st.Failed)
+		return
+	}
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTypedNilWrapperErrorOnWorkersDoesNotCrash$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "RETENTION_TEST_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the child process crashed:\n%s", firstBytes(out, 1500))
+}
+
+// firstBytes returns at most the first n bytes of b.
+func firstBytes(b []byte, n int) string {
+	if len(b) > n {
+		b = b[:n]
+	}
+	return string(b)
+}
+
+// TestPanicsAndGoexitsEachRecordedOnce: clears that panic, call Goexit,
+// fail and succeed, mixed on one page and over pages, inline and on
+// workers, under ClearTimeout: each recorded once, the run goes on, the
+// contexts they consulted end with their call, and no worker is lost or
+// left (goleak in TestMain).
+func TestPanicsAndGoexitsEachRecordedOnce(t *testing.T) {
+	t.Parallel()
+	for _, conc := range []int{1, 3} {
+		for _, page := range []int{2, 100} {
+			t.Run(fmt.Sprintf("c%d-p%d", conc, page), func(t *testing.T) {
+				t.Parallel()
+				kv := NewMemKV()
+				var mu = make(chan struct{}, 1)
+				ctxs := map[string]context.Context{}
+				calls := map[string]int{}
+				clear := func(ctx context.Context, id string) error {
+					_ = ctx.Err() // consult it
+					mu <- struct{}{}
+					ctxs[id] = ctx
+					calls[id]++
+					<-mu
+					switch id[0] {
+					case 'p':
+						panic("clear bug " + id)
+					case 'g':
+						runtime.Goexit()
+					case 'f':
+						return errBoom
+					}
+					return nil
+				}
+				s, clock := newSweep(t, kv, Config{Clear: clear, Concurrency: conc, PageSize: page, ClearTimeout: time.Minute})
+				ids := []string{"ok1", "p1", "g1", "f1", "ok2", "p2", "p3", "g2", "g3", "ok3", "f2", "ok4"}
+				for i, id := range ids {
+					mark(t, kv, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+				}
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, 4, st.Cleared)
+				assert.Equal(t, 8, st.Failed)
+				assert.Equal(t, 8, st.FailedCalls)
+				assert.Equal(t, 6, st.PanickedCalls)
+				assert.Equal(t, 12, st.ClearCalls)
+				assert.Equal(t, map[string]int{"p1": 1, "g1": 1, "f1": 1, "p2": 1, "p3": 1, "g2": 1, "g3": 1, "f2": 1}, retryIDs(t, kv))
+				for _, id := range ids {
+					assert.Equal(t, 1, calls[id], id)
+					select {
+					case <-ctxs[id].Done():
+					default:
+						t.Errorf("the ctx of %s's Clear is not done after the pass", id)
+					}
+				}
+			})
+		}
+	}
+}
+
+// retryIDs counts the ids of the retry range under "runs/".
+func retryIDs(t testing.TB, kv *MemKV) map[string]int {
+	t.Helper()
+	keys, err := kv.Scan(context.Background(), []byte("runs/r"), []byte("runs/s"), 1<<20)
+	require.NoError(t, err)
+	ids := map[string]int{}
+	for _, k := range keys {
+		rk, _, err := parseRetryKey("runs/", retryInfix, k)
+		require.NoError(t, err)
+		ids[string(rk.id)]++
+	}
+	return ids
+}
+
+// TestKeptIDsStay: ids that Clear keeps are plain strings: they stay as
+// they were through later pages and passes.
+func TestKeptIDsStay(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	var kept []string
+	s, clock := newSweep(t, mem, Config{PageSize: 100, Clear: func(_ context.Context, id string) error {
+		kept = append(kept, id)
+		return nil
+	}})
+	want := func(pass, i int) string { return fmt.Sprintf("p%d-%s-%d", pass, strings.Repeat("x", i%40), i) }
+	const n = 2000 // some 80 KB of ids a pass: more than a block
+	for pass := range 3 {
+		for i := range n {
+			mark(t, mem, "runs/", want(pass, i), t0.Add(time.Duration(pass*n+i)*time.Millisecond))
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, n, st.Cleared)
+	}
+	require.Len(t, kept, 3*n)
+	for pass := range 3 {
+		for i := range n {
+			require.Equal(t, want(pass, i), kept[pass*n+i], "id %d of pass %d", i, pass)
+		}
 	}
 }

@@ -57,49 +57,22 @@ func TestStuckClearTimesOut(t *testing.T) {
 	}
 }
 
-// hangingKV hangs Scan, Delete and Put until ctx is done while hang is set,
-// as a store that stopped answering would.
-type hangingKV struct {
-	*MemKV
-	hang atomic.Bool
-}
-
-func (h *hangingKV) wait(ctx context.Context) error {
-	if h.hang.Load() {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	return nil
-}
-
-func (h *hangingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	if err := h.wait(ctx); err != nil {
-		return nil, err
-	}
-	return h.MemKV.Scan(ctx, start, end, limit)
-}
-
-func (h *hangingKV) Delete(ctx context.Context, keys ...[]byte) error {
-	if err := h.wait(ctx); err != nil {
-		return err
-	}
-	return h.MemKV.Delete(ctx, keys...)
-}
-
 // TestHungStoreTimesOut: a store that stops answering fails each pass after
 // StoreTimeout instead of wedging Run; once it answers again, Run clears
 // the backlog.
 func TestHungStoreTimesOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		kv := &hangingKV{MemKV: NewMemKV()}
+		var hang atomic.Bool
+		kv := newFakeKV(nil)
+		kv.onScan, kv.onDelete = hangWhile(&hang), hangWhile(&hang)
 		for i := range 50 {
 			mark(t, kv.MemKV, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
 		}
 		var log passLog
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: 10 * time.Second,
+		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, Interval: 10 * time.Second,
 			StoreTimeout: 2 * time.Second, OnPass: log.onPass, Clear: func(context.Context, string) error { return nil }})
 		require.NoError(t, err)
-		kv.hang.Store(true)
+		hang.Store(true)
 		stop := runInBackground(t.Context(), s)
 		time.Sleep(time.Minute)
 		synctest.Wait()
@@ -111,7 +84,7 @@ func TestHungStoreTimesOut(t *testing.T) {
 		}
 		assert.Equal(t, 50, kv.Len())
 
-		kv.hang.Store(false) // the store recovers
+		hang.Store(false) // the store recovers
 		time.Sleep(15 * time.Second)
 		synctest.Wait()
 		assert.Zero(t, kv.Len())

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The sweep's own cost (issue 20), counted rather than timed: allocations
+// The sweep's own cost, counted rather than timed: allocations
 // per page and per idle pass, and Scan calls per idle pass. The times are
 // in BenchmarkPassOverhead, BenchmarkIdlePass and BenchmarkPassClear.
 
@@ -81,11 +81,11 @@ func TestPassAllocsPerPage(t *testing.T) {
 func TestIdlePassCost(t *testing.T) {
 	ctx := context.Background()
 	mem := NewMemKV()
-	kv := &countingKV{KV: mem}
+	kv := &fakeKV{canPut: true, MemKV: mem}
 	for i := range 1000 {
 		mark(t, mem, "runs/", "m"+itoa(i), t0.Add(time.Duration(i)*time.Millisecond))
 	}
-	s, _ := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+	s, _ := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 	st, err := s.Pass(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 3, st.ScanCalls, "Scan calls: the expired range, the marker past it, the retry range's first key")
@@ -175,32 +175,21 @@ func TestIdleGuess(t *testing.T) {
 	}
 }
 
-// sleepyScanKV is a MemKV whose Scan takes delay, and which counts the
-// Scans in progress.
-type sleepyScanKV struct {
-	*MemKV
-	delay  time.Duration
-	inScan atomic.Int32
-}
-
-func (k *sleepyScanKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	k.inScan.Add(1)
-	defer k.inScan.Add(-1)
-	time.Sleep(k.delay)
-	return k.MemKV.Scan(ctx, start, end, limit)
-}
-
 // TestSlowStoreReadAhead: with Concurrency 1 the walk's goroutine clears,
 // and reads the next page before; from a store whose Scan is slow, it
 // reads it on a goroutine of its own while it clears, as with workers.
 func TestSlowStoreReadAhead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		kv := &sleepyScanKV{MemKV: NewMemKV(), delay: time.Millisecond}
+		kv := newFakeKV(nil)
+		kv.onScan = func(context.Context, int64) error {
+			time.Sleep(time.Millisecond)
+			return nil
+		}
 		for i := range 50 {
 			mark(t, kv.MemKV, "runs/", "m"+itoa(100+i), time.Now().Add(-2*time.Hour+time.Duration(i)*time.Millisecond))
 		}
 		var overlapped atomic.Int32
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, PageSize: 10, Clear: func(context.Context, string) error {
+		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, PageSize: 10, Clear: func(context.Context, string) error {
 			time.Sleep(100 * time.Microsecond)
 			if kv.inScan.Load() > 0 {
 				overlapped.Add(1)
@@ -220,21 +209,13 @@ func TestSlowStoreReadAhead(t *testing.T) {
 	})
 }
 
-// waitingKV's Scan waits until its context is done.
-type waitingKV struct{ *MemKV }
-
-func (waitingKV) Scan(ctx context.Context, _, _ []byte, _ int) ([][]byte, error) {
-	<-ctx.Done()
-	return nil, ctx.Err()
-}
-
 // TestCallersDeadlineIsNoStoreTimeout: the lazy context of a store call
 // ends at the caller's deadline as the caller's own, never as a
 // StoreTimeout, whichever timer fires first.
 func TestCallersDeadlineIsNoStoreTimeout(t *testing.T) {
 	t.Parallel()
 	for _, timeout := range []time.Duration{-1, time.Hour} {
-		s, err := New(waitingKV{NewMemKV()}, Config{Prefix: "x/", Retention: time.Hour, StoreTimeout: timeout,
+		s, err := New((&fakeKV{MemKV: NewMemKV(), onScan: hangUntilDone}).store(), Config{Prefix: "x/", Retention: time.Hour, StoreTimeout: timeout,
 			Clear: func(context.Context, string) error { return nil }})
 		require.NoError(t, err)
 		for range 20 {

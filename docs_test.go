@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,6 +30,7 @@ var readmeCode = regexp.MustCompile(`^<!-- code: (\S+)((?: \S+)+) -->$`)
 // library itself), so that go test builds them and runs most of them.
 // go test -run TestREADMECode -update-readme rewrites the blocks.
 func TestREADMECode(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	lines := strings.SplitAfter(string(readme), "\n")
@@ -128,6 +130,7 @@ func declSource(path string, names []string) (string, error) {
 // which godoc shows next to the docs and go test compiles. Blocks that are
 // not Go (a list of metrics) may stay.
 func TestDocCommentsHaveNoCode(t *testing.T) {
+	t.Parallel()
 	// Every folder of the repository, so that a new package is checked too.
 	var dirs []string
 	require.NoError(t, filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
@@ -199,6 +202,7 @@ func docComments(f *ast.File) []*ast.CommentGroup {
 // (a client, a name, *LockerOptions) and that README.md shows each with the
 // signature it has.
 func TestREADMELockers(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	for _, pkg := range []string{"pgkv", "rediskv", "etcdkv", "sqlkv"} {
@@ -265,4 +269,40 @@ func TestLooksLikeGo(t *testing.T) {
 			t.Errorf("looksLikeGo(%q) = %v, want %v", tt.text, got, tt.want)
 		}
 	}
+}
+
+// TestRetryDocsSayAttemptsAreKept: the retry key keeps the entity's finish
+// time and its attempts (TestAttemptsSurviveRestart), so no doc may say a
+// rescheduled marker loses its finish time or that a restart starts an id
+// again at RetryDelay.
+func TestRetryDocsSayAttemptsAreKept(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("config.go")
+	require.NoError(t, err)
+	doc := flatDoc(string(src))
+	retrySrc, err := os.ReadFile("retry.go")
+	require.NoError(t, err)
+	for file, stale := range map[string]string{
+		"config.go: Config.RetryDelay":  "The rescheduled marker no longer records the entity's finish time",
+		"config.go: Config.RetryDelay ": "The count of failures behind a wait lives in memory: after a restart an id starts again at RetryDelay",
+		"retry.go: retries":             "a restart forgets it, and an id then starts again at the first delay",
+	} {
+		text := doc
+		if strings.HasPrefix(file, "retry.go") {
+			text = flatDoc(string(retrySrc))
+		}
+		assert.False(t, strings.Contains(text, stale), "%s still says %q", file, stale)
+	}
+}
+
+// flatDoc joins source text into one line of words, without comment
+// markers, so that a sentence can be found across line breaks.
+func flatDoc(src string) string {
+	var words []string
+	for _, w := range strings.Fields(src) {
+		if w != "//" {
+			words = append(words, w)
+		}
+	}
+	return strings.Join(words, " ")
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,70 +22,51 @@ func TestMain(m *testing.M) {
 // t0 is the manual clock's start in tests: late 2026.
 var t0 = time.UnixMilli(1795000000000)
 
-// countingKV wraps a KV, counting calls and keys, and can be told to fail.
-type countingKV struct {
-	KV
-	scans, keys, deletes, deleted, puts atomic.Int64
-
-	mu        sync.Mutex
-	scanErr   func(call int64) error // nil: never fail
-	deleteErr func(call int64) error
-}
-
-func (c *countingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	n := c.scans.Add(1)
-	c.mu.Lock()
-	fail := c.scanErr
-	c.mu.Unlock()
-	if fail != nil {
-		if err := fail(n); err != nil {
-			return nil, err
-		}
-	}
-	keys, err := c.KV.Scan(ctx, start, end, limit)
-	c.keys.Add(int64(len(keys)))
-	return keys, err
-}
-
-func (c *countingKV) Delete(ctx context.Context, keys ...[]byte) error {
-	n := c.deletes.Add(1)
-	c.mu.Lock()
-	fail := c.deleteErr
-	c.mu.Unlock()
-	if fail != nil {
-		if err := fail(n); err != nil {
-			return err
-		}
-	}
-	c.deleted.Add(int64(len(keys)))
-	return c.KV.Delete(ctx, keys...)
-}
-
-func (c *countingKV) Put(ctx context.Context, key, value []byte) error {
-	c.puts.Add(1)
-	return c.KV.(Putter).Put(ctx, key, value)
-}
-
-func (c *countingKV) reset() {
-	c.scans.Store(0)
-	c.keys.Store(0)
-	c.deletes.Store(0)
-	c.deleted.Store(0)
-	c.puts.Store(0)
-}
-
-// countingMover is a countingKV over a Mover that Moves too, counted as
-// puts.
-type countingMover struct{ *countingKV }
-
-func (c countingMover) Move(ctx context.Context, from, to [][]byte) error {
-	c.puts.Add(1)
-	return c.KV.(Mover).Move(ctx, from, to)
-}
-
-// readOnlyKV hides the Put of the KV it wraps: the sweep then keeps retry
-// delays in memory.
+// readOnlyKV hides the Put and Move of the KV it wraps: the sweep then
+// keeps retry delays and holds in memory.
 type readOnlyKV struct{ KV }
+
+// putOnlyKV is a KV that can Put but not Move: the sweep keeps delays and
+// holds in memory, as on a read-only store; Put serves Mark alone.
+type putOnlyKV struct {
+	KV
+	Putter
+}
+
+// storeKind is a kind of store the sweep takes a different path through.
+type storeKind struct {
+	name string
+	wrap func(*MemKV) KV
+	// writes: the sweep moves failed and held markers in the store (a
+	// Mover); otherwise it keeps their delays and holds in memory.
+	writes bool
+	puts   bool // a Putter
+}
+
+// fake returns a fakeKV over mem whose store() is of this kind.
+func (k storeKind) fake(mem *MemKV) *fakeKV {
+	return &fakeKV{MemKV: mem, canPut: k.puts, canMove: k.writes}
+}
+
+// storeKinds are the kinds of store every test that iterates over kinds
+// runs on: a Mover, a Putter that is no Mover, and a read-only store.
+var storeKinds = []storeKind{
+	{"Mover", func(m *MemKV) KV { return m }, true, true},
+	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, false, true},
+	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false, false},
+}
+
+// writingKinds are the store kinds on which retries and holds are written
+// to the store and promised to survive a restart.
+var writingKinds = func() []storeKind {
+	var out []storeKind
+	for _, k := range storeKinds {
+		if k.writes {
+			out = append(out, k)
+		}
+	}
+	return out
+}()
 
 // markerIDs returns how many markers each id has under prefix.
 func markerIDs(t testing.TB, kv KV, prefix string) map[string]int {
@@ -176,4 +156,16 @@ func newSweep(t testing.TB, kv KV, cfg Config) (*Sweep, *ManualClock) {
 	s, err := New(kv, cfg)
 	require.NoError(t, err)
 	return s, clock
+}
+
+// keysUnder returns the store's keys under prefix.
+func keysUnder(t testing.TB, kv KV, prefix string) []string {
+	t.Helper()
+	keys, err := kv.Scan(context.Background(), []byte(prefix), []byte(prefix+"\xff"), 1<<20)
+	require.NoError(t, err)
+	var out []string
+	for _, k := range keys {
+		out = append(out, string(k))
+	}
+	return out
 }

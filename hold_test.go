@@ -14,20 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 )
-
-// storeKinds are the kinds of store a hold takes a different path through:
-// moved (Mover), kept in memory (a store that is no Mover, one that can Put
-// included).
-var storeKinds = []struct {
-	name   string
-	wrap   func(*MemKV) KV
-	writes bool
-}{
-	{"Mover", func(m *MemKV) KV { return m }, true},
-	{"Putter", func(m *MemKV) KV { return putOnlyKV{m, m} }, false},
-	{"read-only", func(m *MemKV) KV { return readOnlyKV{m} }, false},
-}
 
 // levelCounter counts log records at Warn and above.
 type levelCounter struct {
@@ -153,7 +141,8 @@ func TestHoldWholeCall(t *testing.T) {
 	})
 	t.Run("ClearDeleter", func(t *testing.T) {
 		mem := NewMemKV()
-		kv := &holdingAtomicKV{atomicKV: atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}}, hold: map[string]time.Time{"b0003": until}}
+		kv := atomicOver(mem)
+		kv.before = refuse(map[string]error{"b0003": Hold(until)})
 		s, clock := newSweep(t, kv, Config{BatchSize: 10})
 		for _, id := range markN(t, mem, 10, t0) {
 			kv.entities[id] = true
@@ -167,7 +156,7 @@ func TestHoldWholeCall(t *testing.T) {
 		assert.Equal(t, map[string]bool{"b0003": true}, kv.entities)
 		assert.Equal(t, map[string]int{"b0003": 1}, markerIDs(t, mem, "runs/"))
 
-		delete(kv.hold, "b0003")
+		kv.before = nil // the hold ends
 		clock.Set(until.Add(time.Millisecond))
 		st, err = s.Pass(context.Background())
 		require.NoError(t, err)
@@ -177,26 +166,6 @@ func TestHoldWholeCall(t *testing.T) {
 			assert.Equal(t, 1, n, "%s cleared once", id)
 		}
 	})
-}
-
-// holdingAtomicKV refuses a batch holding an id with a BatchError naming
-// it, and commits nothing, as the ClearDeleter contract says.
-type holdingAtomicKV struct {
-	atomicKV
-	hold map[string]time.Time
-}
-
-func (h *holdingAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	perID := BatchError{}
-	for _, id := range ids {
-		if until, ok := h.hold[id]; ok {
-			perID[id] = Hold(until)
-		}
-	}
-	if len(perID) > 0 {
-		return perID
-	}
-	return h.atomicKV.ClearAndDelete(ctx, ids, keys)
 }
 
 // TestHoldZeroOrPast: a hold without a time, or with one already past,
@@ -629,4 +598,429 @@ func TestHeldMarkerIsNotRetrying(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, due, 1)
 	assert.Equal(t, StateHeld, due[0].State)
+}
+
+// TestHoldWaitsForRaisedRetention: a hold only ever keeps an entity
+// longer. When Retention is raised after an entity was held (1h -> 48h),
+// the held marker waits for the new Retention, in Pass and in Due alike.
+func TestHoldWaitsForRaisedRetention(t *testing.T) {
+	t.Parallel()
+	for _, kind := range writingKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			c := newClears()
+			s, clock := newSweep(t, kind.wrap(mem), Config{Clear: c.clear})
+			mark(t, mem, "runs/", "a", t0)
+			c.set("a", Hold(t0.Add(5*time.Hour)))
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 1, st.Held)
+			c.set("a", nil)
+
+			// The operator raises Retention to 48h; the process restarts.
+			s2, clock2 := newSweep(t, kind.wrap(mem), Config{Clear: c.clear, Retention: 48 * time.Hour})
+			clock2.Set(t0.Add(5*time.Hour + time.Minute))
+			_, err = s2.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, c.count("a"), "cleared at the hold's end, before the raised Retention ran out (finished t0, Retention 48h)")
+			due, err := s2.Due(context.Background(), 10)
+			require.NoError(t, err)
+			assert.NotContains(t, ids(due), "a", "not due under a 48h Retention")
+
+			clock2.Set(t0.Add(48*time.Hour + time.Minute))
+			_, err = s2.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 2, c.count("a"), "cleared once the raised Retention ran out")
+		})
+	}
+}
+
+// TestHoldAgainKeepsFinishTime: a held marker held again at its hold's end
+// keeps the entity's finish time in its key: ParseMarkerKey reads it back
+// and Due reports it due at finished+Retention.
+func TestHoldAgainKeepsFinishTime(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	s, clock := newSweep(t, mem, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "a", t0)
+	c.set("a", Hold(t0.Add(5*time.Hour)))
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+
+	c.set("a", Hold(t0.Add(10*time.Hour)))
+	clock.Set(t0.Add(5*time.Hour + time.Millisecond))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Held)
+
+	keys := keysUnder(t, mem, "runs/r")
+	require.Len(t, keys, 1)
+	finished, id, err := ParseMarkerKey("runs/", []byte(keys[0]))
+	require.NoError(t, err)
+	assert.Equal(t, "a", string(id))
+	assert.Equal(t, t0, finished, "the held key keeps the entity's finish time: %q", keys[0])
+
+	due, err := s.Due(context.Background(), 10)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	assert.Equal(t, StateHeld, due[0].State)
+	assert.Equal(t, t0.Add(time.Hour), due[0].Due, "due at finished+Retention, as after the first hold")
+}
+
+// TestHeldDuplicateOnLaterPageSurvivesRestart: a second marker of a held
+// id on a later page of the pass goes with the held key, so a restarted
+// sweep does not find it due and ask Clear before the hold's end.
+func TestHeldDuplicateOnLaterPageSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	for _, kind := range writingKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			c := newClears()
+			until := t0.Add(10 * time.Hour)
+			s, clock := newSweep(t, kind.wrap(mem), Config{Clear: c.clear, PageSize: 2})
+			mark(t, mem, "runs/", "a", t0)
+			mark(t, mem, "runs/", "b", t0.Add(time.Millisecond))
+			mark(t, mem, "runs/", "a", t0.Add(2*time.Millisecond)) // page 2
+			c.set("a", Hold(until))
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 1, st.Held)
+			require.Equal(t, 1, c.count("a"))
+			c.set("a", nil) // were Clear asked again, it would clear
+
+			// The same process leaves it alone ...
+			clock.Set(t0.Add(3 * time.Hour))
+			_, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 1, c.count("a"))
+
+			// ... a restarted one should too.
+			s2, clock2 := newSweep(t, kind.wrap(mem), Config{Clear: c.clear, PageSize: 2})
+			clock2.Set(t0.Add(3 * time.Hour))
+			_, err = s2.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, c.count("a"), "a restarted sweep tried the held id 7h before its hold ends")
+		})
+	}
+}
+
+// TestHeldDuplicatesOnOnePageGoWithTheFirst: duplicates of a held id on
+// the same page go with the first marker, on every kind of store; only one
+// marker of the id is left, and it is not tried before until, then
+// cleared once.
+func TestHeldDuplicatesOnOnePageGoWithTheFirst(t *testing.T) {
+	t.Parallel()
+	for _, kind := range storeKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			c := newClears()
+			until := t0.Add(10 * time.Hour)
+			s, clock := newSweep(t, kind.wrap(mem), Config{Clear: c.clear})
+			mark(t, mem, "runs/", "a", t0)
+			mark(t, mem, "runs/", "a", t0.Add(time.Millisecond))
+			mark(t, mem, "runs/", "a", t0.Add(2*time.Millisecond))
+			c.set("a", Hold(until))
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Held)
+			assert.Zero(t, st.Failed+st.Cleared)
+			if kind.writes {
+				assert.Equal(t, map[string]int{"a": 1}, markerIDs(t, mem, "runs/"))
+			} else {
+				assert.Positive(t, markerIDs(t, mem, "runs/")["a"], "the first marker stays")
+			}
+			c.set("a", nil)
+			clock.Set(until.Add(-time.Second))
+			_, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, c.count("a"))
+			clock.Set(until.Add(time.Millisecond))
+			_, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 2, c.count("a"), "cleared once after the hold")
+			assert.Empty(t, markerIDs(t, mem, "runs/"))
+		})
+	}
+}
+
+// TestDryRunWritesNothingWhenValidateIDPanics: a Config.ValidateID that
+// panics makes its marker fail; in a dry run that failure is counted, and
+// nothing is rescheduled, parked or deleted, even with MaxAttempts 1.
+func TestDryRunWritesNothingWhenValidateIDPanics(t *testing.T) {
+	t.Parallel()
+	for _, kind := range storeKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			c := newClears()
+			cfg := Config{
+				Clear: c.clear, DryRun: true,
+				ValidateID: func(id string) error {
+					if id == "boom" {
+						panic("validate")
+					}
+					return nil
+				},
+			}
+			if kind.writes {
+				cfg.MaxAttempts = 1 // on a Putter the dry run even parks it
+			}
+			s, clock := newSweep(t, kind.wrap(mem), cfg)
+			mark(t, mem, "runs/", "a", t0)
+			mark(t, mem, "runs/", "boom", t0.Add(time.Millisecond))
+			before := allKeys(t, mem)
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.WouldClear)
+			assert.Zero(t, st.PutCalls+st.DeleteCalls+st.ClearCalls, "a dry run writes nothing")
+			assert.Equal(t, before, allKeys(t, mem), "a dry run touches no key")
+			assert.Zero(t, c.total())
+		})
+	}
+}
+
+// TestDryRunInGroupWaitsInterval: a dry member of a Group passes once per
+// Interval, whatever work the group's other members have.
+func TestDryRunInGroupWaitsInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		dryPasses := 0
+		dry, err := New(mem, Config{
+			Prefix: "dry/", Retention: time.Hour, Interval: 10 * time.Second, DryRun: true,
+			Clear:  func(context.Context, string) error { return errors.New("called in a dry run") },
+			OnPass: func(Stats, error) { dryPasses++ },
+		})
+		require.NoError(t, err)
+		real, err := New(mem, Config{
+			Prefix: "real/", Retention: time.Hour, Interval: 10 * time.Second,
+			Clear: func(context.Context, string) error { return nil },
+		})
+		require.NoError(t, err)
+		now := time.Now()
+		for i := range 5 {
+			mark(t, mem, "dry/", fmt.Sprintf("d%d", i), now.Add(-2*time.Hour))
+		}
+		for i := 1; i <= 100; i++ {
+			mark(t, mem, "real/", fmt.Sprintf("r%03d", i), now.Add(-time.Hour+time.Duration(i)*100*time.Millisecond))
+		}
+		g, err := NewGroup(GroupConfig{}, dry, real)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 9500*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, g.Run(ctx), context.DeadlineExceeded)
+		assert.LessOrEqual(t, dryPasses, 2, "one dry pass per Interval (10s), whatever the real member does")
+	})
+}
+
+// TestFailedDeadlineMarkerKeepsItsDeadline: a DeadlineKey marker falls due
+// at its deadline whatever Retention says, also after its clear failed
+// once: raised to 48h, Retention does not delay its retry, and Due lists
+// it.
+func TestFailedDeadlineMarkerKeepsItsDeadline(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	deadline := t0.Add(2 * time.Hour)
+	s, clock := newSweep(t, mem, Config{Clear: c.clear, RetryDelay: time.Minute})
+	key, err := s.DeadlineKey(deadline, "d")
+	require.NoError(t, err)
+	require.NoError(t, mem.Put(context.Background(), key, nil))
+	c.set("d", errBoom)
+	clock.Set(deadline.Add(time.Millisecond))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Failed)
+	c.set("d", nil)
+
+	s2, clock2 := newSweep(t, mem, Config{Clear: c.clear, Retention: 48 * time.Hour})
+	clock2.Set(deadline.Add(10 * time.Minute))
+	due, err := s2.Due(context.Background(), 10)
+	require.NoError(t, err)
+	assert.Contains(t, ids(due), "d", "past its deadline: due whatever the Retention")
+	_, err = s2.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, c.count("d"), "a deadline marker whose clear failed once is retried at its retry time, not at finished+Retention")
+}
+
+// TestAttemptsAcrossHoldSameWithRestart: fail, hold, fail parks an id or
+// not the same way whether the process restarted during the hold or not.
+func TestAttemptsAcrossHoldSameWithRestart(t *testing.T) {
+	t.Parallel()
+	run := func(restart bool) int {
+		mem := NewMemKV()
+		c := newClears()
+		cfg := Config{Clear: c.clear, MaxAttempts: 2, RetryDelay: time.Minute}
+		s, clock := newSweep(t, mem, cfg)
+		mark(t, mem, "runs/", "a", t0)
+		c.set("a", errBoom)
+		clock.Set(t0.Add(2 * time.Hour))
+		_, err := s.Pass(context.Background()) // failure 1
+		require.NoError(t, err)
+		c.set("a", Hold(t0.Add(5*time.Hour)))
+		clock.Set(t0.Add(3 * time.Hour))
+		st, err := s.Pass(context.Background()) // held
+		require.NoError(t, err)
+		require.Equal(t, 1, st.Held)
+		if restart {
+			s, clock = newSweep(t, mem, cfg)
+		}
+		c.set("a", errBoom)
+		clock.Set(t0.Add(6 * time.Hour))
+		st, err = s.Pass(context.Background()) // failure 2 (or 1)
+		require.NoError(t, err)
+		require.Equal(t, 1, st.Failed)
+		return st.Parked
+	}
+	assert.Equal(t, run(true), run(false), "parked after fail-hold-fail with a restart during the hold vs without")
+}
+
+// TestHoldTimeBounds: a hold beyond MaxMarkerTime waits at MaxMarkerTime,
+// one before the epoch means "after RetryDelay", and a Hold wrapped in
+// another error is still a hold with its time.
+func TestHoldTimeBounds(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		at   func(now time.Time) time.Time // where the held key falls due
+	}{
+		{"beyond MaxMarkerTime", Hold(MaxMarkerTime.Add(365 * 24 * time.Hour)), func(time.Time) time.Time { return MaxMarkerTime }},
+		{"before the epoch", Hold(time.Unix(-100, 0)), func(now time.Time) time.Time { return now.Add(time.Minute) }},
+		{"wrapped", fmt.Errorf("tenant t1: %w", Hold(t0.Add(7*time.Hour))), func(time.Time) time.Time { return t0.Add(7 * time.Hour) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			c := newClears()
+			logs := &levelCounter{}
+			s, clock := newSweep(t, mem, Config{Clear: c.clear, RetryDelay: time.Minute, Logger: slog.New(logs)})
+			mark(t, mem, "runs/", "a", t0)
+			c.set("a", tc.err)
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Held)
+			assert.Zero(t, st.Failed+st.Retried+st.FailedCalls)
+			assert.Empty(t, logs.msgs)
+			keys := keysUnder(t, mem, "runs/r")
+			require.Len(t, keys, 1)
+			k, _, err := parseRetryKey("runs/", retryInfix, []byte(keys[0]))
+			require.NoError(t, err)
+			assert.Equal(t, byte(keyHeld), k.kind)
+			assert.Equal(t, tc.at(clock.Now()).UnixMilli(), k.at)
+			assert.Equal(t, t0.UnixMilli(), k.finished)
+			require.NoError(t, CheckMarkerKey([]byte(keys[0])))
+			_, id, err := ParseMarkerKey("runs/", []byte(keys[0]))
+			require.NoError(t, err)
+			assert.Equal(t, "a", string(id))
+		})
+	}
+}
+
+// TestDryRunCountsWhatRealPassClears: with markers of the retry range (a
+// failed one due again), a deadline key due, one not due, a held key not
+// due and duplicates across pages, the dry run counts exactly the ids the
+// real pass then clears, calls no Limiter and makes no clear call.
+func TestDryRunCountsWhatRealPassClears(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	kv := mem
+	prep, clock := newSweep(t, kv, Config{Clear: c.clear, RetryDelay: time.Minute})
+	mark(t, mem, "runs/", "failing", t0)
+	mark(t, mem, "runs/", "held", t0)
+	c.set("failing", errBoom)
+	c.set("held", Hold(t0.Add(20*time.Hour)))
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := prep.Pass(context.Background())
+	require.NoError(t, err)
+	c = newClears()
+
+	dk, err := DeadlineKey("runs/", t0.Add(90*time.Minute), "deadline")
+	require.NoError(t, err)
+	require.NoError(t, mem.Put(context.Background(), dk, nil))
+	nk, err := DeadlineKey("runs/", t0.Add(30*time.Hour), "notyet")
+	require.NoError(t, err)
+	require.NoError(t, mem.Put(context.Background(), nk, nil))
+	want := markN(t, mem, 12, t0)
+	mark(t, mem, "runs/", "b0001", t0.Add(50*time.Millisecond)) // a duplicate on a later page
+	mark(t, mem, "runs/", "failing", t0.Add(60*time.Millisecond))
+	want = append(want, "deadline", "failing")
+
+	lim := rate.NewLimiter(rate.Every(time.Hour), 3)
+	cfg := Config{Clear: c.clear, PageSize: 5, DryRun: true, Limiter: lim}
+	dry, dclock := newSweep(t, kv, cfg)
+	dclock.Set(t0.Add(2*time.Hour + 5*time.Minute))
+	before := allKeys(t, mem)
+	st, err := dry.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, len(want)+2, st.WouldClear, "b0001 and failing counted twice, as the real pass clears them")
+	assert.Zero(t, st.ClearCalls+st.DeleteCalls+st.PutCalls+st.Cleared)
+	assert.Zero(t, st.BudgetWait)
+	assert.InDelta(t, 3, lim.Tokens(), 0.01, "the Limiter is not asked")
+	assert.Equal(t, before, allKeys(t, mem))
+
+	cfg.DryRun, cfg.Limiter = false, nil
+	real, rclock := newSweep(t, kv, cfg)
+	rclock.Set(dclock.Now())
+	st2, err := real.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, st.WouldClear, st2.Cleared)
+	assert.Equal(t, st.Duplicates, st2.Duplicates)
+	var got []string
+	for id := range c.calls {
+		got = append(got, id)
+	}
+	assert.ElementsMatch(t, want, got)
+	for _, id := range want {
+		// A second marker of an id on a later page, or in the other
+		// range, is cleared again, in the dry run's count too.
+		n := 1
+		if id == "b0001" || id == "failing" {
+			n = 2
+		}
+		assert.Equal(t, n, c.count(id), id)
+	}
+	assert.Zero(t, c.count("held"))
+	assert.Zero(t, c.count("notyet"))
+}
+
+// TestDeadlineKeyAtTimeBounds: deadline keys at the bounds of time are
+// accepted by CheckMarkerKey (so the adapters' MarkKeyTx take them) and
+// read back by ParseMarkerKey, and a sweep of a neighbouring prefix leaves
+// them alone.
+func TestDeadlineKeyAtTimeBounds(t *testing.T) {
+	t.Parallel()
+	for _, at := range []time.Time{epoch, t0, MaxMarkerTime} {
+		key, err := DeadlineKey("runs/", at, "a")
+		require.NoError(t, err)
+		assert.NoError(t, CheckMarkerKey(key), "%q", key)
+		got, id, err := ParseMarkerKey("runs/", key)
+		require.NoError(t, err)
+		assert.Equal(t, "a", string(id))
+		assert.Equal(t, at.UnixMilli(), got.UnixMilli())
+	}
+	_, err := DeadlineKey("runs/", MaxMarkerTime.Add(time.Millisecond), "a")
+	assert.ErrorIs(t, err, ErrInvalidTime)
+
+	mem := NewMemKV()
+	other := newClears()
+	key, err := DeadlineKey("runs/", t0, "a")
+	require.NoError(t, err)
+	require.NoError(t, mem.Put(context.Background(), key, nil))
+	o, clock := newSweep(t, mem, Config{Prefix: "runs/r/", Clear: other.clear})
+	clock.Set(t0.Add(time.Hour * 3))
+	st, err := o.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, st.Malformed+st.Foreign+other.total())
+	assert.Equal(t, 1, mem.Len())
 }

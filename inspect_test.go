@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,8 +53,8 @@ func TestBacklog(t *testing.T) {
 			for i := range tt.markers {
 				mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0.Add(time.Duration(i)*time.Minute))
 			}
-			kv := &countingKV{KV: mem}
-			s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+			kv := &fakeKV{canPut: true, MemKV: mem}
+			s, clock := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 			clock.Advance(tt.at)
 			got, err := s.Backlog(t.Context(), tt.limit)
 			require.NoError(t, err)
@@ -72,8 +73,8 @@ func TestBacklogReadsLittleOfALargeBacklog(t *testing.T) {
 	for i := range 10_000 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0.Add(time.Duration(i)*time.Millisecond))
 	}
-	kv := &countingKV{KV: mem}
-	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+	kv := &fakeKV{canPut: true, MemKV: mem}
+	s, clock := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 	clock.Advance(2 * time.Hour)
 	b, err := s.Backlog(t.Context(), 100)
 	require.NoError(t, err)
@@ -105,8 +106,8 @@ func TestBacklogAfterPassIsEmpty(t *testing.T) {
 
 func TestBacklogErrors(t *testing.T) {
 	t.Parallel()
-	kv := &countingKV{KV: NewMemKV(), scanErr: func(int64) error { return errBoom }}
-	s, _ := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }})
+	kv := &fakeKV{canPut: true, MemKV: NewMemKV(), onScan: failWith(errBoom)}
+	s, _ := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }})
 	_, err := s.Backlog(t.Context(), 10)
 	require.ErrorIs(t, err, errBoom)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -157,5 +158,176 @@ func TestBacklogMatchesPass(t *testing.T) {
 			assert.Equal(t, cleared[0], b.OldestID, "seed %d", seed)
 			assert.Equal(t, st.MaxLag, b.Age, "seed %d: Age, want the Pass's MaxLag", seed)
 		}
+	}
+}
+
+// TestBacklogFindsStuckIDWithinLimit: the retry range is in order of
+// retry time, and a stuck id (the longest backoff) sorts last. With more
+// retrying markers than the limit, More says the figures may miss some;
+// with a limit above their number, RetryingAge and OldestID are the stuck
+// id's.
+func TestBacklogFindsStuckIDWithinLimit(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	s, clock := newSweep(t, mem, Config{Clear: newClears().clear})
+	now := t0.Add(3 * time.Hour)
+	clock.Set(now)
+	put := func(at, finished time.Time, attempts int, id string) {
+		key := appendRetryKey(nil, "runs/", 0, at.UnixMilli(), finished.UnixMilli(), attempts, id)
+		require.NoError(t, mem.Put(context.Background(), key, nil))
+	}
+	put(now.Add(10*time.Minute), t0, 12, "stuck") // due at t0+1h: 2h past due
+	for i := range 5 {
+		put(now.Add(time.Second), t0.Add(110*time.Minute), 1, fmt.Sprintf("fresh%d", i)) // 10 min past due
+	}
+	// With more retrying markers than the limit, the oldest may be among
+	// those not read (Backlog.RetryingAge says so), and More warns of it.
+	// With a limit above their number it is found.
+	b, err := s.Backlog(context.Background(), 2)
+	require.NoError(t, err)
+	assert.True(t, b.More, "the limit was reached: More warns the figures may miss some")
+	b, err = s.Backlog(context.Background(), 10)
+	require.NoError(t, err)
+	assert.Equal(t, "stuck", b.OldestID)
+	assert.Equal(t, 2*time.Hour, b.RetryingAge, "RetryingAge is the oldest retrying entity's")
+}
+
+// TestRequeueRacingPassesClearsEveryID: Requeue racing passes: every id
+// is cleared once more and nothing is left (run with -race).
+func TestRequeueRacingPassesClearsEveryID(t *testing.T) {
+	t.Parallel()
+	for _, kind := range writingKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			kv := kind.wrap(mem)
+			c := newClears()
+			var ids []string
+			for i := range 50 {
+				id := fmt.Sprintf("p%02d", i)
+				ids = append(ids, id)
+				c.set(id, errBoom)
+				mark(t, mem, "runs/", id, t0)
+			}
+			s, clock := newSweep(t, kv, Config{Clear: c.clear, MaxAttempts: 1, PageSize: 7})
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 50, st.Parked)
+			for _, id := range ids {
+				c.set(id, nil)
+			}
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				for range 20 {
+					clock.Advance(time.Millisecond)
+					_, err := s.Pass(context.Background())
+					assert.NoError(t, err)
+				}
+			})
+			for _, id := range ids {
+				_, err := s.Requeue(context.Background(), id)
+				require.NoError(t, err)
+			}
+			wg.Wait()
+			clock.Advance(time.Millisecond)
+			_, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, mem.Len(), "%v", keysUnder(t, mem, "runs/"))
+			for _, id := range ids {
+				assert.Equal(t, 2, c.count(id), id)
+			}
+		})
+	}
+}
+
+// TestBacklogOldestIsDue: a retry-range marker not expired under today's
+// Retention (raised since it failed) is not Backlog.OldestID: OldestID and
+// OldestDue are empty and zero when none is due.
+func TestBacklogOldestIsDue(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	s, clock := newSweep(t, mem, Config{Clear: newClears().clear, Retention: 2 * time.Hour})
+	now := t0.Add(90 * time.Minute) // x fell due under 1h, not under 2h
+	clock.Set(now)
+	key := appendRetryKey(nil, "runs/", 0, now.UnixMilli()-1, t0.UnixMilli(), 1, "x")
+	require.NoError(t, mem.Put(context.Background(), key, nil))
+	b, err := s.Backlog(context.Background(), 10)
+	require.NoError(t, err)
+	assert.Empty(t, b.OldestID, "nothing is due: x expires at %v", t0.Add(2*time.Hour))
+	assert.True(t, b.OldestDue.IsZero(), "OldestDue = %v", b.OldestDue)
+}
+
+// TestDueAndBacklogOfHoldsAndDeadlines: Due lists only what is due, in
+// order of due time, limit is exact; a hold that ended is listed as due
+// with no Next; a deadline not reached is neither listed nor late in
+// Backlog, which counts it as Held, apart from Age.
+func TestDueAndBacklogOfHoldsAndDeadlines(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	s, clock := newSweep(t, mem, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "held", t0)
+	c.set("held", Hold(t0.Add(3*time.Hour)))
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	for i, d := range []time.Duration{-30 * time.Minute, 10 * time.Hour} {
+		key, err := s.DeadlineKey(clock.Now().Add(d), fmt.Sprintf("dl%d", i))
+		require.NoError(t, err)
+		require.NoError(t, mem.Put(context.Background(), key, nil))
+	}
+	mark(t, mem, "runs/", "plain", t0.Add(10*time.Minute))
+
+	b, err := s.Backlog(context.Background(), 10)
+	require.NoError(t, err)
+	assert.Equal(t, 2, b.Held, "the hold and the deadline ahead")
+	assert.Equal(t, 2, b.Due, "plain, and dl0 whose deadline passed")
+	assert.Equal(t, "plain", b.OldestID)
+	assert.Equal(t, t0.Add(70*time.Minute), b.OldestDue)
+
+	due, err := s.Due(context.Background(), 10)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"held", "plain", "dl0"}, ids(due))
+	assert.Equal(t, StateHeld, due[0].State)
+	assert.Equal(t, StateDue, due[2].State)
+	clock.Set(t0.Add(3*time.Hour + time.Second))
+	due, err = s.Due(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, "held", due[0].ID)
+	assert.Equal(t, StateDue, due[0].State, "its hold ended")
+	assert.Zero(t, due[0].Next)
+	_, err = s.Due(context.Background(), MaxPageSize+1)
+	assert.Error(t, err)
+}
+
+// TestDueOfFewerIsAPrefix: Due reads at most limit keys of each range, and
+// the retry range is in retry/hold-time order, not due-time order; once n
+// covers each range, Due(n) is the first n of a longer Due.
+func TestDueOfFewerIsAPrefix(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	s, clock := newSweep(t, mem, Config{Clear: c.clear})
+	mark(t, mem, "runs/", "held", t0)
+	c.set("held", Hold(t0.Add(3*time.Hour)))
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	key, err := s.DeadlineKey(clock.Now().Add(-30*time.Minute), "dl0")
+	require.NoError(t, err)
+	require.NoError(t, mem.Put(context.Background(), key, nil))
+	mark(t, mem, "runs/", "plain", t0.Add(10*time.Minute))
+
+	all, err := s.Due(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{"held", "plain", "dl0"}, ids(all))
+	// Due reads at most limit keys of each range: Due(n) is the first n of
+	// Due(10) once n covers each range (here the retry range holds two),
+	// as its doc says.
+	for n := 2; n < len(all); n++ {
+		top, err := s.Due(context.Background(), n)
+		require.NoError(t, err)
+		assert.Equal(t, ids(all[:n]), ids(top), "Due(%d) is the first %d of Due(10)", n, n)
 	}
 }

@@ -367,3 +367,66 @@ func TestAppendTimestamp(t *testing.T) {
 		assert.Equal(t, fmt.Sprintf("p%020d", v), got, "appendTimestamp(%d)", v)
 	}
 }
+
+// TestParseStampMatchesStrconv: the 4-leading-zeros fast path and the
+// slow path agree with strconv on digits, reject a non-digit in any
+// position (0x2F, 0x3A, high bytes), and values >= 1e16 or past
+// MaxMarkerTime never come back as a valid marker time.
+func TestParseStampMatchesStrconv(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(3, 4))
+	check := func(b []byte) {
+		t.Helper()
+		got, ok := parseStamp(b)
+		v, err := strconv.ParseUint(string(b), 10, 64)
+		allDigits := true
+		for _, c := range b {
+			allDigits = allDigits && c >= '0' && c <= '9'
+		}
+		require.Equal(t, allDigits, ok, "%q", b)
+		if !ok {
+			return
+		}
+		if err == nil && v <= uint64(maxMarkerMs) {
+			require.Equal(t, v, got, "%q", b)
+		} else {
+			require.Greater(t, got, uint64(maxMarkerMs), "%q", b)
+		}
+	}
+	edges := []uint64{0, 1, 9, 99999999, 100000000, 9999999999999999, 1e16, 1e16 + 1, uint64(maxMarkerMs), uint64(maxMarkerMs) + 1,
+		253402300799999, 1e19, 18446744073709551615}
+	for _, v := range edges {
+		check([]byte(fmt.Sprintf("%020d", v)))
+	}
+	check([]byte("99999999999999999999"))
+	for range 200000 {
+		var v uint64
+		switch r.IntN(3) {
+		case 0:
+			v = r.Uint64N(uint64(maxMarkerMs) * 2)
+		case 1:
+			v = r.Uint64N(1e17)
+		default:
+			v = r.Uint64()
+		}
+		b := []byte(fmt.Sprintf("%020d", v))
+		if r.IntN(2) == 0 {
+			b[r.IntN(20)] = []byte{'/', ':', 0x00, 0xff, 'a', '0' + 10, 0x39 + 0x80, 0x30 - 6}[r.IntN(8)]
+		}
+		check(b)
+		var buf []byte
+		require.Equal(t, fmt.Sprintf("%020d", v), string(appendTimestamp(buf, v)))
+	}
+}
+
+// TestOldMarkersStillParse: markers of v0.1.0 (<prefix><ts>/<id>) are
+// cleared as before, and a retry key is foreign to a sweep of v0.1.0's
+// key rules: it lies outside the range a pass of that version reads.
+func TestOldMarkersStillParse(t *testing.T) {
+	t.Parallel()
+	key := appendRetryKey(nil, "runs/", 0, t0.UnixMilli(), t0.UnixMilli(), 1, "x")
+	assert.False(t, string(key) >= "runs/0" && string(key) < "runs/:", "%q is outside the marker range", key)
+	_, _, foreign, err := parseKey("runs/", key)
+	assert.True(t, foreign)
+	require.Error(t, err)
+}

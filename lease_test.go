@@ -126,7 +126,7 @@ func (c *clearLog) of(id string) []string {
 	return c.by[id]
 }
 
-func startReplicas(t *testing.T, n int, kv KV, cfg Config, clears *clearLog) []*replica {
+func startReplicas(t testing.TB, n int, kv KV, cfg Config, clears *clearLog) []*replica {
 	t.Helper()
 	var rs []*replica
 	for i := range n {
@@ -146,7 +146,7 @@ func startReplicas(t *testing.T, n int, kv KV, cfg Config, clears *clearLog) []*
 	return rs
 }
 
-func stopReplicas(t *testing.T, rs []*replica) {
+func stopReplicas(t testing.TB, rs []*replica) {
 	t.Helper()
 	for _, r := range rs {
 		r.cancel()
@@ -214,14 +214,14 @@ func TestRunWithoutLeaseEveryReplicaSweeps(t *testing.T) {
 func TestLeaseLostMidPass(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := NewMemKV()
-		kv := &countingKV{KV: mem}
+		kv := &fakeKV{canPut: true, MemKV: mem}
 		locker := &fakeLocker{}
 		for i := range 20 {
 			mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
 		}
 		var deletesAtLoss atomic.Int64
 		var log passLog
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
 			Clear: func(ctx context.Context, id string) error {
 				if id == "m09" {
 					locker.steal()
@@ -392,9 +392,9 @@ func TestGroupPass(t *testing.T) {
 func TestGroupPassJoinsErrors(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	failing := &countingKV{KV: mem, scanErr: func(int64) error { return errBoom }}
+	failing := &fakeKV{canPut: true, MemKV: mem, onScan: failWith(errBoom)}
 	c := newClears()
-	a, err := New(failing, Config{Prefix: "a/", Retention: time.Hour, Clear: c.clear})
+	a, err := New(failing.store(), Config{Prefix: "a/", Retention: time.Hour, Clear: c.clear})
 	require.NoError(t, err)
 	b, err := New(mem, Config{Prefix: "b/", Retention: time.Hour, Clock: NewManualClock(t0), Clear: c.clear})
 	require.NoError(t, err)
@@ -521,13 +521,13 @@ func (f fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 func TestFencedDeleteRefusedAfterSilentLoss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := NewMemKV()
-		kv := &countingKV{KV: mem}
+		kv := &fakeKV{canPut: true, MemKV: mem}
 		locker := &fencingLocker{}
 		for i := range 20 {
 			mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
 		}
 		var log passLog
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
 			Clear: func(ctx context.Context, id string) error {
 				if id == "m09" {
 					locker.stealSilently() // the holder is never told
@@ -546,4 +546,333 @@ func TestFencedDeleteRefusedAfterSilentLoss(t *testing.T) {
 		assert.ErrorIs(t, log.err(0), ErrLeaseLost)
 		require.ErrorIs(t, stop(), context.Canceled)
 	})
+}
+
+// fenceableKV is an adapter whose writes apply a fence carried on ctx
+// (retention.Fenced), as pgkv, rediskv and etcdkv do; it counts fenced and
+// unfenced deletes.
+type fenceableKV struct {
+	*MemKV
+	mu            sync.Mutex
+	fenced, plain int
+}
+
+func (f *fenceableKV) Delete(ctx context.Context, keys ...[]byte) error {
+	view, err := Fenced(ctx, f)
+	if err != nil {
+		return err
+	}
+	if view != nil {
+		return view.Delete(ctx, keys...)
+	}
+	f.mu.Lock()
+	f.plain++
+	f.mu.Unlock()
+	return f.MemKV.Delete(ctx, keys...)
+}
+
+type fenceMemView struct{ f *fenceableKV }
+
+func (v fenceMemView) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
+	return v.f.MemKV.Scan(ctx, s, e, n)
+}
+
+func (v fenceMemView) Delete(ctx context.Context, keys ...[]byte) error {
+	v.f.mu.Lock()
+	v.f.fenced++
+	v.f.mu.Unlock()
+	return v.f.MemKV.Delete(ctx, keys...)
+}
+
+type fenceLease struct{ lost chan struct{} }
+
+func (l *fenceLease) Lost() <-chan struct{} { return l.lost }
+
+func (l *fenceLease) Release(context.Context) error { return nil }
+
+func (l *fenceLease) Fence(kv KV) (KV, bool) {
+	if f, ok := kv.(*fenceableKV); ok {
+		return fenceMemView{f}, true
+	}
+	return nil, false
+}
+
+type fenceLocker struct{}
+
+func (fenceLocker) TryAcquire(context.Context) (Lease, error) {
+	return &fenceLease{lost: make(chan struct{})}, nil
+}
+
+// dropCtxKV is a logging wrapper with Unwrap whose Delete does not pass
+// the call's context on (it uses its own, as code that adds a timeout from
+// context.Background() does).
+type dropCtxKV struct{ inner *fenceableKV }
+
+func (d dropCtxKV) Scan(ctx context.Context, s, e []byte, n int) ([][]byte, error) {
+	return d.inner.Scan(ctx, s, e, n)
+}
+
+func (d dropCtxKV) Delete(_ context.Context, keys ...[]byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return d.inner.Delete(ctx, keys...)
+}
+
+func (d dropCtxKV) Unwrap() KV { return d.inner }
+
+// TestWrapperDroppingCtxNeverDeletesUnfenced: under a lease that fences,
+// LeasedPass refuses a KV it cannot fence. A wrapper with Unwrap whose
+// Delete does not pass ctx on must either be refused (ErrUnfenced) or make
+// no unfenced delete.
+func TestWrapperDroppingCtxNeverDeletesUnfenced(t *testing.T) {
+	t.Parallel()
+	inner := &fenceableKV{MemKV: NewMemKV()}
+	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
+	s, _ := newSweep(t, dropCtxKV{inner}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+	st, err := s.LeasedPass(context.Background())
+	t.Logf("LeasedPass: %+v, %v; fenced deletes %d, unfenced %d", st, err, inner.fenced, inner.plain)
+	if err == nil {
+		assert.Zero(t, inner.plain, "a delete went out unfenced under a fencing lease, and LeasedPass returned nil")
+	} else {
+		assert.ErrorIs(t, err, ErrUnfenced)
+	}
+}
+
+type selfUnwrap struct{ *MemKV }
+
+func (s selfUnwrap) Unwrap() KV { return s }
+
+type nilUnwrap struct{ *MemKV }
+
+func (nilUnwrap) Unwrap() KV { return nil }
+
+type nested struct{ KV }
+
+func (n nested) Unwrap() KV { return n.KV }
+
+// TestUnwrapChains: Unwrap returning itself or nil is refused with
+// ErrUnfenced, not a hang; nested wrappers over a fenceable KV are fenced
+// through the context.
+func TestUnwrapChains(t *testing.T) {
+	t.Parallel()
+	for _, kv := range []KV{selfUnwrap{NewMemKV()}, nilUnwrap{NewMemKV()}} {
+		s, _ := newSweep(t, kv, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+		_, err := s.LeasedPass(context.Background())
+		assert.ErrorIs(t, err, ErrUnfenced, "%T", kv)
+	}
+	inner := &fenceableKV{MemKV: NewMemKV()}
+	mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
+	s, _ := newSweep(t, nested{nested{inner}}, Config{Lease: fenceLocker{}, Clear: func(context.Context, string) error { return nil }})
+	_, err := s.LeasedPass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, inner.fenced, "the probe of the fence and the pass's delete")
+	assert.Zero(t, inner.plain)
+}
+
+// typedFencer fences *fenceableKV only, through the fake lease.
+type typedFencer struct{ fencingLease }
+
+func (l typedFencer) Fence(kv KV) (KV, bool) {
+	k, ok := kv.(*fenceableKV)
+	if !ok {
+		return nil, false
+	}
+	return fencedKV{KV: k.MemKV, lease: l.fakeLease}, true
+}
+
+type typedFencingLocker struct{ fencingLocker }
+
+func (f *typedFencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fencingLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return typedFencer{l.(fencingLease)}, nil
+}
+
+// loggingKV wraps a KV as users do to log or trace its calls; with unwrap
+// set it has an Unwrap method.
+type loggingKV struct {
+	inner   KV
+	deletes atomic.Int64
+}
+
+func (w *loggingKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return w.inner.Scan(ctx, start, end, limit)
+}
+
+func (w *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
+	err := w.inner.Delete(ctx, keys...)
+	if err == nil {
+		w.deletes.Add(1)
+	}
+	return err
+}
+
+type unwrappingKV struct{ *loggingKV }
+
+func (w unwrappingKV) Unwrap() KV { return w.inner }
+
+// TestFenceThroughWrapper: a wrapper with Unwrap keeps the lease's fence
+// (dropping it would let the old holder delete after losing the lease);
+// one without is refused unless
+// Config.AllowUnfenced says otherwise.
+func TestFenceThroughWrapper(t *testing.T) {
+	t.Run("Unwrap", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			store := &fenceableKV{MemKV: mem}
+			wrapper := unwrappingKV{&loggingKV{inner: store}}
+			locker := &typedFencingLocker{}
+			for i := range 20 {
+				mark(t, mem, "runs/", fmt.Sprintf("m%02d", i), time.Now().Add(-2*time.Hour))
+			}
+			var log passLog
+			var stolen atomic.Bool
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute, PageSize: 4, Lease: locker,
+				Clear: func(ctx context.Context, id string) error {
+					if id == "m09" {
+						locker.stealSilently()
+						stolen.Store(true)
+					}
+					return nil
+				},
+				OnPass: log.onPass,
+			})
+			require.NoError(t, err)
+			stop := runInBackground(t.Context(), s)
+			synctest.Wait()
+			assert.Equal(t, 12, mem.Len(), "the fence refused the page in flight")
+			assert.Equal(t, int64(3), wrapper.deletes.Load(), "the probe of the fence (a write of nothing) and the two pages before the loss; none after")
+			require.GreaterOrEqual(t, log.len(), 1)
+			assert.ErrorIs(t, log.err(0), ErrLeaseLost)
+			require.ErrorIs(t, stop(), context.Canceled)
+		})
+	})
+	t.Run("no Unwrap", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			wrapper := &loggingKV{inner: &fenceableKV{MemKV: mem}}
+			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
+			locker := &typedFencingLocker{}
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: locker,
+				Clear: func(context.Context, string) error { return nil }})
+			require.NoError(t, err)
+			err = s.Run(t.Context())
+			require.ErrorIs(t, err, ErrUnfenced)
+			assert.Contains(t, err.Error(), "AllowUnfenced")
+			assert.Equal(t, 1, mem.Len(), "nothing deleted unfenced")
+			assert.Nil(t, locker.holder, "the lease was released")
+
+			_, err = s.LeasedPass(t.Context())
+			require.ErrorIs(t, err, ErrUnfenced)
+			assert.Equal(t, 1, mem.Len())
+		})
+	})
+	t.Run("AllowUnfenced", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			mem := NewMemKV()
+			wrapper := &loggingKV{inner: &fenceableKV{MemKV: mem}}
+			mark(t, mem, "runs/", "a", time.Now().Add(-2*time.Hour))
+			s, err := New(wrapper, Config{Prefix: "runs/", Retention: time.Hour, Lease: &typedFencingLocker{}, AllowUnfenced: true,
+				Clear: func(context.Context, string) error { return nil }})
+			require.NoError(t, err)
+			st, err := s.LeasedPass(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Cleared)
+			assert.Zero(t, mem.Len())
+		})
+	})
+}
+
+// TestFencedRefusesAForeignFence: a store write under a fence that cannot
+// fence the store fails rather than goes out unfenced.
+func TestFencedRefusesAForeignFence(t *testing.T) {
+	t.Parallel()
+	ctx, _ := withFence(context.Background(), typedFencer{fencingLease{&fakeLease{}}})
+	view, err := Fenced(ctx, NewMemKV())
+	require.ErrorIs(t, err, ErrUnfenced)
+	assert.Nil(t, view)
+	view, err = Fenced(context.Background(), NewMemKV())
+	require.NoError(t, err)
+	assert.Nil(t, view, "no fence on the context: write as usual")
+}
+
+// probeAtomic is an atomicKV that records whether its ClearAndDelete ran
+// under a fence carried on its context.
+type probeAtomic struct {
+	*atomicKV
+	fenced, unfenced atomic.Int64
+}
+
+func (p *probeAtomic) Delete(ctx context.Context, keys ...[]byte) error {
+	if f, err := Fenced(ctx, p); f != nil || err != nil {
+		if err != nil {
+			return err
+		}
+		return p.MemKV.Delete(ctx, keys...) // the fake fence lets every write through
+	}
+	return p.MemKV.Delete(ctx, keys...)
+}
+
+func (p *probeAtomic) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	if f, err := Fenced(ctx, p); f != nil && err == nil {
+		p.fenced.Add(1)
+	} else {
+		p.unfenced.Add(1)
+	}
+	return p.atomicKV.ClearAndDelete(ctx, ids, keys)
+}
+
+// probeFencer fences *probeAtomic only.
+type probeFencer struct{ fencingLease }
+
+func (l probeFencer) Fence(kv KV) (KV, bool) {
+	if _, ok := kv.(*probeAtomic); !ok {
+		return nil, false
+	}
+	return kv, true
+}
+
+type probeLocker struct{ fencingLocker }
+
+func (f *probeLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fencingLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return probeFencer{l.(fencingLease)}, nil
+}
+
+// atomicWrapper wraps a ClearDeleter, with Unwrap.
+type atomicWrapper struct{ inner ClearDeleter }
+
+func (w atomicWrapper) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return w.inner.Scan(ctx, start, end, limit)
+}
+
+func (w atomicWrapper) Delete(ctx context.Context, keys ...[]byte) error {
+	return w.inner.Delete(ctx, keys...)
+}
+
+func (w atomicWrapper) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	return w.inner.ClearAndDelete(ctx, ids, keys)
+}
+
+func (w atomicWrapper) Unwrap() KV { return w.inner }
+
+// TestFenceThroughAtomicWrapper: the atomic clear through a wrapper carries
+// the fence on its context too.
+func TestFenceThroughAtomicWrapper(t *testing.T) {
+	t.Parallel()
+	base, _ := newAtomicKV(t, 10)
+	probe := &probeAtomic{atomicKV: base}
+	s, err := New(atomicWrapper{probe}, Config{Prefix: "runs/", Retention: time.Hour, Lease: &probeLocker{},
+		Clock: NewManualClock(t0.Add(2 * time.Hour)), BatchSize: 4})
+	require.NoError(t, err)
+	st, err := s.LeasedPass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 10, st.Cleared)
+	assert.Equal(t, int64(3), probe.fenced.Load())
+	assert.Zero(t, probe.unfenced.Load())
 }

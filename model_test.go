@@ -22,7 +22,7 @@ import (
 )
 
 // This file checks Sweep.Pass against a model of what a pass may do,
-// written plainly, over randomised runs (issue 15).
+// written plainly, over randomised runs.
 //
 // A run is drawn from one seed: the clear mode (Config.Clear,
 // Config.ClearBatch, or a ClearDeleter store), the store's abilities (Mover,
@@ -63,7 +63,7 @@ import (
 //
 // The store and the clear functions the sweep is given are in
 // model_fakes_test.go; TestModelCalm checks the model itself on runs
-// without faults, where even the core before issue 15 must pass.
+// without faults, where even a core without batch clears must pass.
 //
 // A crash: a store call or clear, drawn at random, marks the process dead
 // (before or after its effect) and cancels the pass; every later call of
@@ -889,7 +889,7 @@ func runModelConfig(cfg modelConfig) *modelResult {
 
 // TestModelCalm checks the model itself: with no faults, no crashes, no
 // duplicate markers and no live-again entities, every clear mode passes it
-// even on the core before issue 15 (268eaaf). A failure here is more
+// even a core without batch clears. A failure here is more
 // likely the model's.
 func TestModelCalm(t *testing.T) {
 	t.Parallel()
@@ -960,7 +960,7 @@ func mentions(l, id string) bool {
 }
 
 // modelRuns is the number of random runs of TestModel.
-func modelRuns(t *testing.T) int {
+func modelRuns(t testing.TB) int {
 	if s := os.Getenv("RETENTION_MODEL_RUNS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil {

@@ -114,9 +114,9 @@ func TestObserverSeesFailedPassWithoutLags(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
 	mark(t, mem, "runs/", "a", t0)
-	kv := &countingKV{KV: mem, deleteErr: func(int64) error { return errBoom }}
+	kv := &fakeKV{canPut: true, MemKV: mem, onDelete: failWith(errBoom)}
 	rec := &recorder{}
-	s, clock := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: rec})
+	s, clock := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }, Observer: rec})
 	clock.Advance(2 * time.Hour)
 	_, err := s.Pass(t.Context())
 	require.ErrorIs(t, err, errBoom)
@@ -497,21 +497,6 @@ func TestLeaseReleasedWhenObserverPanicsOnAcquired(t *testing.T) {
 	}
 }
 
-// slowScanKV's Scans after the first take a while, so that the read-ahead
-// of the next page is still in flight when the first page is settled.
-type slowScanKV struct {
-	KV
-	calls, done atomic.Int64
-}
-
-func (k *slowScanKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	if k.calls.Add(1) > 1 {
-		time.Sleep(20 * time.Millisecond)
-		defer k.done.Add(1)
-	}
-	return k.KV.Scan(ctx, start, end, limit)
-}
-
 // secondLagPanicObserver panics in its second ObserveLags.
 type secondLagPanicObserver struct {
 	recorder
@@ -531,17 +516,23 @@ func TestPassCutShortByObserverPanicLeavesNoScan(t *testing.T) {
 	for i := range 12 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), old)
 	}
-	kv := &slowScanKV{KV: mem}
+	kv := newFakeKV(mem)
+	kv.onScan = func(_ context.Context, call int64) error {
+		if call > 1 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		return nil
+	}
 	// A real clock, by which the read of page 2 is slow: page 3 is read on
 	// a goroutine of its own while page 2 is cleared, and is in flight
 	// when the Observer panics on page 2's lags.
-	s, _ := newSweep(t, kv, Config{Clear: func(context.Context, string) error { return nil }, Observer: &secondLagPanicObserver{}, PageSize: 4, Clock: SystemClock})
+	s, _ := newSweep(t, kv.store(), Config{Clear: func(context.Context, string) error { return nil }, Observer: &secondLagPanicObserver{}, PageSize: 4, Clock: SystemClock})
 	func() {
 		defer func() { assert.Equal(t, "observer bug", recover()) }()
 		_, _ = s.Pass(t.Context())
 	}()
-	assert.Equal(t, int64(3), kv.calls.Load(), "Scan calls: the three pages")
-	assert.Equal(t, int64(2), kv.done.Load(), "the read of page 3 returned before the pass did")
+	assert.Equal(t, int64(3), kv.scans.Load(), "Scan calls: the three pages")
+	assert.Zero(t, kv.inScan.Load(), "the read of page 3 returned before the pass did")
 	assert.Equal(t, 4, mem.Len(), "pages 1 and 2 were deleted before the Observer saw them")
 }
 
@@ -592,8 +583,11 @@ func TestObserverLagsEveryWayOfClearing(t *testing.T) {
 			}}
 		}},
 		{"ClearDeleter", func(m *MemKV) (KV, Config) {
-			return &atomicKV{MemKV: m, entities: map[string]bool{}, cleared: map[string]int{},
-				poison: map[string]bool{"e03": true, "e07": true, "e11": true, "e15": true, "e19": true}}, Config{PageSize: 8, BatchSize: 4}
+			a := atomicOver(m)
+			for _, id := range []string{"e03", "e07", "e11", "e15", "e19"} {
+				a.poison[id] = true
+			}
+			return a, Config{PageSize: 8, BatchSize: 4}
 		}},
 	}
 	for _, tt := range tests {
@@ -693,22 +687,6 @@ func TestLeasedPassCancelledMidPass(t *testing.T) {
 	assert.Equal(t, 12, mem.Len(), "the page in flight was not deleted")
 }
 
-// cancelAfterKV is a ClearDeleter whose n-th ClearAndDelete cancels the
-// pass once it has cleared and deleted.
-type cancelAfterKV struct {
-	*atomicKV
-	n      int
-	cancel context.CancelFunc
-}
-
-func (c *cancelAfterKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	err := c.atomicKV.ClearAndDelete(ctx, ids, keys)
-	if c.atomicKV.calls == c.n {
-		c.cancel()
-	}
-	return err
-}
-
 // A ClearDeleter clears and deletes a batch in one transaction: a pass
 // cancelled mid-page still counts, and hands the observer the lags of, the
 // batches it committed.
@@ -717,8 +695,13 @@ func TestClearDeleterCancelledMidPageCountsCommittedBatches(t *testing.T) {
 	mem := NewMemKV()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	kv := &cancelAfterKV{atomicKV: &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}},
-		n: 2, cancel: cancel}
+	kv := atomicOver(mem)
+	kv.after = func(call int, err error) error {
+		if call == 2 {
+			cancel() // once its second call committed
+		}
+		return err
+	}
 	for i := range 8 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
 	}
@@ -739,25 +722,21 @@ func TestClearDeleterCancelledMidPageCountsCommittedBatches(t *testing.T) {
 func TestClearDeleterLagsWhenPageDeleteFails(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &atomicKV{MemKV: mem, entities: map[string]bool{}, cleared: map[string]int{}, poison: map[string]bool{}}
+	kv := atomicOver(mem)
 	for i := range 4 {
 		mark(t, mem, "runs/", fmt.Sprintf("m%d", i), t0)
 	}
 	bad := appendTimestamp([]byte("runs/"), uint64(t0.UnixMilli()))
 	require.NoError(t, mem.Put(t.Context(), append(bad, "/bad id"...), nil))
 	rec := &recorder{}
-	s, clock := newSweep(t, &failDeleteKV{kv}, Config{Observer: rec})
+	kv.onDelete = failWith(errBoom) // the sweep's Delete; the commit still deletes
+	s, clock := newSweep(t, kv, Config{Observer: rec})
 	clock.Advance(2 * time.Hour)
 	st, err := s.Pass(t.Context())
 	require.ErrorIs(t, err, errBoom)
 	assert.Equal(t, 4, st.Cleared)
 	assert.Len(t, rec.lags, 4)
 }
-
-// failDeleteKV is a ClearDeleter whose own Delete fails.
-type failDeleteKV struct{ *atomicKV }
-
-func (failDeleteKV) Delete(context.Context, ...[]byte) error { return errBoom }
 
 // TestObservePageAddsUpToThePass: ObservePage comes after each page's
 // ObserveLags with that page's counts, so that counters advance with the
@@ -798,22 +777,6 @@ func (a Stats) plus(b Stats) Stats {
 	return a.minus(zero.minus(b))
 }
 
-// slowSecondKV is an atomicKV whose second call takes ten seconds by the
-// sweep's clock.
-type slowSecondKV struct {
-	*atomicKV
-	clock *ManualClock
-	n     int
-}
-
-func (k *slowSecondKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	k.n++
-	if k.n == 2 {
-		k.clock.Advance(10 * time.Second)
-	}
-	return k.atomicKV.ClearAndDelete(ctx, ids, keys)
-}
-
 // TestAtomicLagsAtCommit: a ClearDeleter's entities are gone when its call
 // commits, so their lag is measured then, not when the slowest batch of
 // their page is done.
@@ -822,7 +785,13 @@ func TestAtomicLagsAtCommit(t *testing.T) {
 	base, _ := newAtomicKV(t, 4)
 	rec := &recorder{}
 	clock := NewManualClock(t0.Add(2 * time.Hour))
-	kv := &slowSecondKV{atomicKV: base, clock: clock}
+	kv := base
+	kv.before = func(_ context.Context, call int, _ []string, _ [][]byte) error {
+		if call == 2 {
+			clock.Advance(10 * time.Second) // the second call is slow
+		}
+		return nil
+	}
 	s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Clock: clock, BatchSize: 2, Observer: rec})
 	require.NoError(t, err)
 	_, err = s.Pass(context.Background())
@@ -833,4 +802,101 @@ func TestAtomicLagsAtCommit(t *testing.T) {
 	assert.Equal(t, []time.Duration{time.Hour + 10*time.Second - 2*time.Millisecond, time.Hour + 10*time.Second - 3*time.Millisecond},
 		rec.lags[:2], "the second batch, at its commit")
 	assert.Equal(t, []time.Duration{time.Hour, time.Hour - time.Millisecond}, rec.lags[2:], "the first batch, at its commit, not 10s later")
+}
+
+// TestObservePageAddsUpWhenPassCutShort: ObservePage calls add up to
+// ObservePass's counts in a pass cancelled mid-page and in one whose
+// delete fails.
+func TestObservePageAddsUpWhenPassCutShort(t *testing.T) {
+	t.Parallel()
+	sum := func(pages []Stats) Stats {
+		var s Stats
+		for _, p := range pages {
+			s.Scanned += p.Scanned
+			s.Cleared += p.Cleared
+			s.Failed += p.Failed
+			s.Retried += p.Retried
+			s.ClearCalls += p.ClearCalls
+			s.FailedCalls += p.FailedCalls
+			s.DeleteCalls += p.DeleteCalls
+			s.ScanCalls += p.ScanCalls
+			s.PutCalls += p.PutCalls
+			s.Duplicates += p.Duplicates
+		}
+		return s
+	}
+	pick := func(st Stats) Stats {
+		return Stats{Scanned: st.Scanned, Cleared: st.Cleared, Failed: st.Failed, Retried: st.Retried, ClearCalls: st.ClearCalls,
+			FailedCalls: st.FailedCalls, DeleteCalls: st.DeleteCalls, ScanCalls: st.ScanCalls, PutCalls: st.PutCalls, Duplicates: st.Duplicates}
+	}
+	t.Run("cancelled", func(t *testing.T) {
+		t.Parallel()
+		base := atomicOver(NewMemKV())
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		kv := cancelAfterFirstCommit(base, cancel)
+		rec := &recorder{}
+		s, clock := newSweep(t, kv, Config{Observer: rec, BatchSize: 3, PageSize: 8})
+		for _, id := range markN(t, base.MemKV, 20, t0) {
+			base.entities[id] = true
+		}
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, pick(st), sum(rec.pages))
+		assert.Equal(t, 3, st.Cleared)
+		assert.Len(t, rec.lags, 3)
+	})
+	t.Run("failed delete", func(t *testing.T) {
+		t.Parallel()
+		mem := NewMemKV()
+		kv := &fakeKV{canPut: true, MemKV: mem}
+		c := newClears()
+		c.set("b0003", errBoom)
+		rec := &recorder{}
+		s, clock := newSweep(t, kv.store(), Config{Clear: c.clear, Observer: rec, PageSize: 4})
+		markN(t, mem, 10, t0)
+		kv.setHooks(nil, failCall(2, errBoom), nil)
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.ErrorIs(t, err, errBoom)
+		assert.Equal(t, pick(st), sum(rec.pages))
+	})
+}
+
+// TestObservePageCountsHeldAndWouldClear: ObservePage calls add up to
+// ObservePass's Held and WouldClear too.
+func TestObservePageCountsHeldAndWouldClear(t *testing.T) {
+	t.Parallel()
+	sum := func(pages []Stats) (held, would int) {
+		for _, p := range pages {
+			held += p.Held
+			would += p.WouldClear
+		}
+		return
+	}
+	t.Run("held", func(t *testing.T) {
+		mem := NewMemKV()
+		rec := &recorder{}
+		s, clock := newSweep(t, mem, Config{Observer: rec, Clear: func(context.Context, string) error { return Hold(t0.Add(9 * time.Hour)) }})
+		markN(t, mem, 3, t0)
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 3, st.Held)
+		held, _ := sum(rec.pages)
+		assert.Equal(t, st.Held, held, "ObservePage adds up to ObservePass")
+	})
+	t.Run("would clear", func(t *testing.T) {
+		mem := NewMemKV()
+		rec := &recorder{}
+		s, clock := newSweep(t, mem, Config{Observer: rec, DryRun: true, Clear: func(context.Context, string) error { return nil }})
+		markN(t, mem, 3, t0)
+		clock.Set(t0.Add(2 * time.Hour))
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 3, st.WouldClear)
+		_, would := sum(rec.pages)
+		assert.Equal(t, st.WouldClear, would, "ObservePage adds up to ObservePass")
+	})
 }

@@ -159,7 +159,7 @@ func TestRunDefaultIntervalIsRetention(t *testing.T) {
 
 func TestRunBacksOffAfterFailedPasses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		kv := &countingKV{KV: NewMemKV(), scanErr: func(call int64) error {
+		kv := &fakeKV{canPut: true, MemKV: NewMemKV(), onScan: func(_ context.Context, call int64) error {
 			if call <= 8 {
 				return errBoom
 			}
@@ -167,7 +167,7 @@ func TestRunBacksOffAfterFailedPasses(t *testing.T) {
 		}}
 		var log passLog
 		start := time.Now()
-		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: 10 * time.Second, Clear: newClears().clear, OnPass: log.onPass})
+		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, Interval: 10 * time.Second, Clear: newClears().clear, OnPass: log.onPass})
 		require.NoError(t, err)
 		stop := runInBackground(t.Context(), s)
 		time.Sleep(2 * time.Minute)

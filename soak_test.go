@@ -570,12 +570,6 @@ const (
 	soakAtomic                 // a ClearDeleter
 )
 
-// putOnlyKV is a KV that can Put but not Move.
-type putOnlyKV struct {
-	KV
-	Putter
-}
-
 // soakAtomicKV is the soak's ClearDeleter: a faultAtomic whose calls count
 // as clear calls of their ids.
 type soakAtomicKV struct {

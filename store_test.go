@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestMemKVBasics(t *testing.T) {
 	}
 }
 
-func testMemKVBasics(t *testing.T, kv *MemKV) {
+func testMemKVBasics(t testing.TB, kv *MemKV) {
 	ctx := context.Background()
 	for _, k := range []string{"b", "a", "c", "\x00", "\xff", "ab", "b"} {
 		require.NoError(t, kv.Put(ctx, []byte(k), []byte("v"+k)))
@@ -202,4 +203,99 @@ func TestSystemClock(t *testing.T) {
 	before := time.Now()
 	got := SystemClock.Now()
 	assert.False(t, got.Before(before))
+}
+
+// TestMemKVTailAndSeeksMatchModel: Put, Delete and Move of the first,
+// last and only keys keep the tail right; every Scan and Get (the seek
+// fast paths: before the first key, past the last, on either) agrees with
+// a sorted model. Zero MemKV included.
+func TestMemKVTailAndSeeksMatchModel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for seed := range uint64(40) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		var m *MemKV
+		if seed%2 == 0 {
+			m = &MemKV{}
+		} else {
+			m = NewMemKV()
+		}
+		model := map[string]bool{}
+		key := func() []byte { return []byte{byte('a' + r.IntN(6)), byte('a' + r.IntN(3))} }
+		sorted := func() []string {
+			var ks []string
+			for k := range model {
+				ks = append(ks, k)
+			}
+			sort.Strings(ks)
+			return ks
+		}
+		for step := range 400 {
+			switch r.IntN(5) {
+			case 0, 1:
+				k := key()
+				require.NoError(t, m.Put(ctx, k, nil))
+				model[string(k)] = true
+			case 2:
+				ks := sorted()
+				var k []byte
+				switch {
+				case len(ks) > 0 && r.IntN(2) == 0:
+					k = []byte(ks[0])
+				case len(ks) > 0 && r.IntN(2) == 0:
+					k = []byte(ks[len(ks)-1])
+				default:
+					k = key()
+				}
+				require.NoError(t, m.Delete(ctx, k))
+				delete(model, string(k))
+			case 3:
+				ks := sorted()
+				if len(ks) == 0 {
+					continue
+				}
+				from := []byte(ks[len(ks)-1])
+				if r.IntN(2) == 0 {
+					from = []byte(ks[0])
+				}
+				to := key()
+				if r.IntN(3) == 0 {
+					to = append([]byte("z"), to...) // past every key
+				} else if r.IntN(2) == 0 {
+					to = append([]byte("0"), to...) // before every key
+				}
+				require.NoError(t, m.Move(ctx, [][]byte{from}, [][]byte{to}))
+				delete(model, string(from))
+				model[string(to)] = true
+			case 4:
+			}
+			ks := sorted()
+			require.Equal(t, len(ks), m.Len(), "seed %d step %d", seed, step)
+			for _, start := range [][]byte{nil, []byte("0"), []byte("a"), key(), []byte("zz"), []byte("zzz"), []byte("{")} {
+				for _, limit := range []int{1, 3, 100} {
+					got, err := m.Scan(ctx, start, []byte("~"), limit)
+					require.NoError(t, err)
+					var want []string
+					for _, k := range ks {
+						if k >= string(start) && len(want) < limit {
+							want = append(want, k)
+						}
+					}
+					var gs []string
+					for _, g := range got {
+						gs = append(gs, string(g))
+					}
+					require.Equal(t, want, gs, "seed %d step %d start %q limit %d", seed, step, start, limit)
+				}
+				_, ok, err := m.Get(ctx, start)
+				require.NoError(t, err)
+				require.Equal(t, model[string(start)], ok)
+			}
+			if len(ks) > 0 {
+				require.Equal(t, ks[len(ks)-1], string(m.tail.key), "tail, seed %d step %d", seed, step)
+			} else {
+				require.Nil(t, m.tail)
+			}
+		}
+	}
 }

@@ -42,8 +42,8 @@ func TestNewValidation(t *testing.T) {
 		}, ""},
 		{"both clears", kv, func(c *Config) { c.ClearBatch = func(context.Context, []string) error { return nil } }, "set one of Config.Clear and Config.ClearBatch, not both"},
 		{"batch size without batch clear", kv, func(c *Config) { c.BatchSize = 10 }, "Config.BatchSize is set but Config.Clear clears one id at a time"},
-		{"clear deleter with neither clear", &atomicKV{MemKV: kv}, func(c *Config) { c.Clear = nil }, ""},
-		{"clear deleter and a clear", &atomicKV{MemKV: kv}, func(c *Config) {}, "kv is a ClearDeleter"},
+		{"clear deleter with neither clear", atomicOver(kv), func(c *Config) { c.Clear = nil }, ""},
+		{"clear deleter and a clear", atomicOver(kv), func(c *Config) {}, "kv is a ClearDeleter"},
 		{"negative batch size", kv, func(c *Config) {
 			c.Clear, c.ClearBatch, c.BatchSize = nil, func(context.Context, []string) error { return nil }, -1
 		}, "Config.BatchSize must be 0 (default 100) or 1 to 65536, got -1"},
@@ -173,9 +173,9 @@ func TestPassAcrossPages(t *testing.T) {
 		t.Run(fmt.Sprintf("page%d_expired%d", tt.pageSize, tt.expired), func(t *testing.T) {
 			t.Parallel()
 			mem := NewMemKV()
-			kv := &countingKV{KV: mem}
+			kv := &fakeKV{canPut: true, MemKV: mem}
 			c := newClears()
-			s, _ := newSweep(t, kv, Config{PageSize: tt.pageSize, Clear: c.clear})
+			s, _ := newSweep(t, kv.store(), Config{PageSize: tt.pageSize, Clear: c.clear})
 			for i := range tt.expired {
 				mark(t, mem, "runs/", fmt.Sprintf("old%04d", i), t0.Add(-2*time.Hour+time.Duration(i)*time.Millisecond))
 			}
@@ -255,14 +255,14 @@ func TestPassClearFailure(t *testing.T) {
 func TestPassDeleteFailure(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &countingKV{KV: mem, deleteErr: func(call int64) error {
+	kv := &fakeKV{canPut: true, MemKV: mem, onDelete: func(_ context.Context, call int64) error {
 		if call == 1 {
 			return errBoom
 		}
 		return nil
 	}}
 	c := newClears()
-	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	s, clock := newSweep(t, kv.store(), Config{Clear: c.clear})
 	mark(t, mem, "runs/", "a", t0)
 	mark(t, mem, "runs/", "b", t0)
 	clock.Set(t0.Add(2 * time.Hour))
@@ -285,9 +285,9 @@ func TestPassDeleteFailure(t *testing.T) {
 func TestPassScanFailure(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &countingKV{KV: mem, scanErr: func(int64) error { return errBoom }}
+	kv := &fakeKV{canPut: true, MemKV: mem, onScan: failWith(errBoom)}
 	c := newClears()
-	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	s, clock := newSweep(t, kv.store(), Config{Clear: c.clear})
 	mark(t, mem, "runs/", "a", t0)
 	clock.Set(t0.Add(2 * time.Hour))
 	_, err := s.Pass(context.Background())
@@ -489,12 +489,12 @@ func TestPassCancelledMidPass(t *testing.T) {
 		t.Run(fmt.Sprint("concurrency", concurrency), func(t *testing.T) {
 			t.Parallel()
 			mem := NewMemKV()
-			kv := &countingKV{KV: mem}
+			kv := &fakeKV{canPut: true, MemKV: mem}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var mu sync.Mutex
 			succeeded := map[string]bool{}
-			s, clock := newSweep(t, kv, Config{PageSize: 4, Concurrency: concurrency, Clear: func(ctx context.Context, id string) error {
+			s, clock := newSweep(t, kv.store(), Config{PageSize: 4, Concurrency: concurrency, Clear: func(ctx context.Context, id string) error {
 				if id == "m0006" {
 					cancel()
 				}
@@ -529,8 +529,8 @@ func TestPassCancelledMidPass(t *testing.T) {
 
 func TestPassCancelledBefore(t *testing.T) {
 	t.Parallel()
-	kv := &countingKV{KV: NewMemKV()}
-	s, _ := newSweep(t, kv, Config{Clear: newClears().clear})
+	kv := &fakeKV{canPut: true, MemKV: NewMemKV()}
+	s, _ := newSweep(t, kv.store(), Config{Clear: newClears().clear})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := s.Pass(ctx)
@@ -624,9 +624,9 @@ func TestPassCounting(t *testing.T) {
 		t.Skip("fills a million markers")
 	}
 	mem := NewMemKV()
-	kv := &countingKV{KV: mem}
+	kv := &fakeKV{canPut: true, MemKV: mem}
 	c := newClears()
-	s, clock := newSweep(t, kv, Config{Clear: c.clear})
+	s, clock := newSweep(t, kv.store(), Config{Clear: c.clear})
 	const idle = 1_000_000
 	for i := range idle {
 		mark(t, mem, "runs/", fmt.Sprintf("u%07d", i), t0.Add(time.Duration(i)*time.Millisecond))

@@ -133,9 +133,9 @@ func (k stuckDueKV) Scan(_ context.Context, start, _ []byte, limit int) ([][]byt
 func TestForeignKeysStepped(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
-	kv := &countingKV{KV: mem}
+	kv := &fakeKV{canPut: true, MemKV: mem}
 	c := newClears()
-	s, _ := newSweep(t, kv, Config{Clear: c.clear, PageSize: 100})
+	s, _ := newSweep(t, kv.store(), Config{Clear: c.clear, PageSize: 100})
 	ctx := context.Background()
 	var foreign []string
 	for i := range 1000 {
@@ -306,7 +306,7 @@ func TestRunNeverSpinsOnFailures(t *testing.T) {
 		kv    func() KV
 		lease func() (Locker, *atomic.Int64)
 	}{
-		{"failing store", func() KV { return &countingKV{KV: NewMemKV(), scanErr: func(int64) error { return errBoom }} }, nil},
+		{"failing store", func() KV { return (&fakeKV{canPut: true, MemKV: NewMemKV(), onScan: failWith(errBoom)}).store() }, nil},
 		{"lease held elsewhere", func() KV { return NewMemKV() }, func() (Locker, *atomic.Int64) { l := &heldLocker{}; return l, &l.n }},
 		{"lease lost at once", func() KV { return NewMemKV() }, func() (Locker, *atomic.Int64) { l := &instantLostLocker{}; return l, &l.n }},
 	}
