@@ -247,7 +247,12 @@ type passState struct {
 	clearing    *clearing   // the pass's clear workers, once a page has clears
 	buf         passBuffers // kept from pass to pass
 
-	// Written by the clears of a page, which run concurrently.
+	callTally // written by the clears of a page, which run concurrently
+}
+
+// callTally is what the clears of a page, which run concurrently, record for
+// the pass: how calls went, for the outage detection and for Stats.
+type callTally struct {
 	streak                                    atomic.Int64          // clear calls that failed in a row
 	probeFails                                atomic.Int64          // ids tried alone in vain since the last success
 	oks                                       atomic.Int64          // calls that succeeded
