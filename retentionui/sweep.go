@@ -1,0 +1,68 @@
+package retentionui
+
+import (
+	"net/http"
+	"net/url"
+
+	"github.com/marksweep/retention"
+)
+
+// sweepPage is a SweepPage with what only the HTML shows.
+type sweepPage struct {
+	SweepPage
+	Requeued    int
+	WasRequeued bool
+	Retention   bool
+}
+
+func (h *Handler) serveSweep(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	s, err := h.sweepOf(q)
+	if err != nil {
+		h.fail(w, r, err, statusOf(err))
+		return
+	}
+	ctx, cancel := h.storeCtx(r)
+	defer cancel()
+	now := h.opts.Clock.Now()
+	p := sweepPage{SweepPage: SweepPage{Now: now.UTC(), ReadOnly: h.opts.ReadOnly, Limit: h.opts.Limit, Prefix: s.Prefix(), Due: []Marker{}, Parked: []Marker{}}}
+	due, err := s.Due(ctx, h.opts.Limit)
+	if err != nil {
+		h.fail(w, r, err, http.StatusInternalServerError)
+		return
+	}
+	for _, m := range due {
+		p.Due = append(p.Due, Marker{
+			ID: m.ID, State: m.State.String(), Due: timePtr(m.Due), OverdueMs: msOf(max(now.Sub(m.Due), 0)),
+			Attempts: m.Attempts, Next: timePtr(m.Next),
+		})
+	}
+	p.DueCut = len(due) == h.opts.Limit
+	parked, err := s.Parked(ctx, h.opts.Limit)
+	if err != nil {
+		h.fail(w, r, err, http.StatusInternalServerError)
+		return
+	}
+	ret := h.opts.Details[s.Prefix()].Retention
+	p.Retention = ret > 0
+	for _, m := range parked {
+		pm := Marker{ID: m.ID, State: retention.StateParked.String(), Finished: timePtr(m.Finished), Attempts: m.Attempts}
+		if ret > 0 {
+			pm.Due = timePtr(m.Finished.Add(ret))
+			pm.OverdueMs = msOf(max(now.Sub(m.Finished.Add(ret)), 0))
+		}
+		p.Parked = append(p.Parked, pm)
+	}
+	p.ParkedCut = len(parked) == h.opts.Limit
+	p.Requeued, p.WasRequeued = requeuedOf(q)
+	h.answer(w, r, "sweep", p)
+}
+
+// sweepURL is the relative URL of prefix's page, with extra parameters.
+func sweepURL(prefix string, extra url.Values) string {
+	v := url.Values{"prefix": {prefix}}
+	for k, vs := range extra {
+		v[k] = vs
+	}
+	return "sweep?" + v.Encode()
+}

@@ -1,0 +1,156 @@
+package retentionui
+
+import (
+	"time"
+)
+
+// The JSON of each page: the same URL as the page, asked for with
+// "Accept: application/json". Times are RFC 3339 in UTC, durations whole
+// milliseconds (fields ending in _ms); a field that is not known is null.
+
+// Overview is the JSON of the overview, GET /.
+type Overview struct {
+	Now      time.Time     `json:"now"`
+	ReadOnly bool          `json:"read_only"`
+	Limit    int           `json:"limit"` // the most markers a count goes up to
+	Sweeps   []SweepStatus `json:"sweeps"`
+}
+
+// The states of a sweep, worst last: SweepStatus.State is the worst that
+// applies.
+const (
+	StateOK       = "ok"       // nothing due past Options.Behind, nothing retrying, parked or failing
+	StateBehind   = "behind"   // the oldest due marker is more than Options.Behind past due
+	StateRetrying = "retrying" // clears failed and are tried again
+	StateParked   = "parked"   // markers wait for a Requeue
+	StateError    = "error"    // the backlog could not be read, or the last pass failed
+)
+
+// SweepStatus is one sweep on the overview.
+type SweepStatus struct {
+	Prefix      string `json:"prefix"`
+	RetentionMs *int64 `json:"retention_ms"` // Detail.Retention; null when not given
+	State       string `json:"state"`        // StateOK ... StateError
+	Summary     string `json:"summary"`      // the state in a sentence
+	// Backlog is Sweep.Backlog's answer; null when it failed (see Error).
+	Backlog *BacklogStatus `json:"backlog"`
+	Error   string         `json:"error,omitempty"`
+	// LastPass is the last pass the Recorder saw; null when none.
+	LastPass *PassStatus `json:"last_pass"`
+	// Lease is the last lease event the Recorder saw: "acquired" (this
+	// replica sweeps), "held" (another replica does), "lost", "released";
+	// "unknown" when none was seen (no Lease, or no Recorder).
+	Lease string `json:"lease"`
+	// LagMs is how long past due the newest entity cleared was when its
+	// marker was deleted; null when the Recorder saw none.
+	LagMs *int64 `json:"lag_ms"`
+}
+
+// BacklogStatus is a retention.Backlog. Counts stop at Overview.Limit;
+// More says one did, or may have.
+type BacklogStatus struct {
+	Due           int        `json:"due"`
+	OldestID      string     `json:"oldest_id,omitempty"`
+	OldestDue     *time.Time `json:"oldest_due"`
+	AgeMs         int64      `json:"age_ms"`
+	Retrying      int        `json:"retrying"`
+	RetryingAgeMs int64      `json:"retrying_age_ms"`
+	Held          int        `json:"held"`
+	Parked        int        `json:"parked"`
+	More          bool       `json:"more"`
+}
+
+// PassStatus is the last pass of a sweep, from its retention.Stats.
+type PassStatus struct {
+	At         time.Time `json:"at"` // when it ended
+	Passes     int       `json:"passes"`
+	Error      string    `json:"error,omitempty"`
+	Cleared    int       `json:"cleared"`
+	Failed     int       `json:"failed"`
+	Retried    int       `json:"retried"`
+	Parked     int       `json:"parked"`
+	Held       int       `json:"held"`
+	Malformed  int       `json:"malformed"`
+	Scanned    int       `json:"scanned"`
+	DurationMs int64     `json:"duration_ms"`
+	MaxLagMs   int64     `json:"max_lag_ms"`
+}
+
+// SweepPage is the JSON of one sweep's page, GET /sweep?prefix=P.
+type SweepPage struct {
+	Now      time.Time `json:"now"`
+	ReadOnly bool      `json:"read_only"`
+	Limit    int       `json:"limit"`
+	Prefix   string    `json:"prefix"`
+	// Due is Sweep.Due: the markers due and not cleared yet, longest
+	// overdue first. DueCut says the list stopped at Limit.
+	Due    []Marker `json:"due"`
+	DueCut bool     `json:"due_cut"`
+	// Parked is Sweep.Parked: the parked markers, oldest first.
+	// ParkedCut says the list stopped at Limit.
+	Parked    []Marker `json:"parked"`
+	ParkedCut bool     `json:"parked_cut"`
+}
+
+// Marker is one marker of a list.
+type Marker struct {
+	ID    string `json:"id"`
+	State string `json:"state"` // "due", "retrying", "held" or "parked"
+	// Due is when the entity fell due; null for a parked marker of a
+	// sweep whose retention was not given.
+	Due       *time.Time `json:"due"`
+	OverdueMs int64      `json:"overdue_ms"`
+	Finished  *time.Time `json:"finished,omitempty"` // parked markers: when the entity finished
+	Attempts  int        `json:"attempts"`
+	Next      *time.Time `json:"next"` // the next try, or a hold's end; null when none is set
+}
+
+// The states of Why.State beyond those of a Marker.
+const (
+	WhyWaiting  = "waiting"   // not due yet: it falls due at Due
+	WhyNotFound = "not found" // in none of the places searched
+)
+
+// Why is the JSON of a look-up, GET /why?prefix=P&id=X: when the entity
+// of id X will be cleared, and why not yet.
+type Why struct {
+	Now    time.Time `json:"now"`
+	Prefix string    `json:"prefix"`
+	ID     string    `json:"id"`
+	// State is a Marker state, WhyWaiting or WhyNotFound.
+	State    string     `json:"state"`
+	Due      *time.Time `json:"due"`
+	Finished *time.Time `json:"finished,omitempty"`
+	Attempts int        `json:"attempts"`
+	Next     *time.Time `json:"next"`
+	// Answer says it in a sentence; Searched says what was read.
+	Answer   string `json:"answer"`
+	Searched string `json:"searched"`
+}
+
+// Requeued is the JSON answer to POST /requeue.
+type Requeued struct {
+	Prefix   string `json:"prefix"`
+	ID       string `json:"id,omitempty"` // the id asked for; empty with all
+	All      bool   `json:"all"`
+	Requeued int    `json:"requeued"` // markers put back
+}
+
+// ErrorBody is the JSON of every error answer, with its HTTP status: 400
+// malformed request or id, 403 read-only or cross-origin, 404 unknown page
+// or prefix, 405 wrong method, 409 requeue of an id not parked, 500 a store
+// error or timeout.
+type ErrorBody struct {
+	Status int    `json:"status"`
+	Error  string `json:"error"`
+}
+
+func msOf(d time.Duration) int64 { return d.Milliseconds() }
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
