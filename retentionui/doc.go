@@ -1,0 +1,53 @@
+// Package retentionui is an operator's console for retention sweeps: an
+// http.Handler that shows what every sweep of a service is doing and lets
+// an operator act on it, and the JSON the retentionctl command reads.
+//
+// # Basics
+//
+// Give New the sweeps, and mount the Handler behind your authentication
+// (it has none of its own) under any path:
+//
+//	rec := &retentionui.Recorder{}             // also each sweep's Config.Observer
+//	h, err := retentionui.New(retentionui.Options{Sweeps: sweeps, Recorder: rec})
+//	mux.Handle("/admin/retention/", requireAdmin(http.StripPrefix("/admin/retention", h)))
+//
+// The overview says for each sweep its state in a word (ok, behind,
+// retrying, parked, error) and a sentence, its Backlog, its last pass, its
+// lease and its lag. A sweep's page lists its due markers, longest overdue
+// first, and its parked markers with a Requeue action for one or all, and
+// looks an id up: when it will be cleared, and why not yet.
+//
+// # JSON
+//
+// Every page answers with JSON when asked with "Accept: application/json",
+// at the same URL: GET / gives an Overview, GET /sweep?prefix=P a
+// SweepPage, GET /why?prefix=P&id=X a Why, and POST /requeue (a form of
+// prefix and id, or prefix and all=true) a Requeued. An error is an
+// ErrorBody with the status: 400 for a malformed request or an id the
+// sweep's rule refuses, 403 for a refused action (read-only, or a
+// cross-origin POST), 404 for an unknown prefix or page, 405 for a wrong
+// method, 409 for requeueing an id that is not parked, 500 for a store
+// error or Options.Timeout.
+//
+// # Safety
+//
+// Every change is a POST; a POST whose Origin or Sec-Fetch-Site header
+// says it comes from another site is refused (http.CrossOriginProtection),
+// and Options.ReadOnly hides and refuses every action. The prefix of a
+// request must be one of the sweeps' and its id must pass the sweep's id
+// rule; pages are html/template, which escapes by context; the handler
+// logs nothing.
+//
+// A request reads a bounded number of keys however large the backlog: the
+// overview calls Sweep.Backlog with Options.Limit for each sweep (at most
+// four Scan calls of Limit+1 keys in each of three ranges), a sweep's
+// page Sweep.Due and Sweep.Parked with Limit, and a look-up those two and
+// at most ten Scan calls of Limit keys more. Past the limit the counts
+// read "or more" and the lists say they are cut off; a look-up of an id
+// beyond what it read says so rather than guessing. Only Requeue of every
+// parked marker reads the whole parked range, as Sweep.Requeue does.
+//
+// The handler calls the sweeps' read methods, which take no lock a pass
+// needs, and the Recorder holds its mutex only to copy a few fields: a
+// slow store makes the page slow (up to Options.Timeout), never the sweep.
+package retentionui

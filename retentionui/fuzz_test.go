@@ -1,0 +1,63 @@
+package retentionui_test
+
+import (
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/marksweep/retention"
+)
+
+// FuzzRequestParams sends any prefix and id to every route that reads
+// them: the answer is a status the routes document, never a panic or a 500,
+// an id the sweep's rule refuses is never served, and what the request
+// carried never reaches the page unescaped.
+func FuzzRequestParams(f *testing.F) {
+	src, err := os.ReadFile("assets/pages.html")
+	if err != nil {
+		f.Fatal(err)
+	}
+	pagesHTML := string(src)
+	fx := newFixture(f)
+	h := newHandler(f, fx.options())
+	for _, seed := range [][2]string{
+		{jobs, poison}, {jobs, held}, {jobs, "job-000"}, {"nope/", "a"}, {jobs, ""}, {jobs, "<script>"},
+		{jobs, strings.Repeat("x", retention.MaxIDLen+1)}, {"", ""}, {jobs + "\x00", "a\xff"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, prefix, id string) {
+		q := url.Values{"prefix": {prefix}, "id": {id}}
+		for _, req := range []struct {
+			method, target string
+			form           url.Values
+		}{
+			{"GET", "/sweep?" + q.Encode(), nil},
+			{"GET", "/why?" + q.Encode(), nil},
+			{"POST", "/requeue", q},
+		} {
+			code, body := do(t, h, req.method, req.target, req.form, nil)
+			switch code {
+			case http.StatusOK, http.StatusSeeOther, http.StatusBadRequest, http.StatusNotFound, http.StatusConflict:
+			default:
+				t.Fatalf("%s %s = %d, want 200, 303, 400, 404 or 409: %s", req.method, req.target, code, body)
+			}
+			if code == http.StatusOK || code == http.StatusSeeOther {
+				if prefix != jobs && prefix != uploads {
+					t.Fatalf("%s %s = %d for an unknown prefix", req.method, req.target, code)
+				}
+				if req.target != "/sweep?"+q.Encode() && retention.ValidateID(id) != nil {
+					t.Fatalf("%s %s = %d for an id the rule refuses", req.method, req.target, code)
+				}
+			}
+			for _, in := range []string{prefix, id} {
+				// A '<' the page did not write itself opens a tag.
+				if strings.Contains(in, "<") && strings.Contains(body, in) && !strings.Contains(pagesHTML, in) {
+					t.Fatalf("%s %s: the page holds %q unescaped", req.method, req.target, in)
+				}
+			}
+		}
+	})
+}
