@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -52,7 +53,9 @@ func New(opts Options) (*Handler, error) {
 		origin: http.NewCrossOriginProtection(),
 		pages:  pages,
 	}
+	// Copies: a caller changing its slice or map later changes nothing.
 	h.opts.Sweeps = append([]*retention.Sweep(nil), opts.Sweeps...)
+	h.opts.Details = maps.Clone(opts.Details)
 	for _, s := range opts.Sweeps {
 		h.sweeps[s.Prefix()] = s
 	}
