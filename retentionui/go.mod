@@ -1,6 +1,6 @@
 module github.com/marksweep/retention/retentionui
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/chromedp/chromedp v0.23.1
