@@ -285,6 +285,10 @@ func TestRequeuePutsTheParkedMarkerBack(t *testing.T) {
 	assert.Empty(t, parkedIDs(t, f.jobs))
 	assertDueAgain(t, f.jobs, poison)
 
+	w := getJSON[retentionui.Why](t, h, "/why?"+url.Values{"prefix": {jobs}, "id": {poison}}.Encode())
+	assert.Contains(t, w.Answer, "the next pass", "why of a requeued id")
+	assert.Nil(t, w.Next)
+
 	code, _ = do(t, h, "POST", "/requeue", url.Values{"prefix": {jobs}, "id": {poison}}, asJSON)
 	assert.Equal(t, http.StatusConflict, code, "requeued twice")
 }
@@ -419,16 +423,19 @@ func TestPagesEscapePrefixesAndIDs(t *testing.T) {
 	}
 }
 
-// assertDueAgain checks in the store that id is listed due, for the next
-// pass, with no failed attempt counted.
+// assertDueAgain checks in the store that id is back for the next pass:
+// listed by Due, not parked, no failed attempt counted, no later try set.
+// (The core lists a requeued marker as due or, since it lies in the retry
+// range, as retrying with no next try: either way the next pass takes it.)
 func assertDueAgain(t testing.TB, s *retention.Sweep, id string) {
 	t.Helper()
 	due, err := s.Due(context.Background(), 1000)
 	require.NoError(t, err)
 	for _, m := range due {
 		if m.ID == id {
-			assert.Equal(t, retention.StateDue, m.State, "Due() state of %s", id)
+			assert.Contains(t, []retention.MarkerState{retention.StateDue, retention.StateRetrying}, m.State, "Due() state of %s", id)
 			assert.Zero(t, m.Attempts, "Due() attempts of %s", id)
+			assert.True(t, m.Next.IsZero(), "Due() next try of %s = %v, want none: the next pass", id, m.Next)
 			return
 		}
 	}

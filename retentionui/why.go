@@ -122,6 +122,9 @@ func counted(n, limit int) string {
 func answerDue(m retention.DueMarker, now time.Time) string {
 	switch m.State {
 	case retention.StateRetrying:
+		if m.Next.IsZero() {
+			return fmt.Sprintf("Put back for a retry (its clear failed %d times before): the next pass tries it.", m.Attempts)
+		}
 		return fmt.Sprintf("Its clear failed %d times; it is tried again at %s, in %s.", m.Attempts, m.Next.UTC().Format(time.RFC3339), roundAge(max(m.Next.Sub(now), 0)))
 	case retention.StateHeld:
 		return fmt.Sprintf("Held: its clear asked to wait until %s (in %s); it is cleared after that.", m.Next.UTC().Format(time.RFC3339), roundAge(max(m.Next.Sub(now), 0)))
