@@ -169,15 +169,15 @@ func (l *Locker) acquire(ctx context.Context, holder string) (int64, error) {
 		if err != nil {
 			return 0, err
 		}
-		return fence, queryRow(ctx, db, "SELECT fence FROM "+l.table+" WHERE name = ? AND holder = ?", []any{l.name, holder}, &fence)
+		return fence, queryRow(ctx, d, db, "SELECT fence FROM "+l.table+" WHERE name = ? AND holder = ?", []any{l.name, holder}, &fence)
 	case SQLite:
-		return fence, queryRow(ctx, db, "INSERT INTO "+l.table+" (name, holder, fence, expires_at) VALUES (?, ?, 1, "+d.later("?")+")"+
+		return fence, queryRow(ctx, d, db, "INSERT INTO "+l.table+" (name, holder, fence, expires_at) VALUES (?, ?, 1, "+d.later("?")+")"+
 			" ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, fence = fence + 1, expires_at = excluded.expires_at"+
 			" WHERE expires_at <= "+d.now()+" RETURNING fence", []any{l.name, holder, ttl}, &fence)
 	}
 	// The expiry is computed in SET too, not only in VALUES: the statement
 	// may have waited for a fenced write of the old holder to commit.
-	return fence, queryRow(ctx, db, "INSERT INTO "+l.table+" AS l (name, holder, fence, expires_at) VALUES ($1, $2, 1, "+d.later("$3")+")"+
+	return fence, queryRow(ctx, d, db, "INSERT INTO "+l.table+" AS l (name, holder, fence, expires_at) VALUES ($1, $2, 1, "+d.later("$3")+")"+
 		" ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, fence = l.fence + 1, expires_at = "+d.later("$3")+
 		" WHERE l.expires_at <= clock_timestamp() RETURNING fence", []any{l.name, holder, ttl}, &fence)
 }
@@ -246,7 +246,7 @@ func (p *sqlLease) guard() *guard {
 func (p *sqlLease) stillHeld(ctx context.Context, db execer) (bool, error) {
 	c, args := p.held(1)
 	var n int64
-	err := queryRow(ctx, db, "SELECT count(*) FROM "+p.l.table+" WHERE "+c, args, &n)
+	err := queryRow(ctx, p.l.kv.dialect, db, "SELECT count(*) FROM "+p.l.table+" WHERE "+c, args, &n)
 	return n > 0, err
 }
 
@@ -258,7 +258,7 @@ func (p *sqlLease) enterTx(ctx context.Context, tx *sql.Tx) error {
 	switch p.l.kv.dialect {
 	case SQLite:
 		c, args := p.held(1)
-		n, err := exec(ctx, tx, "UPDATE "+p.l.table+" SET fence = fence WHERE "+c, args)
+		n, err := exec(ctx, SQLite, tx, "UPDATE "+p.l.table+" SET fence = fence WHERE "+c, args)
 		if err != nil {
 			return wrap(ctx, op, err)
 		}
@@ -284,7 +284,7 @@ func (p *sqlLease) checkTx(ctx context.Context, tx *sql.Tx, op string) error {
 	}
 	c, args := p.held(1)
 	var one int
-	err := queryRow(ctx, tx, "SELECT 1 FROM "+p.l.table+" WHERE "+c+p.l.kv.dialect.lockShare(), args, &one)
+	err := queryRow(ctx, p.l.kv.dialect, tx, "SELECT 1 FROM "+p.l.table+" WHERE "+c+p.l.kv.dialect.lockShare(), args, &one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		p.markLost()
@@ -320,7 +320,7 @@ func (p *sqlLease) keepAlive(validUntil time.Time) {
 		// A renewal may not outlast the lease it renews.
 		ctx, cancel := context.WithDeadline(context.Background(), validUntil)
 		sent := time.Now()
-		n, err := exec(ctx, l.kv.db, renew, args)
+		n, err := exec(ctx, d, l.kv.db, renew, args)
 		cancel()
 		switch {
 		case err == nil && n == 1:

@@ -127,7 +127,7 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 		k.table, d.phs(1, 1), d.phs(2, 1), limit)
 	// A nil start is the empty key, the least of all, not SQL's NULL,
 	// which no key is >= (and a nil end, as empty, ends before any).
-	rows, err := k.db.QueryContext(ctx, q, nonNil(start), nonNil(end))
+	rows, err := query(ctx, d, k.db, q, []any{nonNil(start), nonNil(end)})
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)
 	}
@@ -197,21 +197,6 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 	return err
 }
 
-// delete deletes keys where g holds and returns how many rows went.
-func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (int64, error) {
-	var deleted int64
-	for part := range chunks(keys, k.dialect.maxKeys()) {
-		c, gargs := g.cond(len(part))
-		q := "DELETE FROM " + k.table + " WHERE marker IN (" + k.dialect.phs(1, len(part)) + ")" + and(c)
-		n, err := exec(ctx, db, q, append(anys(part), gargs...))
-		if err != nil {
-			return deleted, wrap(ctx, "delete from "+k.table, err)
-		}
-		deleted += n
-	}
-	return deleted, nil
-}
-
 // Put writes a marker key in its own statement. The table stores keys only,
 // so value must be empty. It makes KV a retention.Putter.
 func (k *KV) Put(ctx context.Context, key, value []byte) error {
@@ -241,7 +226,7 @@ func (k *KV) put(ctx context.Context, db execer, key []byte, g *guard) (int64, e
 		return 0, err
 	}
 	c, gargs := g.cond(1)
-	n, err := exec(ctx, db, k.dialect.insertIgnore(k.table, c), append([]any{key}, gargs...))
+	n, err := exec(ctx, k.dialect, db, k.dialect.insertIgnore(k.table, c), append([]any{key}, gargs...))
 	if err != nil {
 		return 0, wrap(ctx, "insert into "+k.table, err)
 	}
@@ -320,7 +305,7 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, g *guard) (int64, erro
 				"i AS (INSERT INTO " + k.table + " (marker) SELECT m.t FROM m JOIN d ON d.marker = m.f ON CONFLICT DO NOTHING)\n" +
 				"SELECT count(*) FROM d"
 			var n int64
-			if err := queryRow(ctx, k.db, q, append(args, gargs...), &n); err != nil {
+			if err := queryRow(ctx, d, k.db, q, append(args, gargs...), &n); err != nil {
 				return moved, wrap(ctx, op, err)
 			}
 			moved += n
@@ -342,7 +327,7 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, g *guard) (int64, erro
 		// from key: the DELETE then drops it, which is the whole of that
 		// pair's move.
 		q := ignore + k.table + " SET marker = CASE marker" + cases.String() + " END WHERE marker IN (" + d.phs(1, len(f)) + ")" + and(c)
-		n, err := exec(ctx, k.db, q, append(args, gargs...))
+		n, err := exec(ctx, d, k.db, q, append(args, gargs...))
 		if err != nil {
 			return moved, wrap(ctx, op, err)
 		}
@@ -387,34 +372,6 @@ func (k *KV) MarkKeyTx(ctx context.Context, tx *sql.Tx, key []byte) error {
 	}
 	_, err := k.put(ctx, tx, key, nil)
 	return err
-}
-
-// exec runs q and returns the rows it affected.
-func exec(ctx context.Context, db execer, q string, args []any) (int64, error) {
-	res, err := db.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-// queryRow runs q, which returns one row, into dest.
-func queryRow(ctx context.Context, db execer, q string, args []any, dest ...any) error {
-	rows, err := db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		return sql.ErrNoRows
-	}
-	if err := rows.Scan(dest...); err != nil {
-		return err
-	}
-	return rows.Close()
 }
 
 // chunks yields keys in parts of at most n.
