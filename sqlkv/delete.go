@@ -4,21 +4,34 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/binary"
-	"encoding/hex"
-	"strconv"
-	"strings"
+	"fmt"
 )
 
 // delete deletes keys where g holds and returns how many rows went. Keys
 // in ascending order that are every row from the first to the last (a
-// page's markers, the common case) go with one range delete on PostgreSQL
-// and SQLite, whose statement itself checks that the range holds those
-// keys and no other; any other list, and every list on MySQL, goes as
-// DELETE ... WHERE marker IN (...), 5,000 keys a statement.
+// page's markers, the common case) go with one range delete, checked to
+// delete those keys and no other: on PostgreSQL in one statement, on
+// SQLite and (inside a transaction, as an AtomicKV's) MySQL after a read of
+// the range in the same transaction. Any other list goes as DELETE ...
+// WHERE marker IN (...), 5,000 keys a statement.
 func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (int64, error) {
-	if k.dialect != MySQL && len(keys) > 1 && ascending(keys) {
-		n, exact, err := k.deleteRange(ctx, db, keys, g)
+	if len(keys) > 1 && ascending(keys) {
+		var (
+			n     int64
+			exact bool
+			err   error
+		)
+		tx, inTx := db.(*sql.Tx)
+		switch {
+		case k.dialect == PostgreSQL:
+			n, exact, err = k.deleteRangePostgres(ctx, db, keys, g)
+		case inTx:
+			n, exact, err = k.deleteRangeTx(ctx, tx, keys, g)
+		case k.dialect == SQLite:
+			n, exact, err = k.deleteRangeOwnTx(ctx, db.(dbConn), keys, g)
+		}
 		if err != nil || exact {
 			return n, err
 		}
@@ -36,6 +49,69 @@ func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (in
 	return deleted, nil
 }
 
+// deleteRangeOwnTx runs deleteRangeTx in a transaction of its own.
+func (k *KV) deleteRangeOwnTx(ctx context.Context, db dbConn, keys [][]byte, g *guard) (deleted int64, exact bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, false, wrap(ctx, "delete from "+k.table, err)
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	deleted, exact, err = k.deleteRangeTx(ctx, tx, keys, g)
+	if err != nil || !exact {
+		return 0, false, err
+	}
+	return deleted, true, wrap(ctx, "delete from "+k.table, tx.Commit())
+}
+
+// deleteRangeTx reads the keys from the first of keys to the last, in tx,
+// locking them on MySQL (FOR UPDATE; SQLite's transaction holds the write
+// lock once it writes), and when they are exactly keys deletes them with
+// one range delete. exact reports whether they were. deleted is then how
+// many rows went: all of them, or none when g did not hold; any other
+// count (a key slipped into the range between the read and the delete,
+// which MySQL's READ COMMITTED allows) is an error, and tx must be rolled
+// back.
+func (k *KV) deleteRangeTx(ctx context.Context, tx *sql.Tx, keys [][]byte, g *guard) (deleted int64, exact bool, err error) {
+	op := "delete from " + k.table
+	first, last := keys[0], keys[len(keys)-1]
+	lock := ""
+	if k.dialect == MySQL {
+		lock = " FOR UPDATE"
+	}
+	rows, err := query(ctx, k.dialect, tx, "SELECT marker FROM "+k.table+" WHERE marker >= ? AND marker <= ? ORDER BY marker"+lock, []any{first, last})
+	if err != nil {
+		return 0, false, wrap(ctx, op, err)
+	}
+	i := 0
+	var key []byte
+	for rows.Next() {
+		if err := rows.Scan(&key); err != nil {
+			_ = rows.Close()
+			return 0, false, wrap(ctx, op, err)
+		}
+		if i >= len(keys) || !bytes.Equal(key, keys[i]) {
+			_ = rows.Close()
+			return 0, false, nil
+		}
+		i++
+	}
+	if err := rows.Close(); err != nil {
+		return 0, false, wrap(ctx, op, err)
+	}
+	if i != len(keys) {
+		return 0, false, nil
+	}
+	c, gargs := g.cond(2)
+	n, err := exec(ctx, k.dialect, tx, "DELETE FROM "+k.table+" WHERE marker >= ? AND marker <= ?"+and(c), append([]any{first, last}, gargs...))
+	switch {
+	case err != nil:
+		return 0, false, wrap(ctx, op, err)
+	case n != 0 && n != int64(len(keys)):
+		return 0, false, fmt.Errorf("sqlkv: %s: the range of %d keys held %d rows when deleted: a key was written into it meanwhile", op, len(keys), n)
+	}
+	return n, true, nil
+}
+
 // ascending reports whether keys are in strictly ascending byte order.
 func ascending(keys [][]byte) bool {
 	for i := 1; i < len(keys); i++ {
@@ -46,89 +122,29 @@ func ascending(keys [][]byte) bool {
 	return true
 }
 
-// deleteRange deletes the rows from the first key to the last, in one
-// statement that deletes nothing unless those rows are exactly keys:
-// their count and a digest of them (PostgreSQL: a SHA-256 of each key
-// after its 4-byte length; SQLite: the keys in hex, comma-separated),
+// deleteRangePostgres deletes the rows from the first key to the last, in
+// one statement that deletes nothing unless those rows are exactly keys:
+// their count and a SHA-256 of them (each key after its 4-byte length),
 // computed by the database in the statement's snapshot, must match the
 // ones computed here. exact reports whether they did; deleted is then how
 // many rows went, fewer than len(keys) when some went meanwhile or g did
 // not hold.
-func (k *KV) deleteRange(ctx context.Context, db execer, keys [][]byte, g *guard) (deleted int64, exact bool, err error) {
-	first, last := keys[0], keys[len(keys)-1]
-	var q string
-	var args []any
-	switch k.dialect {
-	case PostgreSQL:
-		h := sha256.New()
-		var n [4]byte
-		for _, key := range keys {
-			binary.BigEndian.PutUint32(n[:], uint32(len(key)))
-			h.Write(n[:])
-			h.Write(key)
-		}
-		args = []any{first, last, int64(len(keys)), h.Sum(nil)}
-		c, gargs := g.cond(len(args))
-		args = append(args, gargs...)
-		q = "WITH s AS (SELECT count(*) = $3::bigint AND sha256(coalesce(string_agg(int4send(length(marker)) || marker, ''::bytea ORDER BY marker), ''::bytea)) = $4::bytea AS exact" +
-			" FROM " + k.table + " WHERE marker BETWEEN $1::bytea AND $2::bytea),\n" +
-			"r AS (DELETE FROM " + k.table + " WHERE marker BETWEEN $1::bytea AND $2::bytea AND (SELECT exact FROM s)" + and(c) + " RETURNING 1)\n" +
-			"SELECT (SELECT exact FROM s), (SELECT count(*) FROM r)"
-	case SQLite:
-		var digest strings.Builder
-		digest.Grow(len(keys) * (2*len(first) + 1))
-		for i, key := range keys {
-			if i > 0 {
-				digest.WriteByte(',')
-			}
-			digest.WriteString(strings.ToUpper(hex.EncodeToString(key)))
-		}
-		args = []any{first, last, int64(len(keys)), digest.String()}
-		c, gargs := g.cond(len(args))
-		args = append(args, gargs...)
-		// The subqueries are not correlated: SQLite evaluates them once,
-		// before the first row goes. group_concat follows the order of
-		// the index the inner SELECT reads.
-		inRange := " FROM " + k.table + " WHERE marker BETWEEN ?1 AND ?2"
-		exactSQL := "(SELECT count(*)" + inRange + ") = ?3 AND (SELECT group_concat(h, ',') FROM (SELECT hex(marker) AS h" + inRange + " ORDER BY marker)) = ?4"
-		q = "DELETE FROM " + k.table + " WHERE marker BETWEEN ?1 AND ?2 AND " + exactSQL + and(renumber(c, len(args)-len(gargs)))
-		n, err := exec(ctx, k.dialect, db, q, args)
-		if err != nil {
-			return 0, false, wrap(ctx, "delete from "+k.table, err)
-		}
-		if n > 0 {
-			return n, true, nil
-		}
-		// Nothing went: tell a mismatch from a refused guard or keys gone.
-		q = "SELECT " + exactSQL
-		args = args[:4]
-		var ok bool
-		if err := queryRow(ctx, k.dialect, db, q, args, &ok); err != nil {
-			return 0, false, wrap(ctx, "delete from "+k.table, err)
-		}
-		return 0, ok, nil
+func (k *KV) deleteRangePostgres(ctx context.Context, db execer, keys [][]byte, g *guard) (deleted int64, exact bool, err error) {
+	h := sha256.New()
+	var n [4]byte
+	for _, key := range keys {
+		binary.BigEndian.PutUint32(n[:], uint32(len(key)))
+		h.Write(n[:])
+		h.Write(key)
 	}
-	if err := queryRow(ctx, k.dialect, db, q, args, &exact, &deleted); err != nil {
+	args := []any{keys[0], keys[len(keys)-1], int64(len(keys)), h.Sum(nil)}
+	c, gargs := g.cond(len(args))
+	q := "WITH s AS (SELECT count(*) = $3::bigint AND sha256(coalesce(string_agg(int4send(length(marker)) || marker, ''::bytea ORDER BY marker), ''::bytea)) = $4::bytea AS exact" +
+		" FROM " + k.table + " WHERE marker BETWEEN $1::bytea AND $2::bytea),\n" +
+		"r AS (DELETE FROM " + k.table + " WHERE marker BETWEEN $1::bytea AND $2::bytea AND (SELECT exact FROM s)" + and(c) + " RETURNING 1)\n" +
+		"SELECT (SELECT exact FROM s), (SELECT count(*) FROM r)"
+	if err := queryRow(ctx, k.dialect, db, q, append(args, gargs...), &exact, &deleted); err != nil {
 		return 0, false, wrap(ctx, "delete from "+k.table, err)
 	}
 	return deleted, exact, nil
-}
-
-// renumber makes the ? placeholders of an SQLite condition numbered ones
-// from first+1, so that they follow the statement's ?1 to ?first.
-func renumber(c string, first int) string {
-	if c == "" {
-		return ""
-	}
-	var b strings.Builder
-	n := first
-	for i := 0; i < len(c); i++ {
-		if c[i] == '?' {
-			n++
-			b.WriteString("?" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteByte(c[i])
-	}
-	return b.String()
 }

@@ -253,8 +253,7 @@ func (p *sqlLease) stillHeld(ctx context.Context, db execer) (bool, error) {
 // enterTx starts a fenced transaction: on SQLite it checks the lease with
 // an UPDATE of its row, which takes the database's write lock first; on
 // PostgreSQL it bounds how long the session may sit idle in it.
-func (p *sqlLease) enterTx(ctx context.Context, tx *sql.Tx) error {
-	op := "clear and delete under lease " + p.l.name
+func (p *sqlLease) enterTx(ctx context.Context, tx *sql.Tx, op string) error {
 	switch p.l.kv.dialect {
 	case SQLite:
 		c, args := p.held(1)
@@ -386,7 +385,12 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 		return nil
 	}
 	return f.write(ctx, "delete from", int64(distinctAny(keys)), func(g *guard) (int64, error) {
-		return f.kv.delete(ctx, f.kv.db, keys, g)
+		c, done, err := f.kv.session(ctx, 0)
+		if err != nil {
+			return 0, wrap(ctx, "delete from "+f.kv.table, err)
+		}
+		defer done()
+		return f.kv.delete(ctx, c, keys, g)
 	})
 }
 
@@ -398,7 +402,12 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 		return fmt.Errorf("sqlkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
 	}
 	return f.write(ctx, "insert into", 1, func(g *guard) (int64, error) {
-		return f.kv.put(ctx, f.kv.db, key, g)
+		c, done, err := f.kv.session(ctx, 0)
+		if err != nil {
+			return 0, wrap(ctx, "insert into "+f.kv.table, err)
+		}
+		defer done()
+		return f.kv.put(ctx, c, key, g)
 	})
 }
 
@@ -406,8 +415,8 @@ func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
 	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
 		return err
 	}
-	return f.write(ctx, "move in", int64(len(from)), func(g *guard) (int64, error) {
-		return f.kv.move(ctx, from, to, g)
+	return f.write(ctx, "move in", int64(len(from)), func(*guard) (int64, error) {
+		return f.kv.move(ctx, from, to, f.lease)
 	})
 }
 

@@ -49,9 +49,10 @@ import (
 // KV is a retention.KV over one marker table. It is safe for concurrent
 // use. Create one with New.
 type KV struct {
-	db      *sql.DB
-	dialect Dialect
-	table   string // quoted, possibly schema-qualified
+	db          *sql.DB
+	dialect     Dialect
+	table       string // quoted, possibly schema-qualified
+	lockTimeout time.Duration
 }
 
 var (
@@ -61,8 +62,14 @@ var (
 )
 
 // New returns a KV over the marker table (created by Migrate) of db, whose
-// dialect is d, named "table" or "schema.table".
+// dialect is d, named "table" or "schema.table". It is NewWithOptions
+// with the default options.
 func New(db *sql.DB, d Dialect, table string) (*KV, error) {
+	return NewWithOptions(db, d, table, nil)
+}
+
+// NewWithOptions returns a KV like New, tuned by opts (Options.LockTimeout).
+func NewWithOptions(db *sql.DB, d Dialect, table string, opts *Options) (*KV, error) {
 	if db == nil {
 		return nil, errors.New("sqlkv: db must not be nil")
 	}
@@ -70,7 +77,14 @@ func New(db *sql.DB, d Dialect, table string) (*KV, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KV{db: db, dialect: d, table: quoted}, nil
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	return &KV{db: db, dialect: d, table: quoted, lockTimeout: o.LockTimeout}, nil
 }
 
 // Migrate creates the marker table if it does not exist. It is idempotent
@@ -193,7 +207,12 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 		}
 		return view.Delete(ctx, keys...)
 	}
-	_, err := k.delete(ctx, k.db, keys, nil)
+	c, done, err := k.session(ctx, 0)
+	if err != nil {
+		return wrap(ctx, "delete from "+k.table, err)
+	}
+	defer done()
+	_, err = k.delete(ctx, c, keys, nil)
 	return err
 }
 
@@ -216,7 +235,12 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 		}
 		return p.Put(ctx, key, value)
 	}
-	_, err := k.put(ctx, k.db, key, nil)
+	c, done, err := k.session(ctx, 0)
+	if err != nil {
+		return wrap(ctx, "insert into "+k.table, err)
+	}
+	defer done()
+	_, err = k.put(ctx, c, key, nil)
 	return err
 }
 
@@ -243,10 +267,11 @@ func (k *KV) checkLen(key []byte) error {
 
 // Move implements retention.Mover: each from key that exists is replaced
 // by its to key; a pair whose from key is missing writes nothing, and a to
-// key that exists already stays as it is. Each pair moves whole, and every
-// pair of a batch of 2,500 in one statement on PostgreSQL; on MySQL and
-// SQLite an UPDATE moves the pairs whose to key is free, and a DELETE then
-// drops the from keys of the others.
+// key that exists already stays as it is. The pairs move whole, in one
+// transaction: every pair of a batch of 2,500 in one statement on
+// PostgreSQL; on MySQL and SQLite an UPDATE that moves the pairs whose to
+// key is free, then a DELETE of the from keys of the others, with a fenced
+// Move's check of the lease in the same transaction.
 func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
 	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
 		return err
@@ -274,74 +299,6 @@ func checkMove(ctx context.Context, from, to [][]byte) error {
 		return fmt.Errorf("sqlkv: Move of %d keys to %d keys", len(from), len(to))
 	}
 	return nil
-}
-
-// move moves the pairs where g holds, and returns how many from keys went.
-func (k *KV) move(ctx context.Context, from, to [][]byte, g *guard) (int64, error) {
-	for _, key := range to {
-		if err := k.checkLen(key); err != nil {
-			return 0, err
-		}
-	}
-	d := k.dialect
-	op := "move in " + k.table
-	per := d.maxKeys() / 2
-	var moved int64
-	for i := 0; i < len(from); i += per {
-		f, t := from[i:min(i+per, len(from))], to[i:min(i+per, len(to))]
-		if d == PostgreSQL {
-			var values strings.Builder
-			args := make([]any, 0, 2*len(f))
-			for j := range f {
-				if j > 0 {
-					values.WriteString(", ")
-				}
-				fmt.Fprintf(&values, "(%s, %s)", d.phs(2*j+1, 1), d.phs(2*j+2, 1))
-				args = append(args, f[j], t[j])
-			}
-			c, gargs := g.cond(len(args))
-			q := "WITH m (f, t) AS (VALUES " + values.String() + "),\n" +
-				"d AS (DELETE FROM " + k.table + " WHERE marker IN (SELECT f FROM m)" + and(c) + " RETURNING marker),\n" +
-				"i AS (INSERT INTO " + k.table + " (marker) SELECT m.t FROM m JOIN d ON d.marker = m.f ON CONFLICT DO NOTHING)\n" +
-				"SELECT count(*) FROM d"
-			var n int64
-			if err := queryRow(ctx, d, k.db, q, append(args, gargs...), &n); err != nil {
-				return moved, wrap(ctx, op, err)
-			}
-			moved += n
-			continue
-		}
-		var cases strings.Builder
-		args := make([]any, 0, 3*len(f))
-		for j := range f {
-			cases.WriteString(" WHEN ? THEN ?")
-			args = append(args, f[j], t[j])
-		}
-		args = append(args, anys(f)...)
-		c, gargs := g.cond(len(args))
-		ignore := "UPDATE IGNORE "
-		if d == SQLite {
-			ignore = "UPDATE OR IGNORE "
-		}
-		// The UPDATE skips a pair whose to key exists (IGNORE), leaving its
-		// from key: the DELETE then drops it, which is the whole of that
-		// pair's move.
-		q := ignore + k.table + " SET marker = CASE marker" + cases.String() + " END WHERE marker IN (" + d.phs(1, len(f)) + ")" + and(c)
-		n, err := exec(ctx, d, k.db, q, append(args, gargs...))
-		if err != nil {
-			return moved, wrap(ctx, op, err)
-		}
-		moved += n
-		if n == int64(len(f)) {
-			continue
-		}
-		n, err = k.delete(ctx, k.db, f, g)
-		if err != nil {
-			return moved, err
-		}
-		moved += n
-	}
-	return moved, nil
 }
 
 // MarkTx writes the marker of id, finished at t, under prefix, through tx:
