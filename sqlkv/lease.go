@@ -148,7 +148,9 @@ func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 		return nil, wrap(ctx, "acquire lease "+l.name, err)
 	}
 	lease := &sqlLease{l: l, holder: holder, fence: fence, lost: make(chan struct{}), stop: make(chan struct{})}
-	lease.wg.Go(func() { lease.keepAlive(sent.Add(l.ttl - l.safetyMargin())) })
+	r := lease.newRenewer()
+	r.connect(ctx) // a failure here is tried again at the first renewal
+	lease.wg.Go(func() { lease.keepAlive(r, sent.Add(l.ttl-l.safetyMargin())) })
 	return lease, nil
 }
 
@@ -292,44 +294,6 @@ func (p *sqlLease) checkTx(ctx context.Context, tx *sql.Tx, op string) error {
 		return wrap(ctx, op, err)
 	}
 	return nil
-}
-
-// keepAlive renews the row every third of the TTL. validUntil is when the
-// holder stops trusting its lease if no renewal gets through; the row
-// expires a safety margin later on the server.
-func (p *sqlLease) keepAlive(validUntil time.Time) {
-	defer p.markLost()
-	l := p.l
-	d := l.kv.dialect
-	tick := time.NewTicker(l.ttl / 3)
-	defer tick.Stop()
-	expiry := time.NewTimer(time.Until(validUntil))
-	defer expiry.Stop()
-	c, args := p.held(2)
-	renew := "UPDATE " + l.table + " SET expires_at = " + d.later(d.ph(1)) + " WHERE " + c
-	args = append([]any{l.ttl.Microseconds()}, args...)
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-expiry.C:
-			return
-		case <-tick.C:
-		}
-		// A renewal may not outlast the lease it renews.
-		ctx, cancel := context.WithDeadline(context.Background(), validUntil)
-		sent := time.Now()
-		n, err := exec(ctx, d, l.kv.db, renew, args)
-		cancel()
-		switch {
-		case err == nil && n == 1:
-			validUntil = sent.Add(l.ttl - l.safetyMargin())
-			expiry.Reset(time.Until(validUntil))
-		case err == nil:
-			return // expired, or taken over
-		}
-		// On an error, try again at the next tick until validUntil.
-	}
 }
 
 // Release stops renewing and expires the row if it still names this

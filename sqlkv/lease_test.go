@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,6 +148,9 @@ func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the fleet proofs take a while")
 	}
+	// On a machine whose every core is busy, as in production under load:
+	// the lease must hold while its holder lives.
+	loadCPU(t)
 	forEach(t, func(t *testing.T, dl dialect) { leasetest.Run(t, dl.harness) })
 }
 
@@ -468,4 +473,97 @@ func TestProcessesAtomic(t *testing.T) {
 		t.Skip("the process proofs take a while")
 	}
 	forEach(t, func(t *testing.T, dl dialect) { leasetest.RunProcesses(t, dl.processEngine(t, true)) })
+}
+
+// TestLeaseHeldUnderLoad: a holder keeps its lease for three TTLs while
+// every CPU is busy, its pool's every other connection is taken by
+// writers (fenced Puts and Deletes of its KV, and application
+// transactions that write and linger), and, on SQLite, another pool's
+// writers take the write lock in turn, each waiting in SQLite's busy
+// handler while another holds it: its renewals go through on a connection
+// of their own, and on SQLite get the write lock between two writers'.
+func TestLeaseHeldUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds a lease for three TTLs")
+	}
+	loadCPU(t)
+	forEach(t, func(t *testing.T, dl dialect) {
+		t.Parallel()
+		path := ""
+		if dl.d == sqlkv.SQLite {
+			path = filepath.Join(t.TempDir(), "load.db")
+		}
+		db := dl.open(t, path)
+		db.SetMaxOpenConns(3)
+		markers, leases := freshTable(t, db, dl.d), freshLeaseTable(t, db, dl.d)
+		app := markers + "_app"
+		ctx := context.Background()
+		_, err := db.ExecContext(ctx, "CREATE TABLE "+app+" (id VARCHAR(40) PRIMARY KEY)")
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+app) })
+		kv, err := sqlkv.New(db, dl.d, markers)
+		require.NoError(t, err)
+		const ttl = time.Second
+		locker, err := sqlkv.NewLocker(kv, "loaded", &sqlkv.LockerOptions{TTL: ttl, Table: leases})
+		require.NoError(t, err)
+		lease, err := locker.TryAcquire(ctx)
+		require.NoError(t, err)
+		defer func() { _ = lease.Release(ctx) }()
+		fenced, ok := lease.(retention.Fencer).Fence(kv)
+		require.True(t, ok)
+
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var writes atomic.Int64
+		writer := func(db *sql.DB, w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := []byte(fmt.Sprintf("load/%020d/w%d", i, w))
+				if fenced.(retention.Putter).Put(ctx, key, nil) == nil && fenced.Delete(ctx, key) == nil {
+					writes.Add(2)
+				}
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					continue
+				}
+				if _, err := tx.ExecContext(ctx, q(dl.d, "INSERT INTO "+app+" VALUES (?)"), fmt.Sprintf("w%d-%d", w, i)); err == nil {
+					time.Sleep(10 * time.Millisecond) // the transaction lingers, holding its locks
+					if tx.Commit() == nil {
+						writes.Add(1)
+					}
+				}
+				_ = tx.Rollback()
+				// Between two transactions the writer does other work,
+				// so that the writers hold SQLite's one write lock about
+				// 80% of the time: beyond 100%, anything else waits as
+				// long as they go on, SQLite having no queue.
+				time.Sleep(40 * time.Millisecond)
+			}
+		}
+		for w := range 3 {
+			wg.Add(1)
+			go writer(db, w)
+		}
+		if dl.d == sqlkv.SQLite {
+			other := dl.open(t, path)
+			for w := 3; w < 4; w++ {
+				wg.Add(1)
+				go writer(other, w)
+			}
+		}
+		select {
+		case <-lease.Lost():
+			t.Errorf("the lease was lost while its holder lived and the database answered")
+		case <-time.After(3 * ttl):
+		}
+		close(stop)
+		wg.Wait()
+		t.Logf("%d writes meanwhile", writes.Load())
+		assert.Positive(t, writes.Load(), "the writers wrote nothing: no load")
+	})
 }

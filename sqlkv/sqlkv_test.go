@@ -23,6 +23,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	spinMain()                            // returns unless this process is a load generator of loadCPU
 	leasetest.ReplicaMain(connectReplica) // returns unless this process is a replica of TestProcesses
 	// database/sql closes idle connections from a goroutine of its own
 	// that outlives a closed DB for a moment.
