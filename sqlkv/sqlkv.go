@@ -319,13 +319,18 @@ func (k *KV) MarkTx(ctx context.Context, tx *sql.Tx, prefix, id string, t time.T
 // Sweep.MarkerKey, which checks the id by the sweep's own rule
 // (Config.ValidateID), or from retention.MarkerKey. A key that is not shaped
 // like a marker (retention.CheckMarkerKey: the sweep would never delete it)
-// is refused with an error matching retention.ErrMalformedMarker.
+// is refused with an error matching retention.ErrMalformedMarker; on MySQL,
+// a key longer than MaxMarkerKeyLen with one matching ErrKeyTooLong.
 func (k *KV) MarkKeyTx(ctx context.Context, tx *sql.Tx, key []byte) error {
 	if tx == nil {
 		return errors.New("sqlkv: MarkKeyTx: tx must not be nil")
 	}
 	if err := retention.CheckMarkerKey(key); err != nil {
 		return fmt.Errorf("sqlkv: MarkKeyTx: %w", err)
+	}
+	if k.dialect == MySQL && len(key) > MaxMarkerKeyLen {
+		return fmt.Errorf("%w: a %d-byte marker key: at most %d bytes (MaxMarkerKeyLen) on MySQL, so that its retry and parked keys fit the %d-byte column (key starting %.40q)",
+			ErrKeyTooLong, len(key), MaxMarkerKeyLen, MaxKeyLen, key)
 	}
 	_, err := k.put(ctx, tx, key, nil)
 	return err
