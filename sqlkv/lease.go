@@ -49,9 +49,10 @@ type LockerOptions struct {
 // table with MigrateLeases.
 //
 // TryAcquire takes the row when it is missing or expired, in one upsert;
-// the holder renews it every third of the TTL with an UPDATE that only
-// extends an unexpired row that still names it, and closes Lost a tenth of
-// the TTL before the server could expire the row.
+// the holder renews it every third of the TTL, on a connection of its
+// own, with an UPDATE that only extends an unexpired row that still names
+// it, tries again soon after a renewal that failed, and closes Lost a
+// tenth of the TTL before the server could expire the row.
 //
 // Its leases are retention.Fencers for the KV it was made with and for
 // its AtomicKVs (and for any KV or AtomicKV over the same *sql.DB): a
@@ -77,10 +78,10 @@ var _ retention.Locker = (*Locker)(nil)
 
 // NewLocker returns a Locker for the lease called name, whose lease table
 // lives in the database of kv, and whose leases fence kv; replicas that
-// use the same name and table share one lease. The holder renews its lease
-// on a connection of kv's *sql.DB every third of the TTL: leave the pool
-// room for it (SetMaxOpenConns above Config.Concurrency), or a renewal that
-// waits for a connection may cost the lease.
+// use the same name and table share one lease. A lease keeps one
+// connection of kv's *sql.DB for its renewals from TryAcquire until it
+// ends, so that they never wait for the pool: leave the pool room for it
+// (SetMaxOpenConns above Config.Concurrency plus one).
 func NewLocker(kv *KV, name string, opts *LockerOptions) (*Locker, error) {
 	if kv == nil {
 		return nil, errors.New("sqlkv: kv must not be nil")

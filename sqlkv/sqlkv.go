@@ -1,37 +1,3 @@
-// Package sqlkv keeps retention markers in a table of a relational
-// database reached through database/sql: MySQL 8 and MariaDB 10.6+, SQLite
-// 3.35+ and PostgreSQL, each a Dialect chosen explicitly. It imports no
-// driver: open the *sql.DB with the driver the service already uses.
-//
-// The marker table has one column, marker, the primary key, of a type that
-// compares bytewise: VARBINARY(1024) on MySQL (at most MaxKeyLen bytes a
-// key), BLOB in a WITHOUT ROWID table on SQLite, bytea on PostgreSQL. Every
-// Scan is an index range scan with LIMIT. Create the table with Migrate.
-// Write a marker with MarkTx inside the *sql.Tx that records the entity's
-// terminal state (MarkKeyTx with the key of Sweep.MarkerKey for a sweep
-// with its own id rule).
-//
-// A KV is a retention.Putter and a retention.Mover. Each of its writes is
-// one statement per batch of keys, and a batch carries at most 5,000 keys
-// (well under the 65,535 placeholders of MySQL and PostgreSQL and the
-// 32,766 of SQLite); a longer Delete or Move is split, each part on its
-// own. Move is one statement on PostgreSQL; on MySQL and SQLite it is an
-// UPDATE of the primary key that skips the pairs whose new key exists,
-// then a DELETE of the old keys of those pairs: each pair moves whole.
-//
-// When the entities live in the same database, KV.WithClear makes an
-// AtomicKV, which clears them in the *sql.Tx that deletes their markers,
-// and only while every one of those markers still exists.
-//
-// Replicas that share the table take turns with a Locker: a lease row with
-// a TTL, in a table created by MigrateLeases in the same database, whose
-// expiry the server's clock decides. Its leases fence the KV and the
-// AtomicKV: a holder's writes take effect only while it holds the lease,
-// checked in the same statement, or in the same transaction for a clear.
-// On SQLite the lease row lives in the database file, so it serves the
-// processes of one host that share that file.
-//
-// The caller owns the *sql.DB and closes it; a KV never does.
 package sqlkv
 
 import (
