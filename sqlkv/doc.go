@@ -22,10 +22,10 @@
 // arguments written into its text (hex literals for keys), one round trip
 // however the DSN sets interpolateParams.
 //
-// A page's markers go in one range only when a batch is the whole page:
-// give a sweep over a KV a Config.PageSize that Config.BatchSize divides,
-// such as 1,000 and 1,000 (the defaults, 256 and 100, cut a page into
-// batches of 100, 100 and 56, each a call and a transaction of its own).
+// Each batch is a call and a transaction of its own: give a sweep over a
+// KV a Config.PageSize that Config.BatchSize divides, such as 1,000 and
+// 1,000 (the defaults, 256 and 100, cut a page into batches of 100, 100
+// and 56: 586 calls for 50,000 ids where 500 would do).
 //
 // When the entities live in the same database, KV.WithClear makes an
 // AtomicKV, which clears them in the *sql.Tx that deletes their markers,
