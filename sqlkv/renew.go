@@ -52,7 +52,8 @@ func (r *renewer) connect(ctx context.Context) error {
 	}
 	if r.p.l.kv.dialect == SQLite {
 		var ms int64
-		if err := queryRow(ctx, SQLite, conn, "PRAGMA busy_timeout", nil, &ms); err == nil {
+		err := queryRow(ctx, SQLite, conn, "PRAGMA busy_timeout", nil, &ms)
+		if err == nil {
 			_, err = conn.ExecContext(ctx, "PRAGMA busy_timeout = 0")
 			r.restore = "PRAGMA busy_timeout = " + strconv.FormatInt(ms, 10)
 		}
