@@ -75,19 +75,33 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 	if dl.d == sqlkv.SQLite {
 		ttl = sqliteLeaseTTL
 	}
+	// No lease may be lost while its holder lives and the database
+	// answers: only the harness's Expire, a Kill or a Release may end one.
+	watch := &leaseWatch{}
+	t.Cleanup(func() {
+		if lost := watch.unexplained(); lost != "" {
+			t.Errorf("a lease was lost while its holder lived and the database answered: %s", lost)
+		}
+	})
 
 	return leasetest.Harness{
 		TTL: ttl,
 		NewReplica: func(t testing.TB) leasetest.Replica {
 			db := dl.open(t, path)
 			db.SetMaxOpenConns(4)
+			if dl.d == sqlkv.SQLite {
+				// One connection for the lease's renewals, one for the
+				// rest: SQLite has one writer, and more connections of a
+				// replica would only wait in the busy handler in turn.
+				db.SetMaxOpenConns(2)
+			}
 			kv, err := sqlkv.New(db, dl.d, markers)
 			require.NoError(t, err)
 			locker, err := sqlkv.NewLocker(kv, lease, &sqlkv.LockerOptions{TTL: ttl, Table: leases})
 			require.NoError(t, err)
 			return leasetest.Replica{
 				KV:     kv,
-				Locker: locker,
+				Locker: watchedLocker{Locker: locker, watch: watch, db: db},
 				Clear: func(ctx context.Context, id string) error {
 					_, err := db.ExecContext(ctx, q(dl.d, "DELETE FROM "+state+" WHERE id = ?"), id)
 					return err
@@ -140,8 +154,67 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 			}
 			return present, nil
 		},
-		Expire: func(t testing.TB) { expireLease(t, admin, dl.d, leases, lease) },
+		Expire: func(t testing.TB) {
+			watch.takenAway.Store(true)
+			expireLease(t, admin, dl.d, leases, lease)
+		},
 	}
+}
+
+// leaseWatch records the leases of a fleet harness lost for no reason:
+// neither released, nor taken away by the harness, nor lost with their
+// holder's *sql.DB closed (a Kill, or the end of the test).
+type leaseWatch struct {
+	takenAway atomic.Bool
+	mu        sync.Mutex
+	lost      []string
+}
+
+func (w *leaseWatch) unexplained() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.lost, "; ")
+}
+
+// watchedLocker hands out its Locker's leases, watched.
+type watchedLocker struct {
+	retention.Locker
+	watch *leaseWatch
+	db    *sql.DB
+}
+
+func (w watchedLocker) TryAcquire(ctx context.Context) (retention.Lease, error) {
+	l, err := w.Locker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	wl := &watchedLease{Lease: l}
+	acquired := time.Now()
+	go func() {
+		<-l.Lost()
+		if wl.released.Load() || w.watch.takenAway.Load() || w.db.PingContext(context.Background()) != nil {
+			return
+		}
+		w.watch.mu.Lock()
+		w.watch.lost = append(w.watch.lost, fmt.Sprintf("a lease held %v", time.Since(acquired).Round(time.Millisecond)))
+		w.watch.mu.Unlock()
+	}()
+	return wl, nil
+}
+
+// watchedLease is a lease that notes its Release, and fences as its own.
+type watchedLease struct {
+	retention.Lease
+	released atomic.Bool
+}
+
+func (l *watchedLease) Release(ctx context.Context) error {
+	l.released.Store(true)
+	return l.Lease.Release(ctx)
+}
+
+func (l *watchedLease) Fence(kv retention.KV) (retention.KV, bool) {
+	return l.Lease.(retention.Fencer).Fence(kv)
 }
 
 func TestFleet(t *testing.T) {
