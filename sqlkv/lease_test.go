@@ -89,12 +89,6 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 		NewReplica: func(t testing.TB) leasetest.Replica {
 			db := dl.open(t, path)
 			db.SetMaxOpenConns(4)
-			if dl.d == sqlkv.SQLite {
-				// One connection for the lease's renewals, one for the
-				// rest: SQLite has one writer, and more connections of a
-				// replica would only wait in the busy handler in turn.
-				db.SetMaxOpenConns(2)
-			}
 			kv, err := sqlkv.New(db, dl.d, markers)
 			require.NoError(t, err)
 			locker, err := sqlkv.NewLocker(kv, lease, &sqlkv.LockerOptions{TTL: ttl, Table: leases})
