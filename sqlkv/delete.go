@@ -36,6 +36,12 @@ func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (in
 			return n, err
 		}
 	}
+	return k.deleteIn(ctx, db, keys, g)
+}
+
+// deleteIn deletes keys where g holds with DELETE ... WHERE marker IN
+// (...), 5,000 keys a statement, and returns how many rows went.
+func (k *KV) deleteIn(ctx context.Context, db execer, keys [][]byte, g *guard) (int64, error) {
 	var deleted int64
 	for part := range chunks(keys, k.dialect.maxKeys()) {
 		c, gargs := g.cond(len(part))
@@ -49,7 +55,8 @@ func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (in
 	return deleted, nil
 }
 
-// deleteRangeOwnTx runs deleteRangeTx in a transaction of its own.
+// deleteRangeOwnTx runs deleteRangeTx in a transaction of its own, and
+// deletes keys one by one in it when they are not exactly the range.
 func (k *KV) deleteRangeOwnTx(ctx context.Context, db dbConn, keys [][]byte, g *guard) (deleted int64, exact bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -57,8 +64,14 @@ func (k *KV) deleteRangeOwnTx(ctx context.Context, db dbConn, keys [][]byte, g *
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	deleted, exact, err = k.deleteRangeTx(ctx, tx, keys, g)
-	if err != nil || !exact {
+	if err != nil {
 		return 0, false, err
+	}
+	if !exact {
+		// In the same transaction: the write lock is taken once.
+		if deleted, err = k.deleteIn(ctx, tx, keys, g); err != nil {
+			return 0, false, err
+		}
 	}
 	return deleted, true, wrap(ctx, "delete from "+k.table, tx.Commit())
 }
