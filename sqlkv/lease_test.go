@@ -217,15 +217,8 @@ func TestFleet(t *testing.T) {
 	}
 	forEach(t, func(t *testing.T, dl dialect) {
 		// On a machine whose every core is busy, as in production under
-		// load: the lease must hold while its holder lives. Not yet on
-		// SQLite: with the hogs, on a machine already at load 14-24, its
-		// AtLeastOnceWithoutLease did not finish in the suite's 2 minutes,
-		// and in ExactlyOnceWithLease the fleet's writer, whose
-		// transactions follow each other within a millisecond, kept the
-		// one write lock from the renewals for 9s (issue 28).
-		if dl.d != sqlkv.SQLite {
-			loadCPU(t)
-		}
+		// load: the lease must hold while its holder lives.
+		loadCPU(t)
 		leasetest.Run(t, dl.harness)
 	})
 }
