@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 
@@ -86,38 +85,22 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 		return err
 	}
 	op := "clear and delete from " + a.table
-	var (
-		tx   *sql.Tx
-		conn *sql.Conn
-		err  error
-	)
+	var idle int64
 	if lease != nil && a.dialect == MySQL {
-		// A session of its own, whose wait_timeout bounds how long a
-		// vanished client can keep the lease row locked.
-		if conn, err = a.db.Conn(ctx); err != nil {
-			return wrap(ctx, op, err)
-		}
-		defer func() { _ = conn.Close() }()
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", lease.l.idleSeconds())); err != nil {
-			return wrap(ctx, op, err)
-		}
-		defer func() {
-			// The session goes back to the pool: give it the server's
-			// default again, or drop it.
-			if _, err := conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION wait_timeout = DEFAULT"); err != nil {
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-			}
-		}()
-		tx, err = conn.BeginTx(ctx, nil)
-	} else {
-		tx, err = a.db.BeginTx(ctx, nil)
+		idle = lease.l.idleSeconds()
 	}
+	c, done, err := a.session(ctx, idle)
+	if err != nil {
+		return wrap(ctx, op, err)
+	}
+	defer done()
+	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
 		return wrap(ctx, op, err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	if lease != nil {
-		if err := lease.enterTx(ctx, tx); err != nil {
+		if err := lease.enterTx(ctx, tx, op); err != nil {
 			return err
 		}
 	}

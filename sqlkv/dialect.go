@@ -39,6 +39,21 @@ const (
 // their own.
 const MaxKeyLen = 1024
 
+// MaxMarkerKeyLen is the longest marker key MarkTx and MarkKeyTx write on
+// MySQL: 34 bytes short of MaxKeyLen, room for the longest key the sweep
+// may move the marker to, its retry key (the marker's prefix, id and
+// finish time, plus an infix, the time it falls due, up to two letters of
+// kind and up to nine digits of attempts). A longer marker would fit the column but
+// could never be rescheduled or parked, so it is refused when written,
+// with ErrKeyTooLong.
+const MaxMarkerKeyLen = MaxKeyLen - retryKeyOverhead
+
+// retryKeyOverhead is how much longer than a marker key its longest retry
+// key is: 'r', 20 digits and '/' for the due time, the kind's letters
+// (d, h or dh), nine digits of attempts and '/'. A parked key is at most
+// 12 bytes longer than a marker.
+const retryKeyOverhead = 1 + 20 + 1 + 2 + 9 + 1
+
 // String returns the dialect's name.
 func (d Dialect) String() string {
 	switch d {

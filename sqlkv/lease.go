@@ -49,9 +49,10 @@ type LockerOptions struct {
 // table with MigrateLeases.
 //
 // TryAcquire takes the row when it is missing or expired, in one upsert;
-// the holder renews it every third of the TTL with an UPDATE that only
-// extends an unexpired row that still names it, and closes Lost a tenth of
-// the TTL before the server could expire the row.
+// the holder renews it every third of the TTL, on a connection of its
+// own, with an UPDATE that only extends an unexpired row that still names
+// it, tries again soon after a renewal that failed, and closes Lost a
+// tenth of the TTL before the server could expire the row.
 //
 // Its leases are retention.Fencers for the KV it was made with and for
 // its AtomicKVs (and for any KV or AtomicKV over the same *sql.DB): a
@@ -77,10 +78,10 @@ var _ retention.Locker = (*Locker)(nil)
 
 // NewLocker returns a Locker for the lease called name, whose lease table
 // lives in the database of kv, and whose leases fence kv; replicas that
-// use the same name and table share one lease. The holder renews its lease
-// on a connection of kv's *sql.DB every third of the TTL: leave the pool
-// room for it (SetMaxOpenConns above Config.Concurrency), or a renewal that
-// waits for a connection may cost the lease.
+// use the same name and table share one lease. A lease keeps one
+// connection of kv's *sql.DB for its renewals from TryAcquire until it
+// ends, so that they never wait for the pool: leave the pool room for it
+// (SetMaxOpenConns above Config.Concurrency plus one).
 func NewLocker(kv *KV, name string, opts *LockerOptions) (*Locker, error) {
 	if kv == nil {
 		return nil, errors.New("sqlkv: kv must not be nil")
@@ -148,7 +149,9 @@ func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 		return nil, wrap(ctx, "acquire lease "+l.name, err)
 	}
 	lease := &sqlLease{l: l, holder: holder, fence: fence, lost: make(chan struct{}), stop: make(chan struct{})}
-	lease.wg.Go(func() { lease.keepAlive(sent.Add(l.ttl - l.safetyMargin())) })
+	r := lease.newRenewer()
+	r.connect(ctx) // a failure here is tried again at the first renewal
+	lease.wg.Go(func() { lease.keepAlive(r, sent.Add(l.ttl-l.safetyMargin())) })
 	return lease, nil
 }
 
@@ -169,15 +172,15 @@ func (l *Locker) acquire(ctx context.Context, holder string) (int64, error) {
 		if err != nil {
 			return 0, err
 		}
-		return fence, queryRow(ctx, db, "SELECT fence FROM "+l.table+" WHERE name = ? AND holder = ?", []any{l.name, holder}, &fence)
+		return fence, queryRow(ctx, d, db, "SELECT fence FROM "+l.table+" WHERE name = ? AND holder = ?", []any{l.name, holder}, &fence)
 	case SQLite:
-		return fence, queryRow(ctx, db, "INSERT INTO "+l.table+" (name, holder, fence, expires_at) VALUES (?, ?, 1, "+d.later("?")+")"+
+		return fence, queryRow(ctx, d, db, "INSERT INTO "+l.table+" (name, holder, fence, expires_at) VALUES (?, ?, 1, "+d.later("?")+")"+
 			" ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, fence = fence + 1, expires_at = excluded.expires_at"+
 			" WHERE expires_at <= "+d.now()+" RETURNING fence", []any{l.name, holder, ttl}, &fence)
 	}
 	// The expiry is computed in SET too, not only in VALUES: the statement
 	// may have waited for a fenced write of the old holder to commit.
-	return fence, queryRow(ctx, db, "INSERT INTO "+l.table+" AS l (name, holder, fence, expires_at) VALUES ($1, $2, 1, "+d.later("$3")+")"+
+	return fence, queryRow(ctx, d, db, "INSERT INTO "+l.table+" AS l (name, holder, fence, expires_at) VALUES ($1, $2, 1, "+d.later("$3")+")"+
 		" ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, fence = l.fence + 1, expires_at = "+d.later("$3")+
 		" WHERE l.expires_at <= clock_timestamp() RETURNING fence", []any{l.name, holder, ttl}, &fence)
 }
@@ -246,19 +249,18 @@ func (p *sqlLease) guard() *guard {
 func (p *sqlLease) stillHeld(ctx context.Context, db execer) (bool, error) {
 	c, args := p.held(1)
 	var n int64
-	err := queryRow(ctx, db, "SELECT count(*) FROM "+p.l.table+" WHERE "+c, args, &n)
+	err := queryRow(ctx, p.l.kv.dialect, db, "SELECT count(*) FROM "+p.l.table+" WHERE "+c, args, &n)
 	return n > 0, err
 }
 
 // enterTx starts a fenced transaction: on SQLite it checks the lease with
 // an UPDATE of its row, which takes the database's write lock first; on
 // PostgreSQL it bounds how long the session may sit idle in it.
-func (p *sqlLease) enterTx(ctx context.Context, tx *sql.Tx) error {
-	op := "clear and delete under lease " + p.l.name
+func (p *sqlLease) enterTx(ctx context.Context, tx *sql.Tx, op string) error {
 	switch p.l.kv.dialect {
 	case SQLite:
 		c, args := p.held(1)
-		n, err := exec(ctx, tx, "UPDATE "+p.l.table+" SET fence = fence WHERE "+c, args)
+		n, err := exec(ctx, SQLite, tx, "UPDATE "+p.l.table+" SET fence = fence WHERE "+c, args)
 		if err != nil {
 			return wrap(ctx, op, err)
 		}
@@ -284,7 +286,7 @@ func (p *sqlLease) checkTx(ctx context.Context, tx *sql.Tx, op string) error {
 	}
 	c, args := p.held(1)
 	var one int
-	err := queryRow(ctx, tx, "SELECT 1 FROM "+p.l.table+" WHERE "+c+p.l.kv.dialect.lockShare(), args, &one)
+	err := queryRow(ctx, p.l.kv.dialect, tx, "SELECT 1 FROM "+p.l.table+" WHERE "+c+p.l.kv.dialect.lockShare(), args, &one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		p.markLost()
@@ -293,44 +295,6 @@ func (p *sqlLease) checkTx(ctx context.Context, tx *sql.Tx, op string) error {
 		return wrap(ctx, op, err)
 	}
 	return nil
-}
-
-// keepAlive renews the row every third of the TTL. validUntil is when the
-// holder stops trusting its lease if no renewal gets through; the row
-// expires a safety margin later on the server.
-func (p *sqlLease) keepAlive(validUntil time.Time) {
-	defer p.markLost()
-	l := p.l
-	d := l.kv.dialect
-	tick := time.NewTicker(l.ttl / 3)
-	defer tick.Stop()
-	expiry := time.NewTimer(time.Until(validUntil))
-	defer expiry.Stop()
-	c, args := p.held(2)
-	renew := "UPDATE " + l.table + " SET expires_at = " + d.later(d.ph(1)) + " WHERE " + c
-	args = append([]any{l.ttl.Microseconds()}, args...)
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-expiry.C:
-			return
-		case <-tick.C:
-		}
-		// A renewal may not outlast the lease it renews.
-		ctx, cancel := context.WithDeadline(context.Background(), validUntil)
-		sent := time.Now()
-		n, err := exec(ctx, l.kv.db, renew, args)
-		cancel()
-		switch {
-		case err == nil && n == 1:
-			validUntil = sent.Add(l.ttl - l.safetyMargin())
-			expiry.Reset(time.Until(validUntil))
-		case err == nil:
-			return // expired, or taken over
-		}
-		// On an error, try again at the next tick until validUntil.
-	}
 }
 
 // Release stops renewing and expires the row if it still names this
@@ -386,7 +350,12 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 		return nil
 	}
 	return f.write(ctx, "delete from", int64(distinctAny(keys)), func(g *guard) (int64, error) {
-		return f.kv.delete(ctx, f.kv.db, keys, g)
+		c, done, err := f.kv.session(ctx, 0)
+		if err != nil {
+			return 0, wrap(ctx, "delete from "+f.kv.table, err)
+		}
+		defer done()
+		return f.kv.delete(ctx, c, keys, g)
 	})
 }
 
@@ -398,7 +367,12 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 		return fmt.Errorf("sqlkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
 	}
 	return f.write(ctx, "insert into", 1, func(g *guard) (int64, error) {
-		return f.kv.put(ctx, f.kv.db, key, g)
+		c, done, err := f.kv.session(ctx, 0)
+		if err != nil {
+			return 0, wrap(ctx, "insert into "+f.kv.table, err)
+		}
+		defer done()
+		return f.kv.put(ctx, c, key, g)
 	})
 }
 
@@ -406,8 +380,8 @@ func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
 	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
 		return err
 	}
-	return f.write(ctx, "move in", int64(len(from)), func(g *guard) (int64, error) {
-		return f.kv.move(ctx, from, to, g)
+	return f.write(ctx, "move in", int64(len(from)), func(*guard) (int64, error) {
+		return f.kv.move(ctx, from, to, f.lease)
 	})
 }
 

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,6 +75,14 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 	if dl.d == sqlkv.SQLite {
 		ttl = sqliteLeaseTTL
 	}
+	// No lease may be lost while its holder lives and the database
+	// answers: only the harness's Expire, a Kill or a Release may end one.
+	watch := &leaseWatch{}
+	t.Cleanup(func() {
+		if lost := watch.unexplained(); lost != "" {
+			t.Errorf("a lease was lost while its holder lived and the database answered: %s", lost)
+		}
+	})
 
 	return leasetest.Harness{
 		TTL: ttl,
@@ -85,7 +95,7 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 			require.NoError(t, err)
 			return leasetest.Replica{
 				KV:     kv,
-				Locker: locker,
+				Locker: watchedLocker{Locker: locker, watch: watch, db: db},
 				Clear: func(ctx context.Context, id string) error {
 					_, err := db.ExecContext(ctx, q(dl.d, "DELETE FROM "+state+" WHERE id = ?"), id)
 					return err
@@ -138,15 +148,79 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 			}
 			return present, nil
 		},
-		Expire: func(t testing.TB) { expireLease(t, admin, dl.d, leases, lease) },
+		Expire: func(t testing.TB) {
+			watch.takenAway.Store(true)
+			expireLease(t, admin, dl.d, leases, lease)
+		},
 	}
+}
+
+// leaseWatch records the leases of a fleet harness lost for no reason:
+// neither released, nor taken away by the harness, nor lost with their
+// holder's *sql.DB closed (a Kill, or the end of the test).
+type leaseWatch struct {
+	takenAway atomic.Bool
+	mu        sync.Mutex
+	lost      []string
+}
+
+func (w *leaseWatch) unexplained() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.lost, "; ")
+}
+
+// watchedLocker hands out its Locker's leases, watched.
+type watchedLocker struct {
+	retention.Locker
+	watch *leaseWatch
+	db    *sql.DB
+}
+
+func (w watchedLocker) TryAcquire(ctx context.Context) (retention.Lease, error) {
+	l, err := w.Locker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	wl := &watchedLease{Lease: l}
+	acquired := time.Now()
+	go func() {
+		<-l.Lost()
+		if wl.released.Load() || w.watch.takenAway.Load() || w.db.PingContext(context.Background()) != nil {
+			return
+		}
+		w.watch.mu.Lock()
+		w.watch.lost = append(w.watch.lost, fmt.Sprintf("a lease held %v", time.Since(acquired).Round(time.Millisecond)))
+		w.watch.mu.Unlock()
+	}()
+	return wl, nil
+}
+
+// watchedLease is a lease that notes its Release, and fences as its own.
+type watchedLease struct {
+	retention.Lease
+	released atomic.Bool
+}
+
+func (l *watchedLease) Release(ctx context.Context) error {
+	l.released.Store(true)
+	return l.Lease.Release(ctx)
+}
+
+func (l *watchedLease) Fence(kv retention.KV) (retention.KV, bool) {
+	return l.Lease.(retention.Fencer).Fence(kv)
 }
 
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the fleet proofs take a while")
 	}
-	forEach(t, func(t *testing.T, dl dialect) { leasetest.Run(t, dl.harness) })
+	forEach(t, func(t *testing.T, dl dialect) {
+		// On a machine whose every core is busy, as in production under
+		// load: the lease must hold while its holder lives.
+		loadCPU(t)
+		leasetest.Run(t, dl.harness)
+	})
 }
 
 func TestNewLocker(t *testing.T) {
@@ -468,4 +542,97 @@ func TestProcessesAtomic(t *testing.T) {
 		t.Skip("the process proofs take a while")
 	}
 	forEach(t, func(t *testing.T, dl dialect) { leasetest.RunProcesses(t, dl.processEngine(t, true)) })
+}
+
+// TestLeaseHeldUnderLoad: a holder keeps its lease for three TTLs while
+// every CPU is busy, its pool's every other connection is taken by
+// writers (fenced Puts and Deletes of its KV, and application
+// transactions that write and linger), and, on SQLite, another pool's
+// writers take the write lock in turn, each waiting in SQLite's busy
+// handler while another holds it: its renewals go through on a connection
+// of their own, and on SQLite get the write lock between two writers'.
+func TestLeaseHeldUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds a lease for three TTLs")
+	}
+	loadCPU(t)
+	forEach(t, func(t *testing.T, dl dialect) {
+		t.Parallel()
+		path := ""
+		if dl.d == sqlkv.SQLite {
+			path = filepath.Join(t.TempDir(), "load.db")
+		}
+		db := dl.open(t, path)
+		db.SetMaxOpenConns(3)
+		markers, leases := freshTable(t, db, dl.d), freshLeaseTable(t, db, dl.d)
+		app := markers + "_app"
+		ctx := context.Background()
+		_, err := db.ExecContext(ctx, "CREATE TABLE "+app+" (id VARCHAR(40) PRIMARY KEY)")
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+app) })
+		kv, err := sqlkv.New(db, dl.d, markers)
+		require.NoError(t, err)
+		const ttl = time.Second
+		locker, err := sqlkv.NewLocker(kv, "loaded", &sqlkv.LockerOptions{TTL: ttl, Table: leases})
+		require.NoError(t, err)
+		lease, err := locker.TryAcquire(ctx)
+		require.NoError(t, err)
+		defer func() { _ = lease.Release(ctx) }()
+		fenced, ok := lease.(retention.Fencer).Fence(kv)
+		require.True(t, ok)
+
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var writes atomic.Int64
+		writer := func(db *sql.DB, w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := []byte(fmt.Sprintf("load/%020d/w%d", i, w))
+				if fenced.(retention.Putter).Put(ctx, key, nil) == nil && fenced.Delete(ctx, key) == nil {
+					writes.Add(2)
+				}
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					continue
+				}
+				if _, err := tx.ExecContext(ctx, q(dl.d, "INSERT INTO "+app+" VALUES (?)"), fmt.Sprintf("w%d-%d", w, i)); err == nil {
+					time.Sleep(10 * time.Millisecond) // the transaction lingers, holding its locks
+					if tx.Commit() == nil {
+						writes.Add(1)
+					}
+				}
+				_ = tx.Rollback()
+				// Between two transactions the writer does other work,
+				// so that the writers hold SQLite's one write lock about
+				// 80% of the time: beyond 100%, anything else waits as
+				// long as they go on, SQLite having no queue.
+				time.Sleep(40 * time.Millisecond)
+			}
+		}
+		for w := range 3 {
+			wg.Add(1)
+			go writer(db, w)
+		}
+		if dl.d == sqlkv.SQLite {
+			other := dl.open(t, path)
+			for w := 3; w < 4; w++ {
+				wg.Add(1)
+				go writer(other, w)
+			}
+		}
+		select {
+		case <-lease.Lost():
+			t.Errorf("the lease was lost while its holder lived and the database answered")
+		case <-time.After(3 * ttl):
+		}
+		close(stop)
+		wg.Wait()
+		t.Logf("%d writes meanwhile", writes.Load())
+		assert.Positive(t, writes.Load(), "the writers wrote nothing: no load")
+	})
 }

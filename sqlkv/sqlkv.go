@@ -1,37 +1,3 @@
-// Package sqlkv keeps retention markers in a table of a relational
-// database reached through database/sql: MySQL 8 and MariaDB 10.6+, SQLite
-// 3.35+ and PostgreSQL, each a Dialect chosen explicitly. It imports no
-// driver: open the *sql.DB with the driver the service already uses.
-//
-// The marker table has one column, marker, the primary key, of a type that
-// compares bytewise: VARBINARY(1024) on MySQL (at most MaxKeyLen bytes a
-// key), BLOB in a WITHOUT ROWID table on SQLite, bytea on PostgreSQL. Every
-// Scan is an index range scan with LIMIT. Create the table with Migrate.
-// Write a marker with MarkTx inside the *sql.Tx that records the entity's
-// terminal state (MarkKeyTx with the key of Sweep.MarkerKey for a sweep
-// with its own id rule).
-//
-// A KV is a retention.Putter and a retention.Mover. Each of its writes is
-// one statement per batch of keys, and a batch carries at most 5,000 keys
-// (well under the 65,535 placeholders of MySQL and PostgreSQL and the
-// 32,766 of SQLite); a longer Delete or Move is split, each part on its
-// own. Move is one statement on PostgreSQL; on MySQL and SQLite it is an
-// UPDATE of the primary key that skips the pairs whose new key exists,
-// then a DELETE of the old keys of those pairs: each pair moves whole.
-//
-// When the entities live in the same database, KV.WithClear makes an
-// AtomicKV, which clears them in the *sql.Tx that deletes their markers,
-// and only while every one of those markers still exists.
-//
-// Replicas that share the table take turns with a Locker: a lease row with
-// a TTL, in a table created by MigrateLeases in the same database, whose
-// expiry the server's clock decides. Its leases fence the KV and the
-// AtomicKV: a holder's writes take effect only while it holds the lease,
-// checked in the same statement, or in the same transaction for a clear.
-// On SQLite the lease row lives in the database file, so it serves the
-// processes of one host that share that file.
-//
-// The caller owns the *sql.DB and closes it; a KV never does.
 package sqlkv
 
 import (
@@ -49,9 +15,10 @@ import (
 // KV is a retention.KV over one marker table. It is safe for concurrent
 // use. Create one with New.
 type KV struct {
-	db      *sql.DB
-	dialect Dialect
-	table   string // quoted, possibly schema-qualified
+	db          *sql.DB
+	dialect     Dialect
+	table       string // quoted, possibly schema-qualified
+	lockTimeout time.Duration
 }
 
 var (
@@ -61,8 +28,14 @@ var (
 )
 
 // New returns a KV over the marker table (created by Migrate) of db, whose
-// dialect is d, named "table" or "schema.table".
+// dialect is d, named "table" or "schema.table". It is NewWithOptions
+// with the default options.
 func New(db *sql.DB, d Dialect, table string) (*KV, error) {
+	return NewWithOptions(db, d, table, nil)
+}
+
+// NewWithOptions returns a KV like New, tuned by opts (Options.LockTimeout).
+func NewWithOptions(db *sql.DB, d Dialect, table string, opts *Options) (*KV, error) {
 	if db == nil {
 		return nil, errors.New("sqlkv: db must not be nil")
 	}
@@ -70,7 +43,14 @@ func New(db *sql.DB, d Dialect, table string) (*KV, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KV{db: db, dialect: d, table: quoted}, nil
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	return &KV{db: db, dialect: d, table: quoted, lockTimeout: o.LockTimeout}, nil
 }
 
 // Migrate creates the marker table if it does not exist. It is idempotent
@@ -127,7 +107,7 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 		k.table, d.phs(1, 1), d.phs(2, 1), limit)
 	// A nil start is the empty key, the least of all, not SQL's NULL,
 	// which no key is >= (and a nil end, as empty, ends before any).
-	rows, err := k.db.QueryContext(ctx, q, nonNil(start), nonNil(end))
+	rows, err := query(ctx, d, k.db, q, []any{nonNil(start), nonNil(end)})
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)
 	}
@@ -193,23 +173,13 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 		}
 		return view.Delete(ctx, keys...)
 	}
-	_, err := k.delete(ctx, k.db, keys, nil)
-	return err
-}
-
-// delete deletes keys where g holds and returns how many rows went.
-func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (int64, error) {
-	var deleted int64
-	for part := range chunks(keys, k.dialect.maxKeys()) {
-		c, gargs := g.cond(len(part))
-		q := "DELETE FROM " + k.table + " WHERE marker IN (" + k.dialect.phs(1, len(part)) + ")" + and(c)
-		n, err := exec(ctx, db, q, append(anys(part), gargs...))
-		if err != nil {
-			return deleted, wrap(ctx, "delete from "+k.table, err)
-		}
-		deleted += n
+	c, done, err := k.session(ctx, 0)
+	if err != nil {
+		return wrap(ctx, "delete from "+k.table, err)
 	}
-	return deleted, nil
+	defer done()
+	_, err = k.delete(ctx, c, keys, nil)
+	return err
 }
 
 // Put writes a marker key in its own statement. The table stores keys only,
@@ -231,7 +201,12 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 		}
 		return p.Put(ctx, key, value)
 	}
-	_, err := k.put(ctx, k.db, key, nil)
+	c, done, err := k.session(ctx, 0)
+	if err != nil {
+		return wrap(ctx, "insert into "+k.table, err)
+	}
+	defer done()
+	_, err = k.put(ctx, c, key, nil)
 	return err
 }
 
@@ -241,7 +216,7 @@ func (k *KV) put(ctx context.Context, db execer, key []byte, g *guard) (int64, e
 		return 0, err
 	}
 	c, gargs := g.cond(1)
-	n, err := exec(ctx, db, k.dialect.insertIgnore(k.table, c), append([]any{key}, gargs...))
+	n, err := exec(ctx, k.dialect, db, k.dialect.insertIgnore(k.table, c), append([]any{key}, gargs...))
 	if err != nil {
 		return 0, wrap(ctx, "insert into "+k.table, err)
 	}
@@ -258,10 +233,11 @@ func (k *KV) checkLen(key []byte) error {
 
 // Move implements retention.Mover: each from key that exists is replaced
 // by its to key; a pair whose from key is missing writes nothing, and a to
-// key that exists already stays as it is. Each pair moves whole, and every
-// pair of a batch of 2,500 in one statement on PostgreSQL; on MySQL and
-// SQLite an UPDATE moves the pairs whose to key is free, and a DELETE then
-// drops the from keys of the others.
+// key that exists already stays as it is. The pairs move whole, in one
+// transaction: every pair of a batch of 2,500 in one statement on
+// PostgreSQL; on MySQL and SQLite an UPDATE that moves the pairs whose to
+// key is free, then a DELETE of the from keys of the others, with a fenced
+// Move's check of the lease in the same transaction.
 func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
 	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
 		return err
@@ -291,74 +267,6 @@ func checkMove(ctx context.Context, from, to [][]byte) error {
 	return nil
 }
 
-// move moves the pairs where g holds, and returns how many from keys went.
-func (k *KV) move(ctx context.Context, from, to [][]byte, g *guard) (int64, error) {
-	for _, key := range to {
-		if err := k.checkLen(key); err != nil {
-			return 0, err
-		}
-	}
-	d := k.dialect
-	op := "move in " + k.table
-	per := d.maxKeys() / 2
-	var moved int64
-	for i := 0; i < len(from); i += per {
-		f, t := from[i:min(i+per, len(from))], to[i:min(i+per, len(to))]
-		if d == PostgreSQL {
-			var values strings.Builder
-			args := make([]any, 0, 2*len(f))
-			for j := range f {
-				if j > 0 {
-					values.WriteString(", ")
-				}
-				fmt.Fprintf(&values, "(%s, %s)", d.phs(2*j+1, 1), d.phs(2*j+2, 1))
-				args = append(args, f[j], t[j])
-			}
-			c, gargs := g.cond(len(args))
-			q := "WITH m (f, t) AS (VALUES " + values.String() + "),\n" +
-				"d AS (DELETE FROM " + k.table + " WHERE marker IN (SELECT f FROM m)" + and(c) + " RETURNING marker),\n" +
-				"i AS (INSERT INTO " + k.table + " (marker) SELECT m.t FROM m JOIN d ON d.marker = m.f ON CONFLICT DO NOTHING)\n" +
-				"SELECT count(*) FROM d"
-			var n int64
-			if err := queryRow(ctx, k.db, q, append(args, gargs...), &n); err != nil {
-				return moved, wrap(ctx, op, err)
-			}
-			moved += n
-			continue
-		}
-		var cases strings.Builder
-		args := make([]any, 0, 3*len(f))
-		for j := range f {
-			cases.WriteString(" WHEN ? THEN ?")
-			args = append(args, f[j], t[j])
-		}
-		args = append(args, anys(f)...)
-		c, gargs := g.cond(len(args))
-		ignore := "UPDATE IGNORE "
-		if d == SQLite {
-			ignore = "UPDATE OR IGNORE "
-		}
-		// The UPDATE skips a pair whose to key exists (IGNORE), leaving its
-		// from key: the DELETE then drops it, which is the whole of that
-		// pair's move.
-		q := ignore + k.table + " SET marker = CASE marker" + cases.String() + " END WHERE marker IN (" + d.phs(1, len(f)) + ")" + and(c)
-		n, err := exec(ctx, k.db, q, append(args, gargs...))
-		if err != nil {
-			return moved, wrap(ctx, op, err)
-		}
-		moved += n
-		if n == int64(len(f)) {
-			continue
-		}
-		n, err = k.delete(ctx, k.db, f, g)
-		if err != nil {
-			return moved, err
-		}
-		moved += n
-	}
-	return moved, nil
-}
-
 // MarkTx writes the marker of id, finished at t, under prefix, through tx:
 // pass the *sql.Tx that records the entity's terminal state, and the marker
 // commits or rolls back with it. Writing a marker twice is not an error. It
@@ -377,7 +285,8 @@ func (k *KV) MarkTx(ctx context.Context, tx *sql.Tx, prefix, id string, t time.T
 // Sweep.MarkerKey, which checks the id by the sweep's own rule
 // (Config.ValidateID), or from retention.MarkerKey. A key that is not shaped
 // like a marker (retention.CheckMarkerKey: the sweep would never delete it)
-// is refused with an error matching retention.ErrMalformedMarker.
+// is refused with an error matching retention.ErrMalformedMarker; on MySQL,
+// a key longer than MaxMarkerKeyLen with one matching ErrKeyTooLong.
 func (k *KV) MarkKeyTx(ctx context.Context, tx *sql.Tx, key []byte) error {
 	if tx == nil {
 		return errors.New("sqlkv: MarkKeyTx: tx must not be nil")
@@ -385,36 +294,12 @@ func (k *KV) MarkKeyTx(ctx context.Context, tx *sql.Tx, key []byte) error {
 	if err := retention.CheckMarkerKey(key); err != nil {
 		return fmt.Errorf("sqlkv: MarkKeyTx: %w", err)
 	}
+	if k.dialect == MySQL && len(key) > MaxMarkerKeyLen {
+		return fmt.Errorf("%w: a %d-byte marker key: at most %d bytes (MaxMarkerKeyLen) on MySQL, so that its retry and parked keys fit the %d-byte column (key starting %.40q)",
+			ErrKeyTooLong, len(key), MaxMarkerKeyLen, MaxKeyLen, key)
+	}
 	_, err := k.put(ctx, tx, key, nil)
 	return err
-}
-
-// exec runs q and returns the rows it affected.
-func exec(ctx context.Context, db execer, q string, args []any) (int64, error) {
-	res, err := db.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-// queryRow runs q, which returns one row, into dest.
-func queryRow(ctx context.Context, db execer, q string, args []any, dest ...any) error {
-	rows, err := db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		return sql.ErrNoRows
-	}
-	if err := rows.Scan(dest...); err != nil {
-		return err
-	}
-	return rows.Close()
 }
 
 // chunks yields keys in parts of at most n.

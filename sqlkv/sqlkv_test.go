@@ -3,12 +3,14 @@ package sqlkv_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -17,12 +19,14 @@ import (
 	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
 
+	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/kvtest"
 	"github.com/marksweep/retention/leasetest"
 	"github.com/marksweep/retention/sqlkv"
 )
 
 func TestMain(m *testing.M) {
+	spinMain()                            // returns unless this process is a load generator of loadCPU
 	leasetest.ReplicaMain(connectReplica) // returns unless this process is a replica of TestProcesses
 	// database/sql closes idle connections from a goroutine of its own
 	// that outlives a closed DB for a moment.
@@ -55,9 +59,11 @@ func forEach(t *testing.T, f func(t *testing.T, dl dialect)) {
 // sqliteDSN is how the tests, and the package documentation, open SQLite:
 // wait for a busy database rather than fail, WAL so readers do not block
 // the writer, and BEGIN IMMEDIATE so a transaction takes the write lock
-// first.
+// first. synchronous=NORMAL, unlike the documentation, leaves out the
+// fsync of every commit, as the test servers run without fsync: WAL stays
+// safe when a process is killed, which is all the crash tests do.
 func sqliteDSN(path string) string {
-	return "file:" + path + "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+	return "file:" + path + "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 }
 
 func openSQLite(t testing.TB, path string) *sql.DB {
@@ -166,4 +172,55 @@ func BenchmarkSweep(b *testing.B) {
 	for _, dl := range dialects {
 		b.Run(dl.name, func(b *testing.B) { kvtest.Benchmark(b, dl.store) })
 	}
+}
+
+// TestMySQLLongestMarkerIsParked: a marker of MaxMarkerKeyLen bytes, whose
+// clear always fails, is rescheduled and then parked within the MySQL
+// column; MarkKeyTx refuses one byte more, naming the length that fits.
+func TestMySQLLongestMarkerIsParked(t *testing.T) {
+	db := openMySQL(t, "")
+	ctx := context.Background()
+	kv, err := sqlkv.New(db, sqlkv.MySQL, freshTable(t, db, sqlkv.MySQL))
+	require.NoError(t, err)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	prefix := "jobs/"
+	// A long prefix, since an id is at most retention.MaxIDLen bytes.
+	for len(prefix)+retention.TimestampWidth+1+retention.MaxIDLen < sqlkv.MaxMarkerKeyLen {
+		prefix = "x" + prefix
+	}
+	id := strings.Repeat("i", sqlkv.MaxMarkerKeyLen-len(prefix)-retention.TimestampWidth-1)
+	key, err := retention.MarkerKey(prefix, at, id)
+	require.NoError(t, err)
+	require.Len(t, key, sqlkv.MaxMarkerKeyLen)
+
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	long := append(append([]byte{}, key[:len(key)-len(id)]...), id+"i"...)
+	err = kv.MarkKeyTx(ctx, tx, long)
+	require.ErrorIs(t, err, sqlkv.ErrKeyTooLong)
+	assert.Contains(t, err.Error(), fmt.Sprintf("at most %d bytes", sqlkv.MaxMarkerKeyLen))
+	require.NoError(t, kv.MarkKeyTx(ctx, tx, key))
+	require.NoError(t, tx.Commit())
+
+	clock := retention.NewManualClock(at.Add(time.Hour))
+	sweep, err := retention.New(kv, retention.Config{
+		Prefix: prefix, Retention: time.Minute, Clock: clock, MaxAttempts: 2,
+		RetryDelay: time.Second, MaxRetryDelay: time.Second,
+		Clear: func(context.Context, string) error { return errors.New("always fails") },
+	})
+	require.NoError(t, err)
+	st, err := sweep.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Retried, "Pass() retried %d, want the marker rescheduled", st.Retried)
+	left, err := kv.Scan(ctx, key, append(append([]byte{}, key...), 0), 1)
+	require.NoError(t, err)
+	assert.Empty(t, left, "the marker was not moved to its retry key")
+	clock.Advance(time.Minute)
+	st, err = sweep.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Parked, "Pass() parked %d, want the marker parked", st.Parked)
+	parked, err := sweep.Parked(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
 }

@@ -91,7 +91,7 @@ func runServer(ctx context.Context, driver, env, param string, d sqlkv.Dialect, 
 		if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@innodb_flush_log_at_trx_commit`).Scan(&version, &flush); err != nil {
 			return err
 		}
-		driver := "go-sql-driver/mysql, server-side prepared statements"
+		driver := "go-sql-driver/mysql, default DSN: the floor's and the ClearFunc's statements prepared, sqlkv's own inlined"
 		if param != "" {
 			driver = "go-sql-driver/mysql, " + param
 		}

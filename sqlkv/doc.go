@@ -1,0 +1,79 @@
+// Package sqlkv keeps retention markers in a table of a relational
+// database reached through database/sql: MySQL 8 and MariaDB 10.6+, SQLite
+// 3.35+ and PostgreSQL, each a Dialect chosen explicitly. It imports no
+// driver: open the *sql.DB with the driver the service already uses.
+//
+// The marker table has one column, marker, the primary key, of a type that
+// compares bytewise: VARBINARY(1024) on MySQL (at most MaxKeyLen bytes a
+// key), BLOB in a WITHOUT ROWID table on SQLite, bytea on PostgreSQL. Every
+// Scan is an index range scan with LIMIT. Create the table with Migrate.
+// Write a marker with MarkTx inside the *sql.Tx that records the entity's
+// terminal state (MarkKeyTx with the key of Sweep.MarkerKey for a sweep
+// with its own id rule).
+//
+// A KV is a retention.Putter and a retention.Mover. A batch of keys that
+// are every row from its first to its last (a page's markers, the common
+// case) is deleted as one range, checked to hold exactly those keys; any
+// other batch goes as DELETE ... WHERE marker IN (...), at most 5,000 keys
+// a statement. A Move is one transaction: one statement on PostgreSQL; on
+// MySQL and SQLite an UPDATE of the primary key that skips the pairs
+// whose new key exists, then a DELETE of the old keys of those pairs, so
+// that each pair moves whole. On MySQL every statement goes out with its
+// arguments written into its text (hex literals for keys), one round trip
+// however the DSN sets interpolateParams.
+//
+// Each batch is a call and a transaction of its own: give a sweep over a
+// KV a Config.PageSize that Config.BatchSize divides, such as 1,000 and
+// 1,000 (the defaults, 256 and 100, cut a page into batches of 100, 100
+// and 56: 586 calls for 50,000 ids where 500 would do).
+//
+// When the entities live in the same database, KV.WithClear makes an
+// AtomicKV, which clears them in the *sql.Tx that deletes their markers,
+// and only while every one of those markers still exists.
+//
+// Replicas that share the table take turns with a Locker: a lease row with
+// a TTL, in a table created by MigrateLeases in the same database, whose
+// expiry the server's clock decides. Its leases fence the KV and the
+// AtomicKV: a holder's writes take effect only while it holds the lease,
+// checked in the same statement, or in the same transaction for a clear.
+// On SQLite the lease row lives in the database file, so it serves the
+// processes of one host that share that file.
+//
+// The caller owns the *sql.DB and closes it; a KV never does.
+//
+// # Locks and the sweep
+//
+// An AtomicKV's ClearFunc runs in the transaction that deleted the
+// batch's markers, at the driver's isolation level, and every lock it
+// takes lasts until that transaction ends. On MySQL (InnoDB, REPEATABLE
+// READ by default) a DELETE or UPDATE locks every index record it reads,
+// with the gaps before them, so a statement whose WHERE is not on a
+// unique key can lock rows it does not change; a SELECT ... FOR UPDATE
+// or LOCK IN SHARE MODE locks what it reads. On PostgreSQL a DELETE or
+// UPDATE locks the rows it changes, and FOR UPDATE or FOR SHARE what it
+// reads; plain reads take no row lock. On SQLite any write takes the
+// database's one write lock (at BEGIN, with the DSN's _txlock=immediate).
+// In every case the clear waits for a lock the application holds, and the
+// sweep, with Config.Concurrency 1, waits with it. To keep it moving:
+// lock only the rows you delete, by their primary key; read with plain
+// SELECTs; keep the application's own transactions short; and set
+// Options.LockTimeout (NewWithOptions), so that a clear or a marker
+// delete that meets a held lock fails after that long, the sweep bisects
+// the batch and clears the rest of it, and retries the locked id later
+// (tens to hundreds of milliseconds; MySQL counts whole seconds). A
+// Locker's renewal waits for the fenced transactions in flight, which
+// lock the lease row in share mode on MySQL and PostgreSQL: LockTimeout
+// bounds those too.
+//
+// # A lease under load
+//
+// A Locker's lease renews on a connection of its own, taken from the
+// pool when the lease is acquired and kept until it ends (leave the pool
+// room for it), every third of the TTL, and again soon after a renewal
+// that failed. On SQLite, where a renewal must take the one write lock,
+// its connection does not use SQLite's busy handler, which sleeps up to
+// 100ms between tries while other connections take the lock: it tries
+// again every 2ms itself, so that it gets the lock between two writers'.
+// A database whose write lock is held back to back, with no moment free,
+// still starves it: SQLite has no queue of writers.
+package sqlkv
