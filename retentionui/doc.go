@@ -4,12 +4,10 @@
 //
 // # Basics
 //
-// Give New the sweeps, and mount the Handler behind your authentication
-// (it has none of its own) under any path:
-//
-//	rec := &retentionui.Recorder{}             // also each sweep's Config.Observer
-//	h, err := retentionui.New(retentionui.Options{Sweeps: sweeps, Recorder: rec})
-//	mux.Handle("/admin/retention/", requireAdmin(http.StripPrefix("/admin/retention", h)))
+// Give New the sweeps (and a Recorder, set also as each sweep's
+// Config.Observer), and mount the Handler behind your authentication (it
+// has none of its own) under any path, with http.StripPrefix: see the
+// package's example.
 //
 // The overview says for each sweep its state in a word (ok, behind,
 // retrying, parked, error) and a sentence, its Backlog, its last pass, its
