@@ -166,3 +166,104 @@ func TestFencedAtomicClear(t *testing.T) {
 		t.Error("Lost is open after a refused clear")
 	}
 }
+
+// TestAtomicClearFuncStatementsWithQuotesAndSemicolons: the ClearFunc's statements, joined into one
+// simple-protocol query, with comments, dollar quotes, E” strings and
+// NamedArgs, clear exactly the batch.
+func TestAtomicClearFuncStatementsWithQuotesAndSemicolons(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "CREATE TABLE "+jobs+"_log (id text, note text)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+"_log") })
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[]) -- $2 in a comment", ids)
+		b.Queue("/* $1 /* nested $2 */ still $3 */ INSERT INTO "+jobs+"_log SELECT unnest($1::text[]), $$it's $1 $$ || E'\\' $2' || $tag$ $1 $tag$ || $2", ids, "x")
+		b.Queue("INSERT INTO "+jobs+"_log SELECT unnest(@ids::text[]), @note", pgx.NamedArgs{"ids": ids, "note": "n'amed"})
+		return nil
+	})
+	require.NoError(t, err)
+	ids := finishJobs(t, pool, kv, jobs, 5, time.Now().Add(-2*time.Hour))
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 5, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 0, count(t, pool, jobs))
+	assert.Equal(t, 10, count(t, pool, jobs+"_log"))
+	var note string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT note FROM "+jobs+"_log WHERE note <> 'n''amed' LIMIT 1").Scan(&note))
+	assert.Equal(t, "it's $1 ' $2 $1 x", note)
+	_ = ids
+}
+
+// TestAtomicBigBatch: one ClearAndDelete of many keys (one
+// simple-protocol message; its markers go as a range).
+func TestAtomicBigBatch(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	const n = 65536
+	_, err = pool.Exec(ctx, fmt.Sprintf("INSERT INTO %s SELECT 'j' || lpad(g::text, 6, '0') FROM generate_series(0, %d) g", jobs, n-1))
+	require.NoError(t, err)
+	var keys [][]byte
+	at := time.Now().Add(-2 * time.Hour)
+	for i := range n {
+		k, err := retention.MarkerKey("jobs/done/", at.Add(time.Duration(i)*time.Microsecond), fmt.Sprintf("j%06d", i))
+		require.NoError(t, err)
+		keys = append(keys, k)
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO "+markers+" SELECT unnest($1::bytea[])", keys)
+	require.NoError(t, err)
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, PageSize: n, BatchSize: n})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, n, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 0, count(t, pool, jobs))
+}
+
+// TestAtomicIDsOfACustomRule: ids a custom ValidateID allows, sent through
+// the simple protocol (client-side interpolation of a text[]), reach the
+// ClearFunc's statement unchanged.
+func TestAtomicIDsOfACustomRule(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	ids := []string{`a"b`, `c\d`, `NULL`, ` sp `, `{x}`, `a,b`, `é`, `'q'`, `$1`, `--c`, `e'\'`}
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour,
+		ValidateID: func(string) error { return nil }})
+	require.NoError(t, err)
+	at := time.Now().Add(-2 * time.Hour)
+	for _, id := range ids {
+		_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (id) VALUES ($1)", id)
+		require.NoError(t, err)
+		key, err := s.MarkerKey(at, id)
+		require.NoError(t, err)
+		require.NoError(t, kv.Put(ctx, key, nil))
+	}
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, len(ids), st.Cleared, "stats %+v", st)
+	assert.Equal(t, 0, count(t, pool, jobs), "every job deleted")
+}

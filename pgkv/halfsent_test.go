@@ -314,3 +314,126 @@ func TestHalfSentClearFreesLease(t *testing.T) {
 	_ = lease.Release(ctx)
 	holderPool.Close()
 }
+
+// TestHalfSentUnfencedMoveStrandsNoMarker: a replica without a lease
+// reschedules failed markers with KV.Move. If its host vanishes after the
+// server got part of the statement, the server runs nothing and holds no
+// marker row: another replica's atomic clear of those markers goes
+// through, rather than wait for rows an open transaction holds until TCP
+// gives up (hours).
+func TestHalfSentUnfencedMoveStrandsNoMarker(t *testing.T) {
+	admin := connect(t)
+	markers := freshTable(t, admin)
+	jobs, _ := jobsTable(t, admin, markers)
+	ctx := context.Background()
+
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "unnest(")
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	p, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer vanishing.Close()
+	defer proxy.close()
+
+	writer, err := pgkv.New(admin, markers)
+	require.NoError(t, err)
+	ids := finishJobs(t, admin, writer, jobs, 4, time.Now().Add(-2*time.Hour))
+	keys, err := writer.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+	require.NoError(t, err)
+	require.Len(t, keys, 4)
+
+	// Replica A reschedules the first two markers (their clear failed) and
+	// vanishes mid-statement.
+	replicaA, err := pgkv.New(vanishing, markers)
+	require.NoError(t, err)
+	proxy.arm()
+	go func() {
+		mctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_ = replicaA.Move(mctx, keys[:2], [][]byte{append(bytes.Clone(keys[0]), 'x'), append(bytes.Clone(keys[1]), 'x')})
+	}()
+	select {
+	case <-proxy.cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Move never reached the server")
+	}
+
+	// Replica B sweeps with an atomic clear.
+	akv, err := writer.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, ClearTimeout: 300 * time.Millisecond, StoreTimeout: time.Second, RetryDelay: time.Millisecond, MaxRetryDelay: time.Millisecond})
+	require.NoError(t, err)
+	var st retention.Stats
+	for range 3 {
+		st, err = s.Pass(ctx)
+		t.Logf("replica B: %+v, %v", st, err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	left := count(t, admin, jobs)
+	assert.Equal(t, 0, left, "replica B could not clear %d of the expired jobs (%v): their marker rows are locked by a half-sent statement of a vanished replica", left, ids[:2])
+}
+
+// TestHalfSentUnfencedDeleteDoesNotStallTheSweep: the same with KV.Delete
+// (a replica without a lease, Clear mode): a Delete cut off midway holds no
+// row, so the other replica's Delete of the page does not wait for rows
+// stranded by a vanished host, and its passes go past that page.
+func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
+	admin := connect(t)
+	markers := freshTable(t, admin)
+	jobs, _ := jobsTable(t, admin, markers)
+	ctx := context.Background()
+
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "DELETE FROM")
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	p, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer vanishing.Close()
+	defer proxy.close()
+
+	writer, err := pgkv.New(admin, markers)
+	require.NoError(t, err)
+	finishJobs(t, admin, writer, jobs, 4, time.Now().Add(-2*time.Hour))
+	keys, err := writer.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+	require.NoError(t, err)
+
+	replicaA, err := pgkv.New(vanishing, markers)
+	require.NoError(t, err)
+	proxy.arm()
+	go func() {
+		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_ = replicaA.Delete(dctx, keys[0])
+	}()
+	select {
+	case <-proxy.cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Delete never reached the server")
+	}
+	clears := map[string]int{}
+	s, err := retention.New(writer, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, PageSize: 2, StoreTimeout: time.Second,
+		Clear: func(_ context.Context, id string) error { clears[id]++; return nil }})
+	require.NoError(t, err)
+	for range 3 {
+		st, err := s.Pass(ctx)
+		t.Logf("replica B: cleared %d, deletes %d: %v", st.Cleared, st.DeleteCalls, err)
+	}
+	t.Logf("clears per id: %v", clears)
+	// Fixed: the cut Delete was half a simple-protocol message, which the
+	// server never ran, so it locked nothing and replica B swept them all.
+	assert.Zero(t, count(t, admin, markers), "every marker is deleted: none is stranded")
+	assert.Equal(t, map[string]int{"j00000": 1, "j00001": 1, "j00002": 1, "j00003": 1}, clears)
+}

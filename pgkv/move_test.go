@@ -144,3 +144,27 @@ func TestAtomicClearMarkerGone(t *testing.T) {
 	assert.Equal(t, 3, count(t, pool, jobs))
 	assert.Equal(t, 1, count(t, pool, markers))
 }
+
+// TestMoveOntoItselfKeepsTheKey: retention.Mover says each from[i] is replaced
+// by to[i]; MemKV, Redis, etcd and bbolt keep the key when to == from.
+func TestMoveOntoItselfKeepsTheKey(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	ctx := context.Background()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	require.NoError(t, kv.Put(ctx, []byte("a"), nil))
+	require.NoError(t, kv.Move(ctx, bs("a"), bs("a")))
+	assert.Equal(t, []string{"a"}, keysOf(t, kv), "a Move of a key onto itself must keep it")
+
+	leases := freshLeaseTable(t, pool)
+	locker, err := pgkv.NewLocker(pool, "self", &pgkv.LockerOptions{TTL: 5 * time.Second, Table: leases})
+	require.NoError(t, err)
+	lease, err := locker.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	view, _ := lease.(retention.Fencer).Fence(kv)
+	require.NoError(t, kv.Put(ctx, []byte("b"), nil))
+	require.NoError(t, view.(retention.Mover).Move(ctx, bs("b"), bs("b")))
+	assert.Contains(t, keysOf(t, kv), "b", "a fenced Move of a key onto itself must keep it")
+}
