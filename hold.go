@@ -109,9 +109,6 @@ func (s *Sweep) remember(it *item) time.Time {
 // was cancelled or failed): the next pass skips those ids until the
 // holds' ends, and moves their markers there.
 func (s *Sweep) rememberHolds(items []item) {
-	if s.dryRun {
-		return
-	}
 	for i := range items {
 		if items[i].out == held {
 			s.remember(&items[i])

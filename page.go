@@ -70,7 +70,7 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 // or hold in this process.
 func (s *Sweep) markWaiting(p *passState, items []item) {
 	now := s.clock.Now()
-	canWrite := p.writes() && !s.dryRun
+	canWrite := p.writes()
 	for i := range items {
 		it := &items[i]
 		if it.out != pending || !s.retries.waiting(it.id, now) {

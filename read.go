@@ -174,7 +174,7 @@ func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) 
 			found = true
 			break
 		}
-		if len(del) > 0 && !s.dryRun {
+		if len(del) > 0 {
 			if err := s.delete(ctx, p, del); err != nil {
 				return false, err
 			}

@@ -10,15 +10,12 @@ import (
 // the failed and held markers to the retry range (and those that failed
 // MaxAttempts times to the parked range) in one Move, and deletes the
 // cleared, live-again, duplicate and malformed ones in one Delete. A dry
-// run counts and writes nothing.
+// run has no clears to settle, and its pass writes nothing (see pass).
 func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
 	pl := &s.plan
 	pl.reset()
 	for i := range items {
 		s.decide(p, pl, keys, items, i)
-	}
-	if s.dryRun {
-		return nil
 	}
 	if pl.oldest >= 0 {
 		p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(pl.oldest)))
@@ -122,20 +119,14 @@ func (s *Sweep) decide(p *passState, pl *pagePlan, keys [][]byte, items []item, 
 		}
 	case held:
 		st.Held++
-		if !s.dryRun {
-			pl.move(keys, items, i, s.hold(p, it, keys[i]))
-		}
+		pl.move(keys, items, i, s.hold(p, it, keys[i]))
 	case failed:
-		// In a dry run only a panicking Config.ValidateID fails a marker:
-		// counted, and nothing written for it.
 		st.Failed++
 		p.notes.noteFailed(it.id, it.err)
-		if !s.dryRun {
-			key, park := s.retry(p, it, keys[i])
-			pl.move(keys, items, i, key)
-			if park {
-				pl.parking = append(pl.parking, i)
-			}
+		key, park := s.retry(p, it, keys[i])
+		pl.move(keys, items, i, key)
+		if park {
+			pl.parking = append(pl.parking, i)
 		}
 	}
 }

@@ -36,7 +36,12 @@ func (s *Sweep) scanKV(ctx context.Context, kv KV, start, end []byte, limit int)
 	return keys, nil
 }
 
+// delete deletes keys from the pass's KV; in a dry run it deletes nothing
+// and counts no call.
 func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
+	if s.dryRun {
+		return nil
+	}
 	wctx, mark := p.writeCtx(ctx)
 	cctx, cancel := withTimeout(wctx, s.storeTimeout)
 	defer cancel()

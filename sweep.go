@@ -175,7 +175,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	*p = passState{kv: kv, fence: fence, st: &s.pst, start: start, cutoff: start.Add(-s.retention),
 		buf: p.buf}
 	s.pst = Stats{}
-	p.mover, _ = kv.(Mover)
+	if !s.dryRun { // a dry run writes nothing: no Move (nor Delete, see delete)
+		p.mover, _ = kv.(Mover)
+	}
 	s.seen.reset()
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	defer func() {
