@@ -111,7 +111,7 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, ite
 		// batches a ClearDeleter committed are gone already: count them.
 		// Holds are kept in memory, so that the next pass does not ask
 		// for them again before their ends.
-		s.countGone(p, items)
+		s.countGone(p, keys, items)
 		s.rememberHolds(items)
 		s.observePage(p)
 		return err

@@ -17,24 +17,29 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	for i := range items {
 		s.decide(p, pl, keys, items, i)
 	}
-	if pl.oldest >= 0 {
-		p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(pl.oldest)))
-	}
 	if len(pl.from) > 0 {
 		s.reschedule(ctx, p, pl, items)
 	}
+	var err error
 	if len(pl.del) > 0 {
-		if err := s.delete(ctx, p, pl.del); err != nil {
-			if s.obs != nil && pl.oldest >= 0 {
-				s.observeLags(items, true) // a ClearDeleter's are gone all the same
-			}
-			return err
-		}
+		err = s.delete(ctx, p, pl.del)
 	}
-	if s.obs != nil && pl.oldest >= 0 {
-		s.observeLags(items, false)
+	// After a failed Delete, a ClearDeleter's are gone all the same.
+	s.noteLags(p, items, pl.oldest, err != nil)
+	return err
+}
+
+// noteLags raises the pass's MaxLag to that of the oldest cleared marker
+// (-1: none) and shows the Observer the lags of the page's cleared
+// markers, or with goneOnly of those a ClearDeleter deleted.
+func (s *Sweep) noteLags(p *passState, items []item, oldest int64, goneOnly bool) {
+	if oldest < 0 {
+		return
 	}
-	return nil
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
+	if s.obs != nil {
+		s.observeLags(items, goneOnly)
+	}
 }
 
 // pagePlan is what settle writes for a page, reused from page to page.
@@ -195,23 +200,14 @@ func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 
 // countGone counts, in a page the pass leaves without settling it, the
 // markers a ClearDeleter cleared and deleted with their entities, and
-// those found gone.
-func (s *Sweep) countGone(p *passState, items []item) {
-	oldest := int64(-1)
+// those found gone; it writes nothing.
+func (s *Sweep) countGone(p *passState, keys [][]byte, items []item) {
+	pl := &s.plan
+	pl.reset()
 	for i := range items {
-		switch it := &items[i]; it.out {
-		case clearedGone:
-			s.countCleared(p, it, &oldest)
-		case foundGone:
-			p.st.Gone++
-			s.retries.forget(it.id)
+		if out := items[i].out; out == clearedGone || out == foundGone {
+			s.decide(p, pl, keys, items, i)
 		}
 	}
-	if oldest < 0 {
-		return
-	}
-	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(oldest)))
-	if s.obs != nil {
-		s.observeLags(items, true)
-	}
+	s.noteLags(p, items, pl.oldest, true)
 }
