@@ -17,8 +17,9 @@ import (
 )
 
 // DefaultBatchSize is the number of ids a ClearBatch call gets when
-// Config.BatchSize is zero.
-const DefaultBatchSize = 100
+// Config.BatchSize is zero: half of DefaultPageSize, so that a full page
+// is two calls.
+const DefaultBatchSize = DefaultPageSize / 2
 
 // BatchError is what a Config.ClearBatch function returns to report ids
 // one by one: it maps each id that was not cleared to its error. Ids of the

@@ -46,7 +46,7 @@ func TestNewValidation(t *testing.T) {
 		{"clear deleter and a clear", atomicOver(kv), func(c *Config) {}, "kv is a ClearDeleter"},
 		{"negative batch size", kv, func(c *Config) {
 			c.Clear, c.ClearBatch, c.BatchSize = nil, func(context.Context, []string) error { return nil }, -1
-		}, "Config.BatchSize must be 0 (default 100) or 1 to 65536, got -1"},
+		}, "Config.BatchSize must be 0 (default 128) or 1 to 65536, got -1"},
 		{"zero retention", kv, func(c *Config) { c.Retention = 0 }, "Config.Retention must be at least 1ms, got 0s"},
 		{"sub-ms retention", kv, func(c *Config) { c.Retention = 999 * time.Microsecond }, "Config.Retention must be at least 1ms, got 999µs"},
 		{"negative retention", kv, func(c *Config) { c.Retention = -time.Hour }, "Config.Retention must be at least 1ms, got -1h0m0s"},
