@@ -26,12 +26,13 @@ var updateREADME = flag.Bool("update-readme", false, "rewrite the Go blocks of R
 // declarations: <!-- code: boltkv/example_test.go finishJob newJobSweep -->
 var readmeCode = regexp.MustCompile(`^<!-- code: (\S+)((?: \S+)+) -->$`)
 
-// docFiles are the project's docs for users: README.md and the guides.
+// docFiles are the project's docs for users: the READMEs, BENCHMARKS.md
+// and the guides.
 func docFiles(t testing.TB) []string {
 	guides, err := filepath.Glob(filepath.Join("docs", "*.md"))
 	require.NoError(t, err)
 	require.NotEmpty(t, guides, "no guide in docs/")
-	return append([]string{"README.md", "BENCHMARKS.md"}, guides...)
+	return append([]string{"README.md", "BENCHMARKS.md", filepath.Join("retentionui", "README.md")}, guides...)
 }
 
 // TestREADMECode keeps the Go code of README.md and the guides in docs/
@@ -112,7 +113,7 @@ func checkCodeBlocks(t *testing.T, file string) int {
 func TestDocsLinksResolve(t *testing.T) {
 	t.Parallel()
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
-	for _, file := range append(docFiles(t), "retentionui/README.md") {
+	for _, file := range docFiles(t) {
 		src, err := os.ReadFile(file)
 		require.NoError(t, err)
 		for _, m := range link.FindAllStringSubmatch(string(src), -1) {
@@ -171,7 +172,7 @@ func TestDocsNameNoHostNorHistory(t *testing.T) {
 	t.Parallel()
 	hosts := regexp.MustCompile(`(?i)proxy\.golang\.org|sum\.golang\.org|pkg\.go\.dev|goproxy\.`)
 	history := regexp.MustCompile(`(?i:\bissue \d+|\bthis change\b|\blast session\b)|\b[Rr]uns? [A-Z]\b`)
-	for _, file := range append(docFiles(t), "retentionui/README.md") {
+	for _, file := range docFiles(t) {
 		if file == filepath.Join("docs", "architecture.md") {
 			continue // kept by its own author
 		}
