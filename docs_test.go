@@ -11,27 +11,54 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-var updateREADME = flag.Bool("update-readme", false, "rewrite README.md's Go blocks from the code they show")
+var updateREADME = flag.Bool("update-readme", false, "rewrite the Go blocks of README.md and docs/*.md from the code they show")
 
 // readmeCode marks the Go block that follows it as the source of named
 // declarations: <!-- code: boltkv/example_test.go finishJob newJobSweep -->
 var readmeCode = regexp.MustCompile(`^<!-- code: (\S+)((?: \S+)+) -->$`)
 
-// TestREADMECode keeps README.md's Go code compiled and run: every ```go
-// block must follow a code marker and equal the declarations it names (doc
-// comments left out), which live in Example files of the modules (or in the
-// library itself), so that go test builds them and runs most of them.
-// go test -run TestREADMECode -update-readme rewrites the blocks.
+// docFiles are the project's docs for users: the READMEs, BENCHMARKS.md
+// and the guides.
+func docFiles(t testing.TB) []string {
+	guides, err := filepath.Glob(filepath.Join("docs", "*.md"))
+	require.NoError(t, err)
+	require.NotEmpty(t, guides, "no guide in docs/")
+	return append([]string{"README.md", "BENCHMARKS.md", filepath.Join("retentionui", "README.md")}, guides...)
+}
+
+// TestREADMECode keeps the Go code of README.md and the guides in docs/
+// compiled and run: every ```go block must follow a code marker and equal
+// the declarations it names (doc comments left out), which live in Example
+// files of the modules (or in the library itself), so that go test builds
+// them and runs most of them. Paths in markers are from the repository's
+// root. go test -run TestREADMECode -update-readme rewrites the blocks.
 func TestREADMECode(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("README.md")
+	for _, file := range docFiles(t) {
+		t.Run(file, func(t *testing.T) {
+			t.Parallel()
+			blocks := checkCodeBlocks(t, file)
+			if file == "README.md" {
+				require.Positive(t, blocks, "README.md has no ```go block: is this the right file?")
+			}
+		})
+	}
+}
+
+// checkCodeBlocks checks the ```go blocks of one Markdown file against the
+// declarations they name, rewrites them with -update-readme, and returns
+// how many there are.
+func checkCodeBlocks(t *testing.T, file string) int {
+	readme, err := os.ReadFile(file)
 	require.NoError(t, err)
 	lines := strings.SplitAfter(string(readme), "\n")
 	var out strings.Builder
@@ -46,7 +73,7 @@ func TestREADMECode(t *testing.T) {
 		for end < len(lines) && strings.TrimSpace(lines[end]) != "```" {
 			end++
 		}
-		require.Less(t, end, len(lines), "README.md:%d: unterminated ```go block", i+1)
+		require.Less(t, end, len(lines), "%s:%d: unterminated ```go block", file, i+1)
 		got := strings.Join(lines[i+1:end], "")
 		marker := ""
 		for j := i - 1; j >= 0; j-- {
@@ -57,27 +84,108 @@ func TestREADMECode(t *testing.T) {
 		}
 		m := readmeCode.FindStringSubmatch(marker)
 		if m == nil {
-			t.Errorf("README.md:%d: a ```go block without a <!-- code: FILE NAME... --> line before it: "+
-				"put the code in an Example file and name it there, so that it compiles", i+1)
+			t.Errorf("%s:%d: a ```go block without a <!-- code: FILE NAME... --> line before it: "+
+				"put the code in an Example file and name it there, so that it compiles", file, i+1)
 			out.WriteString(got)
 			i = end - 1
 			continue
 		}
 		want, err := declSource(m[1], strings.Fields(m[2]))
 		if err != nil {
-			t.Errorf("README.md:%d: %v", i+1, err)
+			t.Errorf("%s:%d: %v", file, i+1, err)
 			out.WriteString(got)
 		} else {
 			if got != want {
-				t.Errorf("README.md:%d: the block differs from %s %s (run go test -run TestREADMECode -update-readme); want:\n%s", i+1, m[1], m[2], want)
+				t.Errorf("%s:%d: the block differs from %s %s (run go test -run TestREADMECode -update-readme); want:\n%s", file, i+1, m[1], m[2], want)
 			}
 			out.WriteString(want)
 		}
 		i = end - 1
 	}
-	require.Positive(t, blocks, "README.md has no ```go block: is this the right file?")
 	if *updateREADME && out.String() != string(readme) {
-		require.NoError(t, os.WriteFile("README.md", []byte(out.String()), 0o644))
+		require.NoError(t, os.WriteFile(file, []byte(out.String()), 0o644))
+	}
+	return blocks
+}
+
+// TestDocsLinksResolve: every relative link of the docs names a file or
+// folder of the repository, and every #anchor a heading of its target.
+func TestDocsLinksResolve(t *testing.T) {
+	t.Parallel()
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, file := range docFiles(t) {
+		src, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for _, m := range link.FindAllStringSubmatch(string(src), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, anchor, _ := strings.Cut(target, "#")
+			if path == "" {
+				path = file
+			} else {
+				path = filepath.Join(filepath.Dir(file), filepath.FromSlash(path))
+			}
+			_, err := os.Stat(path)
+			if !assert.NoError(t, err, "%s: link %s", file, target) || anchor == "" {
+				continue
+			}
+			body, err := os.ReadFile(path)
+			require.NoError(t, err)
+			assert.True(t, slices.Contains(markdownAnchors(string(body)), anchor), "%s: link %s: no such heading", file, target)
+		}
+	}
+}
+
+// markdownAnchors returns the anchors a code host derives from a Markdown
+// file's headings: lower case, spaces to hyphens, punctuation dropped.
+func markdownAnchors(md string) []string {
+	var anchors []string
+	inCode := false
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		if inCode || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		title := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+		var b strings.Builder
+		for _, r := range title {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		anchors = append(anchors, b.String())
+	}
+	return anchors
+}
+
+// TestDocsNameNoHostNorHistory: the docs say "the module proxy", not a
+// host's name, and state what is, not which issue or run changed it (git
+// history keeps that).
+func TestDocsNameNoHostNorHistory(t *testing.T) {
+	t.Parallel()
+	hosts := regexp.MustCompile(`(?i)proxy\.golang\.org|sum\.golang\.org|pkg\.go\.dev|goproxy\.`)
+	history := regexp.MustCompile(`(?i:\bissue \d+|\bthis change\b|\blast session\b)|\b[Rr]uns? [A-Z]\b`)
+	for _, file := range docFiles(t) {
+		if file == filepath.Join("docs", "architecture.md") {
+			continue // kept by its own author
+		}
+		src, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for i, line := range strings.Split(string(src), "\n") {
+			if m := hosts.FindString(line); m != "" {
+				t.Errorf("%s:%d: names a package host (%s): say \"the module proxy\"", file, i+1, m)
+			}
+			if m := history.FindString(line); m != "" {
+				t.Errorf("%s:%d: narrates history (%q): say what is", file, i+1, m)
+			}
+		}
 	}
 }
 
@@ -199,11 +307,11 @@ func docComments(f *ast.File) []*ast.CommentGroup {
 }
 
 // TestREADMELockers checks that the adapters' NewLocker constructors agree
-// (a client, a name, *LockerOptions) and that README.md shows each with the
-// signature it has.
+// (a client, a name, *LockerOptions) and that docs/fleet.md, the guide that
+// lists the lockers, shows each with the signature it has.
 func TestREADMELockers(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("README.md")
+	fleet, err := os.ReadFile(filepath.Join("docs", "fleet.md"))
 	require.NoError(t, err)
 	for _, pkg := range []string{"pgkv", "rediskv", "etcdkv", "sqlkv"} {
 		fset := token.NewFileSet()
@@ -233,7 +341,7 @@ func TestREADMELockers(t *testing.T) {
 			params[0] = name + " " + typ[:len(typ)-len(bare)] + pkg + "." + bare
 		}
 		want := "`" + pkg + ".NewLocker(" + strings.Join(params, ", ") + ")`"
-		require.Contains(t, string(readme), want, "README.md does not show %s.NewLocker as it is", pkg)
+		require.Contains(t, string(fleet), want, "docs/fleet.md does not show %s.NewLocker as it is", pkg)
 	}
 }
 

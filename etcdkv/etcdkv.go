@@ -14,49 +14,19 @@
 //
 // The caller owns the client and closes it; a KV never does.
 //
-// # Why Scan reads in windows
+// # Cost
 //
-// An etcd range request costs O(keys in its range) on the server, whatever
-// its limit (etcd-io/etcd#11057, #16510). In 3.4 the MVCC layer collects the
-// revision of every live key of the range from the in-memory index
-// (treeIndex.Revisions, no limit) and only then reads limit+1 values; 3.5 and
-// 3.6 pass the limit down but keep walking the index to count the rest
-// (Revisions returns the total the response's Count reports); the unary
-// Range RPC of 3.7 still asks for that total, and only the streaming
-// RangeStream skips it. Nothing a client sets avoids the walk: WithCountOnly
-// is the same walk (CountRevisions), WithKeysOnly only skips values,
-// WithSerializable only skips the read-index round, a revision filter
-// (WithMinModRev, WithMaxCreateRev, ...) makes the server drop the limit and
-// read every value, and no server flag turns the count off. Deleted keys
-// cost too: the walk visits their index entries until a compaction removes
-// them. (A sort by key, ascending, would also drop the limit on a 3.4
-// server; clientv3 sends it as the default order, which keeps it.)
-//
-// So the only way to bound a request is to narrow its range. Scan reads
-// [start, end) as consecutive windows, each asking for the keys still
-// missing; because the windows partition the range and are read in order,
-// the answer is what one request would give (any start and end, markers or
-// not), while each request counts the keys of its window only. Windows are
-// cut in the time of marker keys (<prefix><20-digit ms>/<id>): the KV
-// learns, per prefix, a density of keys per millisecond from the Count of
-// every response and sizes each window to hold about one and a half pages;
-// an empty window makes the next one 16 times wider, and after two empty
-// ones the rest of the range is read in one request (a range with nothing
-// past its last key would otherwise take a request per 16-fold). It also remembers the
-// last key each prefix returned: a pass's expired range and its peek for
-// the next marker start below that key and read up to it first, which in
-// a pass with nothing expired is one or two keys. These are hints that
-// only cost time when wrong.
-//
-// What stays O(keys): the first Scan of a prefix by a KV, which has nothing
-// to size windows from, reads the expired range in one request, and its
-// first peek widens windows until one holds a key, which counts the keys
-// of that window or of the rest of the range (all of them when the
-// markers sit in one burst far past the cutoff). Ranges whose start has no digits after the part it shares
-// with end (foreign keys under the prefix) are read in one request. And
-// keys deleted since the last compaction are walked where a window covers
-// them: compact etcd (--auto-compaction-retention) if you sweep large
-// backlogs.
+// An etcd range request counts every key of its range, whatever its limit,
+// so Scan reads its range as consecutive windows of marker time, each sized
+// from the density of keys the KV has seen to hold about a page: an idle
+// pass makes the server count about one key, and each page of a backlog
+// about a page, however many markers wait. Two reads stay proportional to
+// the keys: the first Scan of a prefix by a new KV, which counts its range
+// once, and the index entries of deleted keys, which every request over
+// them walks until a compaction: run etcd with
+// --auto-compaction-retention when you sweep large backlogs. Ranges whose
+// start has no digits after the part it shares with end (foreign keys under
+// the prefix) are read in one request.
 package etcdkv
 
 import (

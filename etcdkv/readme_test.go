@@ -12,7 +12,7 @@ import (
 	"github.com/marksweep/retention/etcdkv"
 )
 
-// TestExampleCode runs the example function that README.md shows
+// TestExampleCode runs the example function that docs/fleet.md shows
 // (finishRun) against etcd: the run's state and marker commit in one Txn,
 // and a Pass clears them.
 func TestExampleCode(t *testing.T) {

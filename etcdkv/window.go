@@ -10,7 +10,18 @@ import (
 // A Scan is cut into windows because an etcd range request costs O(keys in
 // its range) on every server release to date, whatever its limit: the server
 // walks its in-memory index over the whole range to fill in the response's
-// Count (see the package doc). Reading [start, end) as consecutive windows
+// Count (etcd-io/etcd#11057, #16510). In 3.4 the MVCC layer collects the
+// revision of every live key of the range (treeIndex.Revisions, no limit)
+// and only then reads limit+1 values; 3.5 and 3.6 pass the limit down but
+// keep walking the index to count the rest; the unary Range RPC of 3.7
+// still asks for that total, and only the streaming RangeStream skips it.
+// Nothing a client sets avoids the walk: WithCountOnly is the same walk,
+// WithKeysOnly only skips values, WithSerializable only the read-index
+// round, a revision filter (WithMinModRev, ...) makes the server drop the
+// limit and read every value, and no server flag turns the count off; a
+// sort by key, ascending, would drop the limit on a 3.4 server (clientv3
+// sends the default order, which keeps it). Deleted keys cost too until a
+// compaction. So the only way to bound a request is to narrow it. Reading [start, end) as consecutive windows
 // [start, w1), [w1, w2), ..., [wk, end), each with the limit still missing,
 // returns exactly what one request over [start, end) would (the windows
 // partition the range and are read in order), while each request counts only
