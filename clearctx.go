@@ -11,17 +11,14 @@ import (
 // deadline counts from the first time Clear consults it (Deadline, Done or
 // Err), which for any Clear that waits on I/O is when it starts: a Clear
 // that never consults its context cannot be stopped anyway. Until then it
-// holds no state; clearAll allocates a page's contexts at once. That spares
-// the allocations, the timer and the clock read that context.WithTimeout
-// costs per marker, several times the sweep's own work per marker.
+// holds no state, and no timer, clock read or allocation of its own:
+// clearAll allocates a page's contexts at once.
 //
 // When Clear returns, returned cancels the context if Clear consulted it,
-// as the cancel function of WithTimeout would. One it never consulted costs
-// nothing then, not even an atomic write (which costs as much as the rest
-// of the sweep's work per marker on some machines): it reads as cancelled
-// once its page's clears are done. Only a goroutine that Clear left behind
-// with the context can tell, if it consults it first between the two; it
-// is then cancelled with the page, or at its own ClearTimeout.
+// as the cancel function of WithTimeout would. One it never consulted reads
+// as cancelled once its page's clears are done: only a goroutine that Clear
+// left behind with the context can tell, if it consults it first between
+// the two; it is then cancelled with the page, or at its own ClearTimeout.
 type clearCtx struct {
 	c     *clearing                  // the pass's clears: parent context and timeout
 	page  int64                      // the pass's page it belongs to, from 0

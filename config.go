@@ -62,7 +62,7 @@ type Config struct {
 	// panic, a timeout or a runtime.Goexit fails the call as a whole: the
 	// sweep then bisects the batch to find the ids at fault, which go alone
 	// afterwards, and when ids tried alone fail too it takes a dependency
-	// to be down and puts the batch off (see the README, "When some clears
+	// to be down and puts the batch off (docs/clearing.md, "When some clears
 	// fail"). An error wrapping ErrLiveAgain for the whole call drops every
 	// marker of the batch. ClearTimeout bounds each call; Concurrency is
 	// the number of batches in flight.

@@ -18,12 +18,8 @@ import (
 // again after Config.RetryDelay".
 //
 // The hold is asked for again at until, so keep returning Hold for as long
-// as the entity is held: a hold lifted early takes effect then. Until the
-// marker is moved (the store refused the Move, or the pass was cut short
-// before its page settled) the hold is kept in memory, and the next pass
-// moves it; the sweep asks before until only after a restart in that
-// window, or after a crash between writing the held key and deleting the
-// old marker on a store that can Put but not Move.
+// as the entity is held: a hold lifted early takes effect then. A restart
+// before the marker was moved (docs/policies.md says when) may ask early.
 //
 // Where an entity's retention differs from the others from the start, write
 // its marker with a deadline of its own instead (see DeadlineKey).
@@ -124,7 +120,7 @@ func (s *Sweep) rememberHolds(items []item) {
 // sweep clears it at deleteAt (and deletes it, as any marker), and a later
 // change of Config.Retention leaves it alone. Where whole classes of
 // entities differ, a prefix per class, each with its own Sweep in one
-// Group, reads better (see the README). The key lies in the sweep's retry
+// Group, reads better (docs/policies.md). The key lies in the sweep's retry
 // range, where held markers wait (see Hold); Sweep.Due lists it once due.
 func DeadlineKey(prefix string, deleteAt time.Time, id string) ([]byte, error) {
 	if err := ValidateID(id); err != nil {

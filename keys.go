@@ -295,7 +295,7 @@ func malformed(key []byte, part string, cause error) error {
 // A marker whose clear failed moves to the sweep's retry range, and one
 // that failed Config.MaxAttempts times to its parked range. Both lie under
 // the prefix but outside the range of markers (the prefix followed by a
-// digit), where a sweep of an earlier version never reads, and keep the
+// digit), which a pass reads apart, and keep the
 // entity's finish time and the number of failed attempts, so that lag,
 // backlog age and backoff count from the real due time across restarts:
 //

@@ -7,7 +7,7 @@ import (
 
 // outcome is what became of one key of a page. Every clear mode (Clear,
 // ClearBatch, a ClearDeleter) ends in one of these, and settle alone acts
-// on them, as the README's guarantees say:
+// on them (docs/clearing.md, "The rules in full"):
 //
 //	outcome      marker                         counted in
 //	cleared      deleted after the clear        Cleared

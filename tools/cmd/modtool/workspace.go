@@ -144,7 +144,7 @@ func (ws *Workspace) Version() (string, error) {
 		}
 	}
 	// v0.0.0 is the placeholder of a module added with replace directives
-	// (see the README's recipe), not a version of ours.
+	// (see docs/development.md's recipe), not a version of ours.
 	if len(seen) > 1 {
 		delete(seen, placeholder)
 	}
