@@ -212,7 +212,9 @@ func TestSystemClock(t *testing.T) {
 func TestMemKVTailAndSeeksMatchModel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for seed := range uint64(40) {
+	// 12 seeds of 400 steps over 18 keys reach every shape of the skip
+	// list (empty, one key, the tail moved, deleted, passed) many times.
+	for seed := range uint64(12) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		var m *MemKV
 		if seed%2 == 0 {
