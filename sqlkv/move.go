@@ -15,7 +15,7 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) (int6
 		}
 	}
 	op := "move in " + k.table
-	if k.dialect == PostgreSQL {
+	if k.dialect == PostgreSQL && len(from) <= k.dialect.maxKeys()/2 {
 		c, done, err := k.session(ctx, 0)
 		if err != nil {
 			return 0, wrap(ctx, op, err)
@@ -43,23 +43,41 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) (int6
 		}
 	}
 	var moved int64
-	for i := 0; i < len(from); i += k.dialect.maxKeys() / 2 {
-		end := min(i+k.dialect.maxKeys()/2, len(from))
-		n, err := k.movePart(ctx, tx, from[i:end], to[i:end])
-		if err != nil {
-			return 0, err
-		}
-		moved += n
+	if k.dialect == PostgreSQL {
+		// More pairs than one statement carries: the statements commit
+		// together, so that a lease lost between two of them moves none.
+		moved, err = k.movePostgres(ctx, tx, from, to, lease)
+	} else {
+		moved, err = k.moveParts(ctx, tx, from, to)
+	}
+	if err != nil {
+		return 0, err
 	}
 	if lease != nil {
-		// Last before COMMIT on MySQL: the lease row stays locked until
-		// then, so no takeover lands between the check and the commit.
+		// Last before COMMIT on MySQL and PostgreSQL: the lease row stays
+		// locked until then, so no takeover lands between the check and
+		// the commit.
 		if err := lease.checkTx(ctx, tx, op); err != nil {
 			return 0, err
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, wrap(ctx, op, err)
+	}
+	return moved, nil
+}
+
+// moveParts moves the pairs on MySQL or SQLite in tx, 2,500 a part.
+func (k *KV) moveParts(ctx context.Context, tx execer, from, to [][]byte) (int64, error) {
+	var moved int64
+	per := k.dialect.maxKeys() / 2
+	for i := 0; i < len(from); i += per {
+		end := min(i+per, len(from))
+		n, err := k.movePart(ctx, tx, from[i:end], to[i:end])
+		if err != nil {
+			return 0, err
+		}
+		moved += n
 	}
 	return moved, nil
 }
@@ -93,7 +111,8 @@ func (k *KV) movePart(ctx context.Context, tx execer, from, to [][]byte) (int64,
 }
 
 // movePostgres moves the pairs on PostgreSQL, 2,500 a statement, each
-// statement fenced by lease when it is not nil.
+// statement fenced by lease when it is not nil. move runs more than one
+// statement's worth in a transaction.
 func (k *KV) movePostgres(ctx context.Context, c execer, from, to [][]byte, lease *sqlLease) (int64, error) {
 	var g *guard
 	if lease != nil {

@@ -138,6 +138,30 @@ func (dl dialect) store(t testing.TB) kvtest.Store {
 	}
 }
 
+// insertRows inserts a row per argument through tx, 500 rows a
+// statement: insert is the statement up to VALUES, row one row's
+// parenthesised values with one ? for the argument.
+func insertRows(ctx context.Context, tx *sql.Tx, d sqlkv.Dialect, insert, row string, args []any) error {
+	for len(args) > 0 {
+		part := args[:min(500, len(args))]
+		args = args[len(part):]
+		rows := strings.Repeat(", "+row, len(part))[2:]
+		if _, err := tx.ExecContext(ctx, q(d, insert+rows), part...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// anyOf returns s as statement arguments.
+func anyOf[T any](s []T) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
+
 // ph is the i-th placeholder of the dialect.
 func ph(d sqlkv.Dialect, i int) string {
 	if d == sqlkv.PostgreSQL {
@@ -176,7 +200,9 @@ func BenchmarkSweep(b *testing.B) {
 
 // TestMySQLLongestMarkerIsParked: a marker of MaxMarkerKeyLen bytes, whose
 // clear always fails, is rescheduled and then parked within the MySQL
-// column; MarkKeyTx refuses one byte more, naming the length that fits.
+// column; MarkKeyTx and Put (which retention.Mark calls) refuse one byte
+// more, naming the length that fits, so that no marker the sweep cannot
+// move is ever written.
 func TestMySQLLongestMarkerIsParked(t *testing.T) {
 	db := openMySQL(t, "")
 	ctx := context.Background()
@@ -199,6 +225,9 @@ func TestMySQLLongestMarkerIsParked(t *testing.T) {
 	long := append(append([]byte{}, key[:len(key)-len(id)]...), id+"i"...)
 	err = kv.MarkKeyTx(ctx, tx, long)
 	require.ErrorIs(t, err, sqlkv.ErrKeyTooLong)
+	assert.Contains(t, err.Error(), fmt.Sprintf("at most %d bytes", sqlkv.MaxMarkerKeyLen))
+	err = kv.Put(ctx, long, nil)
+	require.ErrorIs(t, err, sqlkv.ErrKeyTooLong, "Put of a marker one byte longer")
 	assert.Contains(t, err.Error(), fmt.Sprintf("at most %d bytes", sqlkv.MaxMarkerKeyLen))
 	require.NoError(t, kv.MarkKeyTx(ctx, tx, key))
 	require.NoError(t, tx.Commit())
