@@ -4,9 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,9 +31,31 @@ import (
 func TestMain(m *testing.M) {
 	spinMain()                            // returns unless this process is a load generator of loadCPU
 	leasetest.ReplicaMain(connectReplica) // returns unless this process is a replica of TestProcesses
+	parallelByDefault()
 	// database/sql closes idle connections from a goroutine of its own
 	// that outlives a closed DB for a moment.
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+// minParallel is how many tests of the package run at once unless -parallel
+// says otherwise. The default, GOMAXPROCS, would leave them waiting in
+// turn on 2 cores: they spend their time waiting for the databases, for
+// leases to expire and for replica processes, not computing. Eight at
+// once on a loaded 2-core machine ran past the suites' own deadlines
+// (kvtest's, the process proofs' 30s for a replica to start).
+const minParallel = 4
+
+// parallelByDefault raises -test.parallel to minParallel when the command
+// line did not set it.
+func parallelByDefault() {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < minParallel {
+		if err := flag.Set("test.parallel", strconv.Itoa(minParallel)); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // dialect is one database the tests run against.
@@ -49,10 +74,14 @@ var dialects = []dialect{
 	{"PostgreSQL", sqlkv.PostgreSQL, openPostgres},
 }
 
-// forEach runs f as a subtest per dialect.
+// forEach runs f as a subtest per dialect, the three side by side: each
+// makes its own tables, or its own SQLite file.
 func forEach(t *testing.T, f func(t *testing.T, dl dialect)) {
 	for _, dl := range dialects {
-		t.Run(dl.name, func(t *testing.T) { f(t, dl) })
+		t.Run(dl.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, dl)
+		})
 	}
 }
 
@@ -189,6 +218,7 @@ func q(d sqlkv.Dialect, s string) string {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	forEach(t, func(t *testing.T, dl dialect) { kvtest.Run(t, dl.store) })
 }
 
