@@ -19,6 +19,7 @@ import (
 // call whose marker is gone, or whose ClearFunc refuses, changes nothing;
 // keys may outnumber ids.
 func TestClearAndDelete(t *testing.T) {
+	t.Parallel()
 	forEach(t, func(t *testing.T, dl dialect) {
 		db := dl.open(t, "")
 		ctx := context.Background()
@@ -154,6 +155,7 @@ func TestMySQLKeyTooLong(t *testing.T) {
 // TestCustomIDRule runs kvtest.CustomIDRule, writing markers with
 // MarkKeyTx in the transaction that ships the order.
 func TestCustomIDRule(t *testing.T) {
+	t.Parallel()
 	forEach(t, func(t *testing.T, dl dialect) {
 		db := dl.open(t, "")
 		ctx := context.Background()

@@ -36,24 +36,27 @@ const (
 	crashEnvFile = "RETENTION_SQLITECRASH_FILE"
 	crashEnvSeed = "RETENTION_SQLITECRASH_SEED"
 
-	crashPrefix    = "crash/"
-	crashExpired   = 20000
-	crashUnexpired = 2000
-	crashPoison    = 300 // expired ids whose delete fails half the time
+	crashPrefix = "crash/"
+	// 24 kills cleared 2,300 ids of 20,000, whatever the backlog beyond
+	// them: 8,000 keep the child busy up to the last kill, and take a
+	// fifth of the time to write and to check after every kill.
+	crashExpired   = 8000
+	crashUnexpired = 800
+	crashPoison    = 120 // expired ids whose delete fails half the time
 	crashKills     = 24
 	crashTimeout   = 20 * time.Millisecond // the child's ClearTimeout
 )
 
-// TestCrashAtomicSQLite: a child process sweeps 20,000 expired and 2,000
+// TestCrashAtomicSQLite: a child process sweeps 8,000 expired and 800
 // unexpired jobs of a SQLite file through an AtomicKV whose ClearFunc
 // deletes the jobs and records every cleared id with a token of its
 // transaction in a cleared table. A trigger fails the delete of poison
 // jobs half the time, so batches fail, bisect and reschedule their
 // markers; some batches sleep about as long as the ClearTimeout before
 // they return, so timeouts fire while the batch may still commit. The
-// child is killed with SIGKILL at random moments, right after a reschedule,
-// a cleared batch or a timed-out batch, crashKills times. After every kill
-// the file must show: every job present has exactly one marker and every
+// child is killed with SIGKILL at random moments of its sweep, right
+// after a reschedule, a cleared batch or a timed-out batch, crashKills
+// times. After every kill the file must show: every job present has exactly one marker and every
 // marker a job, no id cleared by two committed transactions, and no
 // unexpired job touched. A final clean sweep must leave no expired job.
 func TestCrashAtomicSQLite(t *testing.T) {
@@ -64,6 +67,7 @@ func TestCrashAtomicSQLite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("crash test: starts and kills dozens of processes")
 	}
+	t.Parallel()
 	file := filepath.Join(t.TempDir(), "crash.db")
 	admin := openSQLite(t, file)
 	ctx := context.Background()
@@ -126,10 +130,10 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 			close(lines)
 		}()
 		seen := map[string]int{}
-		timer := time.NewTimer(delay)
-		if mode != "time" {
-			timer.Reset(3 * time.Second) // nothing of the kind: kill anyway
-		}
+		// The moments count from when the child starts sweeping, not from
+		// when its process starts, which takes longer on a loaded machine:
+		// a kill before the first Scan would find nothing.
+		timer := time.NewTimer(30 * time.Second)
 	wait:
 		for {
 			select {
@@ -140,6 +144,14 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 					require.Failf(t, "child exited by itself", "kill %d:\n%s", kill, stderr.String())
 				}
 				word, _, _ := strings.Cut(line, " ")
+				if word == "start" {
+					if mode == "time" {
+						timer.Reset(delay)
+					} else {
+						timer.Reset(3 * time.Second) // nothing of the kind: kill anyway
+					}
+					continue
+				}
 				seen[word]++
 				if word == mode && seen[word] >= k {
 					break wait
@@ -384,6 +396,7 @@ func crashChild(t *testing.T, file string) {
 	}
 	db := openSQLite(t, file)
 	s := crashSweep(t, db, nil, sleep, say)
+	say("start")
 	err = s.Run(context.Background())
 	t.Fatalf("Run returned: %v", err)
 }

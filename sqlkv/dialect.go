@@ -39,7 +39,7 @@ const (
 // their own.
 const MaxKeyLen = 1024
 
-// MaxMarkerKeyLen is the longest marker key MarkTx and MarkKeyTx write on
+// MaxMarkerKeyLen is the longest marker key MarkTx, MarkKeyTx and Put write on
 // MySQL: 34 bytes short of MaxKeyLen, room for the longest key the sweep
 // may move the marker to, its retry key (the marker's prefix, id and
 // finish time, plus an infix, the time it falls due, up to two letters of

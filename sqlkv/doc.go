@@ -15,10 +15,10 @@
 // are every row from its first to its last (a page's markers, the common
 // case) is deleted as one range, checked to hold exactly those keys; any
 // other batch goes as DELETE ... WHERE marker IN (...), at most 5,000 keys
-// a statement. A Move is one transaction: one statement on PostgreSQL; on
-// MySQL and SQLite an UPDATE of the primary key that skips the pairs
-// whose new key exists, then a DELETE of the old keys of those pairs, so
-// that each pair moves whole. On MySQL every statement goes out with its
+// a statement. A Move is one transaction: one statement per 2,500 pairs
+// on PostgreSQL; on MySQL and SQLite an UPDATE of the primary key that
+// skips the pairs whose new key exists, then a DELETE of the old keys of
+// those pairs, so that each pair moves whole. On MySQL every statement goes out with its
 // arguments written into its text (hex literals for keys), one round trip
 // however the DSN sets interpolateParams.
 //

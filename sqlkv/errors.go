@@ -19,6 +19,6 @@ var ErrInvalidTable = errors.New("sqlkv: invalid table name")
 var ErrInvalidDialect = errors.New("sqlkv: invalid dialect")
 
 // ErrKeyTooLong is returned by the writes of a KV of the MySQL dialect for
-// a key longer than MaxKeyLen, and by MarkTx and MarkKeyTx for a marker key
-// longer than MaxMarkerKeyLen; nothing is written.
+// a key longer than MaxKeyLen, and by MarkTx, MarkKeyTx and Put for a
+// marker key longer than MaxMarkerKeyLen; nothing is written.
 var ErrKeyTooLong = errors.New("sqlkv: key too long")

@@ -60,6 +60,7 @@ const (
 // cleared exactly once, and every marker goes with its job. The row the
 // writer locks is the locked job's own, or its marker.
 func TestFrozenWriterDoesNotHoldTheSweep(t *testing.T) {
+	t.Parallel()
 	forEach(t, func(t *testing.T, dl dialect) {
 		kinds := []struct {
 			name string

@@ -27,9 +27,13 @@ import (
 // ClearAndDelete commits (entities and markers together) only when every
 // key is there, else it returns ErrMarkerGone having changed nothing.
 func TestModel(t *testing.T) {
+	t.Parallel()
 	forEach(t, func(t *testing.T, dl dialect) {
 		for seed := uint64(1); seed <= 6; seed++ {
-			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { runModel(t, dl, seed) })
+			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+				t.Parallel()
+				runModel(t, dl, seed)
+			})
 		}
 	})
 }

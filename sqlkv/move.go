@@ -15,7 +15,7 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) (int6
 		}
 	}
 	op := "move in " + k.table
-	if k.dialect == PostgreSQL {
+	if k.dialect == PostgreSQL && len(from) <= k.dialect.maxKeys()/2 {
 		c, done, err := k.session(ctx, 0)
 		if err != nil {
 			return 0, wrap(ctx, op, err)
@@ -43,17 +43,20 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) (int6
 		}
 	}
 	var moved int64
-	for i := 0; i < len(from); i += k.dialect.maxKeys() / 2 {
-		end := min(i+k.dialect.maxKeys()/2, len(from))
-		n, err := k.movePart(ctx, tx, from[i:end], to[i:end])
-		if err != nil {
-			return 0, err
-		}
-		moved += n
+	if k.dialect == PostgreSQL {
+		// More pairs than one statement carries: the statements commit
+		// together, so that a lease lost between two of them moves none.
+		moved, err = k.movePostgres(ctx, tx, from, to, lease)
+	} else {
+		moved, err = k.moveParts(ctx, tx, from, to)
+	}
+	if err != nil {
+		return 0, err
 	}
 	if lease != nil {
-		// Last before COMMIT on MySQL: the lease row stays locked until
-		// then, so no takeover lands between the check and the commit.
+		// Last before COMMIT on MySQL and PostgreSQL: the lease row stays
+		// locked until then, so no takeover lands between the check and
+		// the commit.
 		if err := lease.checkTx(ctx, tx, op); err != nil {
 			return 0, err
 		}
@@ -64,23 +67,49 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) (int6
 	return moved, nil
 }
 
+// moveParts moves the pairs on MySQL or SQLite in tx, 2,500 a part.
+func (k *KV) moveParts(ctx context.Context, tx execer, from, to [][]byte) (int64, error) {
+	var moved int64
+	per := k.dialect.maxKeys() / 2
+	for i := 0; i < len(from); i += per {
+		end := min(i+per, len(from))
+		n, err := k.movePart(ctx, tx, from[i:end], to[i:end])
+		if err != nil {
+			return 0, err
+		}
+		moved += n
+	}
+	return moved, nil
+}
+
 // movePart moves the pairs of one statement's worth on MySQL or SQLite,
 // in tx: an UPDATE of the primary key skips a pair whose to key exists
 // (IGNORE), leaving its from key, and a DELETE then drops it, which is the
 // whole of that pair's move.
 func (k *KV) movePart(ctx context.Context, tx execer, from, to [][]byte) (int64, error) {
-	var cases strings.Builder
+	var q string
 	args := make([]any, 0, 3*len(from))
-	for j := range from {
-		cases.WriteString(" WHEN ? THEN ?")
-		args = append(args, from[j], to[j])
-	}
-	args = append(args, anys(from)...)
-	ignore := "UPDATE IGNORE "
 	if k.dialect == SQLite {
-		ignore = "UPDATE OR IGNORE "
+		// A join on the primary key: a CASE of n branches, evaluated for
+		// each of n rows, costs n² comparisons (seconds for 2,500 pairs).
+		var values strings.Builder
+		for j := range from {
+			if j > 0 {
+				values.WriteString(", ")
+			}
+			values.WriteString("(?, ?)")
+			args = append(args, from[j], to[j])
+		}
+		q = "WITH m (f, t) AS (VALUES " + values.String() + ") UPDATE OR IGNORE " + k.table + " SET marker = m.t FROM m WHERE " + k.table + ".marker = m.f"
+	} else {
+		var cases strings.Builder
+		for j := range from {
+			cases.WriteString(" WHEN ? THEN ?")
+			args = append(args, from[j], to[j])
+		}
+		args = append(args, anys(from)...)
+		q = "UPDATE IGNORE " + k.table + " SET marker = CASE marker" + cases.String() + " END WHERE marker IN (" + k.dialect.phs(1, len(from)) + ")"
 	}
-	q := ignore + k.table + " SET marker = CASE marker" + cases.String() + " END WHERE marker IN (" + k.dialect.phs(1, len(from)) + ")"
 	n, err := exec(ctx, k.dialect, tx, q, args)
 	if err != nil {
 		return 0, wrap(ctx, "move in "+k.table, err)
@@ -93,7 +122,8 @@ func (k *KV) movePart(ctx context.Context, tx execer, from, to [][]byte) (int64,
 }
 
 // movePostgres moves the pairs on PostgreSQL, 2,500 a statement, each
-// statement fenced by lease when it is not nil.
+// statement fenced by lease when it is not nil. move runs more than one
+// statement's worth in a transaction.
 func (k *KV) movePostgres(ctx context.Context, c execer, from, to [][]byte, lease *sqlLease) (int64, error) {
 	var g *guard
 	if lease != nil {

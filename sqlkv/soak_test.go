@@ -38,12 +38,16 @@ var errInjected = errors.New("injected fault")
 // id cleared by two committed transactions and no unexpired job touched;
 // clean passes must then clear every expired job.
 func TestFaultSoak(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("fault soak")
 	}
 	forEach(t, func(t *testing.T, dl dialect) {
 		for _, seed := range []uint64{1, 2, 3} {
-			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { soak(t, dl, seed) })
+			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+				t.Parallel()
+				soak(t, dl, seed)
+			})
 		}
 	})
 }

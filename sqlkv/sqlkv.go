@@ -183,7 +183,9 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 }
 
 // Put writes a marker key in its own statement. The table stores keys only,
-// so value must be empty. It makes KV a retention.Putter.
+// so value must be empty. It makes KV a retention.Putter. On MySQL it
+// refuses, like MarkKeyTx, a marker key longer than MaxMarkerKeyLen with
+// an error matching ErrKeyTooLong.
 func (k *KV) Put(ctx context.Context, key, value []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -215,12 +217,28 @@ func (k *KV) put(ctx context.Context, db execer, key []byte, g *guard) (int64, e
 	if err := k.checkLen(key); err != nil {
 		return 0, err
 	}
+	if len(key) > MaxMarkerKeyLen && retention.CheckMarkerKey(key) == nil {
+		if err := k.checkMarkerLen(key); err != nil {
+			return 0, err
+		}
+	}
 	c, gargs := g.cond(1)
 	n, err := exec(ctx, k.dialect, db, k.dialect.insertIgnore(k.table, c), append([]any{key}, gargs...))
 	if err != nil {
 		return 0, wrap(ctx, "insert into "+k.table, err)
 	}
 	return n, nil
+}
+
+// checkMarkerLen refuses, on MySQL, a marker key whose retry and parked
+// keys would not fit the column: the sweep could never move it, and would
+// try again at every pass. Refused when written, it is reported once.
+func (k *KV) checkMarkerLen(key []byte) error {
+	if k.dialect == MySQL && len(key) > MaxMarkerKeyLen {
+		return fmt.Errorf("%w: a %d-byte marker key: at most %d bytes (MaxMarkerKeyLen) on MySQL, so that its retry and parked keys fit the %d-byte column (key starting %.40q)",
+			ErrKeyTooLong, len(key), MaxMarkerKeyLen, MaxKeyLen, key)
+	}
+	return nil
 }
 
 // checkLen refuses a key the dialect's column cannot hold.
@@ -237,7 +255,8 @@ func (k *KV) checkLen(key []byte) error {
 // transaction: every pair of a batch of 2,500 in one statement on
 // PostgreSQL; on MySQL and SQLite an UPDATE that moves the pairs whose to
 // key is free, then a DELETE of the from keys of the others, with a fenced
-// Move's check of the lease in the same transaction.
+// Move's check of the lease in the same transaction. On PostgreSQL a Move
+// of more than 2,500 pairs is one transaction of several statements.
 func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
 	if err := checkMove(ctx, from, to); err != nil || len(from) == 0 {
 		return err
@@ -294,9 +313,8 @@ func (k *KV) MarkKeyTx(ctx context.Context, tx *sql.Tx, key []byte) error {
 	if err := retention.CheckMarkerKey(key); err != nil {
 		return fmt.Errorf("sqlkv: MarkKeyTx: %w", err)
 	}
-	if k.dialect == MySQL && len(key) > MaxMarkerKeyLen {
-		return fmt.Errorf("%w: a %d-byte marker key: at most %d bytes (MaxMarkerKeyLen) on MySQL, so that its retry and parked keys fit the %d-byte column (key starting %.40q)",
-			ErrKeyTooLong, len(key), MaxMarkerKeyLen, MaxKeyLen, key)
+	if err := k.checkMarkerLen(key); err != nil {
+		return err
 	}
 	_, err := k.put(ctx, tx, key, nil)
 	return err

@@ -4,9 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,9 +31,31 @@ import (
 func TestMain(m *testing.M) {
 	spinMain()                            // returns unless this process is a load generator of loadCPU
 	leasetest.ReplicaMain(connectReplica) // returns unless this process is a replica of TestProcesses
+	parallelByDefault()
 	// database/sql closes idle connections from a goroutine of its own
 	// that outlives a closed DB for a moment.
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+// minParallel is how many tests of the package run at once unless -parallel
+// says otherwise. The default, GOMAXPROCS, would leave them waiting in
+// turn on 2 cores: they spend their time waiting for the databases, for
+// leases to expire and for replica processes, not computing. Eight at
+// once on a loaded 2-core machine ran past the suites' own deadlines
+// (kvtest's, the process proofs' 30s for a replica to start).
+const minParallel = 4
+
+// parallelByDefault raises -test.parallel to minParallel when the command
+// line did not set it.
+func parallelByDefault() {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < minParallel {
+		if err := flag.Set("test.parallel", strconv.Itoa(minParallel)); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // dialect is one database the tests run against.
@@ -49,10 +74,14 @@ var dialects = []dialect{
 	{"PostgreSQL", sqlkv.PostgreSQL, openPostgres},
 }
 
-// forEach runs f as a subtest per dialect.
+// forEach runs f as a subtest per dialect, the three side by side: each
+// makes its own tables, or its own SQLite file.
 func forEach(t *testing.T, f func(t *testing.T, dl dialect)) {
 	for _, dl := range dialects {
-		t.Run(dl.name, func(t *testing.T) { f(t, dl) })
+		t.Run(dl.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, dl)
+		})
 	}
 }
 
@@ -138,6 +167,30 @@ func (dl dialect) store(t testing.TB) kvtest.Store {
 	}
 }
 
+// insertRows inserts a row per argument through tx, 500 rows a
+// statement: insert is the statement up to VALUES, row one row's
+// parenthesised values with one ? for the argument.
+func insertRows(ctx context.Context, tx *sql.Tx, d sqlkv.Dialect, insert, row string, args []any) error {
+	for len(args) > 0 {
+		part := args[:min(500, len(args))]
+		args = args[len(part):]
+		rows := strings.Repeat(", "+row, len(part))[2:]
+		if _, err := tx.ExecContext(ctx, q(d, insert+rows), part...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// anyOf returns s as statement arguments.
+func anyOf[T any](s []T) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
+
 // ph is the i-th placeholder of the dialect.
 func ph(d sqlkv.Dialect, i int) string {
 	if d == sqlkv.PostgreSQL {
@@ -165,6 +218,7 @@ func q(d sqlkv.Dialect, s string) string {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	forEach(t, func(t *testing.T, dl dialect) { kvtest.Run(t, dl.store) })
 }
 
@@ -176,7 +230,9 @@ func BenchmarkSweep(b *testing.B) {
 
 // TestMySQLLongestMarkerIsParked: a marker of MaxMarkerKeyLen bytes, whose
 // clear always fails, is rescheduled and then parked within the MySQL
-// column; MarkKeyTx refuses one byte more, naming the length that fits.
+// column; MarkKeyTx and Put (which retention.Mark calls) refuse one byte
+// more, naming the length that fits, so that no marker the sweep cannot
+// move is ever written.
 func TestMySQLLongestMarkerIsParked(t *testing.T) {
 	db := openMySQL(t, "")
 	ctx := context.Background()
@@ -199,6 +255,9 @@ func TestMySQLLongestMarkerIsParked(t *testing.T) {
 	long := append(append([]byte{}, key[:len(key)-len(id)]...), id+"i"...)
 	err = kv.MarkKeyTx(ctx, tx, long)
 	require.ErrorIs(t, err, sqlkv.ErrKeyTooLong)
+	assert.Contains(t, err.Error(), fmt.Sprintf("at most %d bytes", sqlkv.MaxMarkerKeyLen))
+	err = kv.Put(ctx, long, nil)
+	require.ErrorIs(t, err, sqlkv.ErrKeyTooLong, "Put of a marker one byte longer")
 	assert.Contains(t, err.Error(), fmt.Sprintf("at most %d bytes", sqlkv.MaxMarkerKeyLen))
 	require.NoError(t, kv.MarkKeyTx(ctx, tx, key))
 	require.NoError(t, tx.Commit())
