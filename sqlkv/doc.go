@@ -23,9 +23,7 @@
 // however the DSN sets interpolateParams.
 //
 // Each batch is a call and a transaction of its own: give a sweep over a
-// KV a Config.PageSize that Config.BatchSize divides, such as 1,000 and
-// 1,000 (the defaults, 256 and 100, cut a page into batches of 100, 100
-// and 56: 586 calls for 50,000 ids where 500 would do).
+// KV a Config.PageSize that Config.BatchSize divides (the defaults do).
 //
 // When the entities live in the same database, KV.WithClear makes an
 // AtomicKV, which clears them in the *sql.Tx that deletes their markers,
@@ -45,35 +43,18 @@
 //
 // An AtomicKV's ClearFunc runs in the transaction that deleted the
 // batch's markers, at the driver's isolation level, and every lock it
-// takes lasts until that transaction ends. On MySQL (InnoDB, REPEATABLE
-// READ by default) a DELETE or UPDATE locks every index record it reads,
-// with the gaps before them, so a statement whose WHERE is not on a
-// unique key can lock rows it does not change; a SELECT ... FOR UPDATE
-// or LOCK IN SHARE MODE locks what it reads. On PostgreSQL a DELETE or
-// UPDATE locks the rows it changes, and FOR UPDATE or FOR SHARE what it
-// reads; plain reads take no row lock. On SQLite any write takes the
-// database's one write lock (at BEGIN, with the DSN's _txlock=immediate).
-// In every case the clear waits for a lock the application holds, and the
-// sweep, with Config.Concurrency 1, waits with it. To keep it moving:
-// lock only the rows you delete, by their primary key; read with plain
-// SELECTs; keep the application's own transactions short; and set
-// Options.LockTimeout (NewWithOptions), so that a clear or a marker
-// delete that meets a held lock fails after that long, the sweep bisects
-// the batch and clears the rest of it, and retries the locked id later
-// (tens to hundreds of milliseconds; MySQL counts whole seconds). A
-// Locker's renewal waits for the fenced transactions in flight, which
-// lock the lease row in share mode on MySQL and PostgreSQL: LockTimeout
-// bounds those too.
+// takes lasts until that transaction ends; a clear that waits for a lock
+// the application holds holds the sweep with it. Lock only the rows you
+// delete, by their primary key, keep the application's transactions
+// short, and set Options.LockTimeout (NewWithOptions). The guide "Running
+// a fleet" in the repository's docs says which locks each database takes.
 //
 // # A lease under load
 //
-// A Locker's lease renews on a connection of its own, taken from the
-// pool when the lease is acquired and kept until it ends (leave the pool
-// room for it), every third of the TTL, and again soon after a renewal
-// that failed. On SQLite, where a renewal must take the one write lock,
-// its connection does not use SQLite's busy handler, which sleeps up to
-// 100ms between tries while other connections take the lock: it tries
-// again every 2ms itself, so that it gets the lock between two writers'.
-// A database whose write lock is held back to back, with no moment free,
-// still starves it: SQLite has no queue of writers.
+// A Locker's lease renews on a pooled connection of its own, kept while
+// the lease is held (leave the pool room for it), every third of the TTL,
+// and soon again after a renewal that failed. On SQLite it does not wait
+// in SQLite's busy handler but tries again every few milliseconds, so that
+// it takes the write lock between two writers'; a database whose write
+// lock is never free still starves it.
 package sqlkv

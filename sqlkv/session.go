@@ -15,25 +15,13 @@ type Options struct {
 	// LockTimeout bounds how long each statement of the KV's writes
 	// (Delete, Put, Move, and an AtomicKV's ClearAndDelete, its ClearFunc
 	// included) waits for a lock that another transaction holds: a row
-	// lock on MySQL and PostgreSQL, the database's write lock on SQLite.
-	// A call that waits longer fails, having changed nothing, and the
-	// sweep retries it: it bisects a batch whose clear failed, clears the
-	// other ids in the same pass, and puts the locked one off by its retry
-	// delay; a marker Delete that failed is tried again by the next pass.
-	// Without it, one row that an application transaction keeps locked
-	// (a SELECT ... FOR UPDATE, an UPDATE not yet committed, a process
-	// frozen with its transaction open) holds the sweep until the lock
-	// goes or Config.ClearTimeout cuts the call off.
-	//
-	// It is set for the call's session only and put back after it:
-	// innodb_lock_wait_timeout on MySQL (whole seconds, rounded up: at
-	// least 1s), lock_timeout on PostgreSQL (whole milliseconds, rounded
-	// up), the busy timeout on SQLite (milliseconds). Each call then runs
-	// on a connection of its own, with a statement before and one after
-	// its own to set and restore the setting. Zero means no bound of the
-	// KV's own: the session's settings apply (MySQL's default is 50s,
-	// PostgreSQL's none, SQLite's the busy timeout of the DSN). It must not
-	// be negative nor above 24 hours.
+	// lock on MySQL and PostgreSQL, the write lock on SQLite. A call that
+	// waits longer fails having changed nothing, and the sweep retries it
+	// (a failed batch is bisected, the locked id put off). It is set for
+	// the call's session only, on a connection of its own:
+	// innodb_lock_wait_timeout on MySQL (whole seconds, at least 1s),
+	// lock_timeout on PostgreSQL, the busy timeout on SQLite. Zero means
+	// the session's own settings; 0 to 24 hours.
 	LockTimeout time.Duration
 }
 
