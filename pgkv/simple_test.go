@@ -54,7 +54,7 @@ func TestJoinBatch(t *testing.T) {
 	sql, args, err := joinBatch(ctx, b)
 	require.NoError(t, err)
 	assert.Equal(t, "DELETE FROM jobs WHERE id = ANY($1) -- trailing\n;\nINSERT INTO log VALUES ($2, $3)\n;\nSELECT 1", sql)
-	assert.Equal(t, []any{[]string{"a"}, "me", 7}, args)
+	assert.Equal(t, []any{`{"a"}`, "me", 7}, args, "an array of ids goes as its literal (see arrayLiteral), the rest as it is")
 
 	b = &pgx.Batch{}
 	b.Queue("SELECT $1", pgx.QueryExecModeExec, 1)
