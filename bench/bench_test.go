@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -121,4 +122,38 @@ func TestRate(t *testing.T) {
 			t.Errorf("Rate(%v) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
+}
+
+// TestRunMeteredRecordsCPUPerEntity: with a CPUMeter, each round records
+// the server's CPU time over the timed Clear divided by the entities, and
+// the table gives it beside the client's, with the baseline's CPU time
+// over the contender's.
+func TestRunMeteredRecordsCPUPerEntity(t *testing.T) {
+	t.Parallel()
+	var server time.Duration // what the fake server has used so far
+	contender := func(name string, cost time.Duration) bench.Contender {
+		return bench.Contender{
+			Name:  name,
+			Setup: func(context.Context, int) error { server += time.Hour; return nil }, // not timed
+			Clear: func(context.Context) (int, error) { server += cost; return 10, nil },
+			Check: func(context.Context) error { return nil },
+		}
+	}
+	meter := func() (time.Duration, error) { return server, nil }
+	res, err := bench.RunMetered(context.Background(), []bench.Contender{contender("base", 40*time.Microsecond), contender("cheap", 10*time.Microsecond)}, 10, 3, meter, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []time.Duration{4 * time.Microsecond, 4 * time.Microsecond, 4 * time.Microsecond}, res[0].ServerCPU)
+	assert.Equal(t, []time.Duration{time.Microsecond, time.Microsecond, time.Microsecond}, res[1].ServerCPU)
+	assert.Len(t, res[1].ClientCPU, 3)
+
+	for i := range res {
+		res[i].Rates = []float64{1, 1, 1}
+		res[i].ClientCPU = []time.Duration{0, 0, 0}
+	}
+	var buf bytes.Buffer
+	require.NoError(t, bench.Table(&buf, res, bench.Baseline{Label: "base", Name: "base"}))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 4)
+	assert.Equal(t, "| contender | entities/s (median) | rounds: min – max | vs base | server CPU/entity | client CPU/entity | CPU vs base |", lines[0])
+	assert.Equal(t, "| cheap | 1 | 1 – 1 | 1.00× | 1.00 µs | ? | 4.00× |", lines[3])
 }

@@ -373,6 +373,7 @@ func (p *PG) Contenders() []Contender {
 		perID(1), perID(16), perID(64),
 		batched(1000, 1), batched(1000, 4), batched(10_000, 1),
 		p.AtomicBatches(1000, 1), p.AtomicBatches(1000, 4), p.AtomicBatches(10_000, 1),
+		p.AtomicBatches(10_000, 2), p.AtomicBatches(retention.MaxPageSize, 1),
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
 	}
 }

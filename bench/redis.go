@@ -269,5 +269,7 @@ func (r *Redis) Contenders(n int) []Contender {
 		perID(1), perID(16),
 		batched(1000, 1), batched(1000, 4), batched(100, 4),
 		r.AtomicBatches(1000, 1), r.AtomicBatches(100, 4),
+		r.Atomic("retention batched+atomic 1000, page 4000, concurrency 2", retention.Config{BatchSize: 1000, PageSize: 4000, Concurrency: 2}),
+		r.Atomic("retention batched+atomic 4000, page 4000, concurrency 1", retention.Config{BatchSize: 4000, PageSize: 4000, Concurrency: 1}),
 	}
 }

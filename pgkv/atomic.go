@@ -25,7 +25,8 @@ import (
 // only when that deleted every marker of the call (see
 // AtomicKV.ClearAndDelete). The statements go to the server as one
 // simple-protocol query (see AtomicKV): their arguments are interpolated
-// as literals by pgx on the client, so give an array parameter a cast
+// as literals on the client (a []int64 or []string by pgkv, anything else
+// by pgx), so give an array parameter a cast
 // where PostgreSQL cannot infer its type (unnest($1::text[])); an argument
 // list may start with pgx.NamedArgs, and no statement may have a result
 // callback. Their results are not read: a statement should not return many

@@ -271,12 +271,47 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)
 	}
-	// pgx decodes each bytea into a fresh slice, so the caller owns them.
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	keys, err := collectKeys(rows, limit)
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)
 	}
 	return keys, nil
+}
+
+// collectKeys reads the one bytea column of rows, at most limit of them,
+// into slices of one buffer that the caller owns: each ends at its
+// capacity, so appending to one cannot overwrite the next. The raw
+// values are bytea's binary format, which is the bytes themselves, or its
+// text format (\x and hex digits) on a connection that asks for text.
+func collectKeys(rows pgx.Rows, limit int) ([][]byte, error) {
+	defer rows.Close()
+	keys := make([][]byte, 0, min(limit, 4096))
+	var buf []byte
+	for rows.Next() {
+		vals := rows.RawValues()
+		if len(vals) != 1 || vals[0] == nil {
+			return nil, fmt.Errorf("scan returned %d columns or a NULL key", len(vals))
+		}
+		v := vals[0]
+		if rows.FieldDescriptions()[0].Format == pgx.TextFormatCode {
+			var k []byte
+			if err := rows.Scan(&k); err != nil {
+				return nil, err
+			}
+			v = k
+		}
+		if len(buf)+len(v) > cap(buf) {
+			// A new buffer, not a grown one: the keys taken so far keep
+			// pointing into the old one. Sized for the rows still to come
+			// if they are as long as this one, so that a Scan of one key
+			// takes no more than that key.
+			buf = make([]byte, 0, max(len(v), min(64<<10, len(v)*(limit-len(keys)))))
+		}
+		at := len(buf)
+		buf = append(buf, v...)
+		keys = append(keys, buf[at:len(buf):len(buf)])
+	}
+	return keys, rows.Err()
 }
 
 // moveCTEs are the CTEs of one statement that moves the keys of the bytea

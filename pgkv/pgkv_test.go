@@ -1,10 +1,12 @@
 package pgkv_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -344,6 +346,49 @@ func testDeleteOnlyTheKeys(t *testing.T, store *pgkv.KV, kv retention.KV) {
 			}
 			assert.Equal(t, tt.left, left)
 			require.NoError(t, kv.Delete(ctx, got...))
+		})
+	}
+}
+
+// TestScanKeysOnEitherProtocol: Scan returns the same keys, every byte
+// value intact, whether the pool reads results in binary (the extended
+// protocol, pgx's default) or in text (a pool whose default is the simple
+// protocol), and each key is the caller's: appending to one leaves the
+// next one as it was.
+func TestScanKeysOnEitherProtocol(t *testing.T) {
+	admin := connect(t)
+	table := freshTable(t, admin)
+	ctx := context.Background()
+	var want [][]byte
+	for i := range 256 {
+		want = append(want, []byte(fmt.Sprintf("k/%03d/%c\\x%s", i, byte(i), strings.Repeat("z", i%7))))
+	}
+	_, err := admin.Exec(ctx, "INSERT INTO "+table+" SELECT unnest($1::bytea[])", want)
+	require.NoError(t, err)
+	want = slices.SortedFunc(slices.Values(want), bytes.Compare)
+
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(kvtest.ServerAddr(t, "RETENTION_POSTGRES_DSN"))
+			require.NoError(t, err)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			kv, err := pgkv.New(pool, table)
+			require.NoError(t, err)
+
+			got, err := kv.Scan(ctx, nil, []byte("l"), 1000)
+			require.NoError(t, err)
+			require.Equal(t, want, got, "Scan() on a pool of mode %v", mode)
+			second := bytes.Clone(got[1])
+			got[0] = append(got[0], "appended"...)
+			assert.Equal(t, second, got[1], "appending to the first key changed the second")
+
+			one, err := kv.Scan(ctx, want[10], []byte("l"), 1)
+			require.NoError(t, err)
+			require.Equal(t, [][]byte{want[10]}, one, "Scan(limit 1)")
+			assert.Equal(t, len(want[10]), cap(one[0]), "a Scan of one key holds a buffer of that key's size")
 		})
 	}
 }

@@ -7,8 +7,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention/kvtest"
 )
 
 func TestRenumber(t *testing.T) {
@@ -51,7 +54,7 @@ func TestJoinBatch(t *testing.T) {
 	sql, args, err := joinBatch(ctx, b)
 	require.NoError(t, err)
 	assert.Equal(t, "DELETE FROM jobs WHERE id = ANY($1) -- trailing\n;\nINSERT INTO log VALUES ($2, $3)\n;\nSELECT 1", sql)
-	assert.Equal(t, []any{[]string{"a"}, "me", 7}, args)
+	assert.Equal(t, []any{`{"a"}`, "me", 7}, args, "an array of ids goes as its literal (see arrayLiteral), the rest as it is")
 
 	b = &pgx.Batch{}
 	b.Queue("SELECT $1", pgx.QueryExecModeExec, 1)
@@ -95,4 +98,54 @@ func FuzzRenumber(f *testing.F) {
 		require.NoError(t, renumber(&down, up.String(), -offset, nargs+offset), "renumber back %q", up.String())
 		require.Equal(t, sql, down.String(), "renumbered by %d and back, via %q", offset, up.String())
 	})
+}
+
+// TestArrayLiteralIsWhatTheServerReads: the array literals joinBatch
+// writes for a ClearFunc's []int64 and []string arguments read back on the
+// server, through the simple protocol, as the very elements: quotes,
+// backslashes, braces, commas, spaces, the word NULL, an empty string and
+// non-ASCII text included. A nil slice is still NULL, and a NUL byte,
+// which text cannot hold, is refused.
+func TestArrayLiteralIsWhatTheServerReads(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, kvtest.ServerAddr(t, "RETENTION_POSTGRES_DSN"))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	strs := [][]string{
+		{"job-1", "job-2"},
+		{`a"b`, `c\d`, `\"`, "{x}", "a,b", " lead", "trail ", "NULL", "null", "", "é€😀", "it's", "$1", "--", "/*"},
+		{},
+	}
+	for _, want := range strs {
+		lit, err := arrayLiteral(want)
+		require.NoError(t, err)
+		var got []string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT $1::text[]", pgx.QueryExecModeSimpleProtocol, lit).Scan(&got))
+		assert.Equal(t, want, got, "arrayLiteral(%q) = %q, read back as %q", want, lit, got)
+	}
+	for _, want := range [][]int64{{1, 2, 3}, {-9223372036854775808, 0, 9223372036854775807}, {}} {
+		lit, err := arrayLiteral(want)
+		require.NoError(t, err)
+		var got []int64
+		var matched int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM unnest($1::bigint[]) AS id WHERE id = ANY($1)", pgx.QueryExecModeSimpleProtocol, lit).Scan(&matched))
+		assert.Equal(t, len(want), matched, "id = ANY(%s), with no cast, matched %d ids", lit, matched)
+		require.NoError(t, pool.QueryRow(ctx, "SELECT $1::bigint[]", pgx.QueryExecModeSimpleProtocol, lit).Scan(&got))
+		assert.Equal(t, want, got, "arrayLiteral(%v) = %q", want, lit)
+	}
+
+	for _, null := range []any{[]int64(nil), []string(nil)} {
+		lit, err := arrayLiteral(null)
+		require.NoError(t, err)
+		var isNull bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT $1::text[] IS NULL", pgx.QueryExecModeSimpleProtocol, lit).Scan(&isNull))
+		assert.True(t, isNull, "arrayLiteral(%#v) = %#v, not NULL", null, lit)
+	}
+	_, err = arrayLiteral([]string{"ok", "n\x00ul"})
+	assert.ErrorContains(t, err, "NUL byte")
+	other := []byte("as is")
+	lit, err := arrayLiteral(other)
+	require.NoError(t, err)
+	assert.Equal(t, other, lit, "arrayLiteral of a []byte")
 }

@@ -87,9 +87,19 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	if err != nil {
 		return nil, k.wrap(ctx, "scan", err)
 	}
+	// One buffer holds the page's keys, each ending at its capacity, so
+	// that appending to one cannot overwrite the next: one allocation
+	// instead of one per key.
+	size := 0
+	for _, m := range members {
+		size += len(m)
+	}
+	buf := make([]byte, 0, size)
 	keys := make([][]byte, len(members))
 	for i, m := range members {
-		keys[i] = []byte(m)
+		at := len(buf)
+		buf = append(buf, m...)
+		keys[i] = buf[at:len(buf):len(buf)]
 	}
 	return keys, nil
 }

@@ -159,8 +159,12 @@ func runPG(ctx context.Context, dsn string, fsync bool, n, rounds int, pick func
 		}
 	}()
 	title := fmt.Sprintf("PostgreSQL %s, fsync %s", version, fsyncSetting)
+	meter, err := bench.PGServerCPU(ctx, pool)
+	if err != nil {
+		log.Printf("%s: no CPU times: %v", title, err)
+	}
 	cs := pick(p)
-	res, err := report(ctx, title, cs, n, rounds, labels)
+	res, err := report(ctx, title, cs, n, rounds, labels, meter)
 	if err != nil || profile == "" {
 		return res, err
 	}
@@ -244,8 +248,12 @@ func runRedis(ctx context.Context, n, rounds int, pick func(*bench.Redis) []benc
 			log.Printf("deleting the bench keys: %v", err)
 		}
 	}()
+	meter, err := bench.RedisServerCPU(ctx, rdb)
+	if err != nil {
+		log.Printf("Redis %s: no CPU times: %v", version, err)
+	}
 	cs := pick(r)
-	res, err := report(ctx, "Redis "+version, cs, n, rounds, labels)
+	res, err := report(ctx, "Redis "+version, cs, n, rounds, labels, meter)
 	if err != nil || profile == "" {
 		return res, err
 	}
@@ -253,10 +261,11 @@ func runRedis(ctx context.Context, n, rounds int, pick func(*bench.Redis) []benc
 }
 
 // report runs cs and prints their table, with a column for each of
-// labels: the ratio to the contender of that rank.
-func report(ctx context.Context, title string, cs []bench.Contender, n, rounds int, labels []string) ([]bench.Result, error) {
+// labels: the ratio to the contender of that rank; and, when meter is
+// not nil, the CPU time each contender cost the server and this process.
+func report(ctx context.Context, title string, cs []bench.Contender, n, rounds int, labels []string, meter bench.CPUMeter) ([]bench.Result, error) {
 	start := time.Now()
-	res, err := bench.Run(ctx, cs, n, rounds, func(round int, name string, rate float64) {
+	res, err := bench.RunMetered(ctx, cs, n, rounds, meter, func(round int, name string, rate float64) {
 		log.Printf("%s: round %d: %s: %s entities/s", title, round, name, bench.Rate(rate))
 	})
 	if err != nil {
