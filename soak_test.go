@@ -814,7 +814,7 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 			case v.store == soakPutOnly:
 				// Held, and rewritten by Put then Delete: a Delete that
 				// failed leaves two held keys until the hold's end, as a
-				// failed clear's reschedule does (README).
+				// failed clear's reschedule does (docs/clearing.md).
 				assert.Contains(t, []int32{1, 2}, markers[i], "markers of held %q", e.id)
 			default:
 				assert.Equal(t, int32(1), markers[i], "markers of held %q", e.id)

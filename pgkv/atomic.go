@@ -39,11 +39,8 @@ import (
 //
 // A DELETE by id = ANY looks every id up in the table's primary key, and
 // that lookup is most of a batch's cost: key the table by bigint, or by
-// text with COLLATE "C", where you can. A text key under a libc collation
-// (any other than "C" or "POSIX", C.UTF-8 included, before PostgreSQL 17)
-// compares through strcoll; deleting 100,000 rows by id = ANY in pages of
-// 1,000 took 206 ms with such a key, 132 ms with COLLATE "C" and 86 ms with
-// bigint (PostgreSQL 15, one run).
+// text with COLLATE "C", where you can (a libc collation compares through
+// strcoll).
 type ClearFunc func(b *pgx.Batch, ids []string) error
 
 // AtomicKV is a KV that clears entities itself, in the transaction that
@@ -61,17 +58,12 @@ type ClearFunc func(b *pgx.Batch, ids []string) error
 //
 // A call goes to the server as one simple-protocol Query message holding
 // every statement, which PostgreSQL runs as one implicit transaction once
-// the whole message has arrived. A pgx batch in the extended protocol
-// (what SendBatch does on a pool of the default QueryExecMode) runs each
-// statement as soon as its Execute arrives and commits at the Sync that
-// ends the batch: a client whose host vanished between the two would leave
-// the server holding the rows it touched (markers, entities, and under a
-// lease the lease row) in an open transaction until TCP gives up, hours
-// later, and the fleet could neither take the lease over nor delete those
-// markers. A message cut off midway runs nothing. The price is that pgx
-// interpolates the arguments on the client (see ClearFunc); the markers of
-// a batch that is a run of the table take two keys and a digest of text,
-// whatever the batch's size (see KV.Delete).
+// the whole message has arrived: a message cut off midway runs nothing and
+// holds no lock. (In the extended protocol a client cut off between an
+// Execute and its Sync would leave its rows, and under a lease the lease
+// row, locked until TCP gives up.) The arguments are therefore written into
+// the statements' text (see ClearFunc); the markers of a batch that is a
+// run of the table take two keys and a digest, whatever its size.
 type AtomicKV struct {
 	*KV
 	clear ClearFunc
@@ -104,10 +96,8 @@ type atomicOptions struct {
 // milliseconds: each locked row costs the sweep about
 // log2(Config.BatchSize)+1 waits of d on the way down its bisection, and
 // one more per retry while the lock lasts, and with Config.Concurrency 1
-// the sweep clears nothing else meanwhile (in the scenario of issue 16,
-// 50ms kept up with 0.7 locked rows a second and 200ms did not; see
-// BENCHMARKS.md). A lock that outlasts several retries also counts
-// towards Config.MaxAttempts.
+// the sweep clears nothing else meanwhile. A lock that outlasts several
+// retries also counts towards Config.MaxAttempts.
 //
 // d is rounded up to a whole millisecond; it must not be negative nor
 // above PostgreSQL's limit (about 24 days).

@@ -17,8 +17,7 @@ import (
 // missing, a row of the range not in the list), so a row that is not one
 // of the keys is never deleted. The statement's text then holds two keys and 32
 // bytes, whatever the batch's size: the simple protocol, in which pgx
-// writes the arguments into the text for the server to parse, costs little
-// (see BENCHMARKS.md).
+// writes the arguments into the text for the server to parse, costs little.
 
 // keyRange is what a range statement needs of a batch of keys.
 type keyRange struct {
@@ -74,7 +73,7 @@ func (r keyRange) args() []any { return []any{r.first, r.last, r.n, r.digest} }
 // The digest takes the rows in the order the DELETE returns them, the
 // order of the primary key's index scan that PostgreSQL chooses for a range
 // of a batch's size; an ORDER BY in the aggregate would make that a
-// contract, but its sort cost more than the digest (see BENCHMARKS.md).
+// contract, but its sort would cost more than the digest.
 // Rows returned in another order (a plan that scans the heap) make the
 // digests differ: the caller then sends the keys one by one, which is
 // slower, never wrong.

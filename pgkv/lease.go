@@ -71,28 +71,16 @@ type LockerOptions struct {
 // *AtomicKV, when the sweep puts the lease on their context (see
 // retention.Fenced).
 //
-// Compared with a session advisory lock, which PostgreSQL frees the moment
-// it sees the holder's session end, a lease row is not freed by a crash: the
-// fleet waits out the TTL. In exchange a holder that is frozen, partitioned
-// or whose host vanished without closing its connection (where the server
-// keeps the session, and an advisory lock, until TCP keepalive gives up,
-// hours by default) blocks the fleet for one TTL at most. A clean Release
-// expires the row at once.
+// Unlike a session advisory lock, a lease row is not freed by a crash: the
+// fleet waits out the TTL. In exchange a holder that is frozen,
+// partitioned, or whose host vanished without closing its connection
+// blocks the fleet for one TTL at most. A clean Release expires the row at
+// once.
 //
 // Every transaction that locks the lease row goes out in the simple query
-// protocol, as one Query message that the server runs, and commits, only
-// once it has arrived whole: the fenced writes, and a fenced
-// ClearAndDelete with all the statements of its ClearFunc. In the extended
-// protocol, which a pgx batch uses, the server runs each statement when
-// its Execute arrives and ends the transaction at the Sync: a holder whose
-// host vanished between the two would leave the row locked by an open,
-// "active" transaction until TCP gives up on the connection (hours by
-// default; neither statement_timeout nor idle_in_transaction_session_timeout
-// ends a server waiting for the rest of a batch, as TestHalfSentClearFreesLease
-// found on PostgreSQL 15), and every TryAcquire
-// of the fleet would wait for it. A lock_timeout on the takeover would only
-// turn the wait into a failure. With one Query message, a holder cut off
-// mid-message leaves nothing running, and a takeover comes within the TTL.
+// protocol, as one Query message that the server runs only once it has
+// arrived whole, so a holder cut off mid-message leaves no lock behind and
+// a takeover comes within the TTL (see AtomicKV).
 type Locker struct {
 	pool  *pgxpool.Pool
 	name  string

@@ -45,7 +45,7 @@ func TestLockTimeoutOption(t *testing.T) {
 			assert.Error(t, err, "WithClear(%s)", tc.name)
 		}
 	}
-	// The README's example: retention.New accepts its Config.
+	// docs/clearing.md's example: retention.New accepts its Config.
 	_, err = newLockAwareSweep(kv)
 	assert.NoError(t, err, "newLockAwareSweep()")
 }

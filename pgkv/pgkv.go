@@ -28,37 +28,14 @@
 // # Vacuum after a big sweep
 //
 // A sweep deletes markers oldest first, so the dead index entries it leaves
-// sit at the start of the key range that every later pass scans, and each
-// pass walks them until VACUUM removes them: right after a sweep of 100,000
-// markers an idle pass reads 717 index pages instead of 3 (the first one
-// also visits the 100,000 dead rows, in 10 to 30 ms, and marks their index
-// entries dead; later ones skip the entries but still read their pages).
-// PostgreSQL's default autovacuum waits until a fifth of the table is dead
-// (or, since PostgreSQL 13, newly inserted): with 1,000,000 markers waiting,
-// passes stay slow after a sweep of 100,000 until 120,000 more die or
-// 220,000 more are written, a fifth of the retention period at a steady
-// rate.
-// Migrate therefore sets the table's autovacuum to vacuum it once 2,000 rows
-// are dead, whatever its size, without throttling (MarkerTableOptions);
-// autovacuum then comes within autovacuum_naptime (1 min by default).
-//
-// Run VACUUM on the marker table by hand after sweeping a large backlog (a
-// first deploy over years of finished entities) when a minute of slower
-// passes matters, when autovacuum is off, or when the table predates a
-// Migrate that could set its parameters (Migrate leaves them alone when
-// its role does not own the table: run it once as the owner). VACUUM (not
-// VACUUM FULL) blocks neither Scan, Delete nor MarkTx, but for moments when
-// it cuts empty pages off the end of the table (it never waits for that
-// lock); it reads the table's pages that hold dead rows and, once, the
-// whole primary key index (62 MB for 1,100,000 markers of 36 bytes).
-//
-// Since PostgreSQL 14 a vacuum skips the index when dead rows sit on fewer
-// than 2% of the table's pages, so after a small sweep of a large table
-// the idle pass may keep reading up to about 2% of the index (with
-// 1,000,000 markers waiting, 145 pages after a sweep of 20,000) until a
-// later vacuum removes them. ALTER TABLE ... SET (vacuum_index_cleanup =
-// on) makes every vacuum remove them, at the cost of reading the whole
-// index each time (14 to 30 ms for those 62 MB when they are cached).
+// sit where every later pass starts its Scan, until VACUUM removes them.
+// Migrate therefore sets the table's autovacuum to vacuum it once 2,000
+// rows are dead, whatever its size, without throttling
+// (MarkerTableOptions). Run VACUUM on the marker table by hand after
+// sweeping a large backlog when a minute of slower passes matters, when
+// autovacuum is off, or when the table predates a Migrate that could set
+// its parameters. The guide "Protecting the database" in the repository's
+// docs gives the figures.
 //
 // The caller owns the pool (or connection) and closes it; a KV never does.
 package pgkv
@@ -172,25 +149,12 @@ func Migrate(ctx context.Context, db DB, table string) error {
 
 // MarkerTableOptions are the storage parameters Migrate gives the marker
 // table, as a list for CREATE TABLE ... WITH (...) or ALTER TABLE ... SET
-// (...): use it when you create the table with your own migrations. Each
-// marker is inserted once and deleted once, oldest first, so the dead index
-// entries of a sweep sit where every later pass scans (see the package
-// documentation). So:
-//
-//   - autovacuum_vacuum_scale_factor = 0 and autovacuum_vacuum_threshold =
-//     2000: autovacuum vacuums the table once 2,000 rows are dead, however
-//     large it is, instead of once a fifth of it is; 2,000 dead entries cost
-//     an idle pass about 15 more index pages, and a busy table is still
-//     vacuumed at most once per autovacuum_naptime;
-//   - autovacuum_vacuum_cost_delay = 0: that vacuum does not sleep to
-//     throttle its I/O (2 ms every 200 cost units by default), so the
-//     dead entries go as soon as it starts; it is small when it runs often,
-//     but it reads the whole index whenever many rows died: on a table of
-//     tens of millions of markers, set a delay back if that I/O hurts.
-//
-// The fillfactor stays 100: markers are never updated, so there is no
-// in-place (HOT) update to leave room for. The three parameters exist on
-// every PostgreSQL release still supported (13 and later) and long before.
+// (...): use it when you create the table with your own migrations.
+// Autovacuum vacuums the table once 2,000 rows are dead, whatever its
+// size, and without sleeping to throttle its I/O, so that a sweep's dead
+// index entries, which sit where every later pass scans, go soon (on a
+// table of tens of millions of markers, set a cost delay back if that I/O
+// hurts).
 const MarkerTableOptions = "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000, autovacuum_vacuum_cost_delay = 0"
 
 // missingOptions returns the parameters of MarkerTableOptions that the

@@ -12,7 +12,7 @@ import (
 	"github.com/marksweep/retention/pgkv"
 )
 
-// TestExampleCode runs the example functions that README.md shows
+// TestExampleCode runs the example functions that the docs show
 // (openMarkers, finishRun, newFleetSweep, newAtomicSweep, newBatchSweep)
 // against PostgreSQL, on the tables they name.
 func TestExampleCode(t *testing.T) {

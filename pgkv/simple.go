@@ -199,8 +199,8 @@ func dollarTag(s string) (string, bool) {
 // a ClearFunc's statement, as the literal pgx would write into the SQL
 // text ('{1,2}' for a []int64, every element quoted for a []string), for
 // pgx to quote; any other argument as it is. pgx writes the same literal,
-// but through its general encoder, which cost the client more than the
-// rest of a call (see BENCHMARKS.md). A nil slice stays nil: pgx sends it
+// but through its general encoder, which costs the client more than the
+// rest of a call. A nil slice stays nil: pgx sends it
 // as NULL. A string holding a NUL byte is refused, as PostgreSQL's text
 // cannot hold one.
 func arrayLiteral(arg any) (any, error) {

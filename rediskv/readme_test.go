@@ -12,7 +12,7 @@ import (
 	"github.com/marksweep/retention/rediskv"
 )
 
-// TestExampleCode runs the example functions that README.md shows
+// TestExampleCode runs the example functions that the docs show
 // (finishRun, newAtomicKV) against Redis: a run finished with its marker in
 // one MULTI is cleared with its marker in one script.
 func TestExampleCode(t *testing.T) {
