@@ -68,6 +68,26 @@ func markN(t testing.TB, kv *MemKV, n int, at time.Time) []string {
 
 // TestBatchPoisonIsolated: one id whose batch always fails as a whole costs
 // about 2·log2(BatchSize) extra calls, and every other id is cleared once.
+// TestBatchSizeAbovePageSizeReadsPagesOfIt: a BatchSize above the default
+// page, with PageSize left 0, gets calls of BatchSize ids, not of a page.
+func TestBatchSizeAbovePageSizeReadsPagesOfIt(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	r := newBatchRecorder()
+	s, clock := newSweep(t, kv, Config{ClearBatch: r.clear, BatchSize: 500})
+	markN(t, kv, 1000, t0)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1000, st.Cleared)
+	assert.Equal(t, 500, st.BatchSize)
+	var sizes []int
+	for _, c := range r.calls {
+		sizes = append(sizes, len(c))
+	}
+	assert.Equal(t, []int{500, 500}, sizes, "ClearBatch calls")
+}
+
 func TestBatchPoisonIsolated(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {

@@ -70,7 +70,7 @@ type Config struct {
 
 	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets; a
 	// page (PageSize) is cut into batches of it. Zero means
-	// DefaultBatchSize; otherwise 1 to MaxPageSize. Not with Clear.
+	// DefaultBatchSize; otherwise 1 to PageSize. Not with Clear.
 	BatchSize int
 
 	// ClearTimeout bounds each call of Clear (or ClearBatch): Clear's ctx
@@ -154,8 +154,8 @@ type Config struct {
 	Clock Clock
 
 	// PageSize is how many markers one Scan reads. Zero means
-	// DefaultPageSize; otherwise 1 to MaxPageSize. While a full page is
-	// cleared, the next one is read.
+	// DefaultPageSize, or BatchSize when that is larger; otherwise 1 to
+	// MaxPageSize. While a full page is cleared, the next one is read.
 	PageSize int
 
 	// Concurrency is how many Clear calls (or ClearBatch calls) of one page
@@ -256,6 +256,9 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.Retention must be at least 1ms, got %v", cfg.Retention)
 	case cfg.PageSize < 0 || cfg.PageSize > MaxPageSize:
 		return invalidConfig("Config.PageSize must be 0 (default %d) or 1 to %d, got %d", DefaultPageSize, MaxPageSize, cfg.PageSize)
+	case cfg.PageSize != 0 && cfg.BatchSize > cfg.PageSize:
+		return invalidConfig("Config.BatchSize (%d) is larger than Config.PageSize (%d): a batch is cut from one page; "+
+			"raise PageSize, or leave it 0 to read pages of BatchSize", cfg.BatchSize, cfg.PageSize)
 	case cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency:
 		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.MaxAttempts < 0 || cfg.MaxAttempts > maxAttempts:

@@ -95,7 +95,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		clearBatch:   cfg.ClearBatch,
 		batchSize:    cmp.Or(cfg.BatchSize, DefaultBatchSize),
 		clock:        cmp.Or(cfg.Clock, SystemClock),
-		pageSize:     cmp.Or(cfg.PageSize, DefaultPageSize),
+		pageSize:     cmp.Or(cfg.PageSize, max(DefaultPageSize, cfg.BatchSize)), // a batch is cut from one page
 		concurrency:  cmp.Or(cfg.Concurrency, 1),
 		interval:     cfg.Interval,
 		clearTimeout: cmp.Or(cfg.ClearTimeout, DefaultClearTimeout),

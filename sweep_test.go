@@ -42,6 +42,9 @@ func TestNewValidation(t *testing.T) {
 		}, ""},
 		{"both clears", kv, func(c *Config) { c.ClearBatch = func(context.Context, []string) error { return nil } }, "set one of Config.Clear and Config.ClearBatch, not both"},
 		{"batch size without batch clear", kv, func(c *Config) { c.BatchSize = 10 }, "Config.BatchSize is set but Config.Clear clears one id at a time"},
+		{"batch size above page size", kv, func(c *Config) {
+			c.Clear, c.ClearBatch, c.BatchSize, c.PageSize = nil, func(context.Context, []string) error { return nil }, 500, 256
+		}, "Config.BatchSize (500) is larger than Config.PageSize (256): a batch is cut from one page"},
 		{"clear deleter with neither clear", atomicOver(kv), func(c *Config) { c.Clear = nil }, ""},
 		{"clear deleter and a clear", atomicOver(kv), func(c *Config) {}, "kv is a ClearDeleter"},
 		{"negative batch size", kv, func(c *Config) {
