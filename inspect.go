@@ -323,8 +323,8 @@ func (s *Sweep) Parked(ctx context.Context, limit int) ([]ParkedMarker, error) {
 // Requeue puts the parked markers of ids back (see Parked): each moves to
 // the retry range, due at once with no failed attempt counted, and the
 // next pass clears it, in one Move. It returns how many it put back; an id
-// with no parked marker is not an error. It reads the whole parked range,
-// a page at a time.
+// with no parked marker is not an error, but no ids at all, or a KV that
+// is no Mover, is. It reads the whole parked range, a page at a time.
 func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	if err := s.configured("Requeue"); err != nil {
 		return 0, err

@@ -52,8 +52,9 @@ type Stats struct {
 	MaxLag time.Duration
 
 	// NextDue is when a pass will next find work: the oldest marker left
-	// unexpired falls due, or the first marker kept in memory for a retry
-	// (on a KV that is no Mover) may be tried again. Zero when there is none.
+	// unexpired falls due, or the first retry, hold or deadline (in the
+	// store's retry range, or kept in memory on a KV that is no Mover)
+	// comes. Zero when there is none.
 	NextDue time.Time
 }
 

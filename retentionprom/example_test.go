@@ -68,7 +68,7 @@ func sweepWithMetrics(reg prometheus.Registerer, kv retention.KV, clearRun func(
 		return nil, err
 	}
 	metrics.Watch(sweep)      // report its backlog, read at each scrape
-	reg.MustRegister(metrics) // then serve promhttp.Handler() at /metrics
+	reg.MustRegister(metrics) // then serve reg at /metrics: promhttp.HandlerFor, or promhttp.Handler() for the default registry
 	return sweep, nil
 }
 
