@@ -714,10 +714,11 @@ func (w *modelWorld) newProcess() *modelProcess {
 	case modelClear:
 		cfg.Clear = func(ctx context.Context, id string) error { return w.clear(inc, ctx, id) }
 	case modelBatch:
-		cfg.BatchSize = w.cfg.batchSize
 		cfg.ClearBatch = func(ctx context.Context, ids []string) error { return w.clearBatch(inc, ctx, ids) }
-	case modelAtomic:
-		cfg.BatchSize = w.cfg.batchSize
+	}
+	if w.cfg.mode != modelClear {
+		// A batch is cut from one page: a larger size means the page's.
+		cfg.BatchSize = min(w.cfg.batchSize, w.cfg.pageSize)
 	}
 	s, err := New(w.kvFor(inc), cfg)
 	if err != nil {
