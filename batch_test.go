@@ -66,8 +66,6 @@ func markN(t testing.TB, kv *MemKV, n int, at time.Time) []string {
 	return ids
 }
 
-// TestBatchPoisonIsolated: one id whose batch always fails as a whole costs
-// about 2·log2(BatchSize) extra calls, and every other id is cleared once.
 // TestBatchSizeAbovePageSizeReadsPagesOfIt: a BatchSize above the default
 // page, with PageSize left 0, gets calls of BatchSize ids, not of a page.
 func TestBatchSizeAbovePageSizeReadsPagesOfIt(t *testing.T) {
@@ -88,6 +86,8 @@ func TestBatchSizeAbovePageSizeReadsPagesOfIt(t *testing.T) {
 	assert.Equal(t, []int{500, 500}, sizes, "ClearBatch calls")
 }
 
+// TestBatchPoisonIsolated: one id whose batch always fails as a whole costs
+// about 2·log2(BatchSize) extra calls, and every other id is cleared once.
 func TestBatchPoisonIsolated(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
