@@ -11,7 +11,7 @@
 // package only check, on a small backlog, that every contender clears what
 // it should.
 //
-// Poison is another kind of measure: the scenario of issue 16, a job
+// Poison is another kind of measure: the poison-id scenario, a job
 // service on PostgreSQL whose sweep runs under Run while jobs finish at a
 // steady rate and a few of them cannot be deleted; RunPoison compares the
 // database's own record of every deletion with what the sweep reports

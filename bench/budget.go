@@ -17,7 +17,7 @@ import (
 	"github.com/marksweep/retention/pgkv"
 )
 
-// Budget is the delete-budget measure of issue 17: a foreground workload
+// Budget is the delete-budget measure: a foreground workload
 // (point selects and updates at a fixed rate on a table of its own, as a
 // service would send) whose latency is measured alone and while a backlog
 // of expired jobs is swept, with and without Config.Limiter.

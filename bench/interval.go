@@ -18,7 +18,7 @@ import (
 	"github.com/marksweep/retention/pgkv"
 )
 
-// Interval is one cell of the MinInterval measure of issue 17: a job
+// Interval is one cell of the MinInterval measure: a job
 // service on PostgreSQL finishing jobs at a steady Rate for Duration, each
 // job's row and marker in one transaction (MarkTx), swept under Run
 // through a pgkv.AtomicKV whose ClearFunc logs each job's due time and the

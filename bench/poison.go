@@ -18,7 +18,7 @@ import (
 	"github.com/marksweep/retention/pgkv"
 )
 
-// Poison is one configuration of the poison scenario of issue 16: a job
+// Poison is one configuration of the poison-id scenario: a job
 // service on PostgreSQL, as a new user would build it, finishing jobs at a
 // steady rate while a few of them cannot be deleted for a while. Each job's
 // row and its marker are written in one transaction (pgkv's MarkTx); the

@@ -1,4 +1,4 @@
-// Command budget runs the delete-budget measure of issue 17 on PostgreSQL:
+// Command budget runs the delete-budget measure on PostgreSQL:
 // a foreground workload (point selects and updates at a fixed rate on a
 // table of its own) whose latency is measured while a backlog of expired
 // jobs is swept through a pgkv.AtomicKV with Config.Limiter, in windows

@@ -1,4 +1,4 @@
-// Command interval runs the MinInterval measure of issue 17 on PostgreSQL:
+// Command interval runs the MinInterval measure on PostgreSQL:
 // a job service finishing jobs at a steady rate (100, 1,000 and 10,000 a
 // second by default), swept under Run through a pgkv.AtomicKV, once per
 // Config.MinInterval. It prints one Markdown table: passes and clear

@@ -1,4 +1,4 @@
-// Command poison runs the scenario of issue 16 on PostgreSQL: a job service
+// Command poison runs the poison-id scenario on PostgreSQL: a job service
 // finishing jobs at a steady rate, swept through a pgkv.AtomicKV under
 // Run, while a few jobs cannot be deleted (a trigger refuses them for a
 // while) or have their row locked when they fall due. It compares the
