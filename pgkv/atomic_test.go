@@ -29,6 +29,15 @@ CREATE TABLE %s (job text REFERENCES %s (id))`, jobs, pins, jobs))
 	return jobs, pins
 }
 
+// deleteJobs is the ClearFunc of a jobs table of jobsTable: it deletes the
+// batch's jobs by id.
+func deleteJobs(jobs string) pgkv.ClearFunc {
+	return func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+		return nil
+	}
+}
+
 // finishJobs writes n jobs and their markers, each pair in one transaction.
 func finishJobs(t testing.TB, pool *pgxpool.Pool, kv *pgkv.KV, jobs string, n int, at time.Time) []string {
 	t.Helper()
@@ -210,10 +219,7 @@ func TestAtomicBigBatch(t *testing.T) {
 	ctx := context.Background()
 	kv, err := pgkv.New(pool, markers)
 	require.NoError(t, err)
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
-		return nil
-	})
+	akv, err := kv.WithClear(deleteJobs(jobs))
 	require.NoError(t, err)
 	const n = 65536
 	_, err = pool.Exec(ctx, fmt.Sprintf("INSERT INTO %s SELECT 'j' || lpad(g::text, 6, '0') FROM generate_series(0, %d) g", jobs, n-1))
@@ -245,10 +251,7 @@ func TestAtomicIDsOfACustomRule(t *testing.T) {
 	ctx := context.Background()
 	kv, err := pgkv.New(pool, markers)
 	require.NoError(t, err)
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
-		return nil
-	})
+	akv, err := kv.WithClear(deleteJobs(jobs))
 	require.NoError(t, err)
 	ids := []string{`a"b`, `c\d`, `NULL`, ` sp `, `{x}`, `a,b`, `é`, `'q'`, `$1`, `--c`, `e'\'`}
 	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour,

@@ -364,10 +364,7 @@ func TestHalfSentUnfencedMoveStrandsNoMarker(t *testing.T) {
 	}
 
 	// Replica B sweeps with an atomic clear.
-	akv, err := writer.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
-		return nil
-	})
+	akv, err := writer.WithClear(deleteJobs(jobs))
 	require.NoError(t, err)
 	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, ClearTimeout: 300 * time.Millisecond, StoreTimeout: time.Second, RetryDelay: time.Millisecond, MaxRetryDelay: time.Millisecond})
 	require.NoError(t, err)

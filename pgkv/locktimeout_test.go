@@ -91,10 +91,7 @@ func TestAtomicLockTimeout(t *testing.T) {
 	t.Cleanup(one.Close)
 	kv, err := pgkv.New(one, markers)
 	require.NoError(t, err)
-	clear := func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
-		return nil
-	}
+	clear := deleteJobs(jobs)
 	const lockTimeout = 100 * time.Millisecond
 	akv, err := kv.WithClear(clear, pgkv.LockTimeout(lockTimeout))
 	require.NoError(t, err)
