@@ -135,9 +135,9 @@ type Config struct {
 	// something (cleared, dropped or moved markers) before the next, so
 	// that steady traffic costs at most one pass per MinInterval, each
 	// clearing what fell due meanwhile, and an entity waits at most
-	// MinInterval plus one pass past due (lengthened by Jitter). Zero means DefaultMinInterval;
-	// a negative value means none: a pass whenever the next marker falls
-	// due.
+	// MinInterval plus one pass past due (lengthened by Jitter). Zero
+	// means DefaultMinInterval; a negative value means none: a pass
+	// whenever the next marker falls due.
 	MinInterval time.Duration
 
 	// DryRun makes passes read and classify the markers as they would, and

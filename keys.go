@@ -295,9 +295,9 @@ func malformed(key []byte, part string, cause error) error {
 // A marker whose clear failed moves to the sweep's retry range, and one
 // that failed Config.MaxAttempts times to its parked range. Both lie under
 // the prefix but outside the range of markers (the prefix followed by a
-// digit), which a pass reads apart, and keep the
-// entity's finish time and the number of failed attempts, so that lag,
-// backlog age and backoff count from the real due time across restarts:
+// digit), which a pass reads apart, and keep the entity's finish time and
+// the number of failed attempts, so that lag, backlog age and backoff
+// count from the real due time across restarts:
 //
 //	<prefix>r<retry at, ms:020>/<finished, ms:020>/<attempts>/<id>
 //	<prefix>p<finished, ms:020>/<attempts>/<id>
