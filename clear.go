@@ -22,11 +22,9 @@ var errClearTimedOut = errors.New("retention: clear timed out")
 // (see readAhead). It returns how many calls it made, and ctx.Err() if ctx
 // is done before every one started.
 //
-// Clears never run on the goroutine that called Pass: they run on workers
-// that live for the pass and take the page's items one at a time, so that
-// a Clear that calls runtime.Goexit ends a worker, whose share another
-// takes up, and not the caller; a goroutine or a hand-over per marker
-// would cost more than quick clears.
+// Clears run on workers that live for the pass, never on the goroutine
+// that called Pass: a Clear that calls runtime.Goexit ends a worker, whose
+// share another takes up.
 func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item) (calls int, err error) {
 	n := 0
 	for i := range items {
@@ -99,11 +97,8 @@ type clearing struct {
 // clearRun calls Clear for the page's pending items one after the other,
 // taken from the workers' shared index, until none is left or the pass is
 // over. It returns true when a Clear panicked, for the caller to run on
-// from the next item.
-//
-// One deferred call covers the run rather than one per Clear, which cost a
-// tenth of the sweep's own work per marker: a Clear that panics or calls
-// runtime.Goexit is recorded by interrupted.
+// from the next item. One deferred call covers the run, not one per Clear:
+// a Clear that panics or calls runtime.Goexit is recorded by interrupted.
 func (c *clearing) clearRun() (again bool) {
 	var cur clearCall
 	defer func() {

@@ -7,36 +7,9 @@ import (
 
 // outcome is what became of one key of a page. Every clear mode (Clear,
 // ClearBatch, a ClearDeleter) ends in one of these, and settle alone acts
-// on them (docs/clearing.md, "The rules in full"):
-//
-//	outcome      marker                         counted in
-//	cleared      deleted after the clear        Cleared
-//	clearedGone  deleted in the clear's own     Cleared
-//	             transaction (ClearDeleter)
-//	foundGone    found gone after a call whose  Gone
-//	             outcome is unknown: cleared by
-//	             it or by another replica
-//	liveAgain    deleted, entity not cleared    LiveAgain
-//	failed       moved to its retry time (or    Failed, Retried
-//	             kept, its delay in memory)
-//	held         moved to the hold's end (or    Held
-//	             kept, the hold in memory)
-//	unknown      kept as it is, its delay in    Failed, Retried
-//	             memory: a failed call may have
-//	             committed and the store could
-//	             not tell
-//	duplicate    deleted once the id's first    Duplicates
-//	             marker in the pass is settled
-//	bad          deleted without a clear        Malformed
-//	foreign      kept                           Foreign
-//	deferred     kept: in its retry delay       Deferred
-//	unexpired    kept: a retry of a marker not
-//	             expired under today's Retention
-//	pending      kept: the clear never returned (a cancelled pass)
-//	wouldClear   kept: a dry run calls no clear WouldClear
-//
-// A dry run (Config.DryRun) counts every outcome as it comes, but deletes
-// and moves nothing.
+// on them: docs/architecture.md ("The rules that decide") has the table of
+// what each does to the marker and where it is counted. A dry run counts
+// every outcome as it comes, but deletes and moves nothing.
 type outcome uint8
 
 const (

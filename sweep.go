@@ -158,13 +158,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		return st, err
 	}
 	select {
-	case s.busy <- struct{}{}: // most passes: a select of two cases costs more
-	default:
-		select {
-		case s.busy <- struct{}{}:
-		case <-ctx.Done():
-			return st, ctx.Err()
-		}
+	case s.busy <- struct{}{}:
+	case <-ctx.Done():
+		return st, ctx.Err()
 	}
 	defer func() { <-s.busy }()
 
