@@ -36,18 +36,11 @@ func (g *Group) LeasedPass(ctx context.Context) ([]Stats, error) {
 	return l.once(ctx)
 }
 
-// once makes one round of passes under the lease: acquire, passAll,
-// release.
+// once makes one round of passes, under the lease if there is one:
+// acquire, passAll, release.
 func (l *loop) once(ctx context.Context) ([]Stats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
-	}
-	if l.locker == nil {
-		stats, _, err := l.passAll(ctx, nil)
-		if ctx.Err() != nil {
-			return stats, ctx.Err()
-		}
-		return stats, err
 	}
 	var (
 		lease Lease
@@ -60,17 +53,19 @@ func (l *loop) once(ctx context.Context) ([]Stats, error) {
 			l.giveUp(ctx, lease, lost || isLost(lease))
 		}
 	}()
-	switch err := l.acquire(ctx, &lease); {
-	case err == nil:
-	case ctx.Err() != nil:
-		return nil, ctx.Err()
-	case errors.Is(err, ErrLeaseHeld):
-		return nil, err
-	default:
-		return nil, fmt.Errorf("retention: acquire lease: %w", err)
+	if l.locker != nil {
+		switch err := l.acquire(ctx, &lease); {
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.Is(err, ErrLeaseHeld):
+			return nil, err
+		default:
+			return nil, fmt.Errorf("retention: acquire lease: %w", err)
+		}
 	}
 	stats, lost, err := l.passAll(ctx, lease)
-	lost = lost || isLost(lease)
+	lost = lost || (lease != nil && isLost(lease))
 	switch {
 	case ctx.Err() != nil:
 		return stats, ctx.Err()
