@@ -45,58 +45,56 @@ func (l *loop) run(ctx context.Context) error {
 	}
 	failures := 0
 	for {
-		if l.locker != nil && lease == nil {
-			switch err := l.acquire(ctx, &lease); {
-			case err == nil:
-			case ctx.Err() != nil:
-				return ctx.Err()
-			case errors.Is(err, ErrLeaseHeld):
-				if err := l.sleep(ctx, l.interval()); err != nil {
-					return err
-				}
-				continue
-			default:
-				failures++
-				wait := l.backoff(failures)
-				l.log.Error("retention: acquire lease", "error", err, "retry_in", wait)
-				if err := l.sleep(ctx, wait); err != nil {
-					return err
-				}
-				continue
-			}
-		}
-
-		stats, lost, err := l.passAll(ctx, lease)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errors.Is(err, ErrUnfenced) {
-			return err // a setting to change, not a failure to retry
-		}
-		if lost || (lease != nil && isLost(lease)) {
-			l.giveUp(ctx, lease, true)
-			lease = nil
-			// Do not take it straight back: whoever took it, or an
-			// operator who revoked it, gets one interval first.
-			if err := l.sleep(ctx, l.interval()); err != nil {
-				return err
-			}
-			continue
+		wait, err := l.round(ctx, &lease, &failures)
+		if err == nil {
+			err = sleep(ctx, wait)
 		}
 		if err != nil {
-			failures++
-			wait := l.backoff(failures)
-			l.log.Error("retention: pass failed", "error", err, "retry_in", wait)
-			if err := l.sleep(ctx, wait); err != nil {
-				return err
-			}
-			continue
-		}
-		failures = 0
-		if err := sleep(ctx, l.jittered(l.nextWait(stats))); err != nil {
 			return err
 		}
 	}
+}
+
+// round makes one round of Run, taking the lease first if it needs to, and
+// returns how long to wait before the next.
+func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Duration, error) {
+	if l.locker != nil && *lease == nil {
+		switch err := l.acquire(ctx, lease); {
+		case err == nil:
+		case ctx.Err() != nil:
+			return 0, ctx.Err()
+		case errors.Is(err, ErrLeaseHeld):
+			return l.atLeastMinWait(l.interval()), nil
+		default:
+			return l.failed(failures, "retention: acquire lease", err), nil
+		}
+	}
+	stats, lost, err := l.passAll(ctx, *lease)
+	switch {
+	case ctx.Err() != nil:
+		return 0, ctx.Err()
+	case errors.Is(err, ErrUnfenced):
+		return 0, err // a setting to change, not a failure to retry
+	case lost || (*lease != nil && isLost(*lease)):
+		l.giveUp(ctx, *lease, true)
+		*lease = nil
+		// Do not take it straight back: whoever took it, or an operator
+		// who revoked it, gets one interval first.
+		return l.atLeastMinWait(l.interval()), nil
+	case err != nil:
+		return l.failed(failures, "retention: pass failed", err), nil
+	}
+	*failures = 0
+	return l.jittered(l.nextWait(stats)), nil
+}
+
+// failed logs the failure of a round, one more in a row, and returns the
+// backoff to wait.
+func (l *loop) failed(failures *int, msg string, err error) time.Duration {
+	*failures++
+	wait := l.backoff(*failures)
+	l.log.Error(msg, "error", err, "retry_in", wait)
+	return l.atLeastMinWait(wait)
 }
 
 // nextWait is how long the loop waits after passes that succeeded with
@@ -123,10 +121,10 @@ func (l *loop) nextWait(stats []Stats) time.Duration {
 	return wait
 }
 
-// sleep waits d lengthened by the jitter, but at least minWait, so that
-// Run never spins.
-func (l *loop) sleep(ctx context.Context, d time.Duration) error {
-	return sleep(ctx, max(l.jittered(d), minWait))
+// atLeastMinWait is d lengthened by the jitter, but at least minWait, so
+// that Run never spins.
+func (l *loop) atLeastMinWait(d time.Duration) time.Duration {
+	return max(l.jittered(d), minWait)
 }
 
 // passAll passes every member once, in order. With a lease, the passes run
