@@ -310,18 +310,11 @@ func (b *batching) try(idx []int) error {
 			b.items[i].out = cleared
 		}
 	case errors.As(err, &perID):
-		if err := b.named(perID, idx); err != nil {
-			return err
+		rest, err := b.byID(perID, idx)
+		for _, i := range rest {
+			b.items[i].out = cleared
 		}
-		b.p.ok() // it answered for each id
-		for _, i := range idx {
-			it := &b.items[i]
-			if e, ok := perID[it.id]; !ok {
-				it.out = cleared
-			} else {
-				it.out, it.err = entryOutcome(e), e
-			}
-		}
+		return err
 	case wholeCall(err):
 		b.p.ok()
 		for _, i := range idx {
@@ -349,24 +342,31 @@ func wholeCall(err error) bool {
 	return out == liveAgain || out == held
 }
 
-// named checks that every id a BatchError names is one of the batch's;
-// ids of a batch are distinct, so counting them is enough.
-func (b *batching) named(perID BatchError, idx []int) error {
-	n := 0
+// byID records the outcome of each item at idx that perID names, and
+// returns the others. It fails, recording nothing, when perID names an id
+// not in the batch; ids of a batch are distinct, so counting is enough.
+func (b *batching) byID(perID BatchError, idx []int) (rest []int, err error) {
+	var named []int
 	for _, i := range idx {
 		if _, ok := perID[b.items[i].id]; ok {
-			n++
+			named = append(named, i)
+		} else {
+			rest = append(rest, i)
 		}
 	}
-	if n == len(perID) {
-		return nil
-	}
-	for id := range perID {
-		if !slices.ContainsFunc(idx, func(i int) bool { return b.items[i].id == id }) {
-			return fmt.Errorf("retention: a BatchError names %q, which is not in the batch of %d: %w", id, len(idx), perID)
+	if len(named) != len(perID) {
+		for id := range perID {
+			if !slices.ContainsFunc(idx, func(i int) bool { return b.items[i].id == id }) {
+				return nil, fmt.Errorf("retention: a BatchError names %q, which is not in the batch of %d: %w", id, len(idx), perID)
+			}
 		}
 	}
-	return nil
+	b.p.ok() // it answered for each id
+	for _, i := range named {
+		e := perID[b.items[i].id]
+		b.items[i].out, b.items[i].err = entryOutcome(e), e
+	}
+	return rest, nil
 }
 
 // tryAtomic is try for a ClearDeleter, whose call either commits every id
@@ -407,27 +407,15 @@ func (b *batching) tryAtomic(idx []int) error {
 	case b.ctx.Err() != nil:
 		b.cutShort(idx, keys)
 		return err
+	case errors.As(err, &perID) && len(perID) == 0:
+		return fmt.Errorf("retention: the ClearDeleter refused the batch with a BatchError that names no id: %w", err)
 	case errors.As(err, &perID):
-		if err := b.named(perID, idx); err != nil {
-			return err
-		}
-		if len(perID) == 0 {
-			return fmt.Errorf("retention: the ClearDeleter refused the batch with a BatchError that names no id: %w", err)
-		}
-		b.p.ok() // it answered for each id, and committed nothing
-		var rest []int
-		for _, i := range idx {
-			it := &b.items[i]
-			if e, ok := perID[it.id]; !ok {
-				rest = append(rest, i)
-			} else {
-				it.out, it.err = entryOutcome(e), e
-			}
-		}
+		// Nothing committed: the ids it does not name go again.
+		rest, err := b.byID(perID, idx)
 		if len(rest) > 0 {
 			b.run(rest)
 		}
-		return nil
+		return err
 	case wholeCall(err): // refused as a whole: nothing committed
 		b.p.ok()
 		for _, i := range idx {
