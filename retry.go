@@ -11,7 +11,8 @@ import (
 
 // retries remembers, per id, how often its Clear failed in a row and when
 // it may be tried again, in memory; on a Mover the marker keeps the count
-// of failures too. Passes are serialised, so it needs no lock.
+// of failures too. Passes are serialised, so it needs no lock. Its readers
+// skip an empty map: a lookup costs a call even then, per marker.
 type retries struct {
 	first, most time.Duration
 	byID        map[string]retry
