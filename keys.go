@@ -222,13 +222,15 @@ func parseBadKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, 
 		return 0, nil, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix))
 	}
 	rest := key[len(prefix):]
-	if len(rest) < TimestampWidth {
-		return 0, nil, true, timestampError(key, rest)
+	for i := range TimestampWidth {
+		if i == len(rest) {
+			return 0, nil, true, malformed(key, "timestamp", fmt.Errorf("%d digits, want %d", i, TimestampWidth))
+		}
+		if c := rest[i]; c < '0' || c > '9' {
+			return 0, nil, true, malformed(key, "timestamp", fmt.Errorf("byte %d is %q, want a digit", i, c))
+		}
 	}
-	v, ok := parseStamp(rest[:TimestampWidth])
-	if !ok {
-		return 0, nil, true, timestampError(key, rest)
-	}
+	v, _ := parseStamp(rest[:TimestampWidth])
 	if len(rest) == TimestampWidth || rest[TimestampWidth] != '/' {
 		return 0, nil, true, malformed(key, "separator", fmt.Errorf("want '/' after the %d-digit timestamp", TimestampWidth))
 	}
@@ -256,20 +258,6 @@ func parse8(b []byte) (uint64, bool) {
 	x = (x * 10) + (x >> 8)
 	x = ((x & 0x000000FF000000FF) * (100 + 1_000_000<<32)) + (((x >> 16) & 0x000000FF000000FF) * (1 + 10_000<<32))
 	return x >> 32, true
-}
-
-// timestampError describes the first fault of a timestamp that is short or
-// holds a non-digit.
-func timestampError(key, rest []byte) error {
-	for i := 0; i < TimestampWidth; i++ {
-		if i >= len(rest) {
-			return malformed(key, "timestamp", fmt.Errorf("%d digits, want %d", i, TimestampWidth))
-		}
-		if c := rest[i]; c < '0' || c > '9' {
-			return malformed(key, "timestamp", fmt.Errorf("byte %d is %q, want a digit", i, c))
-		}
-	}
-	panic("retention: timestampError called on a valid timestamp")
 }
 
 func malformed(key []byte, part string, cause error) error {
