@@ -326,15 +326,6 @@ func (b *batching) try(idx []int) error {
 	return nil
 }
 
-// entryOutcome is the outcome of an id a BatchError names with e: live
-// again, held or failed (a nil entry too: it names the id, not its clear).
-func entryOutcome(e error) outcome {
-	if out := outcomeOf(e); out != cleared {
-		return out
-	}
-	return failed
-}
-
 // wholeCall reports whether err, returned by a whole call, answers for
 // each of its ids alike: all live again, or all held.
 func wholeCall(err error) bool {
@@ -364,7 +355,10 @@ func (b *batching) byID(perID BatchError, idx []int) (rest []int, err error) {
 	b.p.ok() // it answered for each id
 	for _, i := range named {
 		e := perID[b.items[i].id]
-		b.items[i].out, b.items[i].err = entryOutcome(e), e
+		b.items[i].out, b.items[i].err = outcomeOf(e), e
+		if e == nil {
+			b.items[i].out = failed // a nil entry names the id all the same
+		}
 	}
 	return rest, nil
 }
