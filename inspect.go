@@ -136,7 +136,10 @@ func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit 
 			if err != nil || s.checkIDBytes(key, k.id) != nil {
 				return false
 			}
-			d := DueMarker{ID: string(k.id), Attempts: k.attempts, Due: s.keyDue(k), State: StateParked}
+			d := DueMarker{ID: string(k.id), Attempts: k.attempts, Due: time.UnixMilli(k.finished), State: StateParked}
+			if k.kind&keyDeadline == 0 {
+				d.Due = d.Due.Add(s.retention) // a hold's end puts off only the clear
+			}
 			if infix == retryInfix {
 				d.State = k.state(now)
 				if next := time.UnixMilli(k.at); next.After(now) {
@@ -247,16 +250,6 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 	}
 	slices.SortStableFunc(out, func(a, b DueMarker) int { return a.Due.Compare(b.Due) })
 	return out[:min(len(out), limit)], nil
-}
-
-// keyDue returns when the entity of a retry- or parked-range key fell (or
-// falls) due: its finish time plus Retention (a hold's end puts off only
-// the clear), or a deadline key's own deadline.
-func (s *Sweep) keyDue(k retryKey) time.Time {
-	if k.kind&keyDeadline != 0 {
-		return time.UnixMilli(k.finished)
-	}
-	return time.UnixMilli(k.finished).Add(s.retention)
 }
 
 // ParkedMarker is a marker parked after Config.MaxAttempts failed clears:
