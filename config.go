@@ -77,10 +77,8 @@ type Config struct {
 	// tried again; each further failure doubles the wait, with up to a
 	// fifth of it added at random, up to MaxRetryDelay. Zero means
 	// DefaultRetryDelay and MaxRetryDelay zero means DefaultMaxRetryDelay;
-	// otherwise 1ms <= RetryDelay <= MaxRetryDelay. On a Mover the marker
-	// moves to the sweep's retry range, keeping its finish time and its
-	// count of failed attempts across restarts; on any other KV the wait is
-	// kept in memory.
+	// otherwise 1ms <= RetryDelay <= MaxRetryDelay. On a Mover the wait and
+	// the count of failed attempts are kept in the store (see Mover).
 	RetryDelay    time.Duration
 	MaxRetryDelay time.Duration
 
@@ -93,9 +91,9 @@ type Config struct {
 	// Limiter is a delete budget, counted in entities: every clear call
 	// waits for as many tokens as it has ids, the wait counted in
 	// Stats.BudgetWait. Share one between sweeps to give one database one
-	// budget (docs/protecting-the-database.md). Nil
-	// means no limit. A limiter whose burst is below 1 is refused, unless
-	// its limit is rate.Inf.
+	// budget (docs/protecting-the-database.md). Nil means no limit. A
+	// limiter whose burst is below 1 is refused, unless its limit is
+	// rate.Inf.
 	Limiter *rate.Limiter
 
 	// BatchTarget is how long a call of ClearBatch (or of a ClearDeleter)
