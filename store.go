@@ -156,11 +156,8 @@ func (m *MemKV) putLocked(key, value []byte) {
 	m.level = max(m.level, lvl)
 	x := &memNode{key: bytes.Clone(key), value: bytes.Clone(value), next: make([]*memNode, lvl)}
 	for i := 0; i < lvl; i++ {
-		if prev[i] == nil {
-			x.next[i], m.head[i] = m.head[i], x
-		} else {
-			x.next[i], prev[i].next[i] = prev[i].next[i], x
-		}
+		links := m.linksOf(prev[i])
+		x.next[i], links[i] = links[i], x
 	}
 	if x.next[0] == nil {
 		m.tail = x
@@ -233,11 +230,7 @@ func (m *MemKV) deleteLocked(key []byte) bool {
 		return false
 	}
 	for i := range x.next {
-		if prev[i] == nil {
-			m.head[i] = x.next[i]
-		} else {
-			prev[i].next[i] = x.next[i]
-		}
+		m.linksOf(prev[i])[i] = x.next[i]
 	}
 	if m.tail == x {
 		m.tail = prev[0] // nil when x was the only node
@@ -284,10 +277,7 @@ func (m *MemKV) seek(key []byte, prev *[maxLevel]*memNode) *memNode {
 	var x *memNode // nil stands for the head
 	for i := m.level - 1; i >= 0; i-- {
 		for {
-			next := m.head[i]
-			if x != nil {
-				next = x.next[i]
-			}
+			next := m.linksOf(x)[i]
 			if next == nil || bytes.Compare(next.key, key) >= 0 {
 				break
 			}
@@ -297,8 +287,13 @@ func (m *MemKV) seek(key []byte, prev *[maxLevel]*memNode) *memNode {
 			prev[i] = x
 		}
 	}
+	return m.linksOf(x)[0]
+}
+
+// linksOf returns the forward links of x, or of the head when x is nil.
+func (m *MemKV) linksOf(x *memNode) []*memNode {
 	if x == nil {
-		return m.head[0]
+		return m.head[:]
 	}
-	return x.next[0]
+	return x.next
 }
