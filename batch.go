@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
 	"math"
 	"math/bits"
 	"slices"
@@ -21,20 +20,15 @@ import (
 // is two calls.
 const DefaultBatchSize = DefaultPageSize / 2
 
-// BatchError is what a Config.ClearBatch function returns to report ids
-// one by one: it maps each id that was not cleared to its error. Ids of the
-// batch that are not in it were cleared. An error wrapping ErrLiveAgain
-// drops that id's marker without clearing, and Hold keeps that id past
-// its retention, as they do from Clear. A
-// ClearBatch may return it wrapped. A BatchError that names an id not in
-// the batch fails the call as a whole, as any other error does: the ids it
-// names are not the ones the sweep asked about, so what it says of the
-// others cannot be trusted.
+// BatchError is what a Config.ClearBatch function returns, wrapped or not,
+// to report ids one by one: it maps each id that was not cleared to its
+// error, and the ids of the batch it does not name were cleared. An entry
+// wrapping ErrLiveAgain, or a Hold, acts as it does from Clear. A
+// BatchError that names an id not in the batch fails the whole call.
 //
-// From a ClearDeleter a BatchError means that the whole call was refused
-// and changed nothing: the ids it names get their errors, and those it
-// does not name, which were not cleared either, are sent again in a call
-// of their own.
+// From a ClearDeleter a BatchError means that the call changed nothing:
+// the ids it names get their errors, and the others are sent again in a
+// call of their own. See docs/clearing.md.
 type BatchError map[string]error
 
 func (e BatchError) Error() string {
@@ -55,12 +49,9 @@ func (e BatchError) Error() string {
 	return b.String()
 }
 
-// clearBatches is clearAll for Config.ClearBatch: the page's pending items,
-// oldest first, go in batches of BatchSize, at most Concurrency batches at
-// a time. It returns how many ClearBatch calls it made.
-//
-// Without ClearBatch the pass's KV must be a ClearDeleter: each batch is
-// then cleared and its markers deleted in one call.
+// clearBatches is clearAll for Config.ClearBatch, or for a ClearDeleter
+// without it: the page's pending items, oldest first, in batches, at most
+// Concurrency batches at a time. It returns how many calls it made.
 func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, items []item) (int, error) {
 	var cd ClearDeleter
 	if s.clearBatch == nil {
@@ -84,8 +75,8 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 		}
 	}
 	b := &batching{s: s, p: p, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd, todo: todo, alone: alone}
-	// Batches are cut as workers take them, at the size of the moment:
-	// a slow call makes the batches after it smaller (Config.BatchTarget).
+	// Batches are cut as workers take them, so that a slow call makes the
+	// batches after it smaller (Config.BatchTarget).
 	workers := min(s.concurrency, (len(todo)+s.batchSize-1)/s.batchSize+len(alone))
 	var wg sync.WaitGroup
 	for range workers {
@@ -109,9 +100,8 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	return int(b.calls.Load()), ctx.Err()
 }
 
-// callFailed counts, in the pass's Stats, a call of Clear, ClearBatch or a
-// ClearDeleter that failed as a whole with err, by cause, and in the
-// streak of calls that failed in a row.
+// callFailed counts a call of Clear, ClearBatch or a ClearDeleter that
+// failed as a whole with err, by cause and in the streak of failures.
 func (p *passState) callFailed(err error) {
 	p.streak.Add(1)
 	p.failedCalls.Add(1)
@@ -164,10 +154,8 @@ func (b *batching) take() []int {
 }
 
 // run clears the items at idx: one call, and where it fails as a whole,
-// a bisection. During an outage (see bisect) a batch first tries some of
-// its ids alone, one once the outage is confirmed: when they fail too, the
-// rest is put off. An id that goes alone (it failed before) is always
-// tried.
+// a bisection. During an outage (see bisect) a batch first probes: when
+// the probes fail too, the rest is put off.
 func (b *batching) run(idx []int) {
 	if len(idx) > 1 && b.p.outageNow(len(idx)) {
 		if !b.probe(idx, len(idx)) {
@@ -183,17 +171,10 @@ func (b *batching) run(idx []int) {
 		return // cleared, or the pass is over and the items stay pending
 	}
 	b.p.callFailed(err)
-	switch {
-	case len(idx) == 1:
-		it := &b.items[idx[0]]
-		it.out, it.err = failed, err
-	default:
-		b.bisect(idx, err, idx)
-	}
+	b.bisect(idx, err, idx)
 }
 
-// pendingOf returns the items of idx still pending: not tried alone as
-// probes.
+// pendingOf returns the items of idx not settled by probes.
 func (b *batching) pendingOf(idx []int) []int {
 	var out []int
 	for _, i := range idx {
@@ -204,20 +185,17 @@ func (b *batching) pendingOf(idx []int) []int {
 	return out
 }
 
-// probes is how many ids the sweep tries alone before it takes a streak
-// of failed calls for an outage: one healthy id among them says the
-// dependency is up. More than one, since a streak is most likely where
-// poison ids are dense.
+// probes is the most ids the sweep tries alone before it takes a streak
+// of failed calls for an outage. More than one, since a streak is most
+// likely where poison ids are dense.
 const probes = 3
 
-// probe tries pending ids of the batch alone, from its end, which a
-// bisection reaches last, until a call succeeds (the dependency answered:
-// true) or the pass has tried enough ids alone in vain since its last
-// success: then the outage is confirmed (false). Enough is one more once
-// an outage was confirmed, else as many as the batch's outage budget of
-// log2(size)+2 calls leaves, at most probes. Ids taken from the end, not
-// from the half that just failed, are not the more likely to be poison.
-// With no pending id left, nothing is decided: true.
+// probe tries pending ids of the batch alone, from its end (not the half
+// that just failed, so not the more likely poison), until one succeeds
+// (true) or enough failed since the pass's last success to confirm an
+// outage (false): one more once confirmed, else what the batch's budget of
+// log2(size)+2 calls leaves, at most probes. With no pending id left and
+// too few failures, true.
 func (b *batching) probe(batch []int, size int) bool {
 	var need int64
 	if b.p.confirmed.Load() {
@@ -225,14 +203,10 @@ func (b *batching) probe(batch []int, size int) bool {
 	} else {
 		need = int64(min(probes, max(1, int(math.Log2(float64(size)))+2-b.p.threshold(size))))
 	}
-	for j := len(batch) - 1; j >= 0; j-- {
+	for j := len(batch) - 1; j >= 0 && b.p.probeFails.Load() < need; j-- {
 		i := batch[j]
 		if b.items[i].out != pending {
 			continue
-		}
-		if b.p.probeFails.Load() >= need {
-			b.confirm()
-			return false
 		}
 		epoch := b.p.oks.Load()
 		err := b.try([]int{i})
@@ -264,9 +238,8 @@ type probed struct {
 	epoch int64
 }
 
-// confirm records an outage: the items of the page probed in vain since
-// the last success failed with the dependency, not by their own fault, so
-// they are put off like the others (no attempt counted, not sent alone).
+// confirm records an outage: the items probed in vain since the last
+// success are put off like the others, not failed by their own fault.
 func (b *batching) confirm() {
 	b.p.confirmed.Store(true)
 	epoch := b.p.oks.Load()
@@ -285,8 +258,8 @@ func (b *batching) confirm() {
 // errOutageSeen is the error of ids put off: the calls before them failed.
 var errOutageSeen = errors.New("retention: not tried: the clears before it all failed")
 
-// ok records a call that succeeded (for some ids at least): the
-// dependency is up.
+// ok records a call that answered for some ids at least: the dependency
+// is up.
 func (p *passState) ok() {
 	p.oks.Add(1)
 	p.streak.Store(0)
@@ -294,21 +267,19 @@ func (p *passState) ok() {
 	p.confirmed.Store(false)
 }
 
-// threshold is the streak of failed calls in a row after which, in a batch
-// of size ids, the sweep suspects an outage and probes: log2(size)-2, at
-// least 2, so that the streak and the probes stay within log2(size)+2
-// calls.
+// threshold is the streak of failed calls after which, in a batch of size
+// ids, the sweep suspects an outage and probes: with the probes, within
+// log2(size)+2 calls.
 func (p *passState) threshold(size int) int {
 	return max(2, bits.Len(uint(size))-2)
 }
 
-// outageNow reports whether the calls of the pass have failed so often in
-// a row that the dependency may be down, for a batch of size ids.
+// outageNow reports whether the dependency may be down, for a batch of
+// size ids.
 func (p *passState) outageNow(size int) bool {
 	return p.streak.Load() >= int64(p.threshold(size))
 }
 
-// idsOf returns the ids of the items at idx.
 func (b *batching) idsOf(idx []int) []string {
 	ids := make([]string, len(idx))
 	for j, i := range idx {
@@ -318,9 +289,8 @@ func (b *batching) idsOf(idx []int) []string {
 }
 
 // try calls ClearBatch (or the ClearDeleter) for the items at idx and
-// records what it learns: all cleared on nil, each id's outcome from a
-// BatchError, all live again on ErrLiveAgain. It returns any other error,
-// which says nothing of any one id; the items then stay pending.
+// records each id's outcome. It returns an error that says nothing of any
+// one id, the items then still pending.
 func (b *batching) try(idx []int) error {
 	if b.atomic != nil {
 		return b.tryAtomic(idx)
@@ -340,18 +310,11 @@ func (b *batching) try(idx []int) error {
 			b.items[i].out = cleared
 		}
 	case errors.As(err, &perID):
-		if err := b.named(perID, idx); err != nil {
-			return err
+		rest, err := b.byID(perID, idx)
+		for _, i := range rest {
+			b.items[i].out = cleared
 		}
-		b.p.ok() // it answered for each id
-		for _, i := range idx {
-			it := &b.items[i]
-			if e, ok := perID[it.id]; !ok {
-				it.out = cleared
-			} else {
-				it.out, it.err = entryOutcome(e), e
-			}
-		}
+		return err
 	case wholeCall(err):
 		b.p.ok()
 		for _, i := range idx {
@@ -363,41 +326,41 @@ func (b *batching) try(idx []int) error {
 	return nil
 }
 
-// entryOutcome is the outcome of an id a BatchError names with e: live
-// again, held or failed (a nil entry too: it names the id, not its clear).
-func entryOutcome(e error) outcome {
-	if out := outcomeOf(e); out != cleared {
-		return out
-	}
-	return failed
-}
-
-// wholeCall reports whether err, returned by a whole ClearBatch or
-// ClearDeleter call, answers for each of its ids alike: all live again,
-// or all held.
+// wholeCall reports whether err, returned by a whole call, answers for
+// each of its ids alike: all live again, or all held.
 func wholeCall(err error) bool {
 	out := outcomeOf(err)
 	return out == liveAgain || out == held
 }
 
-// named checks that every id a BatchError names is one of the batch's:
-// ids of a batch are distinct (a pass dedupes them), so it counts them.
-func (b *batching) named(perID BatchError, idx []int) error {
-	n := 0
+// byID records the outcome of each item at idx that perID names, and
+// returns the others. It fails, recording nothing, when perID names an id
+// not in the batch; ids of a batch are distinct, so counting is enough.
+func (b *batching) byID(perID BatchError, idx []int) (rest []int, err error) {
+	var named []int
 	for _, i := range idx {
 		if _, ok := perID[b.items[i].id]; ok {
-			n++
+			named = append(named, i)
+		} else {
+			rest = append(rest, i)
 		}
 	}
-	if n == len(perID) {
-		return nil
-	}
-	for id := range perID {
-		if !slices.ContainsFunc(idx, func(i int) bool { return b.items[i].id == id }) {
-			return fmt.Errorf("retention: a BatchError names %q, which is not in the batch of %d: %w", id, len(idx), perID)
+	if len(named) != len(perID) {
+		for id := range perID {
+			if !slices.ContainsFunc(idx, func(i int) bool { return b.items[i].id == id }) {
+				return nil, fmt.Errorf("retention: a BatchError names %q, which is not in the batch of %d: %w", id, len(idx), perID)
+			}
 		}
 	}
-	return nil
+	b.p.ok() // it answered for each id
+	for _, i := range named {
+		e := perID[b.items[i].id]
+		b.items[i].out, b.items[i].err = outcomeOf(e), e
+		if e == nil {
+			b.items[i].out = failed // a nil entry names the id all the same
+		}
+	}
+	return rest, nil
 }
 
 // tryAtomic is try for a ClearDeleter, whose call either commits every id
@@ -438,30 +401,16 @@ func (b *batching) tryAtomic(idx []int) error {
 	case b.ctx.Err() != nil:
 		b.cutShort(idx, keys)
 		return err
+	case errors.As(err, &perID) && len(perID) == 0:
+		return fmt.Errorf("retention: the ClearDeleter refused the batch with a BatchError that names no id: %w", err)
 	case errors.As(err, &perID):
-		if err := b.named(perID, idx); err != nil {
-			return err
-		}
-		if len(perID) == 0 {
-			return fmt.Errorf("retention: the ClearDeleter refused the batch with a BatchError that names no id: %w", err)
-		}
-		b.p.ok() // it answered for each id
-		// Nothing was committed: the ids not named were not cleared.
-		var rest []int
-		for _, i := range idx {
-			it := &b.items[i]
-			if e, ok := perID[it.id]; !ok {
-				rest = append(rest, i)
-			} else {
-				it.out, it.err = entryOutcome(e), e
-			}
-		}
+		// Nothing committed: the ids it does not name go again.
+		rest, err := b.byID(perID, idx)
 		if len(rest) > 0 {
 			b.run(rest)
 		}
-		return nil
-	case wholeCall(err):
-		// Refused as a whole: nothing was committed.
+		return err
+	case wholeCall(err): // refused as a whole: nothing committed
 		b.p.ok()
 		for _, i := range idx {
 			b.items[i].out, b.items[i].err = outcomeOf(err), err
@@ -474,9 +423,8 @@ func (b *batching) tryAtomic(idx []int) error {
 }
 
 // cutShort marks gone the items at idx of an atomic call that failed as
-// the pass was cut short. Their markers stay for the next pass, whose calls
-// commit only where they are still there; one that committed as the pass
-// ended is counted, when a read outside the pass's context tells.
+// the pass was cut short, when a read outside the pass's context can tell
+// that it committed.
 func (b *batching) cutShort(idx []int, keys [][]byte) {
 	rctx, cancel := withTimeout(context.WithoutCancel(b.ctx), b.s.storeTimeout)
 	defer cancel()
@@ -486,12 +434,9 @@ func (b *batching) cutShort(idx []int, keys [][]byte) {
 }
 
 // unknown settles the items at idx of an atomic call that failed with err,
-// which may have committed (a timeout, a lost connection).
+// which it, or another replica's, may have committed: markers are deleted
+// only with their entities, so one that is gone is an entity cleared.
 func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
-	// The call may have committed without the sweep hearing of it (a
-	// timeout, a lost connection), or another replica's may have: the
-	// markers left say which. Markers are deleted only with their
-	// entities, so one that is gone is an entity cleared.
 	left, cerr := b.left(b.ctx, keys)
 	if cerr != nil {
 		b.p.callFailed(err)
@@ -515,11 +460,8 @@ func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 }
 
 // markGone records as found gone the items at idx with a marker missing
-// from left (the markers left, ascending), and returns the others. An id
-// with a marker gone was cleared with it, by this call or by another
-// replica's (with fewer of its markers, maybe): which, the store cannot
-// tell, so it is not counted as this replica's clear. Its other markers
-// are duplicates the sweep deletes.
+// from left (ascending), and returns the others. Whose call cleared them
+// the store cannot tell, so they do not count as this replica's clears.
 func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	isLeft := func(key []byte) bool {
 		_, ok := slices.BinarySearchFunc(left, key, bytes.Compare)
@@ -581,25 +523,16 @@ func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 }
 
 // bisect finds the ids at fault in a batch whose call failed as a whole
-// with err: it tries each half, and splits further each half that fails,
-// down to single ids, so that each poison id costs about 2·log2(batch)
-// calls and keeps no other id from being cleared, however many there are.
-//
-// That holds while the dependency shows it is up: some call succeeds every
-// so often. Once the calls of the pass have failed log2(size) times in a
-// row (size: the batch's), an outage is likely, and may have begun
-// mid-pass: the bisection tries a few ids of the next half alone (see
-// probe), and when they fail too the ids not tried yet wait out their
-// retry delay rather than being called one by one. With poison ids in most
-// halves the streak stays short, since a half without one succeeds, and
-// the probe of a healthy id succeeds. In an outage a batch costs at most
-// log2(size)+2 calls.
+// with err, splitting each failing half down to single ids: a poison id
+// costs about 2·log2(batch) calls. Once the streak of failed calls says
+// the dependency may be down (outageNow), the next half is probed first,
+// and put off when the probes fail, so that an outage costs a batch at
+// most log2(size)+2 calls. See docs/clearing.md, "When some clears fail".
 func (b *batching) bisect(idx []int, err error, batch []int) {
 	if b.ctx.Err() != nil {
 		return // the pass is over; the items stay pending
 	}
-	// Probes may have cleared some since the call failed: the culprit is
-	// among the others.
+	// Probes may have cleared some since the call failed.
 	if idx = b.pendingOf(idx); len(idx) == 0 {
 		return
 	}
@@ -629,9 +562,8 @@ func (b *batching) bisect(idx []int, err error, batch []int) {
 	}
 }
 
-// fail records the items at idx, not tried alone, as put off with err:
-// every call of the pass failed, so the dependency seems down. Unless the
-// pass is over.
+// fail puts off the pending items at idx with err, the dependency seeming
+// down, unless the pass is over.
 func (b *batching) fail(idx []int, err error) {
 	if b.ctx.Err() != nil {
 		return
@@ -643,8 +575,7 @@ func (b *batching) fail(idx []int, err error) {
 	}
 }
 
-// outageError is the error of an id put off, not tried alone, because
-// every call of its pass failed.
+// outageError is the error of an id put off untried in an outage.
 type outageError struct {
 	n   int // ids put off with it
 	err error
@@ -657,9 +588,7 @@ func (e *outageError) Error() string {
 func (e *outageError) Unwrap() error { return e.err }
 
 // adapt resizes the batches after a call of n ids that took d and ended
-// with err (Config.BatchTarget): a call that ran long or timed out halves
-// them, down to 1; a call of a full batch well under the target doubles
-// them back, up to BatchSize.
+// with err, as Config.BatchTarget says.
 func (s *Sweep) adapt(n int, d time.Duration, err error) {
 	if s.batchTarget <= 0 {
 		return
@@ -680,8 +609,7 @@ func (s *Sweep) adapt(n int, d time.Duration, err error) {
 }
 
 // answered reports whether a call that returned err answered for each of
-// its ids (nil, a BatchError, all live again or all held): a call the
-// store served, whatever it decided.
+// its ids, whatever it decided.
 func answered(err error) bool {
 	var perID BatchError
 	return err == nil || wholeCall(err) || errors.As(err, &perID)

@@ -7,8 +7,7 @@ import (
 
 // Clock tells a Sweep the current time. Config.Clock left nil means
 // SystemClock. Tests that drive Pass by hand use a ManualClock; tests of Run
-// are best written with testing/synctest and the system clock, whose time is
-// then fake.
+// are best written with testing/synctest.
 type Clock interface {
 	Now() time.Time
 }

@@ -24,130 +24,94 @@ const (
 
 // Config configures a Sweep. Prefix and Retention are required, and one
 // way to clear: Clear, ClearBatch, or neither when the KV is a
-// ClearDeleter (which clears in the transaction that deletes the markers).
-// Every other field has a usable zero value.
+// ClearDeleter. Every other field has a usable zero value.
 type Config struct {
 	// Prefix is the key prefix of this sweep's markers, such as "runs/done/".
 	// Required. It must end in a byte that is not an id byte (A-Z a-z 0-9 _
-	// -), such as '/' or ':', so that "job" + "123" is never mistaken for a
-	// marker's timestamp. A sweep deletes only marker-shaped keys: the
-	// prefix, 20 digits, '/' and an id. Other keys under the prefix are
-	// foreign: counted and logged, never deleted nor passed to Clear.
+	// -), such as '/' or ':'. A sweep deletes only marker-shaped keys under
+	// it: other keys are foreign, counted and logged, never deleted.
 	Prefix string
 
-	// Retention is how long an entity's state is kept after it finished. A
-	// marker is expired, and its entity cleared, once it is strictly older
-	// than Retention: a marker exactly Retention old is kept. At least 1ms.
+	// Retention is how long an entity's state is kept after it finished: a
+	// marker is expired once it is strictly older. At least 1ms.
 	Retention time.Duration
 
 	// Clear removes the state of the entity with the given id. Set it, or
 	// ClearBatch, unless the KV is a ClearDeleter: then leave both nil.
 	//
-	// Clear must be idempotent: a marker is deleted only after its Clear
-	// returned nil, so a crash or failed delete in between makes the next
-	// pass clear the same id again. Return nil when there is nothing left to
-	// clear. Return an error wrapping ErrLiveAgain to drop the marker without
-	// clearing (the entity was resumed). Any other error, a panic, a timeout
-	// (ClearTimeout) or a call of runtime.Goexit keeps the marker, which is
-	// tried again after RetryDelay (doubling up to MaxRetryDelay). ctx is
-	// done when ClearTimeout runs out or the pass is cancelled; a Clear that
-	// ignores ctx cannot be stopped and holds up its page until it returns.
+	// Clear must be idempotent: a crash between it and the marker's delete
+	// makes the next pass clear the same id again. Return nil when there is
+	// nothing left to clear, and an error wrapping ErrLiveAgain to drop the
+	// marker without clearing. Any other error, a panic, a timeout or a
+	// runtime.Goexit keeps the marker, which is tried again after
+	// RetryDelay. ctx is done when ClearTimeout runs out or the pass is
+	// cancelled; a Clear that ignores it holds up its page. See
+	// docs/clearing.md.
 	Clear func(ctx context.Context, id string) error
 
-	// ClearBatch, set instead of Clear, clears the entities of many ids in
-	// one call: up to BatchSize ids of one page, oldest first. It returns
-	// nil when every id is cleared, or a BatchError naming the ids that are
-	// not (the others are; a BatchError naming an id not in the batch fails
-	// the call). Every rule of Clear holds per id. Any other error, a
-	// panic, a timeout or a runtime.Goexit fails the call as a whole: the
-	// sweep then bisects the batch to find the ids at fault, which go alone
-	// afterwards, and when ids tried alone fail too it takes a dependency
-	// to be down and puts the batch off (docs/clearing.md, "When some clears
-	// fail"). An error wrapping ErrLiveAgain for the whole call drops every
-	// marker of the batch. ClearTimeout bounds each call; Concurrency is
-	// the number of batches in flight.
+	// ClearBatch, set instead of Clear, clears up to BatchSize ids of one
+	// page in one call. It returns nil when every id is cleared, or a
+	// BatchError naming those that are not. Every rule of Clear holds per
+	// id, and an ErrLiveAgain or a Hold for the whole call holds for each
+	// id. Any other failure fails the call as a whole: the sweep bisects
+	// the batch to find the ids at fault (docs/clearing.md, "When some
+	// clears fail"). ClearTimeout bounds each call; Concurrency is the
+	// number of batches in flight.
 	ClearBatch func(ctx context.Context, ids []string) error
 
-	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets; a
-	// page (PageSize) is cut into batches of it. Zero means
-	// DefaultBatchSize; otherwise 1 to PageSize. Not with Clear.
+	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets.
+	// Zero means DefaultBatchSize; otherwise 1 to PageSize. Not with Clear.
 	BatchSize int
 
-	// ClearTimeout bounds each call of Clear (or ClearBatch): Clear's ctx
-	// is done this long after Clear first consults it (Done, Err or
-	// Deadline), which for a Clear that waits on I/O is when it starts; a
-	// ClearBatch's ctx, from the call. Zero means DefaultClearTimeout; a
+	// ClearTimeout bounds each call of Clear (from its first look at ctx)
+	// or ClearBatch (from the call). Zero means DefaultClearTimeout; a
 	// negative value means no limit; otherwise at least 1ms.
 	ClearTimeout time.Duration
 
-	// StoreTimeout bounds each call to the KV (Scan, Delete, Put, Move). A call
-	// that runs out fails the pass, which Run retries after its backoff.
-	// Zero means DefaultStoreTimeout; a negative value means no limit;
-	// otherwise at least 1ms.
+	// StoreTimeout bounds each call to the KV; one that runs out fails the
+	// pass. Zero means DefaultStoreTimeout; a negative value means no
+	// limit; otherwise at least 1ms.
 	StoreTimeout time.Duration
 
-	// RetryDelay is how long a marker whose Clear failed waits before it is
+	// RetryDelay is how long a marker whose clear failed waits before it is
 	// tried again; each further failure doubles the wait, with up to a
 	// fifth of it added at random, up to MaxRetryDelay. Zero means
 	// DefaultRetryDelay and MaxRetryDelay zero means DefaultMaxRetryDelay;
-	// otherwise 1ms <= RetryDelay <= MaxRetryDelay.
-	//
-	// On a KV that is a Mover, the marker moves to the sweep's retry range,
-	// due after the wait, keeping the entity's finish time and its count
-	// of failed attempts (so lag, Backlog and the backoff survive
-	// restarts). On any other KV the wait is kept in memory, and a restart
-	// starts the id again at RetryDelay. An id put off untried because the
-	// dependency seemed down (see ClearBatch) backs off the same way but
-	// counts no attempt of its own.
+	// otherwise 1ms <= RetryDelay <= MaxRetryDelay. On a Mover the wait and
+	// the count of failed attempts are kept in the store (see Mover).
 	RetryDelay    time.Duration
 	MaxRetryDelay time.Duration
 
 	// MaxAttempts parks a marker whose clear failed this many times in a
 	// row: it moves to the sweep's parked range, where no pass reads it,
-	// is counted in Stats.Parked and logged at Error, and stays until
-	// Sweep.Requeue puts it back (list them with Sweep.Parked). Markers
-	// keep their count of failed attempts in the store, so it survives
-	// restarts and lease hand-overs. Zero means no limit: a marker is
-	// retried for ever, at most every MaxRetryDelay. It needs a KV that
-	// is a Mover.
+	// until Sweep.Requeue puts it back. Zero means no limit. It needs a KV
+	// that is a Mover.
 	MaxAttempts int
 
-	// Limiter is a delete budget, counted in entities: every call of
-	// Clear, ClearBatch or a ClearDeleter waits for as many tokens as it
-	// has ids before it goes out (in parts of the limiter's burst), and the
-	// wait honours the pass's context. Share one Limiter between sweeps,
-	// a Group's or several services', to give one database one budget.
-	// Time spent waiting is in Stats.BudgetWait: it is not lag a sweep can
-	// make up. Nil means no limit. A limiter whose burst is below 1 takes
-	// nothing and is refused, unless its limit is rate.Inf.
+	// Limiter is a delete budget, counted in entities: every clear call
+	// waits for as many tokens as it has ids, the wait counted in
+	// Stats.BudgetWait. Share one between sweeps to give one database one
+	// budget (docs/protecting-the-database.md). Nil means no limit. A
+	// limiter whose burst is below 1 is refused, unless its limit is
+	// rate.Inf.
 	Limiter *rate.Limiter
 
 	// BatchTarget is how long a call of ClearBatch (or of a ClearDeleter)
-	// should take at most. A call that runs longer, or times out, halves
-	// the batch size for the calls that follow, down to 1; calls under a
-	// quarter of it double it back, up to BatchSize. Stats.BatchSize tells
-	// the size a pass ended with. Zero means a quarter of ClearTimeout (no
-	// target when ClearTimeout is negative); a negative value turns the
-	// adapting off; otherwise at least 1ms. Not with Clear.
+	// should take at most: a call that runs longer, or times out, halves
+	// the batch size, down to 1; calls under a quarter of it double it
+	// back, up to BatchSize. Zero means a quarter of ClearTimeout (none
+	// when ClearTimeout is negative); a negative value turns it off;
+	// otherwise at least 1ms. Not with Clear.
 	BatchTarget time.Duration
 
 	// MinInterval is the least Run waits after a pass that changed
-	// something (cleared, dropped or moved markers) before the next, so
-	// that steady traffic costs at most one pass per MinInterval, each
-	// clearing what fell due meanwhile, and an entity waits at most
-	// MinInterval plus one pass past due (lengthened by Jitter). Zero
-	// means DefaultMinInterval; a negative value means none: a pass
-	// whenever the next marker falls due.
+	// something before the next. Zero means DefaultMinInterval; a negative
+	// value means none.
 	MinInterval time.Duration
 
-	// DryRun makes passes read and classify the markers as they would, and
-	// report what they would have done, without doing it: no Clear,
-	// ClearBatch or ClearDeleter call, and no marker deleted, moved or
-	// parked. Stats.WouldClear counts the markers whose entities a pass
-	// would have cleared (Malformed and Duplicates those it would have
-	// dropped); each pass logs them at Info with a few ids, and an
-	// Observer sees them. Run waits Interval between dry passes, since
-	// the same markers stay due. False, the default, sweeps for real.
+	// DryRun makes passes read and classify the markers, and count in
+	// Stats what they would have done, without any clear call, delete or
+	// move (docs/policies.md, "Dry runs"). False sweeps for real.
 	DryRun bool
 
 	// Clock tells the time. Nil means SystemClock.
@@ -155,80 +119,59 @@ type Config struct {
 
 	// PageSize is how many markers one Scan reads. Zero means
 	// DefaultPageSize, or BatchSize when that is larger; otherwise 1 to
-	// MaxPageSize. While a full page is cleared, the next one is read.
+	// MaxPageSize.
 	PageSize int
 
-	// Concurrency is how many Clear calls (or ClearBatch calls) of one page
-	// may run at once. Zero means 1: markers are cleared one at a time,
-	// oldest first. Otherwise 1 to MaxConcurrency. Above 1, the clears of a
-	// page start oldest first but may finish in any order; pages still go
-	// in order: every clear of a page ends before its markers are deleted
-	// and the next page's clears start, and a marker is still deleted only
-	// after its own Clear succeeded.
+	// Concurrency is how many Clear (or ClearBatch) calls of one page may
+	// run at once. Zero means 1; otherwise 1 to MaxConcurrency. Pages still
+	// go in order, and a marker is still deleted only after its own clear
+	// succeeded.
 	Concurrency int
 
-	// Interval is the longest Run sleeps between passes. Run usually wakes
-	// sooner, when the oldest unexpired marker falls due; Interval bounds how
-	// long a marker written out of order, or whose Clear failed, waits. Zero
-	// means the smaller of Retention and one minute; it must not be
-	// negative.
+	// Interval is the longest Run sleeps between passes. Zero means the
+	// smaller of Retention and one minute; it must not be negative.
 	Interval time.Duration
 
 	// Logger receives failed clears and passes (Error), malformed markers
-	// and foreign keys (Warn; foreign keys again only when their number
-	// changes, or after an hour) and per-pass summaries (Debug). A pass logs
-	// at most one line per kind with a count and a few examples, however
-	// many markers failed. Nil means slog.Default() as it is when New runs;
-	// to silence it, pass slog.New(slog.DiscardHandler).
+	// and foreign keys (Warn) and per-pass summaries (Debug), at most one
+	// line per kind per pass (docs/operating.md, "Logs"). Nil means
+	// slog.Default() as it is when New runs.
 	Logger *slog.Logger
 
-	// ValidateID checks the id of every marker before Clear sees it. A
-	// marker-shaped key whose id it refuses is deleted as malformed, without
-	// Clear.
-	// Nil means the package's ValidateID. An empty id is refused whatever
-	// this function says. Write markers with ids of this rule through the
-	// sweep: Sweep.MarkerKey (whose key the adapters' MarkKeyTx write in a
-	// transaction) or Sweep.Mark; the package-level MarkerKey and Mark
-	// check ids by the default rule only.
+	// ValidateID checks the id of every marker before it is cleared; a
+	// marker whose id it refuses is deleted as malformed. Nil means the
+	// package's ValidateID. An empty id is always refused. Write markers of
+	// such ids with Sweep.MarkerKey or Sweep.Mark.
 	ValidateID func(id string) error
 
-	// OnPass is called by Run (and by a Group's Run) after every pass, on
-	// the loop's goroutine, with the pass's Stats and error, and by
-	// LeasedPass on its caller's goroutine: one called while Run runs makes
-	// two goroutines call it. Nil means no call. Pass does not call it.
+	// OnPass is called after every pass of Run (and a Group's Run), on the
+	// loop's goroutine, and of LeasedPass, on its caller's: a LeasedPass
+	// while Run runs makes two goroutines call it. Nil means no call. Pass
+	// does not call it.
 	OnPass func(Stats, error)
 
-	// Observer, when set, sees every pass (Pass, Run and LeasedPass), the
-	// lag of every cleared entity and the lease's events, for metrics: see
-	// the retentionprom and retentionotel modules. Nil means none, at no
-	// cost to a pass.
+	// Observer, when set, sees every pass, the lag of every cleared entity
+	// and the lease's events, for metrics (see Observer). Nil means none.
 	Observer Observer
 
 	// Lease, when set, makes Run sweep only while this replica holds the
-	// lease, so that a fleet sharing one store clears each entity once.
-	// Nil means no lease: every replica sweeps, and an entity may be
-	// cleared by several replicas at about the same time. Adapters for
-	// shared stores provide Lockers. A Sweep in a Group must leave it nil
-	// and use GroupConfig.Lease.
+	// lease (docs/fleet.md). Nil means no lease: every replica sweeps. A
+	// Sweep in a Group must leave it nil and use GroupConfig.Lease.
 	Lease Locker
 
 	// AllowUnfenced lets Run and LeasedPass sweep under a lease that is a
-	// Fencer but cannot fence the KV (a store of another engine, or a
-	// wrapper without an Unwrap method; see Fencer): the pass's deletes
-	// then rely on the lease's timing alone, and a replica that was frozen
-	// or cut off past its lease may delete markers after another took it
-	// over. False means such a Run or LeasedPass returns an error matching
-	// ErrUnfenced instead. A lease that is no Fencer fences nothing and
-	// needs no such consent. In a Group, each sweep's own setting counts.
+	// Fencer but cannot fence the KV, its deletes then relying on the
+	// lease's timing alone. False means such a Run or LeasedPass returns an
+	// error matching ErrUnfenced. In a Group, each sweep's own setting
+	// counts.
 	AllowUnfenced bool
 
 	// Jitter lengthens every wait of Run by a random fraction of itself, up
-	// to Jitter, so replicas that start together do not wake together. Zero
-	// means exact waits; otherwise 0 to 1.
+	// to Jitter. Zero means exact waits; otherwise 0 to 1.
 	Jitter float64
 
 	// StartJitter delays Run's first pass by a random duration below it.
-	// Zero means the first pass runs at once; it must not be negative.
+	// Zero means none; it must not be negative.
 	StartJitter time.Duration
 }
 
@@ -284,8 +227,6 @@ func checkConfig(kv KV, cfg *Config) error {
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
 }
 
-// isMover reports whether kv is a Mover: the sweep reschedules, holds and
-// parks markers in the store only over one.
 func isMover(kv KV) bool {
 	_, ok := kv.(Mover)
 	return ok
@@ -296,14 +237,12 @@ func isClearDeleter(kv KV) bool {
 	return ok
 }
 
-// invalidConfig returns an error matching ErrInvalidConfig with the message
-// format gives, which names the field at fault.
+// invalidConfig returns an error matching ErrInvalidConfig.
 func invalidConfig(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }
 
-// checkJitter validates the jitter fields of Config or GroupConfig, named
-// by config.
+// checkJitter validates the jitter fields of Config or GroupConfig.
 func checkJitter(config string, jitter float64, startJitter time.Duration) error {
 	switch {
 	case !(jitter >= 0 && jitter <= 1):

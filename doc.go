@@ -20,42 +20,31 @@
 // MemKV is the in-memory store; adapters for persistent engines live in
 // their own modules beside this one.
 //
-// To watch a sweep in production, set Config.Observer (the retentionprom
-// and retentionotel modules export Prometheus and OpenTelemetry metrics)
-// and probe Sweep.Backlog, which tells in a few reads how far behind the
-// sweep is. Callers who schedule passes themselves call LeasedPass: one
-// pass under the lease, as Run makes it.
+// To watch a sweep in production, set Config.Observer and probe
+// Sweep.Backlog. Callers who schedule passes themselves call LeasedPass.
+// The guides in the repository's docs folder cover each topic.
 //
 // # Guarantees
 //
 //   - At least once: a marker is deleted only after Clear returned nil (or
-//     ErrLiveAgain) for it, so every expired entity is cleared at least
-//     once, and again after a crash or failed delete between the two steps.
-//     Clear must therefore be idempotent.
+//     ErrLiveAgain) for it, so Clear must be idempotent.
 //   - Never early: a marker exactly Retention old is kept, and MarkerKey
-//     rounds the finish time up to a whole millisecond, so Clear never sees
-//     an entity before its retention ran out.
-//   - A Clear that fails, panics, times out (Config.ClearTimeout) or calls
-//     runtime.Goexit keeps its marker, which is tried again after a delay
-//     that doubles from Config.RetryDelay to Config.MaxRetryDelay; the pass
-//     and the loop go on.
-//   - A store call that hangs fails its pass after Config.StoreTimeout, and
-//     Run retries; no wait of Run overflows or drops to zero in a loop.
+//     rounds the finish time up to a whole millisecond.
+//   - A Clear that fails, panics, times out or calls runtime.Goexit keeps
+//     its marker, which is tried again after a backoff.
+//   - A store call that hangs fails its pass after Config.StoreTimeout.
 //   - Cancelling the context stops a pass promptly and deletes no marker of
 //     the page in flight.
 //
 // # Caveats
 //
-//   - A sweep owns the marker-shaped keys under its prefix: the prefix, 20
-//     digits, '/' and an id. Those with a refused id or a time past the year
-//     9999 are deleted as malformed, without Clear. Other keys under the
-//     prefix are foreign and left alone, but a pass steps over them, so keep
-//     markers under a prefix of their own.
-//   - Ids follow ValidateID (1 to MaxIDLen bytes of A-Z a-z 0-9 _ -)
-//     unless Config.ValidateID says otherwise; then write markers with
-//     Sweep.MarkerKey or Sweep.Mark, which check ids by the sweep's rule.
-//     An empty id is always refused, since clearing "<entity-prefix>" + ""
-//     is rarely what anyone wants.
+//   - A sweep owns the marker-shaped keys under its prefix: those with a
+//     refused id or time are deleted as malformed, without Clear. Other
+//     keys under the prefix are foreign and left alone, but a pass steps
+//     over them, so keep markers under a prefix of their own.
+//   - Ids follow ValidateID unless Config.ValidateID says otherwise; then
+//     write markers with Sweep.MarkerKey or Sweep.Mark. An empty id is
+//     always refused.
 //   - A Sweep or Group not made by New or NewGroup returns ErrNotConfigured,
 //     and a second Run of a running Sweep returns ErrRunning.
 //   - A Clear that ignores its context cannot be stopped: Go cannot

@@ -6,10 +6,8 @@ import "errors"
 // The message names the field and the value that was refused.
 var ErrInvalidConfig = errors.New("retention: invalid config")
 
-// ErrMalformedMarker is returned when a key under a sweep's prefix is not a
-// well-formed marker: wrong prefix, timestamp not exactly 20 digits or out of
-// range, missing '/', or an id that fails validation. The message says which
-// part is wrong.
+// ErrMalformedMarker is returned when a key is not a well-formed marker.
+// The message says which part is wrong.
 var ErrMalformedMarker = errors.New("retention: malformed marker")
 
 // ErrInvalidID is returned when a marker id fails validation, either by
@@ -17,15 +15,13 @@ var ErrMalformedMarker = errors.New("retention: malformed marker")
 // id match both ErrInvalidID and ErrMalformedMarker.
 var ErrInvalidID = errors.New("retention: invalid marker id")
 
-// ErrInvalidTime is returned when a marker would be written for a time the
-// 20-digit millisecond timestamp does not take: before the Unix epoch or
-// after MaxMarkerTime (the year 9999, most often seconds taken for
-// milliseconds).
+// ErrInvalidTime is returned when a marker would be written for a time
+// before the Unix epoch or after MaxMarkerTime.
 var ErrInvalidTime = errors.New("retention: invalid marker time")
 
-// ErrLiveAgain is returned by a Config.Clear function to say that the entity
-// is live again and must not be cleared. The sweep then deletes the marker
-// without clearing and counts it in Stats.LiveAgain. Wrapped errors match.
+// ErrLiveAgain is returned, wrapped or not, by a Config.Clear function to
+// say that the entity is live again: the sweep deletes the marker without
+// clearing and counts it in Stats.LiveAgain.
 var ErrLiveAgain = errors.New("retention: entity is live again")
 
 // ErrHeld is matched by the error Hold returns: errors.Is(err, ErrHeld)
@@ -48,26 +44,18 @@ var ErrLeaseHeld = errors.New("retention: lease held by another replica")
 var ErrLeaseLost = errors.New("retention: lease lost")
 
 // ErrNotConfigured is returned by the methods of a Sweep or Group that was
-// not made by New or NewGroup, such as a zero value: it has no store, prefix
-// or schedule to work with. The message names the constructor to use.
+// not made by New or NewGroup, such as a zero value.
 var ErrNotConfigured = errors.New("retention: not configured")
 
 // ErrRunning is returned by Run when the Sweep (or one of a Group's sweeps)
-// is already being run by another call of Run, of the Sweep itself or of a
-// Group holding it: a second loop would double every pass. Stop the first
-// Run (cancel its context) before starting another.
+// is already being run by another Run, of the Sweep or of a Group.
 var ErrRunning = errors.New("retention: already running")
 
 // ErrMarkerGone is returned by a ClearDeleter's ClearAndDelete when a
-// marker it was to delete no longer exists: it changed nothing. The marker
-// went with its entity in an earlier call whose reply was lost, or in
-// another replica's; the sweep reads which markers are left before it
-// acts.
+// marker it was to delete no longer exists: it changed nothing.
 var ErrMarkerGone = errors.New("retention: marker gone")
 
 // ErrUnfenced is returned by Run and LeasedPass when the lease is a Fencer
-// that cannot fence the sweep's KV (a store of another engine, or a
-// wrapper without an Unwrap method): its deletes would rely on the lease's
-// timing alone. Set Config.AllowUnfenced to accept that. A store write
-// made under a fence it cannot apply returns it too (see Fenced).
+// that cannot fence the sweep's KV, unless Config.AllowUnfenced is set, and
+// by a store write made under a fence it cannot apply (see Fenced).
 var ErrUnfenced = errors.New("retention: the lease cannot fence the store")

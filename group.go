@@ -34,12 +34,10 @@ type Group struct {
 	loop loop
 }
 
-// NewGroup returns a Group of the given sweeps. It refuses sweeps with the
-// same prefix, and sweeps whose prefixes overlap: one continues the other
-// with a digit ("runs/" and "runs/2024/"), so that the sweep of the shorter
-// one would read the other's markers, as foreign keys, at every pass. It refuses a
-// member with its own Config.Lease (the group's lease covers all of them),
-// and a nil Sweep or one not made by New. The error matches ErrInvalidConfig.
+// NewGroup returns a Group of the given sweeps. It refuses prefixes that
+// are equal or overlap (one continues the other with a digit, as "runs/"
+// and "runs/2024/"), a sweep with its own Config.Lease, and a nil Sweep or
+// one not made by New, with an error matching ErrInvalidConfig.
 func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 	if len(sweeps) == 0 {
 		return nil, invalidConfig("a Group needs at least one Sweep")
@@ -52,8 +50,6 @@ func NewGroup(cfg GroupConfig, sweeps ...*Sweep) (*Group, error) {
 			return nil, invalidConfig("sweep %d is nil", i)
 		}
 		if s.configured("") != nil {
-			// Its passes would report ErrNotConfigured, but Run and
-			// LeasedPass would wait for a lease with nothing to pass.
 			return nil, invalidConfig("sweep %d was not made by retention.New (a zero value?)", i)
 		}
 		if s.lease != nil {
@@ -81,10 +77,9 @@ func inScanRange(long, short string) bool {
 	return len(long) > len(short) && strings.HasPrefix(long, short) && long[len(short)] >= '0' && long[len(short)] <= '9'
 }
 
-// Pass passes every sweep of the group once, in order, and returns their
-// Stats in the same order. It does not take the lease: like Sweep.Pass, it
-// is for tests and for callers with their own scheduling. A failing sweep
-// does not stop the others; the error joins every failure.
+// Pass passes every sweep of the group once, in order, without the lease,
+// as Sweep.Pass does, and returns their Stats in the same order. A failing
+// sweep does not stop the others; the error joins every failure.
 func (g *Group) Pass(ctx context.Context) ([]Stats, error) {
 	if err := g.configured("Pass"); err != nil {
 		return nil, err
@@ -105,12 +100,10 @@ func (g *Group) Pass(ctx context.Context) ([]Stats, error) {
 }
 
 // Run passes every sweep of the group in turn until ctx is done, then
-// returns ctx.Err(). It behaves as Sweep.Run does for one sweep, with the
-// group's lease and jitter: after each round it sleeps until the first of
-// the sweeps' next markers falls due, but never longer than the shortest of
-// their Intervals. Each sweep's Config.OnPass sees its passes.
-// While the group or one of its sweeps is being run by another Run, it
-// returns an error matching ErrRunning at once.
+// returns ctx.Err(), as Sweep.Run does for one sweep, with the group's
+// lease and jitter, waking for the first of the sweeps' next markers. While
+// one of its sweeps is run by another Run, it returns an error matching
+// ErrRunning at once.
 func (g *Group) Run(ctx context.Context) error {
 	if err := g.configured("Run"); err != nil {
 		return err

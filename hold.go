@@ -8,21 +8,13 @@ import (
 
 // Hold returns the error that keeps an entity past its retention until
 // until: a Config.Clear (or an entry of a BatchError, or a whole ClearBatch
-// or ClearDeleter call) returns it for an entity on legal hold, under
-// investigation, or kept because a customer asked. The entity is not
-// cleared and its marker falls due again at until, moved in the store to
-// the sweep's retry range on a KV that can write (so the hold outlives a
-// restart), kept in memory on one that cannot. A hold is no failure: it
-// counts in Stats.Held, not Failed; it adds no failed attempt, no backoff,
-// and no Error log line. A zero until, or one already past, means "try
-// again after Config.RetryDelay".
-//
-// The hold is asked for again at until, so keep returning Hold for as long
-// as the entity is held: a hold lifted early takes effect then. A restart
-// before the marker was moved (docs/policies.md says when) may ask early.
-//
-// Where an entity's retention differs from the others from the start, write
-// its marker with a deadline of its own instead (see DeadlineKey).
+// or ClearDeleter call) returns it for an entity on legal hold, say. The
+// entity is not cleared and its marker falls due again at until, moved to
+// the sweep's retry range on a Mover, kept in memory otherwise. A hold is
+// no failure: it counts in Stats.Held, with no failed attempt, backoff or
+// Error log line. A zero until, or one already past, means "try again
+// after Config.RetryDelay". The hold is asked for again at until, so keep
+// returning Hold for as long as the entity is held. See docs/policies.md.
 func Hold(until time.Time) error { return &holdError{until: until} }
 
 // holdError is the error of Hold.
@@ -37,16 +29,6 @@ func (e *holdError) Error() string {
 
 func (e *holdError) Is(target error) bool { return target == ErrHeld }
 
-// heldUntil returns the time err holds an entity until (zero for "after
-// RetryDelay") and whether err is a hold at all.
-func heldUntil(err error) (time.Time, bool) {
-	var h *holdError
-	if !errors.As(err, &h) {
-		return time.Time{}, false
-	}
-	return h.until, true
-}
-
 // outcomeOf classifies what a clear (or the entry of a BatchError for one
 // id) returned: cleared on nil, live again, held, or else failed.
 func outcomeOf(err error) outcome {
@@ -56,7 +38,6 @@ func outcomeOf(err error) outcome {
 	return errOutcome(err)
 }
 
-// errOutcome is outcomeOf of an error.
 func errOutcome(err error) outcome {
 	switch {
 	case errors.Is(err, ErrLiveAgain):
@@ -67,9 +48,8 @@ func errOutcome(err error) outcome {
 	return failed
 }
 
-// holdKey puts off the marker old of a held id until the hold's end, as
-// retry does a failed one's: it returns the held key of the retry range to
-// move old to, or nil when the marker stays and the hold is kept in memory.
+// holdKey returns the end of the hold of it and the held key of the retry
+// range to move its marker to, or nil when the hold is kept in memory.
 func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 	until = s.remember(it)
 	untilMs := until.UnixMilli()
@@ -84,11 +64,13 @@ func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 }
 
 // remember records in memory the hold that the clear of it returned, and
-// returns its end, in whole milliseconds: the hold's end, or RetryDelay
-// from now when that is zero or past. Until the marker is moved to the
-// hold's end (or on a store that cannot move it), the pass skips the id.
+// returns its end, in whole milliseconds: RetryDelay from now when it is
+// zero or past.
 func (s *Sweep) remember(it *item) time.Time {
-	until, _ := heldUntil(it.err)
+	var until time.Time
+	if h := (*holdError)(nil); errors.As(it.err, &h) { // else ErrHeld itself
+		until = h.until
+	}
 	if now := s.clock.Now(); !until.After(now) {
 		until = now.Add(s.retries.first)
 	}
@@ -101,9 +83,8 @@ func (s *Sweep) remember(it *item) time.Time {
 	return until
 }
 
-// rememberHolds records the holds of a page the pass leaves unsettled (it
-// was cancelled or failed): the next pass skips those ids until the
-// holds' ends, and moves their markers there.
+// rememberHolds records the holds of a page the pass leaves unsettled, for
+// the next pass to skip their ids and move their markers.
 func (s *Sweep) rememberHolds(items []item) {
 	for i := range items {
 		if items[i].out == held {
@@ -113,15 +94,10 @@ func (s *Sweep) rememberHolds(items []item) {
 }
 
 // DeadlineKey returns the key of a marker for id that falls due at deleteAt
-// whatever the sweep's Retention: for an entity kept longer or shorter
-// than the others of its prefix (a failed run kept for a month where
-// successful ones go after a day). Write it instead of the marker of
-// MarkerKey, in the same transaction, with the adapters' MarkKeyTx; the
-// sweep clears it at deleteAt (and deletes it, as any marker), and a later
-// change of Config.Retention leaves it alone. Where whole classes of
-// entities differ, a prefix per class, each with its own Sweep in one
-// Group, reads better (docs/policies.md). The key lies in the sweep's retry
-// range, where held markers wait (see Hold); Sweep.Due lists it once due.
+// whatever the sweep's Retention, for an entity kept longer or shorter than
+// the others of its prefix. Write it instead of the key of MarkerKey, in
+// the same transaction. It lies in the sweep's retry range. See
+// docs/policies.md, "A deadline of its own".
 func DeadlineKey(prefix string, deleteAt time.Time, id string) ([]byte, error) {
 	if err := ValidateID(id); err != nil {
 		return nil, err

@@ -1,8 +1,3 @@
-// Inspection: what an admin page or a CLI asks of a sweep (Backlog, Due,
-// Parked, Requeue), read from the store by one reader of the three ranges
-// (readRanges) and one rule of what a retry-range key stands for
-// (retryKey.state).
-
 package retention
 
 import (
@@ -17,8 +12,8 @@ import (
 // not yet cleared. The zero value means nothing is due.
 type Backlog struct {
 	// OldestID is the id of the oldest marker that is due and not cleared
-	// yet, and OldestDue when it fell due (its marker time plus Retention).
-	// Empty and zero when none is due.
+	// yet, retrying ones included, and OldestDue when it fell due (its
+	// marker time plus Retention). Empty and zero when none is due.
 	OldestID  string
 	OldestDue time.Time
 
@@ -30,29 +25,23 @@ type Backlog struct {
 	// at most the limit it was given.
 	Due int
 
-	// Retrying is how many markers wait in the retry range: their clear
-	// failed and they are tried again later (see Config.RetryDelay). Their
-	// entities are due already, so the oldest of them counts for OldestID,
-	// OldestDue and Age like the others: an id that keeps failing makes
-	// the backlog grow older. At most the limit.
+	// Retrying is how many markers wait in the retry range after a failed
+	// clear (see Config.RetryDelay), at most the limit.
 	Retrying int
 
-	// RetryingAge is how long past due the oldest of the retrying markers'
-	// entities was when Backlog read the clock: the figure to alert on for
-	// stuck ids. Zero when none is retrying. The retry range is in the
-	// order of the next retry, and an id that keeps failing waits longest:
-	// when More is set, the oldest may be among the markers not read.
+	// RetryingAge is how long past due the oldest retrying marker's entity
+	// was: the figure to alert on for stuck ids. Zero when none is
+	// retrying. When More is set, the oldest may be among those not read.
 	RetryingAge time.Duration
 
 	// Held is how many markers wait for a hold's end (see Hold) or for a
-	// deadline of their own (see DeadlineKey), at most the limit: they are
-	// not late, and do not count in Age. One whose time came counts as
-	// due, from that time.
+	// deadline of their own (see DeadlineKey), at most the limit; they do
+	// not count in Age until their time comes, then count as due.
 	Held int
 
 	// Parked is how many markers are parked after Config.MaxAttempts failed
-	// clears, at most the limit: they are never cleared until requeued
-	// (Sweep.Requeue), and do not count in Age.
+	// clears (see Sweep.Requeue), at most the limit; they do not count in
+	// Age.
 	Parked int
 
 	// More reports that there may be more markers than Due, Retrying,
@@ -69,17 +58,11 @@ const backlogScans = 4
 func (s *Sweep) Prefix() string { return s.prefix }
 
 // Backlog tells how far behind the sweep is, for a readiness probe or an
-// alert: the oldest marker that is due and not yet cleared, how long past
-// due it is, and how many markers are due, retrying and parked, counting
-// each up to limit (1 to MaxPageSize; a limit out of that range is an
-// error, so that 0 is not taken for "no limit"). It reads each of the
-// three ranges through at most four Scan calls of at most limit+1 keys
-// each, never a whole range, whatever the number of markers, and may run
-// while a pass does.
-//
-// A marker waiting out a retry delay in memory (on a KV that cannot write)
-// counts as due; one rescheduled by the sweep counts as retrying, from
-// its entity's due time. Malformed markers and foreign keys are skipped.
+// alert, counting markers up to limit (1 to MaxPageSize). It reads each of
+// the three ranges through at most four Scan calls of at most limit+1 keys,
+// and may run while a pass does. A retry delay kept in memory (on a KV
+// that is no Mover) counts as due. Malformed markers and foreign keys are
+// skipped. See docs/operating.md.
 func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 	var b Backlog
 	if err := s.inspectable(ctx, "Backlog", limit); err != nil {
@@ -130,16 +113,14 @@ func (s *Sweep) inspectable(ctx context.Context, what string, limit int) error {
 }
 
 // readRanges reads, for Backlog and Due, the expired range and the retry
-// and parked ranges, each through backlogRange, and passes each marker that
-// parses and whose id the sweep's rule accepts to visit, as a DueMarker with
-// its state at now; visit reports whether it counted the marker. Malformed
-// markers and foreign keys are skipped. It reports whether any range may
-// hold more than it read.
+// and parked ranges, and passes each well-formed marker to visit, with its
+// state at now; visit reports whether it counted the marker. It reports
+// whether any range may hold more than it read.
 func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit func(DueMarker) bool) (more bool, err error) {
 	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
 	more, err = s.backlogRange(ctx, s.lower, cutoffKey, limit, func(key []byte) bool {
-		ms, id, isForeign, err := parseKey(s.prefix, key)
-		if isForeign || err != nil || s.checkIDBytes(key, id) != nil {
+		ms, id, _, err := parseKey(s.prefix, key)
+		if err != nil || s.checkIDBytes(key, id) != nil {
 			return false
 		}
 		return visit(DueMarker{ID: string(id), Due: time.UnixMilli(ms).Add(s.retention), State: StateDue})
@@ -151,13 +132,19 @@ func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit 
 		lower, upper := infixRange(s.prefix, infix)
 		var m bool
 		m, err = s.backlogRange(ctx, lower, upper, limit, func(key []byte) bool {
-			k, isForeign, err := parseRetryKey(s.prefix, infix, key)
-			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
+			k, _, err := parseRetryKey(s.prefix, infix, key)
+			if err != nil || s.checkIDBytes(key, k.id) != nil {
 				return false
 			}
-			d := DueMarker{ID: string(k.id), Attempts: k.attempts, Due: s.keyDue(k), State: StateParked}
+			d := DueMarker{ID: string(k.id), Attempts: k.attempts, Due: time.UnixMilli(k.finished), State: StateParked}
+			if k.kind&keyDeadline == 0 {
+				d.Due = d.Due.Add(s.retention) // a hold's end puts off only the clear
+			}
 			if infix == retryInfix {
-				d.Due, d.State, d.Next = s.retryState(k, now)
+				d.State = k.state(now)
+				if next := time.UnixMilli(k.at); next.After(now) {
+					d.Next = next
+				}
 			}
 			return visit(d)
 		})
@@ -166,9 +153,8 @@ func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit 
 	return more, err
 }
 
-// backlogRange reads [from, end) for Backlog, passing each key to count,
-// which reports whether it counted it, until limit keys counted. It
-// reports whether there may be more.
+// backlogRange reads [from, end) for Backlog, passing each key to count
+// until limit keys counted. It reports whether there may be more.
 func (s *Sweep) backlogRange(ctx context.Context, from, end []byte, limit int, count func([]byte) bool) (more bool, err error) {
 	n := 0
 	for range backlogScans {
@@ -243,16 +229,10 @@ type DueMarker struct {
 }
 
 // Due lists up to limit (1 to MaxPageSize) markers that are due and not
-// cleared yet, the longest overdue first, with their state: due (a pass
-// clears it next), retrying, held or parked. It is for an admin page or a
-// CLI: what the sweep will delete, what is stuck and why. It reads the
-// expired range and the retry and parked ranges, each through at most four
-// Scan calls of at most limit+1 keys, so with more than limit markers in
-// a range the list holds the first of each range by key order: the oldest
-// due ones, the earliest retries, the oldest parked. A marker with a
-// deadline of its own not reached yet is not due and is not listed. It
-// reads the store only: a retry delay kept in memory (on a KV that cannot
-// write) shows as due. It may run while a pass does.
+// cleared yet, the longest overdue first, with their state, for an admin
+// page or a CLI. It reads as Backlog does, so with more than limit markers
+// in a range it lists the first of each range by key order. A retry delay
+// kept in memory shows as due. It may run while a pass does.
 func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 	if err := s.inspectable(ctx, "Due", limit); err != nil {
 		return nil, err
@@ -270,30 +250,6 @@ func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
 	}
 	slices.SortStableFunc(out, func(a, b DueMarker) int { return a.Due.Compare(b.Due) })
 	return out[:min(len(out), limit)], nil
-}
-
-// retryState tells what a key k of the retry range stands for at now: when
-// its entity fell (or falls) due, its state (see retryKey.state), and when
-// a pass tries it next (zero when that is the next pass). Retries and holds
-// fall due at their finish time plus Retention (a hold's end does not make
-// its entity due any later: it only puts the clear off); a deadline key at
-// its deadline, whatever the Retention.
-func (s *Sweep) retryState(k retryKey, now time.Time) (due time.Time, state MarkerState, next time.Time) {
-	due, state = s.keyDue(k), k.state(now)
-	if next = time.UnixMilli(k.at); !next.After(now) {
-		next = time.Time{}
-	}
-	return due, state, next
-}
-
-// keyDue returns when the entity of a retry- or parked-range key fell (or
-// falls) due: its finish time plus Retention, or a deadline key's own
-// deadline, whatever the Retention.
-func (s *Sweep) keyDue(k retryKey) time.Time {
-	if k.kind&keyDeadline != 0 {
-		return time.UnixMilli(k.finished)
-	}
-	return time.UnixMilli(k.finished).Add(s.retention)
 }
 
 // ParkedMarker is a marker parked after Config.MaxAttempts failed clears:
@@ -320,11 +276,10 @@ func (s *Sweep) Parked(ctx context.Context, limit int) ([]ParkedMarker, error) {
 	return out, err
 }
 
-// Requeue puts the parked markers of ids back (see Parked): each moves to
-// the retry range, due at once with no failed attempt counted, and the
-// next pass clears it, in one Move. It returns how many it put back; an id
-// with no parked marker is not an error, but no ids at all, or a KV that
-// is no Mover, is. It reads the whole parked range, a page at a time.
+// Requeue puts the parked markers of ids back (see Parked), in one Move to
+// the retry range, due at once with no failed attempt counted. It returns
+// how many it put back; an id with no parked marker is not an error, but no
+// ids at all, or a KV that is no Mover, is. It reads the whole parked range.
 func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	if err := s.configured("Requeue"); err != nil {
 		return 0, err
@@ -371,8 +326,8 @@ func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) b
 			return err
 		}
 		for _, key := range keys {
-			k, isForeign, err := parseRetryKey(s.prefix, parkedInfix, key)
-			if isForeign || err != nil || s.checkIDBytes(key, k.id) != nil {
+			k, _, err := parseRetryKey(s.prefix, parkedInfix, key)
+			if err != nil || s.checkIDBytes(key, k.id) != nil {
 				continue
 			}
 			if !f(key, k) {

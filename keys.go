@@ -26,12 +26,9 @@ var (
 const MaxIDLen = 128
 
 // ValidateID reports whether id is a valid marker id under the default rule:
-// 1 to MaxIDLen bytes, each one of A-Z, a-z, 0-9, '_' or '-'. The error
-// matches ErrInvalidID and names the offending byte.
-//
-// The rule keeps ids safe to splice into the caller's own keys: an empty id,
-// for example, would make a clear of "<entity-prefix><id>" remove every
-// entity under the shared prefix.
+// 1 to MaxIDLen bytes, each one of A-Z, a-z, 0-9, '_' or '-', so that an id
+// is safe to splice into the caller's own keys. The error matches
+// ErrInvalidID and names the offending byte. See docs/clearing.md.
 func ValidateID(id string) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidID)
@@ -59,14 +56,11 @@ var idBytes = func() (t [256]bool) {
 }()
 
 // MarkerKey returns the marker key "<prefix><ts>/<id>" for an entity that
-// finished at t, where ts is t in Unix milliseconds, rounded up to a whole
-// millisecond, padded to TimestampWidth digits. Rounding up means the marker
-// never falls due before the retention has run out since t. It refuses an id
-// that fails ValidateID and a time before the Unix epoch or after
-// MaxMarkerTime, so a malformed marker is never written.
-//
-// Write the returned key, with an empty value, in the same transaction that
-// records the entity's terminal state.
+// finished at t: ts is t in Unix milliseconds, rounded up so that the
+// marker never falls due early, padded to TimestampWidth digits. It refuses
+// an id that fails ValidateID and a time before the Unix epoch or after
+// MaxMarkerTime. Write the key, with an empty value, in the transaction
+// that records the entity's terminal state.
 func MarkerKey(prefix string, t time.Time, id string) ([]byte, error) {
 	key, err := AppendMarkerKey(make([]byte, 0, len(prefix)+TimestampWidth+1+len(id)), prefix, t, id)
 	if err != nil {
@@ -84,8 +78,7 @@ func AppendMarkerKey(dst []byte, prefix string, t time.Time, id string) ([]byte,
 	return appendKey(dst, prefix, t, id)
 }
 
-// appendKey appends a marker key after checking only the time, for callers
-// that validated id by their own rule.
+// appendKey is AppendMarkerKey for an id checked by the caller's rule.
 func appendKey(dst []byte, prefix string, t time.Time, id string) ([]byte, error) {
 	ms, err := markerMillis(t)
 	if err != nil {
@@ -117,8 +110,7 @@ func markerMillis(t time.Time) (int64, error) {
 // appendTimestamp appends ms as exactly TimestampWidth decimal digits.
 func appendTimestamp(dst []byte, ms uint64) []byte {
 	var buf [TimestampWidth]byte
-	// Three blocks of 8, 8 and 4 digits, each written two digits a step:
-	// three short chains of divisions instead of one of twenty.
+	// Three short chains of divisions instead of one of twenty.
 	lo, mid, hi := ms%1e8, ms/1e8%1e8, ms/1e16
 	put8(buf[12:20], lo)
 	put8(buf[4:12], mid)
@@ -143,12 +135,10 @@ func put4(b []byte, v uint64) {
 }
 
 // ParseMarkerKey splits a marker key written by MarkerKey into the time it
-// records and its id. The returned id aliases key. It also reads the keys
-// the sweep moves a marker to after a failed clear (its retry and parked
-// ranges, see Config.MaxAttempts), and returns the entity's finish time
-// they keep. Any other key is refused with an error matching
-// ErrMalformedMarker that says which part is wrong. It does not allocate
-// on success.
+// records and its id, which aliases key. It also reads the keys of the
+// sweep's retry and parked ranges, returning the entity's finish time they
+// keep. Any other key is refused with an error matching ErrMalformedMarker
+// that says which part is wrong. It does not allocate on success.
 func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err error) {
 	ms, id, _, err := parseKey(prefix, key)
 	if err != nil && len(key) > len(prefix) && string(key[:len(prefix)]) == prefix {
@@ -169,12 +159,10 @@ func ParseMarkerKey(prefix string, key []byte) (t time.Time, id []byte, err erro
 }
 
 // CheckMarkerKey returns nil when key is shaped like a marker of some sweep:
-// a prefix New accepts (not empty, not ending in an id byte), TimestampWidth
-// digits no later than MaxMarkerTime, '/' and a non-empty id. The id rule is
-// not checked, since the sweep's own Config.ValidateID may differ from the
-// default. The adapters' MarkKeyTx and MarkKeyOp use it to refuse, with an
-// error matching ErrMalformedMarker, a key that no sweep would ever clear:
-// any other key under a sweep's prefix is foreign and stays for ever.
+// a prefix New accepts, TimestampWidth digits no later than MaxMarkerTime,
+// '/' and a non-empty id, whatever the id rule. Otherwise it returns an
+// error matching ErrMalformedMarker: no sweep would ever clear such a key.
+// The adapters' MarkKeyTx and MarkKeyOp check keys with it.
 func CheckMarkerKey(key []byte) error {
 	var late error
 	for i := 1; i+TimestampWidth+1 < len(key); i++ {
@@ -195,8 +183,7 @@ func CheckMarkerKey(key []byte) error {
 	return fmt.Errorf("%w %s: not <prefix><%d digits>/<id>", ErrMalformedMarker, strconv.Quote(string(key)), TimestampWidth)
 }
 
-// validateIDBytes is ValidateID without converting id to a string on the
-// success path.
+// validateIDBytes is ValidateID with no string conversion on success.
 func validateIDBytes(id []byte) error {
 	if !validID(id) {
 		return ValidateID(string(id)) // says what is wrong
@@ -217,12 +204,10 @@ func validID(id []byte) bool {
 
 // parseKey checks a marker key: prefix, TimestampWidth digits, '/', and a
 // non-empty id; the id rule is left to the caller. On failure, foreign says
-// whether the key is not even shaped like a marker (the sweep leaves such
-// keys alone) rather than a marker-shaped key whose time is out of range
-// (the sweep deletes those as malformed).
+// whether the key is not even marker-shaped (the sweep leaves it alone)
+// rather than a marker whose time is out of range (deleted as malformed).
 func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err error) {
-	// Most keys are markers: one test of their shape, then the details of
-	// what is wrong with the others.
+	// Most keys are markers: parseBadKey says what is wrong with the others.
 	if n := len(prefix); len(key) > n+TimestampWidth+1 && key[n+TimestampWidth] == '/' && string(key[:n]) == prefix {
 		if v, ok := parseStamp(key[n : n+TimestampWidth]); ok && v <= uint64(maxMarkerMs) {
 			return int64(v), key[n+TimestampWidth+1:], false, nil
@@ -231,20 +216,21 @@ func parseKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err
 	return parseBadKey(prefix, key)
 }
 
-// parseBadKey is parseKey of a key that is not a valid marker's: it says
-// why.
+// parseBadKey is parseKey's slow path, which says what is wrong.
 func parseBadKey(prefix string, key []byte) (ms int64, id []byte, foreign bool, err error) {
 	if len(key) < len(prefix) || string(key[:len(prefix)]) != prefix {
 		return 0, nil, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix))
 	}
 	rest := key[len(prefix):]
-	if len(rest) < TimestampWidth {
-		return 0, nil, true, timestampError(key, rest)
+	for i := range TimestampWidth {
+		if i == len(rest) {
+			return 0, nil, true, malformed(key, "timestamp", fmt.Errorf("%d digits, want %d", i, TimestampWidth))
+		}
+		if c := rest[i]; c < '0' || c > '9' {
+			return 0, nil, true, malformed(key, "timestamp", fmt.Errorf("byte %d is %q, want a digit", i, c))
+		}
 	}
-	v, ok := parseStamp(rest[:TimestampWidth])
-	if !ok {
-		return 0, nil, true, timestampError(key, rest)
-	}
+	v, _ := parseStamp(rest[:TimestampWidth])
 	if len(rest) == TimestampWidth || rest[TimestampWidth] != '/' {
 		return 0, nil, true, malformed(key, "separator", fmt.Errorf("want '/' after the %d-digit timestamp", TimestampWidth))
 	}
@@ -274,47 +260,19 @@ func parse8(b []byte) (uint64, bool) {
 	return x >> 32, true
 }
 
-// timestampError describes the first fault of a timestamp that is short or
-// holds a non-digit.
-func timestampError(key, rest []byte) error {
-	for i := 0; i < TimestampWidth; i++ {
-		if i >= len(rest) {
-			return malformed(key, "timestamp", fmt.Errorf("%d digits, want %d", i, TimestampWidth))
-		}
-		if c := rest[i]; c < '0' || c > '9' {
-			return malformed(key, "timestamp", fmt.Errorf("byte %d is %q, want a digit", i, c))
-		}
-	}
-	panic("retention: timestampError called on a valid timestamp")
-}
-
 func malformed(key []byte, part string, cause error) error {
 	return fmt.Errorf("%w %s: %s %w", ErrMalformedMarker, strconv.Quote(string(key)), part, cause)
 }
 
-// A marker whose clear failed moves to the sweep's retry range, and one
-// that failed Config.MaxAttempts times to its parked range. Both lie under
-// the prefix but outside the range of markers (the prefix followed by a
-// digit), which a pass reads apart, and keep the entity's finish time and
-// the number of failed attempts, so that lag, backlog age and backoff
-// count from the real due time across restarts:
+// The retry range (failed, held and deadline markers) and the parked range
+// (Config.MaxAttempts) lie under the prefix, outside the markers' range (the
+// prefix and a digit), and keep the entity's finish time (or its deadline,
+// d) and its failed attempts across restarts. h marks a held key.
 //
-//	<prefix>r<retry at, ms:020>/<finished, ms:020>/<attempts>/<id>
-//	<prefix>p<finished, ms:020>/<attempts>/<id>
+//	<prefix>r<at, ms:020>/<finished or deadline, ms:020>/[d][h]<attempts>/<id>
+//	<prefix>p<finished or deadline, ms:020>/[d]<attempts>/<id>
 //
-// Letters before the attempts tell more kinds of key apart, in the retry
-// range (and, for d, in the parked range too):
-//
-//	<prefix>r<until, ms:020>/<finished, ms:020>/h<attempts>/<id>
-//	<prefix>r<at, ms:020>/<deadline, ms:020>/d<attempts>/<id>
-//	<prefix>r<until, ms:020>/<deadline, ms:020>/dh<attempts>/<id>
-//
-// h is a held marker (see Hold): due at the later of until and its finish
-// time plus Retention; it is no failure, and keeps the count of failures
-// before the hold. d is a marker with a deadline of its own (see
-// DeadlineKey), in place of the finish time: due at at (the deadline, or a
-// later retry or hold's end) whatever the Retention, and it stays a d key
-// through failures and holds; dh is one that is held.
+// See docs/clearing.md and docs/policies.md.
 const (
 	retryInfix  = 'r'
 	parkedInfix = 'p'
@@ -345,11 +303,10 @@ const (
 	keyHeld                 // h: held until its retry time (retry range only)
 )
 
-// state tells what k, a key of the retry range, stands for at now: held
-// until its hold's end, or waiting for a deadline of its own, and due once
-// that time came; or rescheduled after a failure or an outage (retrying),
-// which it stays, its retry time come or not, until a clear settles it. It
-// is the one rule Sweep.Due and Sweep.Backlog go by.
+// state tells what k, a key of the retry range, stands for at now: held or
+// waiting for its deadline, then due once that time came; or retrying,
+// its retry time come or not, until a clear settles it. Sweep.Due and
+// Sweep.Backlog go by it alone.
 func (k retryKey) state(now time.Time) MarkerState {
 	switch {
 	case k.kind&keyHeld == 0 && (k.kind&keyDeadline == 0 || k.at != k.finished):
@@ -392,9 +349,8 @@ func appendAttemptsID(dst []byte, kind byte, attempts int, id string) []byte {
 }
 
 // parseRetryKey parses a key of the retry range (infix retryInfix) or of
-// the parked range (parkedInfix). foreign and err mean what they do for
-// parseKey: a key not of that shape is foreign; one whose time is out of
-// range is malformed. The id rule is left to the caller.
+// the parked range (parkedInfix); foreign and err mean what they do for
+// parseKey.
 func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign bool, err error) {
 	if len(key) <= len(prefix) || string(key[:len(prefix)]) != prefix || key[len(prefix)] != infix {
 		return k, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix+string(infix)))
@@ -406,11 +362,12 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 		defer func() { k.at = k.finished }()
 	}
 	for _, stamp := range stamps {
-		if len(rest) <= TimestampWidth {
-			return k, true, malformed(key, "timestamp", fmt.Errorf("want %d digits and '/'", TimestampWidth))
+		var v uint64
+		ok := len(rest) > TimestampWidth && rest[TimestampWidth] == '/'
+		if ok {
+			v, ok = parseStamp(rest[:TimestampWidth])
 		}
-		v, ok := parseStamp(rest[:TimestampWidth])
-		if !ok || rest[TimestampWidth] != '/' {
+		if !ok {
 			return k, true, malformed(key, "timestamp", fmt.Errorf("want %d digits and '/'", TimestampWidth))
 		}
 		if v > uint64(maxMarkerMs) {
@@ -438,9 +395,8 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 	return k, false, nil
 }
 
-// parseStamp reads a timestamp: b is TimestampWidth bytes, which must all
-// be digits. A value past any marker time comes back as one, rather than
-// wrapped.
+// parseStamp reads TimestampWidth digits. A value past any marker time
+// comes back as one, rather than wrapped.
 func parseStamp(b []byte) (uint64, bool) {
 	if binary.LittleEndian.Uint32(b) == 0x30303030 {
 		// Every time up to MaxMarkerTime has 5 leading zeros: two blocks

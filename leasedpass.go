@@ -7,17 +7,12 @@ import (
 )
 
 // LeasedPass makes one pass the way Run does, for callers who schedule
-// passes themselves (a cron job, a Kubernetes CronJob, an admin endpoint):
-// it takes Config.Lease if nobody holds it, makes one pass under it, with
-// its deletes fenced when the lease is a Fencer, and releases it. A pass
-// during which the lease is lost is cancelled before it deletes another
-// marker, and LeasedPass then returns an error matching ErrLeaseLost. When
-// another replica holds the lease it makes no pass and returns an error
-// matching ErrLeaseHeld, and when the lease is a Fencer that cannot fence
-// the KV, an error matching ErrUnfenced (see Config.AllowUnfenced). Without
-// a lease it makes the pass unguarded.
-// Config.OnPass and Config.Observer see the pass, and the Observer the
-// lease's events, as they do under Run. Most callers want Run.
+// passes themselves (a cron job, an admin endpoint): it takes Config.Lease,
+// makes one pass under it, fenced as under Run, and releases it. It returns
+// an error matching ErrLeaseLost when the lease was lost during the pass,
+// ErrLeaseHeld when another replica holds it (no pass), and ErrUnfenced as
+// Run does. Without a lease it makes the pass unguarded. Config.OnPass and
+// Config.Observer see it as under Run. Most callers want Run.
 func (s *Sweep) LeasedPass(ctx context.Context) (Stats, error) {
 	if err := s.configured("LeasedPass"); err != nil {
 		return Stats{}, err
@@ -31,9 +26,8 @@ func (s *Sweep) LeasedPass(ctx context.Context) (Stats, error) {
 }
 
 // LeasedPass passes every sweep of the group once under GroupConfig.Lease,
-// as Sweep.LeasedPass does for one sweep, and returns their Stats in order
-// (none when the lease was held by another replica). A failing sweep does
-// not stop the others; the error joins every failure.
+// as Sweep.LeasedPass does, and returns their Stats in order (none when
+// another replica held the lease). The error joins every failure.
 func (g *Group) LeasedPass(ctx context.Context) ([]Stats, error) {
 	if err := g.configured("LeasedPass"); err != nil {
 		return nil, err
@@ -42,42 +36,36 @@ func (g *Group) LeasedPass(ctx context.Context) ([]Stats, error) {
 	return l.once(ctx)
 }
 
-// once makes one round of passes under the lease: acquire, passAll (the
-// same passes Run makes, fenced and cancelled on loss), release.
+// once makes one round of passes, under the lease if there is one:
+// acquire, passAll, release.
 func (l *loop) once(ctx context.Context) ([]Stats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
-	}
-	if l.locker == nil {
-		stats, _, err := l.passAll(ctx, nil)
-		if ctx.Err() != nil {
-			return stats, ctx.Err()
-		}
-		return stats, err
 	}
 	var (
 		lease Lease
 		lost  bool
 	)
 	defer func() {
-		// Deferred: a panic of OnPass or the Observer reaches the caller,
-		// who may recover it (net/http does), and a lease left held would
-		// be renewed with no one to sweep under it.
+		// Deferred: a caller may recover a panic of OnPass or the Observer
+		// (net/http does), and a lease left held would be renewed for ever.
 		if lease != nil {
 			l.giveUp(ctx, lease, lost || isLost(lease))
 		}
 	}()
-	switch err := l.acquire(ctx, &lease); {
-	case err == nil:
-	case ctx.Err() != nil:
-		return nil, ctx.Err()
-	case errors.Is(err, ErrLeaseHeld):
-		return nil, err
-	default:
-		return nil, fmt.Errorf("retention: acquire lease: %w", err)
+	if l.locker != nil {
+		switch err := l.acquire(ctx, &lease); {
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.Is(err, ErrLeaseHeld):
+			return nil, err
+		default:
+			return nil, fmt.Errorf("retention: acquire lease: %w", err)
+		}
 	}
 	stats, lost, err := l.passAll(ctx, lease)
-	lost = lost || isLost(lease)
+	lost = lost || (lease != nil && isLost(lease))
 	switch {
 	case ctx.Err() != nil:
 		return stats, ctx.Err()

@@ -10,12 +10,10 @@ import (
 	"time"
 )
 
-// maxExamples is how many examples of each kind of trouble a pass logs:
-// enough to diagnose, bounded however many markers fail.
+// maxExamples is how many examples of each kind of trouble a pass logs.
 const maxExamples = 3
 
-// passNotes gathers what a pass logs at its end: one line per kind of
-// trouble, with a count and a few examples.
+// passNotes gathers what a pass logs at its end.
 type passNotes struct {
 	failed, panicked, malformed, foreign tally
 	parked                               tally
@@ -31,8 +29,7 @@ type tally struct {
 	examples []string
 }
 
-// add counts one occurrence; example builds its description, only when it
-// is kept.
+// add counts one occurrence; example is called only when it is kept.
 func (t *tally) add(example func() string) {
 	t.n++
 	if len(t.examples) < maxExamples {
@@ -40,10 +37,8 @@ func (t *tally) add(example func() string) {
 	}
 }
 
-// noteFailed records a failed Clear of id.
 func (n *passNotes) noteFailed(id string, err error) {
 	if oe := (*outageError)(nil); errors.As(err, &oe) {
-		// Not this id's fault: no example names it.
 		if n.putOff == 0 {
 			n.outageErr = oe.err
 		}
@@ -66,24 +61,20 @@ func (n *passNotes) noteFailed(id string, err error) {
 	})
 }
 
-// noteParked records the marker of id parked after its last failure err.
 func (n *passNotes) noteParked(id string, err error) {
 	n.parked.add(func() string { return strconv.Quote(id) + ": " + errString(err) })
 }
 
-// noteMalformed records a malformed marker; err names the key.
 func (n *passNotes) noteMalformed(err error) {
 	n.malformed.add(func() string { return errString(err) })
 }
 
-// noteForeign records a foreign key.
 func (n *passNotes) noteForeign(key []byte) {
 	n.foreign.add(func() string { return strconv.Quote(string(key)) })
 }
 
-// logPass logs a pass's troubles (Error for failed clears, Warn for
-// malformed and foreign keys) and its summary (Debug). Run logs a failed
-// pass itself.
+// logPass logs a pass's troubles and its summary (docs/operating.md,
+// "Logs"). Run logs a failed pass itself.
 func (s *Sweep) logPass(p *passState) {
 	st, n := p.st, &p.notes
 	if n.failed.n > 0 {
@@ -99,8 +90,7 @@ func (s *Sweep) logPass(p *passState) {
 			"put_off", n.putOff, "error", errString(n.outageErr))
 	}
 	if alone := st.Failed - n.putOff; st.FailedCalls > alone {
-		// Calls failed whose ids a bisection then cleared apart: no id
-		// ends the pass failed for them, yet they cost time.
+		// No id ends the pass failed for these calls, yet they cost time.
 		s.log.Warn("retention: clear calls failed as a whole; a bisection cleared their other ids apart",
 			"failed_calls", st.FailedCalls, "timed_out", st.TimedOutCalls, "panicked", st.PanickedCalls, "failed_ids", st.Failed)
 	}
@@ -148,8 +138,9 @@ func errString(err error) string {
 	return msg
 }
 
-// errorPanics calls err.Error() and walks err's chain; when either panics
-// it returns an error that says so instead.
+// errorPanics calls err.Error() and walks err's chain with errors.Is and
+// errors.As, as the sweep does; when either panics it returns an error
+// that says so instead.
 func errorPanics(err error) (msg string, perr error) {
 	method := "Error"
 	defer func() {
@@ -158,9 +149,6 @@ func errorPanics(err error) (msg string, perr error) {
 		}
 	}()
 	msg = err.Error()
-	// The sweep classifies errors with errors.Is and errors.As, which call
-	// the Unwrap, Is and As methods of the whole chain: a typed nil pointer
-	// among them panics there, on whichever goroutine reads it.
 	method = "Unwrap, Is or As"
 	_ = errors.Is(err, errNeverMatches)
 	_ = errors.As(err, new(BatchError))

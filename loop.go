@@ -45,73 +45,66 @@ func (l *loop) run(ctx context.Context) error {
 	}
 	failures := 0
 	for {
-		if l.locker != nil && lease == nil {
-			switch err := l.acquire(ctx, &lease); {
-			case err == nil:
-			case ctx.Err() != nil:
-				return ctx.Err()
-			case errors.Is(err, ErrLeaseHeld):
-				if err := l.sleep(ctx, l.interval()); err != nil {
-					return err
-				}
-				continue
-			default:
-				failures++
-				wait := l.backoff(failures)
-				l.log.Error("retention: acquire lease", "error", err, "retry_in", wait)
-				if err := l.sleep(ctx, wait); err != nil {
-					return err
-				}
-				continue
-			}
+		wait, err := l.round(ctx, &lease, &failures)
+		if err == nil {
+			err = sleep(ctx, wait)
 		}
-
-		stats, lost, err := l.passAll(ctx, lease)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errors.Is(err, ErrUnfenced) {
-			return err // a setting to change, not a failure to retry
-		}
-		if lost || (lease != nil && isLost(lease)) {
-			l.giveUp(ctx, lease, true)
-			lease = nil
-			// Do not take it straight back: whoever took it, or an
-			// operator who revoked it, gets one interval first.
-			if err := l.sleep(ctx, l.interval()); err != nil {
-				return err
-			}
-			continue
-		}
-		var wait time.Duration
 		if err != nil {
-			failures++
-			wait = l.backoff(failures)
-			l.log.Error("retention: pass failed", "error", err, "retry_in", wait)
-		} else {
-			failures = 0
-			if err := sleep(ctx, l.jittered(l.nextWait(stats))); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := l.sleep(ctx, wait); err != nil {
 			return err
 		}
 	}
 }
 
+// round makes one round of Run, taking the lease first if it needs to, and
+// returns how long to wait before the next.
+func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Duration, error) {
+	if l.locker != nil && *lease == nil {
+		switch err := l.acquire(ctx, lease); {
+		case err == nil:
+		case ctx.Err() != nil:
+			return 0, ctx.Err()
+		case errors.Is(err, ErrLeaseHeld):
+			return l.atLeastMinWait(l.interval()), nil
+		default:
+			return l.failed(failures, "retention: acquire lease", err), nil
+		}
+	}
+	stats, lost, err := l.passAll(ctx, *lease)
+	switch {
+	case ctx.Err() != nil:
+		return 0, ctx.Err()
+	case errors.Is(err, ErrUnfenced):
+		return 0, err // a setting to change, not a failure to retry
+	case lost || (*lease != nil && isLost(*lease)):
+		l.giveUp(ctx, *lease, true)
+		*lease = nil
+		// Do not take it straight back: whoever took it, or an operator
+		// who revoked it, gets one interval first.
+		return l.atLeastMinWait(l.interval()), nil
+	case err != nil:
+		return l.failed(failures, "retention: pass failed", err), nil
+	}
+	*failures = 0
+	return l.jittered(l.nextWait(stats)), nil
+}
+
+// failed logs the failure of a round, one more in a row, and returns the
+// backoff to wait.
+func (l *loop) failed(failures *int, msg string, err error) time.Duration {
+	*failures++
+	wait := l.backoff(*failures)
+	l.log.Error(msg, "error", err, "retry_in", wait)
+	return l.atLeastMinWait(wait)
+}
+
 // nextWait is how long the loop waits after passes that succeeded with
-// stats, one per member: until the first marker falls due, at most an
-// interval, at least MinInterval after passes that changed something.
+// stats, one per member (docs/clearing.md, "When Run wakes").
 func (l *loop) nextWait(stats []Stats) time.Duration {
 	wait := l.interval()
 	progress := false
 	for i, m := range l.members {
 		if m.dryRun {
-			// Its due markers stay due: the next dry pass would find them
-			// all again at once.
-			continue
+			continue // its due markers stay due
 		}
 		wait = min(wait, m.untilDue(stats[i]))
 		progress = progress || stats[i].Cleared+stats[i].LiveAgain+stats[i].Malformed+stats[i].Retried+stats[i].Held+stats[i].Duplicates+stats[i].Gone > 0
@@ -122,22 +115,20 @@ func (l *loop) nextWait(stats []Stats) time.Duration {
 		// disagrees with the sweep. Do not spin on it.
 		return minWait
 	case progress:
-		// Steady traffic: one pass per MinInterval clears what fell due
-		// meanwhile, rather than a pass per marker or two.
+		// Steady traffic: not a pass per marker or two.
 		return max(wait, l.minInterval())
 	}
 	return wait
 }
 
-// sleep waits d lengthened by the jitter, but at least minWait: whatever
-// the clock, the store and the configuration say, Run never spins.
-func (l *loop) sleep(ctx context.Context, d time.Duration) error {
-	return sleep(ctx, max(l.jittered(d), minWait))
+// atLeastMinWait is d lengthened by the jitter, but at least minWait, so
+// that Run never spins.
+func (l *loop) atLeastMinWait(d time.Duration) time.Duration {
+	return max(l.jittered(d), minWait)
 }
 
 // passAll passes every member once, in order. With a lease, the passes run
-// under a context that is cancelled as soon as the lease is lost, and lost
-// reports that this happened.
+// under a context cancelled as soon as it is lost, and lost says so.
 func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bool, err error) {
 	passCtx := ctx
 	if lease != nil {
@@ -207,11 +198,10 @@ func (l *loop) named(m *Sweep, err error) error {
 	return fmt.Errorf("prefix %q: %w", m.prefix, err)
 }
 
-// fenced returns the KV a member's pass writes through, and the fence
-// its writes carry on their context: a view of its KV fenced by the lease,
-// or its KV with the fence on the context when it wraps one the lease can
-// fence. When the lease is a Fencer that can do neither, it returns an
-// error matching ErrUnfenced, unless the member allows unfenced writes.
+// fenced returns the KV a member's pass writes through (a view fenced by
+// the lease), or the fence its writes carry on their context (a wrapper,
+// see fenceFor). When the lease is a Fencer that can do neither, it
+// returns an error matching ErrUnfenced, unless the member allows it.
 func (l *loop) fenced(ctx context.Context, lease Lease, m *Sweep) (KV, Fencer, error) {
 	f, ok := lease.(Fencer)
 	if !ok {
@@ -244,10 +234,8 @@ func (l *loop) fenced(ctx context.Context, lease Lease, m *Sweep) (KV, Fencer, e
 }
 
 // acquire tries to take the lease into *lease, logging and observing the
-// outcome: LeaseAcquired when it is taken, LeaseHeld when another replica
-// holds it. *lease is set before the Observer is called, so that a caller
-// that gives the lease up in a deferred call does so even if the Observer
-// panics; it stays nil when the error is not.
+// outcome. *lease is set before the Observer is called, so that a caller's
+// deferred giveUp releases it even if the Observer panics.
 func (l *loop) acquire(ctx context.Context, lease *Lease) error {
 	got, err := l.locker.TryAcquire(ctx)
 	switch {
@@ -268,36 +256,30 @@ func (l *loop) giveUp(ctx context.Context, lease Lease, lost bool) {
 		l.log.Warn("retention: lease lost")
 		l.observeLease(LeaseLost)
 	}
-	l.release(ctx, lease)
-	if !lost {
-		l.observeLease(LeaseReleased)
-	}
-}
-
-func (l *loop) release(ctx context.Context, lease Lease) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	if err := lease.Release(rctx); err != nil {
 		l.log.Warn("retention: release lease", "error", err)
 	}
-}
-
-// interval is the shortest Interval of the members: the loop must wake for
-// the most demanding one.
-func (l *loop) interval() time.Duration {
-	d := l.members[0].interval
-	for _, m := range l.members[1:] {
-		d = min(d, m.interval)
+	if !lost {
+		l.observeLease(LeaseReleased)
 	}
-	return d
 }
 
-// minInterval is the smallest MinInterval of the members: the loop must
-// not keep the most demanding one waiting.
+// interval is the shortest Interval of the members, and minInterval the
+// shortest MinInterval: the loop must not keep the most demanding waiting.
+func (l *loop) interval() time.Duration {
+	return l.shortest(func(m *Sweep) time.Duration { return m.interval })
+}
+
 func (l *loop) minInterval() time.Duration {
-	d := l.members[0].minInterval
+	return l.shortest(func(m *Sweep) time.Duration { return m.minInterval })
+}
+
+func (l *loop) shortest(of func(*Sweep) time.Duration) time.Duration {
+	d := of(l.members[0])
 	for _, m := range l.members[1:] {
-		d = min(d, m.minInterval)
+		d = min(d, of(m))
 	}
 	return d
 }
@@ -321,15 +303,12 @@ func (l *loop) jittered(d time.Duration) time.Duration {
 	return d + time.Duration(extra)
 }
 
-// dueSlack is how long after a marker falls due Run wakes for it: a clock
-// with coarse resolution read exactly at the due time could still see the
-// marker as unexpired.
+// dueSlack is how long after a marker falls due Run wakes for it: a coarse
+// clock read exactly at the due time would see the marker unexpired.
 const dueSlack = time.Millisecond
 
 // minWait is the least Run waits after a failed pass, around a lease, and
-// after a pass that found nothing to do although something was due: no
-// clock, store or setting can make it spin. After a successful pass it
-// waits until the next marker falls due, which a pass then clears.
+// after a pass that found nothing to do although something was due.
 const minWait = 5 * time.Millisecond
 
 const maxDuration = time.Duration(math.MaxInt64)
@@ -352,11 +331,9 @@ func (s *Sweep) untilDue(st Stats) time.Duration {
 	return min(max(addSat(st.NextDue.Sub(s.clock.Now()), dueSlack), 0), s.interval)
 }
 
-// leaseContext is a pass's context under a lease. Err reads the lease's Lost
-// channel itself rather than waiting for the goroutine that cancels the
-// context: the pass checks Err just before every Clear and Delete, so no
-// marker is deleted once the loss is known, not even in the moment before
-// that goroutine runs.
+// leaseContext is a pass's context under a lease. Err reads the lease's
+// Lost channel itself: waiting for the goroutine that cancels the context
+// would let a Delete through in the moment before it runs.
 type leaseContext struct {
 	context.Context
 	lost <-chan struct{}
@@ -393,26 +370,20 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
-// at once (or after a random delay below Config.StartJitter), so a fresh
-// process clears what an earlier one left due. After a pass Run sleeps until
-// the oldest remaining marker falls due (from Stats.NextDue), but never
-// longer than Config.Interval, lengthened by up to Config.Jitter of itself;
-// an idle sweep thus clears an entity within moments of it falling due. A
-// pass that fails is logged and retried after a backoff that doubles from
-// one second up to Interval. Config.OnPass sees every pass.
+// at once (or after Config.StartJitter); after a pass Run sleeps until the
+// oldest remaining marker falls due, at most Config.Interval, lengthened by
+// Config.Jitter. A pass that fails is logged and retried after a backoff
+// doubling from one second up to Interval. Config.OnPass sees every pass.
 //
-// With Config.Lease set, Run passes only while it holds the lease: it tries
-// to take it before each pass and, once held, keeps it until ctx is done or
-// it is lost; a pass during which the lease is lost is cancelled before it
-// deletes another marker. A lease that is a Fencer also fences the pass's
-// writes in the store (through a wrapper too, see Fencer); when it cannot
-// fence the KV, Run releases it and returns an error matching ErrUnfenced,
-// unless Config.AllowUnfenced is set. A replica without the lease retries every
-// Interval. Run releases a held lease and leaves no goroutine behind when it
-// returns.
+// With Config.Lease set, Run passes only while it holds the lease; a pass
+// during which it is lost is cancelled before it deletes another marker. A
+// lease that is a Fencer also fences the pass's writes; when it cannot
+// fence the KV, Run returns an error matching ErrUnfenced, unless
+// Config.AllowUnfenced is set. Run releases a held lease and leaves no
+// goroutine behind when it returns. See docs/clearing.md and docs/fleet.md.
 //
-// One Run at a time runs a Sweep: while one runs (on its own or in a
-// Group), another returns an error matching ErrRunning at once.
+// While another Run runs the Sweep (on its own or in a Group), Run returns
+// an error matching ErrRunning at once.
 func (s *Sweep) Run(ctx context.Context) error {
 	if err := s.configured("Run"); err != nil {
 		return err

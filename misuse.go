@@ -6,7 +6,7 @@ import (
 )
 
 // configured returns an error matching ErrNotConfigured when s was not made
-// by New; method names the method that was called.
+// by New.
 func (s *Sweep) configured(method string) error {
 	if s == nil || s.busy == nil {
 		return fmt.Errorf("%w: Sweep.%s called on a Sweep not made by New (a zero value?): create it with retention.New", ErrNotConfigured, method)
@@ -23,10 +23,8 @@ func (g *Group) configured(method string) error {
 	return nil
 }
 
-// claim marks every member of the loop as run by it, so that no other Run
-// (of a member or of a Group holding one) runs it at the same time. It
-// claims nothing and returns an error matching ErrRunning when one is
-// taken; otherwise the caller calls release when its loop ends.
+// claim marks every member of the loop as run by it, or none, returning
+// an error matching ErrRunning, when one is run already.
 func (l *loop) claim() (release func(), err error) {
 	for i, m := range l.members {
 		if !m.running.CompareAndSwap(false, true) {
@@ -43,8 +41,7 @@ func (l *loop) claim() (release func(), err error) {
 	}, nil
 }
 
-// runExclusive is run for a loop no other Run is running: it returns an
-// error matching ErrRunning, before any pass, when one is.
+// runExclusive is run for a loop whose members no other Run runs.
 func (l *loop) runExclusive(ctx context.Context) error {
 	release, err := l.claim()
 	if err != nil {

@@ -10,56 +10,38 @@ import (
 )
 
 // Observer receives what a Sweep does, for metrics: every pass with its
-// Stats, the lag of every cleared entity, and the lease's comings and
-// goings. Set it as Config.Observer; one Observer may serve many sweeps, as
-// every call names the sweep's prefix. The retentionprom and retentionotel
-// modules provide Observers that export Prometheus and OpenTelemetry
-// metrics.
+// Stats, the lag of every cleared entity, and the lease's events. Set it
+// as Config.Observer; one Observer may serve many sweeps, as every call
+// names the sweep's prefix. The retentionprom and retentionotel modules
+// provide Observers (docs/operating.md).
 //
-// Calls come from the goroutine that runs the pass (or Run's loop), or,
-// with Concurrency 1, from the sweep's goroutine that walks its pages
-// while the pass waits for it. The passes of one sweep are serialised, and
-// so are their calls, but a lease
-// event of a LeasedPass tried while Run holds the lease may come at the
-// same time as a call of Run's pass, and one Observer may serve sweeps that
-// run concurrently: an Observer must be safe for concurrent use. The
-// methods must be quick and must not call back into the sweep: a pass
-// waits for them. A panic in a method is not recovered, as one in OnPass is
-// not: it reaches the caller of Pass, Run or LeasedPass, after the markers
-// of the page were deleted, the pass's reads ended and, for Run and
-// LeasedPass, the lease was released.
+// The calls of one sweep's passes are serialised, but a lease event of a
+// LeasedPass may come during a call of Run's pass, and one Observer may
+// serve sweeps that run concurrently: an Observer must be safe for
+// concurrent use. The methods must be quick and must not call back into
+// the sweep: a pass waits for them. A panic in a method is not recovered:
+// it reaches the caller of Pass, Run or LeasedPass, after the page's
+// markers were deleted and, for Run and LeasedPass, the lease released.
 type Observer interface {
 	// ObservePass is called at the end of every pass that started, by Pass,
-	// Run and LeasedPass alike, with its Stats (counts by outcome and
-	// Duration) and its error: nil, ctx.Err() for a cancelled pass (also
-	// matching ErrLeaseLost when the loss of the lease cut it short), or
-	// the store's error.
+	// Run and LeasedPass alike, with its Stats and its error: nil,
+	// ctx.Err() for a cancelled pass (also matching ErrLeaseLost when the
+	// loss of the lease cut it short), or the store's error.
 	ObservePass(prefix string, st Stats, err error)
 
 	// ObserveLags is called after the markers of a page were deleted, with
-	// the lag of each entity of the page that was cleared: how long past
-	// due (its marker time plus Retention) its marker was deleted, by the
-	// sweep's Clock. Over a pass the calls carry Stats.Cleared lags in all,
-	// less those of a page whose delete failed (but for the markers a
-	// ClearDeleter deleted with their entities). The lags come in the order
-	// of their markers, oldest first, and the clock is read once per page,
-	// so they never increase along the slice: a histogram can count a
-	// page per bucket rather than per lag. The slice is reused once the
-	// call returns: do not keep it.
+	// how long past due each entity of the page that was cleared had its
+	// marker deleted, by the sweep's Clock: over a pass, Stats.Cleared lags
+	// less those of a page whose delete failed. The lags never increase
+	// along the slice, which is reused once the call returns: do not keep
+	// it.
 	ObserveLags(prefix string, lags []time.Duration)
 
 	// ObservePage is called after each page of a pass is settled, just
-	// after ObserveLags for its cleared markers, with what the page did:
-	// its counts by outcome (Cleared, Failed, Retried, Parked, Deferred,
-	// Malformed, Foreign, LiveAgain, Duplicates, Held, WouldClear, Gone) and of calls (Scanned,
-	// ScanCalls, DeleteCalls, PutCalls, ClearCalls, FailedCalls,
-	// TimedOutCalls, PanickedCalls) and its BudgetWait; Duration, MaxLag,
-	// NextDue and BatchSize are zero. A last call just before ObservePass carries what the pass did
-	// outside its pages (the keys its reads past the due range met, the
-	// clears a ClearDeleter committed in a page the pass left unsettled).
-	// Over a pass the calls add up to the counts of ObservePass's Stats:
-	// counters fed from ObservePage advance with the lag histogram, page by
-	// page, and ObservePass is left to count passes.
+	// after its ObserveLags, with the page's counts (Duration, MaxLag,
+	// NextDue and BatchSize zero), and once more before ObservePass with
+	// what the pass did outside its pages. Over a pass the calls add up to
+	// the counts of ObservePass's Stats.
 	ObservePage(prefix string, page Stats)
 
 	// ObserveLease is called when Run or LeasedPass acquires, loses or
@@ -93,14 +75,15 @@ func (e LeaseEvent) String() string {
 
 // observeLags hands the observer the lags of the page's cleared markers,
 // whose deletion just succeeded, or with gone only those a ClearDeleter
-// deleted. Only called with an observer set, so a sweep without one reads
-// no clock and loops over nothing more.
+// deleted. Only called with an observer set.
 func (s *Sweep) observeLags(items []item, gone bool) {
 	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
 	// base plus its remainder: integer arithmetic per marker, no time.Time.
-	base := s.clock.Now().Add(-s.retention)
-	baseMs := base.UnixMilli()
-	rem := base.Sub(time.UnixMilli(baseMs))
+	base := func(now time.Time) (int64, time.Duration) {
+		b := now.Add(-s.retention)
+		return b.UnixMilli(), b.Sub(time.UnixMilli(b.UnixMilli()))
+	}
+	baseMs, rem := base(s.clock.Now())
 	lags := s.lags[:0]
 	for i := range items {
 		if out := items[i].out; out != clearedGone && (gone || out != cleared) {
@@ -109,11 +92,9 @@ func (s *Sweep) observeLags(items []item, gone bool) {
 		var lag time.Duration
 		bMs, bRem := baseMs, rem
 		if at := items[i].doneAt; at != 0 {
-			// Cleared in its own transaction: lag to the commit, not to
-			// the end of the page, which may wait for slower batches.
-			b := time.Unix(0, at).Add(-s.retention)
-			bMs = b.UnixMilli()
-			bRem = b.Sub(time.UnixMilli(bMs))
+			// Lag to the commit, not to the end of the page, which may
+			// wait for slower batches.
+			bMs, bRem = base(time.Unix(0, at))
 		}
 		switch d := bMs - items[i].lagMs; {
 		case d < 0: // a clock that stepped back
@@ -135,7 +116,6 @@ func (s *Sweep) observeLags(items []item, gone bool) {
 	}
 }
 
-// observeLease tells the observers of the loop's members of a lease event.
 func (l *loop) observeLease(e LeaseEvent) {
 	for _, m := range l.members {
 		if m.obs != nil {
@@ -158,9 +138,8 @@ func (s *Sweep) observePage(p *passState) {
 	s.obs.ObservePage(s.prefix, d)
 }
 
-// observePass tells the observer of a pass under ctx that ended with err.
-// Like OnPass, it sees the error of a pass cut short by the loss of its
-// lease match ErrLeaseLost, not only context.Canceled.
+// observePass tells the observer of a pass under ctx that ended with err,
+// matching ErrLeaseLost when the loss of the lease cut it short.
 func (s *Sweep) observePass(ctx context.Context, st Stats, err error) {
 	if s.obs == nil {
 		return

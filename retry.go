@@ -10,10 +10,9 @@ import (
 )
 
 // retries remembers, per id, how often its Clear failed in a row and when
-// it may be tried again. It lives in memory, and a restart forgets it; on a
-// store that can write, the marker itself keeps the count of failures (see
-// the retry range in keys.go), and the count picks up from there. Passes
-// are serialised, so it needs no lock.
+// it may be tried again, in memory; on a Mover the marker keeps the count
+// of failures too. Passes are serialised, so it needs no lock. Its readers
+// skip an empty map: a lookup costs a call even then, per marker.
 type retries struct {
 	first, most time.Duration
 	byID        map[string]retry
@@ -50,7 +49,8 @@ func checkRetryDelays(first, most time.Duration) error {
 
 // delay is the wait after the n-th failure in a row: the first delay
 // doubled n-1 times, plus up to a fifth of that at random; at the largest
-// delay, up to a fifth below it. It saturates rather than overflows.
+// delay, up to a fifth below it, so that markers that failed together do
+// not keep coming back together. It saturates rather than overflows.
 func (r *retries) delay(n int) time.Duration {
 	d := r.first
 	for i := 1; i < n && d < r.most; i++ {
@@ -63,18 +63,15 @@ func (r *retries) delay(n int) time.Duration {
 	if j := rand.N(d/5 + 1); d <= r.most-j {
 		return d + j
 	} else {
-		// At the cap, the jitter goes below it, so that markers that
-		// failed together do not keep coming back together.
 		return r.most - j
 	}
 }
 
 // failed records at now, after at least before failures of id in a row
-// (as its marker records), one more: a failure of the id itself when own,
-// else a put-off (the id was not tried, the dependency seemed down), whose
-// delay grows as a failure's would but which does not count as the id's
-// own (it is not sent alone for it, nor parked). It returns how many own
-// failures in a row that makes and when the id may be tried again.
+// (as its marker records), one more: the id's own when own, else a put-off
+// in an outage, whose delay grows alike but which neither sends the id
+// alone nor parks it. It returns how many own failures in a row that makes
+// and when the id may be tried again.
 func (r *retries) failed(id string, now time.Time, before int, own bool) (int, time.Time) {
 	if r.byID == nil {
 		r.byID = map[string]retry{}
@@ -91,8 +88,7 @@ func (r *retries) failed(id string, now time.Time, before int, own bool) (int, t
 	return e.failures, e.notBefore
 }
 
-// hold records that id is held until until: a pass skips it until then. A
-// hold is no failure: the count of failures stays as it was.
+// hold records that id is held until until; its count of failures stays.
 func (r *retries) hold(id string, until time.Time) {
 	if r.byID == nil {
 		r.byID = map[string]retry{}
@@ -143,9 +139,7 @@ func (r *retries) forget(id string) {
 }
 
 // prune drops, every few passes, ids whose retry has been due for longer
-// than the largest delay: their markers are gone (cleared elsewhere) or
-// will be tried at the next pass anyway, so forgetting costs at most a
-// shorter next delay.
+// than the largest delay: forgetting them costs at most a shorter delay.
 func (r *retries) prune(clock Clock) {
 	r.passes++
 	if len(r.byID) == 0 || r.passes%64 != 0 {
@@ -159,25 +153,17 @@ func (r *retries) prune(clock Clock) {
 	}
 }
 
-// retry puts off the marker old of id, whose Clear just failed, until its
-// retry delay is over: the delay is kept in memory, so that the pass skips
-// the marker until it is over, and when the pass writes (see
-// passState.writes) retry returns the key of the retry range that makes it
-// fall due then, for the caller to move old to in one atomic step. It
-// returns a nil key when the marker stays where it is: a key that lands on
-// the old one itself (the clock stepped back) moves nothing.
-//
-// A marker that failed Config.MaxAttempts times goes to the parked range
-// instead (park). It counts as parked only once the caller's Move
-// succeeded (see parked); until then its failures are remembered, so that
-// a park that fails keeps the id's backoff.
+// retry puts off the marker old of it, whose clear just failed, until its
+// retry delay is over: in memory, and when the pass writes, by returning
+// the retry-range key for the caller to move old to (nil: it stays). After
+// Config.MaxAttempts failures it returns the parked-range key instead
+// (park); the marker counts as parked once the Move succeeded (parked).
 func (s *Sweep) retry(p *passState, it *item, old []byte) (key []byte, park bool) {
 	id := it.id
 	own := !errors.As(it.err, new(*outageError)) // not put off in an outage
 	attempts, due := s.retries.failed(id, s.clock.Now(), int(it.attempts), own)
 	if own && p.writes() && s.maxAttempts > 0 && attempts >= s.maxAttempts {
-		// Parked: out of every range a pass reads, until requeued.
-		return appendParkedKey(nil, s.prefix, deadlineKind(it), it.ms, attempts, id), true
+		return appendParkedKey(nil, s.prefix, it.kind&keyDeadline, it.ms, attempts, id), true
 	}
 	p.st.Retried++
 	dueMs, err := markerMillis(due)
@@ -188,10 +174,10 @@ func (s *Sweep) retry(p *passState, it *item, old []byte) (key []byte, park bool
 	// The key keeps whole milliseconds, rounded up: a pass at due itself
 	// would not find it due yet.
 	s.noteRetry(p, time.UnixMilli(dueMs))
-	return moved(appendRetryKey(nil, s.prefix, deadlineKind(it), dueMs, it.ms, attempts, id), old), false
+	return moved(appendRetryKey(nil, s.prefix, it.kind&keyDeadline, dueMs, it.ms, attempts, id), old), false
 }
 
-// moved returns key, or nil when it is old itself.
+// moved returns key, or nil when it is old itself (the clock stepped back).
 func moved(key, old []byte) []byte {
 	if bytes.Equal(key, old) {
 		return nil
@@ -208,17 +194,10 @@ func (s *Sweep) parked(p *passState, it *item) {
 }
 
 // notParked counts the marker of it, which failed to move to the parked
-// range, as put off: its delay and failures stay in memory, and the next
-// failure parks it again.
+// range, as put off, its failures kept in memory.
 func (s *Sweep) notParked(p *passState, it *item) {
 	p.st.Retried++
 	s.noteRetry(p, s.retries.due(it.id))
-}
-
-// deadlineKind is keyDeadline for the item of a deadline key, which stays
-// one when rescheduled or parked, and 0 otherwise.
-func deadlineKind(it *item) byte {
-	return it.kind & keyDeadline
 }
 
 // hold puts off the marker old of a held id until the hold's end, as retry
@@ -226,17 +205,12 @@ func deadlineKind(it *item) byte {
 func (s *Sweep) hold(p *passState, it *item, old []byte) []byte {
 	until, key := s.holdKey(p, it)
 	s.noteRetry(p, until)
-	if key == nil {
-		return nil
-	}
 	return moved(key, old)
 }
 
-// checkMove reads the first move of a pass back: a Move that writes where
-// Scan does not read (a wrapper that inherited Move from the store it
-// wraps) is found out and not used again, before it moves a marker out of
-// the sweep's sight. Move skips a key it cannot find, so such a Move most
-// likely moved nothing.
+// checkMove reads the first move of a pass back, so that a Move that
+// writes where Scan does not read (a wrapper that inherited Move from the
+// store it wraps) is found out before it moves a marker out of sight.
 func (s *Sweep) checkMove(ctx context.Context, p *passState, from, to []byte) error {
 	found := func(key []byte) (bool, error) {
 		got, err := s.scan(ctx, p, key, append(key[:len(key):len(key)], 0), 1)
@@ -253,8 +227,7 @@ func (s *Sweep) checkMove(ctx context.Context, p *passState, from, to []byte) er
 		"its Move must act where Scan reads (does a wrapper inherit Move from the store it wraps?)", from, to)
 }
 
-// noteRetry makes the pass's NextDue no later than due, when a marker kept
-// in memory for a retry may be tried again.
+// noteRetry makes the pass's NextDue no later than due.
 func (s *Sweep) noteRetry(p *passState, due time.Time) {
 	p.st.NextDue = earliest(p.st.NextDue, due)
 }

@@ -16,11 +16,8 @@ type Stats struct {
 	Duplicates int // further markers of an id met earlier in the pass, deleted without a clear of their own
 	Held       int // markers whose Clear returned Hold: kept until the hold's end, no failure
 	// Gone counts markers found deleted after a ClearDeleter's call whose
-	// outcome the sweep could not hear (a timeout, a lost connection, the
-	// pass cut short): this replica's call or another replica's cleared
-	// their entities, and the store cannot tell which. They are not in
-	// Cleared, so that the Cleared of a fleet's replicas add up to no more
-	// than the entities cleared.
+	// outcome was lost: this replica's call or another's cleared them. Not
+	// in Cleared, so that a fleet's Cleared add up to the entities cleared.
 	Gone        int
 	WouldClear  int // in a dry run (Config.DryRun), markers whose entity the pass would have cleared
 	ScanCalls   int // calls to KV.Scan
@@ -28,16 +25,14 @@ type Stats struct {
 	PutCalls    int // calls to Mover.Move, rescheduling failed and held markers
 	ClearCalls  int // calls of Config.Clear or Config.ClearBatch, or of a ClearDeleter
 
-	// FailedCalls counts the calls of ClearCalls that failed as a whole
-	// (an error other than a BatchError, a panic, runtime.Goexit or
-	// ClearTimeout), also those whose ids a bisection then cleared apart:
-	// Failed counts only the ids that end the pass failed. TimedOutCalls
+	// FailedCalls counts the calls of ClearCalls that failed as a whole,
+	// also those whose ids a bisection then cleared apart; TimedOutCalls
 	// and PanickedCalls (runtime.Goexit included) are those of them that
 	// ran past ClearTimeout or panicked.
 	FailedCalls, TimedOutCalls, PanickedCalls int
 
 	// BudgetWait is how long the pass's clears waited for Config.Limiter,
-	// added over the calls (which may wait at once, with Concurrency).
+	// added over the calls.
 	BudgetWait time.Duration
 
 	// BatchSize is the batch size the pass ended with: Config.BatchSize,
@@ -52,13 +47,12 @@ type Stats struct {
 	MaxLag time.Duration
 
 	// NextDue is when a pass will next find work: the oldest marker left
-	// unexpired falls due, or the first retry, hold or deadline (in the
-	// store's retry range, or kept in memory on a KV that is no Mover)
-	// comes. Zero when there is none.
+	// unexpired falls due, or the first retry, hold or deadline comes.
+	// Zero when there is none.
 	NextDue time.Time
 }
 
-// counts returns st with only its counts: no Duration, MaxLag or NextDue.
+// counts returns st with only its counts.
 func (st *Stats) counts() Stats {
 	c := *st
 	c.Duration, c.MaxLag, c.NextDue, c.BatchSize = 0, 0, time.Time{}, 0

@@ -37,46 +37,35 @@ type KV interface {
 	Delete(ctx context.Context, keys ...[]byte) error
 }
 
-// ClearDeleter is a KV that clears entities itself, in the same transaction
-// that deletes their markers: pgkv.KV.WithClear makes one. A Sweep over a
-// ClearDeleter, with neither Config.Clear nor Config.ClearBatch set, calls
-// ClearAndDelete for each batch of a page (Config.BatchSize ids) instead of
-// clearing and then deleting: a crash can then never leave an entity
-// cleared with its marker still there, so each entity is cleared exactly
-// once.
+// ClearDeleter is a KV that clears entities itself, in the transaction that
+// deletes their markers, so that each entity is cleared exactly once:
+// pgkv.KV.WithClear makes one. A Sweep over one, with neither Config.Clear
+// nor Config.ClearBatch set, calls ClearAndDelete for each batch of a page.
 //
-// A call that returns an error must have changed nothing: the sweep keeps
-// every marker of the batch and decides again. A BatchError names the ids
-// at fault (their errors as from ClearBatch, ErrLiveAgain included); the
-// ids it does not name were not cleared either, and the sweep sends them
-// again in a call of their own. Any other error may hide a commit the
-// caller did not hear of (a timeout, a lost connection): before it acts on
-// one, the sweep reads which of the batch's markers are left, and takes a
-// marker that is gone for an entity cleared with it.
+// A call that returns an error must have changed nothing. A BatchError
+// names the ids at fault, as from ClearBatch; the sweep sends the others
+// again. Any other error may hide a commit the caller did not hear of: the
+// sweep then reads which of the batch's markers are left, and takes one
+// that is gone for an entity cleared with it. See docs/clearing.md.
 type ClearDeleter interface {
 	KV
 	// ClearAndDelete clears the entities of ids and deletes keys, their
-	// markers, in one transaction: both happen or neither does. keys are
-	// ascending and hold every id's marker, and more than one for an id
-	// that has several. It commits only if every key still exists: when
-	// one is missing (deleted by an earlier call whose reply was lost, or
-	// by another replica) it changes nothing and returns an error matching
-	// ErrMarkerGone, so that a call sent twice clears nothing twice.
+	// markers (ascending, every marker of each id), in one transaction. It
+	// commits only if every key still exists: else it changes nothing and
+	// returns an error matching ErrMarkerGone, so that a call sent twice
+	// clears nothing twice.
 	ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error
 }
 
-// Mover is a store that can move a marker to a new key in one atomic step.
-// A Sweep over a KV that is a Mover reschedules the marker of a failed
-// Clear with Move rather than with Put and Delete, so that no crash can
-// leave two markers of one id: with a ClearDeleter, two markers would clear
-// the entity twice. MemKV and every adapter of this module are Movers.
+// Mover is a store that can move a marker to a new key in one atomic step:
+// a Sweep over one reschedules, holds and parks markers in the store, and
+// no crash can leave two markers of one id. Without it, retry delays and
+// holds are kept in memory. MemKV and every adapter are Movers.
 type Mover interface {
 	// Move replaces each key from[i] by the key to[i], with an empty value,
-	// only if from[i] exists: the write and the delete of one pair happen
-	// together or not at all, and a pair whose from[i] is missing writes
-	// nothing. from and to have the same length. A store that can moves
-	// every pair in one transaction; a failed call may have moved some
-	// pairs, each of them whole. Move must write where the KV's Scan reads.
+	// only if from[i] exists: each pair moves whole or not at all, and a
+	// failed call may have moved some pairs. from and to have the same
+	// length. Move must write where the KV's Scan reads.
 	Move(ctx context.Context, from, to [][]byte) error
 }
 
@@ -88,13 +77,10 @@ type Putter interface {
 }
 
 // Mark writes the marker for id, finished at t, under prefix, with an empty
-// value. It refuses what MarkerKey refuses: ids outside the default rule
-// (ValidateID). For a sweep with its own Config.ValidateID use Sweep.Mark.
-//
-// Mark writes the marker on its own. Where the store has transactions,
+// value. It refuses what MarkerKey refuses; for a sweep with its own
+// Config.ValidateID use Sweep.Mark. Where the store has transactions,
 // prefer writing MarkerKey's key in the transaction that records the
-// entity's terminal state: a marker committed separately can be lost in a
-// crash between the two writes, and the entity is then never cleared.
+// entity's terminal state: a crash between two writes loses the marker.
 func Mark(ctx context.Context, p Putter, prefix, id string, t time.Time) error {
 	key, err := MarkerKey(prefix, t, id)
 	if err != nil {
@@ -103,14 +89,11 @@ func Mark(ctx context.Context, p Putter, prefix, id string, t time.Time) error {
 	return p.Put(ctx, key, nil)
 }
 
-// MemKV is an in-memory ordered KV, safe for concurrent use. It is the
-// embedded default for tests, demos and single-process services whose state
-// lives in memory. Create one with NewMemKV; the zero value is an empty
-// MemKV ready to use too.
-//
-// It is a skip list: Put, Get and the deletion of one key cost O(log n) and
-// Scan costs O(log n + page), so the common pattern of appending newer
-// markers while deleting the oldest stays cheap at millions of keys.
+// MemKV is an in-memory ordered KV, a Mover and a Putter, safe for
+// concurrent use, for tests, demos and services whose state lives in
+// memory. Create one with NewMemKV; the zero value is an empty MemKV ready
+// to use too. It is a skip list: Put, Get and the deletion of one key cost
+// O(log n), Scan O(log n + page).
 type MemKV struct {
 	mu    sync.RWMutex
 	head  [maxLevel]*memNode
@@ -134,8 +117,8 @@ func NewMemKV() *MemKV {
 	return &MemKV{level: 1, rng: newMemRand()}
 }
 
-// newMemRand returns the source of tower heights. A fixed seed makes them,
-// and so benchmarks, repeatable.
+// newMemRand returns the source of tower heights, with a fixed seed for
+// repeatable benchmarks.
 func newMemRand() *rand.Rand { return rand.New(rand.NewPCG(1, 2)) }
 
 // Len returns the number of keys stored.
@@ -173,11 +156,8 @@ func (m *MemKV) putLocked(key, value []byte) {
 	m.level = max(m.level, lvl)
 	x := &memNode{key: bytes.Clone(key), value: bytes.Clone(value), next: make([]*memNode, lvl)}
 	for i := 0; i < lvl; i++ {
-		if prev[i] == nil {
-			x.next[i], m.head[i] = m.head[i], x
-		} else {
-			x.next[i], prev[i].next[i] = prev[i].next[i], x
-		}
+		links := m.linksOf(prev[i])
+		x.next[i], links[i] = links[i], x
 	}
 	if x.next[0] == nil {
 		m.tail = x
@@ -242,18 +222,15 @@ func (m *MemKV) Delete(ctx context.Context, keys ...[]byte) error {
 	return nil
 }
 
-func (m *MemKV) deleteLocked(key []byte) {
+// deleteLocked deletes key and reports whether it was there.
+func (m *MemKV) deleteLocked(key []byte) bool {
 	var prev [maxLevel]*memNode
 	x := m.seek(key, &prev)
 	if x == nil || !bytes.Equal(x.key, key) {
-		return
+		return false
 	}
 	for i := range x.next {
-		if prev[i] == nil {
-			m.head[i] = x.next[i]
-		} else {
-			prev[i].next[i] = x.next[i]
-		}
+		m.linksOf(prev[i])[i] = x.next[i]
 	}
 	if m.tail == x {
 		m.tail = prev[0] // nil when x was the only node
@@ -262,10 +239,10 @@ func (m *MemKV) deleteLocked(key []byte) {
 	for m.level > 1 && m.head[m.level-1] == nil {
 		m.level--
 	}
+	return true
 }
 
-// Move implements Mover: under one lock, each from[i] that exists is
-// replaced by to[i], with an empty value.
+// Move implements Mover, under one lock.
 func (m *MemKV) Move(ctx context.Context, from, to [][]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -276,11 +253,9 @@ func (m *MemKV) Move(ctx context.Context, from, to [][]byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, key := range from {
-		if x := m.seek(key, nil); x == nil || !bytes.Equal(x.key, key) {
-			continue
+		if m.deleteLocked(key) {
+			m.putLocked(to[i], nil)
 		}
-		m.deleteLocked(key)
-		m.putLocked(to[i], nil)
 	}
 	return nil
 }
@@ -302,10 +277,7 @@ func (m *MemKV) seek(key []byte, prev *[maxLevel]*memNode) *memNode {
 	var x *memNode // nil stands for the head
 	for i := m.level - 1; i >= 0; i-- {
 		for {
-			next := m.head[i]
-			if x != nil {
-				next = x.next[i]
-			}
+			next := m.linksOf(x)[i]
 			if next == nil || bytes.Compare(next.key, key) >= 0 {
 				break
 			}
@@ -315,8 +287,13 @@ func (m *MemKV) seek(key []byte, prev *[maxLevel]*memNode) *memNode {
 			prev[i] = x
 		}
 	}
+	return m.linksOf(x)[0]
+}
+
+// linksOf returns the forward links of x, or of the head when x is nil.
+func (m *MemKV) linksOf(x *memNode) []*memNode {
 	if x == nil {
-		return m.head[0]
+		return m.head[:]
 	}
-	return x.next[0]
+	return x.next
 }
