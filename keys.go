@@ -110,28 +110,11 @@ func markerMillis(t time.Time) (int64, error) {
 // appendTimestamp appends ms as exactly TimestampWidth decimal digits.
 func appendTimestamp(dst []byte, ms uint64) []byte {
 	var buf [TimestampWidth]byte
-	// Three short chains of divisions instead of one of twenty.
-	lo, mid, hi := ms%1e8, ms/1e8%1e8, ms/1e16
-	put8(buf[12:20], lo)
-	put8(buf[4:12], mid)
-	put4(buf[0:4], hi)
+	for i := TimestampWidth - 1; i >= 0; i-- {
+		buf[i] = byte('0' + ms%10)
+		ms /= 10
+	}
 	return append(dst, buf[:]...)
-}
-
-// pairs holds the two digits of 0 to 99 at 2n and 2n+1.
-const pairs = "00010203040506070809" + "10111213141516171819" + "20212223242526272829" + "30313233343536373839" + "40414243444546474849" +
-	"50515253545556575859" + "60616263646566676869" + "70717273747576777879" + "80818283848586878889" + "90919293949596979899"
-
-// put8 writes v, below 10⁸, as 8 digits.
-func put8(b []byte, v uint64) {
-	put4(b[0:4], v/1e4)
-	put4(b[4:8], v%1e4)
-}
-
-// put4 writes v, below 10⁴, as 4 digits.
-func put4(b []byte, v uint64) {
-	hi, lo := v/100*2, v%100*2
-	b[0], b[1], b[2], b[3] = pairs[hi], pairs[hi+1], pairs[lo], pairs[lo+1]
 }
 
 // ParseMarkerKey splits a marker key written by MarkerKey into the time it
@@ -398,13 +381,6 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 // parseStamp reads TimestampWidth digits. A value past any marker time
 // comes back as one, rather than wrapped.
 func parseStamp(b []byte) (uint64, bool) {
-	if binary.LittleEndian.Uint32(b) == 0x30303030 {
-		// Every time up to MaxMarkerTime has 5 leading zeros: two blocks
-		// of 8 digits hold the rest.
-		hi, ok1 := parse8(b[4:12])
-		lo, ok2 := parse8(b[12:20])
-		return hi*100_000_000 + lo, ok1 && ok2
-	}
 	hi, ok1 := parse8(b[0:8])
 	mid, ok2 := parse8(b[8:16])
 	var lo uint64
