@@ -90,7 +90,6 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 			}
 		})
 	}
-	s.readAhead(ctx, p) // the next page, while the batches run
 	wg.Wait()
 	p.st.ScanCalls += int(b.scans.Load())
 	p.st.Scanned += int(b.scanned.Load())

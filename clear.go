@@ -18,9 +18,8 @@ var errClearTimedOut = errors.New("retention: clear timed out")
 
 // clearAll calls Clear (or ClearBatch, or a ClearDeleter) for the page's
 // pending items, at most Concurrency at a time, oldest first, recording
-// each outcome in its item, while the pass's goroutine reads the next page
-// (see readAhead). It returns how many calls it made, and ctx.Err() if ctx
-// is done before every one started.
+// each outcome in its item. It returns how many calls it made, and
+// ctx.Err() if ctx is done before every one started.
 //
 // Clears run on workers that live for the pass, never on the goroutine
 // that called Pass: a Clear that calls runtime.Goexit ends a worker, whose
@@ -33,7 +32,6 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		}
 	}
 	if n == 0 {
-		s.readAhead(ctx, p)
 		return 0, ctx.Err()
 	}
 	if s.clearBatch != nil || s.clear == nil {
@@ -62,7 +60,6 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 	for range shares {
 		c.pages <- struct{}{}
 	}
-	s.readAhead(ctx, p)
 	c.page.Wait()
 	c.endPage()
 	c.items, c.ctxs = nil, nil

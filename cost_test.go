@@ -2,9 +2,7 @@ package retention
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -173,40 +171,6 @@ func TestIdleGuess(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestSlowStoreReadAhead: with Concurrency 1 the walk's goroutine clears,
-// and reads the next page before; from a store whose Scan is slow, it
-// reads it on a goroutine of its own while it clears, as with workers.
-func TestSlowStoreReadAhead(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		kv := newFakeKV(nil)
-		kv.onScan = func(context.Context, int64) error {
-			time.Sleep(time.Millisecond)
-			return nil
-		}
-		for i := range 50 {
-			mark(t, kv.MemKV, "runs/", "m"+itoa(100+i), time.Now().Add(-2*time.Hour+time.Duration(i)*time.Millisecond))
-		}
-		var overlapped atomic.Int32
-		s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, PageSize: 10, Clear: func(context.Context, string) error {
-			time.Sleep(100 * time.Microsecond)
-			if kv.inScan.Load() > 0 {
-				overlapped.Add(1)
-			}
-			return nil
-		}})
-		require.NoError(t, err)
-		st, err := s.Pass(context.Background())
-		require.NoError(t, err)
-		assert.Equal(t, 50, st.Cleared)
-		assert.Equal(t, 6+1+1, st.ScanCalls, "5 pages, the read after the last, the peek and the retry range")
-		// The first page's read of the next is timed; from the second on,
-		// the next page's read runs during the clears.
-		t.Logf("%d clears of 50 ran during a Scan", overlapped.Load())
-		assert.GreaterOrEqual(t, overlapped.Load(), int32(3*10), "clears during a Scan")
-		assert.Zero(t, kv.Len())
-	})
 }
 
 // TestCallersDeadlineIsNoStoreTimeout: the lazy context of a store call

@@ -74,8 +74,8 @@ import (
 // real time. Each call's fault is drawn from a hash of the seed and the
 // call (process, pass, operation, arguments, occurrence), not from a shared
 // stream, so that a seed replays the same faults whatever order concurrent
-// calls come in; with Concurrency > 1 (and the page read-ahead) the
-// interleaving can still differ between replays.
+// calls come in; with Concurrency > 1 the interleaving can still differ
+// between replays.
 //
 // RETENTION_MODEL_RUNS sets the number of random runs (default
 // modelDefaultRuns, a quarter of it with -short), RETENTION_MODEL_FIRST

@@ -74,7 +74,6 @@ func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, ite
 		p.st.ClearCalls += calls
 		p.foldCalls()
 	}
-	s.readAhead(ctx, p) // if the clears did not
 	if err == nil {
 		err = ctx.Err()
 	}

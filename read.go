@@ -7,48 +7,25 @@ import (
 )
 
 // walk handles the pages of a range up to end, from keys, its first page
-// on: the next page of a full one is read while its clears run (see
-// readAhead), starting just after its last key, so markers that stay
-// (failed clears) are not read again in the pass.
+// on. The next page of a full one is read once the page is settled,
+// starting just after its last key, so markers that stay (failed clears)
+// are not read again in the pass. Reading it while the page's clears ran
+// cost more than it bought on bbolt and PostgreSQL (BENCHMARKS.md).
 func (s *Sweep) walk(ctx context.Context, p *passState, keys [][]byte, end []byte) error {
 	for len(keys) > 0 {
-		p.ahead = readAhead{}
-		if len(keys) == s.pageSize {
-			p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
-			p.ahead = readAhead{from: p.buf.after, end: end, want: true}
-		}
-		err := s.finishPage(ctx, p, keys, s.preparePage(p, keys))
-		if err == nil {
-			err = p.ahead.err // a failure of the page comes first
-		}
-		if err != nil {
+		if err := s.finishPage(ctx, p, keys, s.preparePage(p, keys)); err != nil {
 			return err
 		}
-		keys = p.ahead.keys
-		p.ahead = readAhead{}
+		if len(keys) < s.pageSize {
+			return nil
+		}
+		p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
+		var err error
+		if keys, err = s.scan(ctx, p, p.buf.after, end, s.pageSize); err != nil {
+			return err
+		}
 	}
 	return nil
-}
-
-// readAhead is the read of the page after the current one, made while the
-// current page's clears run.
-type readAhead struct {
-	from, end []byte // the range to read, when want
-	want      bool
-	done      bool
-	keys      [][]byte
-	err       error
-}
-
-// readAhead reads the next page, if the current one has one and it was not
-// read yet. Every way through a page calls it, once its clears run.
-func (s *Sweep) readAhead(ctx context.Context, p *passState) {
-	a := &p.ahead
-	if !a.want || a.done {
-		return
-	}
-	a.keys, a.err = s.scan(ctx, p, a.from, a.end, s.pageSize)
-	a.done = true
 }
 
 // retryPass handles the markers of the retry range whose retry is due:

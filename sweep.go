@@ -240,8 +240,7 @@ type passState struct {
 	cutoffMs    int64
 	cutoffKey   []byte
 	notes       passNotes
-	observed    Stats // the counts an Observer was told of, page by page
-	ahead       readAhead
+	observed    Stats       // the counts an Observer was told of, page by page
 	clearing    *clearing   // the pass's clear workers, once a page has clears
 	buf         passBuffers // kept from pass to pass
 
