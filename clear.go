@@ -21,9 +21,10 @@ var errClearTimedOut = errors.New("retention: clear timed out")
 // each outcome in its item. It returns how many calls it made, and
 // ctx.Err() if ctx is done before every one started.
 //
-// Clears run on workers that live for the pass, never on the goroutine
-// that called Pass: a Clear that calls runtime.Goexit ends a worker, whose
-// share another takes up.
+// Clears run on the pass's own goroutine (see runPass) and, with
+// Concurrency above 1, on workers that live for the pass; never on the
+// goroutine that called Pass. A Clear that calls runtime.Goexit ends its
+// goroutine, whose share of the page a new worker takes up.
 func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item) (calls int, err error) {
 	n := 0
 	for i := range items {
@@ -50,20 +51,34 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		c.ctxs = make([]clearCtx, len(items))
 	}
 	c.next.Store(0)
-	shares := min(s.concurrency, n)
-	for c.started < shares {
+	c.keys, c.calls = keys, n
+	// The pass's own goroutine takes one share, workers the others; on
+	// the caller's goroutine (see runPass), workers take them all.
+	shares, own := min(s.concurrency, n), 1
+	if p.onCaller {
+		own = 0
+	}
+	for c.started < shares-own {
 		c.started++
 		c.workers.Add(1)
 		go c.serve(false)
 	}
 	c.page.Add(shares)
-	for range shares {
+	for range shares - own {
 		c.pages <- struct{}{}
 	}
+	if own == 1 {
+		c.work(true)
+	}
+	c.endClears()
+	return n, ctx.Err()
+}
+
+// endClears waits for the page's clears and ends their contexts.
+func (c *clearing) endClears() {
 	c.page.Wait()
 	c.endPage()
-	c.items, c.ctxs = nil, nil
-	return n, ctx.Err()
+	c.keys, c.items, c.ctxs = nil, nil, nil
 }
 
 // panicked is the error of a Clear that panicked with r, with its stack.
@@ -78,9 +93,15 @@ type clearing struct {
 	ctx context.Context
 
 	// The page, set before its clears start.
+	keys   [][]byte
 	items  []item
 	ctxs   []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout
 	pageNo int64      // the page's number in the pass
+	calls  int        // the page's Clear calls
+
+	// passExited: a Clear ended the pass's goroutine with runtime.Goexit;
+	// read by that goroutine's last deferred call (see passOn).
+	passExited bool
 
 	pagesOver atomic.Int64 // pages whose clears are all done (see clearCtx)
 
@@ -96,11 +117,11 @@ type clearing struct {
 // over. It returns true when a Clear panicked, for the caller to run on
 // from the next item. One deferred call covers the run, not one per Clear:
 // a Clear that panics or calls runtime.Goexit is recorded by interrupted.
-func (c *clearing) clearRun() (again bool) {
+func (c *clearing) clearRun(onPass bool) (again bool) {
 	var cur clearCall
 	defer func() {
 		if cur.item != nil {
-			again = c.interrupted(&cur, recover())
+			again = c.interrupted(&cur, recover(), onPass)
 		}
 	}()
 	// A context that can never be cancelled has no Done channel: no check
@@ -148,10 +169,10 @@ func (c *clearing) ctxFor(i int) *clearCtx {
 func (c *clearing) serve(resume bool) {
 	defer c.workers.Done()
 	if resume {
-		c.work()
+		c.work(false)
 	}
 	for range c.pages {
-		c.work()
+		c.work(false)
 	}
 }
 
@@ -164,10 +185,11 @@ func (c *clearing) stop() {
 	}
 }
 
-// work takes the page's items one at a time until none is left.
-func (c *clearing) work() {
+// work takes the page's items one at a time until none is left; onPass
+// when it runs on the pass's goroutine.
+func (c *clearing) work(onPass bool) {
 	defer c.page.Done()
-	for c.clearRun() {
+	for c.clearRun(onPass) {
 	}
 }
 
@@ -215,9 +237,9 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 // interrupted records the call cur of a run as failed: its Clear panicked
 // with r, or called runtime.Goexit when r is nil. It reports whether the
 // run goes on after a panic. After runtime.Goexit this goroutine ends once
-// the deferred calls ran, and another takes its place: the walk's next
-// (see runWalk), or a worker that takes its share of the page.
-func (c *clearing) interrupted(cur *clearCall, r any) (again bool) {
+// the deferred calls ran, and a new worker takes its share of the page; on
+// the pass's goroutine, a new one also takes up the pass (see runPass).
+func (c *clearing) interrupted(cur *clearCall, r any, onPass bool) (again bool) {
 	if cur.ctx != nil {
 		cur.ctx.returned()
 	}
@@ -230,6 +252,9 @@ func (c *clearing) interrupted(cur *clearCall, r any) (again bool) {
 	}
 	it.err = errClearExited
 	c.p.callFailed(errClearExited)
+	if onPass {
+		c.passExited = true
+	}
 	c.page.Add(1)
 	c.workers.Add(1)
 	go c.serve(true)

@@ -61,19 +61,23 @@ func (s *Sweep) markWaiting(p *passState, items []item) {
 
 // finishPage clears a prepared page and settles it.
 func (s *Sweep) finishPage(ctx context.Context, p *passState, keys [][]byte, items []item) error {
-	var err error
 	if s.dryRun {
 		for i := range items {
 			if items[i].out == pending {
 				items[i].out = wouldClear
 			}
 		}
-	} else {
-		var calls int
-		calls, err = s.clearAll(ctx, p, keys, items)
-		p.st.ClearCalls += calls
-		p.foldCalls()
+		return s.afterClears(ctx, p, keys, items, 0, nil)
 	}
+	calls, err := s.clearAll(ctx, p, keys, items)
+	return s.afterClears(ctx, p, keys, items, calls, err)
+}
+
+// afterClears settles a page whose clears are over: calls of them, and
+// err, the error of a pass cut short during them.
+func (s *Sweep) afterClears(ctx context.Context, p *passState, keys [][]byte, items []item, calls int, err error) error {
+	p.st.ClearCalls += calls
+	p.foldCalls()
 	if err == nil {
 		err = ctx.Err()
 	}

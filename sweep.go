@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -79,6 +80,8 @@ type scratch struct {
 	lags  []time.Duration // reused by observeLags
 	seen  seenIDs         // the ids of the page in hand
 	plan  pagePlan        // reused by settle
+
+	passDone chan passEnd // how the pass's goroutine ended (see runPass)
 }
 
 // New returns a Sweep of kv's markers configured by cfg. The error matches
@@ -191,8 +194,83 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 		s.observePass(ctx, st, err)
 		p.kv, p.fence, p.mover, p.clearing = nil, nil, nil, nil
 	}()
-	err = s.passRanges(ctx, p)
+	err = s.runPass(ctx, p)
 	return *p.st, err
+}
+
+// runPass runs passRanges on a goroutine of its own, which makes the
+// pass's clears (see clearAll), and waits for it: a Clear that calls
+// runtime.Goexit ends that goroutine, not the caller's, and a new one
+// settles the page it was clearing and runs passRanges again, where the
+// markers settled are gone and the failed ones wait for their retry. A
+// panic under the pass, or a runtime.Goexit outside a Clear, reaches the
+// caller's goroutine.
+func (s *Sweep) runPass(ctx context.Context, p *passState) error {
+	if s.idle {
+		// Most passes after one that found nothing expired clear nothing:
+		// they run on the caller's goroutine, their clears, if any, on
+		// workers.
+		p.onCaller = true
+		return s.passRanges(ctx, p)
+	}
+	if s.passDone == nil {
+		s.passDone = make(chan passEnd, 1)
+	}
+	resume := false
+	for {
+		go s.passOn(ctx, p, resume)
+		switch e := <-s.passDone; e.how {
+		case passReturned:
+			return e.err
+		case passPanicked:
+			panic(e.value)
+		case passExited:
+			runtime.Goexit()
+		}
+		resume = true // clearExited
+	}
+}
+
+// passEnd is how a goroutine of runPass ended.
+type passEnd struct {
+	how   byte // passReturned, passPanicked, passExited or clearExited
+	err   error
+	value any // a panic's
+}
+
+const (
+	passReturned = iota
+	passPanicked
+	passExited  // runtime.Goexit outside a Clear
+	clearExited // runtime.Goexit in a Clear
+)
+
+// passOn is a goroutine of runPass: it settles the page a Clear's
+// runtime.Goexit interrupted when resume, then runs passRanges.
+func (s *Sweep) passOn(ctx context.Context, p *passState, resume bool) {
+	e := passEnd{how: passExited}
+	defer func() {
+		if e.how == passExited {
+			if r := recover(); r != nil {
+				e = passEnd{how: passPanicked, value: r}
+			} else if c := p.clearing; c != nil && c.passExited {
+				c.passExited = false
+				e.how = clearExited
+			}
+		}
+		s.passDone <- e
+	}()
+	var err error
+	if resume {
+		c := p.clearing
+		keys, items, calls := c.keys, c.items, c.calls
+		c.endClears()
+		err = s.afterClears(ctx, p, keys, items, calls, nil)
+	}
+	if err == nil {
+		err = s.passRanges(ctx, p)
+	}
+	e = passEnd{how: passReturned, err: err}
 }
 
 // passRanges is the work of a pass: the expired range a page at a time,
@@ -230,6 +308,7 @@ type passState struct {
 	kv          KV
 	fence       Fencer // on the context of writes, or nil
 	mover       Mover  // kv as a Mover, or nil
+	onCaller    bool   // the pass runs on the caller's goroutine (see runPass)
 	noMove      bool   // a Move failed this pass: keep retry delays in memory
 	moveChecked bool   // a Move was read back this pass
 	st          *Stats

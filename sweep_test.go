@@ -460,7 +460,7 @@ func TestCallClearPanicError(t *testing.T) {
 	t.Parallel()
 	s, _ := newSweep(t, NewMemKV(), Config{Clear: func(context.Context, string) error { panic(errBoom) }})
 	c := &clearing{s: s, p: &passState{st: &Stats{}}, ctx: context.Background(), items: []item{{id: "x", out: pending}}}
-	for c.clearRun() {
+	for c.clearRun(false) {
 	}
 	it := &c.items[0]
 	assert.Equal(t, failed, it.out)
