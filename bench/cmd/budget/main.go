@@ -9,6 +9,17 @@
 //
 //	./scripts/test --exec ./scripts/bench budget
 //
+// With -curve it measures instead protection as a curve: the flat-out
+// rate of the sweep first, then, in one run of alternating windows
+// (alone, a contender, alone, ...; the contenders' order rotated each
+// round), budgets of -percents of that rate, one at River's rate, flat
+// out, and River's cleaner at its own pace on a river_job backlog. It
+// prints the foreground's p50, p99 and max against the alone windows
+// either side, and each contender's deletion rate, as a Markdown table,
+// and with -svg writes the plot (the path is relative to bench/):
+//
+//	./scripts/test --exec ./scripts/bench budget -curve -svg ../docs/budget-curve.svg
+//
 // It reads RETENTION_POSTGRES_DSN.
 package main
 
@@ -39,11 +50,44 @@ func main() {
 	flag.IntVar(&cfg.FGRows, "fg-rows", 100_000, "rows of the foreground table")
 	flag.Float64Var(&cfg.FGUpdates, "fg-updates", 0.2, "fraction of foreground operations that are updates")
 	flag.DurationVar(&cfg.Window, "window", 10*time.Second, "length of each window, alone and budgeted")
+	curve := flag.Bool("curve", false, "measure the curve: budgets of -percents of the flat-out rate (-batch flat out) and River's cleaner, in alternating windows")
+	rounds := flag.Int("rounds", 7, "with -curve: rounds of every contender")
+	percents := flag.String("percents", "2,5,10,25,50", "with -curve: comma-separated budgets in percent of the flat-out rate")
+	batchTime := flag.Duration("batch-time", 20*time.Millisecond, "with -curve: a budget's BatchSize is what it grants in this long, rounded to 10, 20, 25, 50, ... 1,000")
+	svg := flag.String("svg", "", "with -curve: write the plot to this file")
 	flag.Parse()
 	log.SetFlags(0)
-	if err := run(cfg); err != nil {
+	var err error
+	if *curve {
+		err = runCurveMain(cfg, *rounds, *percents, *batchTime, *svg)
+	} else {
+		err = run(cfg)
+	}
+	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+func connect(ctx context.Context, conns int) (*pgxpool.Pool, string, error) {
+	dsn := os.Getenv("RETENTION_POSTGRES_DSN")
+	if dsn == "" {
+		return nil, "", fmt.Errorf("RETENTION_POSTGRES_DSN is not set: run through ./scripts/test --exec ./scripts/bench budget")
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, "", err
+	}
+	pcfg.MaxConns = int32(conns)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, "", err
+	}
+	var version string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version') || ', fsync ' || current_setting('fsync') || ', full_page_writes ' || current_setting('full_page_writes')`).Scan(&version); err != nil {
+		pool.Close()
+		return nil, "", err
+	}
+	return pool, version, nil
 }
 
 func median(v []float64) float64 {
@@ -60,24 +104,11 @@ func median(v []float64) float64 {
 
 func run(cfg bench.Budget) error {
 	ctx := context.Background()
-	dsn := os.Getenv("RETENTION_POSTGRES_DSN")
-	if dsn == "" {
-		return fmt.Errorf("RETENTION_POSTGRES_DSN is not set: run through ./scripts/test --exec ./scripts/bench budget")
-	}
-	pcfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return err
-	}
-	pcfg.MaxConns = int32(cfg.FGWorkers) + 8
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, version, err := connect(ctx, cfg.FGWorkers+8)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	var version string
-	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version') || ', fsync ' || current_setting('fsync') || ', full_page_writes ' || current_setting('full_page_writes')`).Scan(&version); err != nil {
-		return err
-	}
 	fmt.Printf("PostgreSQL %s; %d CPUs, %s. Foreground: %.0f ops/s (%.0f%% updates, the rest point selects) from %d goroutines on a %d-row table. "+
 		"Each sweep: a backlog of %d expired jobs (row + marker), BatchSize %d, PageSize %d, after a CHECKPOINT; budget %.0f/s, burst %d, in windows of %v. "+
 		"Latency from the call; \"due p99\" from the time the operation was due (queueing included).\n\n",

@@ -1,0 +1,340 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// window is the figures of one window: the foreground alone (c nil) or
+// beside a contender.
+type window struct {
+	c             *contender
+	ops           int
+	p50, p99, max time.Duration
+	cleared       int // rows deleted
+	reported      int // what the contender said it deleted
+	elapsed       time.Duration
+}
+
+func (w window) rate() float64 { return float64(w.cleared) / w.elapsed.Seconds() }
+
+// curveRun is one -curve run: its database, what it measured, and the
+// rates the backlogs are refilled for.
+type curveRun struct {
+	cfg       curveConfig
+	db        *curveDB
+	progress  func(string)
+	flatRate  float64 // entities/s, measured flat out before the rounds
+	riverRate float64 // River's jobs/s, measured before the rounds
+	calib     []window
+	windows   []window // alone, contender, alone, ... in the order run
+}
+
+// runCurve measures the flat-out and River rates in two windows each
+// (after one to warm up), derives the budgets from the flat-out rate,
+// then runs cfg.Rounds rounds of every contender, each window between
+// two windows of the foreground alone. It returns no figures when a
+// window failed, and the figures with an error when the rows left at the
+// end are not what was written less what was counted deleted.
+func runCurve(ctx context.Context, pool *pgxpool.Pool, cfg curveConfig, progress func(string)) (*curveRun, []*contender, error) {
+	db, err := newCurveDB(ctx, pool, cfg.fg.Rows)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err := db.drop(); err != nil {
+			progress("dropping " + db.schema + ": " + err.Error())
+		}
+	}()
+	r := &curveRun{cfg: cfg, db: db, progress: progress}
+	flat, err := db.sweepContender("flat out", 0, 0, cfg.FlatBatch, cfg.FlatBatch)
+	if err != nil {
+		return nil, nil, err
+	}
+	river := db.riverContender()
+	// The first window of each runs on a cold cache, right after the fill
+	// and its checkpoint: it warms up and counts for nothing.
+	for i, c := range []*contender{flat, flat, flat, river, river, river} {
+		if err := r.topUp(ctx); err != nil {
+			return nil, nil, err
+		}
+		w, err := r.measure(ctx, c)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := r.tidy(ctx, &w); err != nil {
+			return nil, nil, err
+		}
+		if i%3 != 0 {
+			r.calib = append(r.calib, w)
+		}
+	}
+	r.flatRate, r.riverRate = rateOf(r.calib, flat), rateOf(r.calib, river)
+	progress(fmt.Sprintf("flat out %.0f/s, River %.0f/s", r.flatRate, r.riverRate))
+
+	cs, err := r.budgets()
+	if err != nil {
+		return nil, nil, err
+	}
+	cs = append(cs, flat, river)
+	if err := r.rounds(ctx, cs); err != nil {
+		return nil, nil, err
+	}
+	// Checked after the rounds, the figures printed either way.
+	return r, cs, db.checkLeft(ctx)
+}
+
+// budgets returns the budgeted contenders: cfg.Percents of the flat-out
+// rate and one at River's, each with budgetBatch's BatchSize, and the
+// one at River's rate in River's batches.
+func (r *curveRun) budgets() ([]*contender, error) {
+	var cs []*contender
+	atRiver := 100 * r.riverRate / r.flatRate
+	pcts := append(slices.Clone(r.cfg.Percents), atRiver)
+	slices.Sort(pcts)
+	for _, p := range pcts {
+		limit := p / 100 * r.flatRate
+		name := fmt.Sprintf("budget %.0f%%", p)
+		if p == atRiver {
+			name = fmt.Sprintf("budget at River's rate (%.0f%%)", p)
+		}
+		c, err := r.db.sweepContender(name, p, limit, budgetBatch(limit, r.cfg.BatchTime), r.cfg.FlatBatch)
+		if err != nil {
+			return nil, err
+		}
+		c.atRiver = p == atRiver
+		cs = append(cs, c)
+	}
+	// The same budget in River's batches tells the batch's share of the
+	// difference from River's cleaner from the pacing's.
+	big, err := r.db.sweepContender("budget at River's rate, River's batch", atRiver, atRiver/100*r.flatRate, riverBatch, riverBatch)
+	if err != nil {
+		return nil, err
+	}
+	big.atRiver, big.offRule = true, true
+	cs = append(cs, big)
+	return cs, nil
+}
+
+// rounds runs the alternating windows, starting and ending alone.
+func (r *curveRun) rounds(ctx context.Context, cs []*contender) error {
+	w, err := r.measure(ctx, nil)
+	if err != nil {
+		return err
+	}
+	r.windows = append(r.windows, w)
+	for round := range r.cfg.Rounds {
+		for _, c := range rotated(cs, round) {
+			for _, c := range []*contender{c, nil} {
+				w, err := r.measure(ctx, c)
+				if err != nil {
+					return fmt.Errorf("round %d: %w", round+1, err)
+				}
+				r.windows = append(r.windows, w)
+				if c != nil {
+					if err := r.tidy(ctx, &r.windows[len(r.windows)-1]); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// tidy vacuums what w's contender deleted, counts it, and refills the
+// backlogs, between its window and the alone window after it.
+func (r *curveRun) tidy(ctx context.Context, w *window) error {
+	tables := []string{r.db.jobs, r.db.markers}
+	if w.c.river {
+		tables = []string{r.db.riverJ}
+	}
+	for _, t := range tables {
+		if _, err := r.db.pool.Exec(ctx, `VACUUM `+t); err != nil {
+			return err
+		}
+	}
+	w.reported = w.cleared
+	if !w.c.river {
+		n, err := r.db.swept(ctx)
+		if err != nil {
+			return err
+		}
+		w.cleared = n
+	}
+	return r.topUp(ctx)
+}
+
+// topUp refills a backlog that holds less than two windows of its fastest
+// contender (the most a window of it has deleted so far, and at least
+// 100,000/s flat out and 40,000/s for River), with four: no window may
+// run out.
+func (r *curveRun) topUp(ctx context.Context) error {
+	pgMost, rvMost := 100_000*r.cfg.Window.Seconds(), 40_000*r.cfg.Window.Seconds()
+	for _, w := range append(slices.Clone(r.calib), r.windows...) {
+		switch {
+		case w.c == nil:
+		case w.c.river:
+			rvMost = max(rvMost, float64(w.cleared))
+		default:
+			pgMost = max(pgMost, float64(w.cleared))
+		}
+	}
+	if need := int(2 * pgMost); r.db.pgLeft < need {
+		r.progress(fmt.Sprintf("refilling jobs and markers: %d left", r.db.pgLeft))
+		if err := r.db.fillJobs(ctx, 2*need); err != nil {
+			return err
+		}
+	}
+	if need := max(int(2*rvMost), 3*riverBatch); r.db.rvLeft < need {
+		r.progress(fmt.Sprintf("refilling river_job: %d left", r.db.rvLeft))
+		if err := r.db.fillRiver(ctx, 2*need); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// measure runs the foreground for one window, alone (c nil) or while c
+// deletes, until c's window ends.
+func (r *curveRun) measure(ctx context.Context, c *contender) (window, error) {
+	fctx, stopFG := context.WithCancel(ctx)
+	type fgResult struct {
+		lat []time.Duration
+		err error
+	}
+	fgDone := make(chan fgResult, 1)
+	go func() {
+		lat, err := foreground(fctx, r.db.pool, r.db.fg, r.cfg.fg)
+		fgDone <- fgResult{lat, err}
+	}()
+	res := window{c: c}
+	start := time.Now()
+	var err error
+	if c == nil {
+		select {
+		case <-time.After(r.cfg.Window):
+		case <-ctx.Done():
+		}
+	} else {
+		res.cleared, err = c.run(ctx, r.cfg.Window)
+	}
+	res.elapsed = time.Since(start)
+	stopFG()
+	fg := <-fgDone
+	name := "alone"
+	if c != nil {
+		name = c.name
+	}
+	if err != nil {
+		return res, fmt.Errorf("%s: %w", name, err)
+	}
+	if fg.err != nil {
+		return res, fmt.Errorf("%s: foreground: %w", name, fg.err)
+	}
+	slices.Sort(fg.lat)
+	res.ops = len(fg.lat)
+	res.p50, res.p99, res.max = quantile(fg.lat, 0.5), quantile(fg.lat, 0.99), quantile(fg.lat, 1)
+	r.progress(fmt.Sprintf("%s: %d ops p50 %v p99 %v max %v; deleted %d (%.0f/s)", name, res.ops,
+		res.p50.Round(time.Microsecond), res.p99.Round(time.Microsecond), res.max.Round(time.Microsecond), res.cleared, res.rate()))
+	return res, nil
+}
+
+// rateOf is the deletion rate of c over its windows in ws.
+func rateOf(ws []window, c *contender) float64 {
+	n, t := 0, 0.0
+	for _, w := range ws {
+		if w.c == c {
+			n += w.cleared
+			t += w.elapsed.Seconds()
+		}
+	}
+	return float64(n) / t
+}
+
+// quantile returns the q-quantile (nearest rank) of sorted, 0 for none.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// fgConfig is the foreground: point selects and updates at a fixed rate
+// on a table of its own, as a service would send them.
+type fgConfig struct {
+	Rate    float64 // operations per second
+	Workers int     // goroutines sending them
+	Rows    int     // rows of the table
+	Updates float64 // fraction of operations that are updates
+}
+
+// foreground sends cfg.Rate operations a second until ctx is done and
+// returns each one's latency from its call. It is the foreground of
+// bench.RunBudget, which keeps its copy unexported.
+func foreground(ctx context.Context, pool *pgxpool.Pool, table string, cfg fgConfig) ([]time.Duration, error) {
+	type op struct {
+		id     int
+		update bool
+	}
+	ops := make(chan op, 1024)
+	var (
+		mu   sync.Mutex
+		lat  []time.Duration
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range cfg.Workers {
+		wg.Go(func() {
+			var l []time.Duration
+			for o := range ops {
+				t0 := time.Now()
+				var err error
+				if o.update {
+					_, err = pool.Exec(context.Background(), `UPDATE `+table+` SET v = v + 1 WHERE id = $1`, o.id)
+				} else {
+					var v int64
+					var pad string
+					err = pool.QueryRow(context.Background(), `SELECT v, pad FROM `+table+` WHERE id = $1`, o.id).Scan(&v, &pad)
+				}
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					continue
+				}
+				l = append(l, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, l...)
+			mu.Unlock()
+		})
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		due := start.Add(time.Duration(float64(i) / cfg.Rate * float64(time.Second)))
+		if w := time.Until(due); w > 0 {
+			select {
+			case <-time.After(w):
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		ops <- op{id: 1 + rand.IntN(cfg.Rows), update: rand.Float64() < cfg.Updates}
+	}
+	close(ops)
+	wg.Wait()
+	if len(errs) > 0 {
+		return lat, fmt.Errorf("%d failed operations, first: %w", len(errs), errs[0])
+	}
+	return lat, nil
+}
