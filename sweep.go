@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -223,6 +224,9 @@ func (s *Sweep) runPass(ctx context.Context, p *passState) error {
 		case passReturned:
 			return e.err
 		case passPanicked:
+			// Re-raised here, the panic's stack is this one: the log
+			// keeps where it was raised.
+			s.log.Error("retention: a panic under the pass", "panic", e.value, "stack", string(e.stack))
 			panic(e.value)
 		case passExited:
 			runtime.Goexit()
@@ -235,7 +239,8 @@ func (s *Sweep) runPass(ctx context.Context, p *passState) error {
 type passEnd struct {
 	how   byte // passReturned, passPanicked, passExited or clearExited
 	err   error
-	value any // a panic's
+	value any    // a panic's
+	stack []byte // where it was raised
 }
 
 const (
@@ -252,7 +257,7 @@ func (s *Sweep) passOn(ctx context.Context, p *passState, resume bool) {
 	defer func() {
 		if e.how == passExited {
 			if r := recover(); r != nil {
-				e = passEnd{how: passPanicked, value: r}
+				e = passEnd{how: passPanicked, value: r, stack: debug.Stack()}
 			} else if c := p.clearing; c != nil && c.passExited {
 				c.passExited = false
 				e.how = clearExited
