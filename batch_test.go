@@ -8,6 +8,8 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"sync"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 )
 
 // batchRecorder is a ClearBatch that records its calls and fails as a
@@ -911,4 +914,72 @@ func TestReplicaCountsOnlyItsOwnClears(t *testing.T) {
 	assert.Equal(t, 8, stA.Gone)
 	assert.Equal(t, 8, stA.Cleared+stB.Cleared, "the fleet's Cleared add up to the entities cleared")
 	assert.Empty(t, base.entities)
+}
+
+// TestStorePanicReadingAfterAmbiguousAtomicCallReachesCaller: a store
+// whose Scan panics while the sweep reads which markers a ClearDeleter's
+// failed call left (on a batch's goroutine) makes Pass panic on its
+// caller's goroutine with the store's value, as any other store panic
+// under a pass does, and does not crash the process. It runs in a child
+// process so that a crash is seen.
+func TestStorePanicReadingAfterAmbiguousAtomicCallReachesCaller(t *testing.T) {
+	if os.Getenv("RETENTION_TEST_CHILD") == "1" {
+		mem := NewMemKV()
+		a := atomicOver(mem)
+		for i := range 4 {
+			mark(t, mem, "runs/", fmt.Sprintf("a%d", i), t0.Add(time.Duration(i)*time.Millisecond))
+		}
+		a.after = func(_ int, err error) error {
+			a.setHooks(func(context.Context, int64) error { panic("store bug") }, nil, nil)
+			return errors.Join(err, errBoom) // committed or not: the store cannot say
+		}
+		s, clock := newSweep(t, a, Config{PageSize: 4, BatchSize: 4})
+		clock.Set(t0.Add(2 * time.Hour))
+		assert.PanicsWithValue(t, "store bug", func() { _, _ = s.Pass(context.Background()) })
+		return
+	}
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStorePanicReadingAfterAmbiguousAtomicCallReachesCaller$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "RETENTION_TEST_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the child process crashed:\n%s", firstBytes(out, 1500))
+}
+
+// TestClockPanicOnClearWorkerReachesCaller: a Config.Clock that panics
+// when a clear worker reads it (for the Limiter's wait) makes Pass panic
+// on its caller's goroutine, and does not crash the process. It runs in a
+// child process so that a crash is seen.
+func TestClockPanicOnClearWorkerReachesCaller(t *testing.T) {
+	if os.Getenv("RETENTION_TEST_CHILD") == "1" {
+		kv := NewMemKV()
+		for i := range 8 {
+			mark(t, kv, "runs/", fmt.Sprintf("a%d", i), t0.Add(time.Duration(i)*time.Millisecond))
+		}
+		clock := &panicAfterClock{ManualClock: NewManualClock(t0.Add(2 * time.Hour))}
+		s, _ := newSweep(t, kv, Config{Clock: clock, Concurrency: 4, PageSize: 8, Limiter: rate.NewLimiter(rate.Limit(1e6), 1),
+			Clear: func(context.Context, string) error {
+				clock.panicking.Store(true)
+				return nil
+			}})
+		assert.PanicsWithValue(t, "clock bug", func() { _, _ = s.Pass(context.Background()) })
+		return
+	}
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestClockPanicOnClearWorkerReachesCaller$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "RETENTION_TEST_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the child process crashed:\n%s", firstBytes(out, 1500))
+}
+
+// panicAfterClock is a ManualClock whose Now panics once panicking is set.
+type panicAfterClock struct {
+	*ManualClock
+	panicking atomic.Bool
+}
+
+func (c *panicAfterClock) Now() time.Time {
+	if c.panicking.Load() {
+		panic("clock bug")
+	}
+	return c.ManualClock.Now()
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 )
 
 // TestClearGoexit: a Clear that calls runtime.Goexit, as t.FailNow or a
@@ -324,5 +326,335 @@ func TestKeptIDsStay(t *testing.T) {
 		for i := range n {
 			require.Equal(t, want(pass, i), kept[pass*n+i], "id %d of pass %d", i, pass)
 		}
+	}
+}
+
+// TestGoexitOnPassGoroutineCountsEachMarkerOnce: a Clear that calls
+// runtime.Goexit on the pass's own goroutine makes the pass settle its
+// page and read its ranges again; the markers of earlier pages that stay
+// (a failed clear on a store that is no Mover, a foreign key) are counted
+// once in the pass's Stats, as without the Goexit, and every Clear is
+// called once.
+func TestGoexitOnPassGoroutineCountsEachMarkerOnce(t *testing.T) {
+	t.Parallel()
+	for _, kind := range storeKinds {
+		for _, conc := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/concurrency=%d", kind.name, conc), func(t *testing.T) {
+				t.Parallel()
+				mem := NewMemKV()
+				// A foreign key first, then a page per marker: with one
+				// marker a page, the pass's goroutine makes every Clear.
+				require.NoError(t, mem.Put(t.Context(), []byte("runs/0000000179"), nil))
+				ids := []string{"f0", "a1", "g2", "a3", "a4"}
+				for i, id := range ids {
+					mark(t, mem, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+				}
+				c := newClears()
+				c.set("f0", errBoom)
+				clear := func(ctx context.Context, id string) error {
+					err := c.clear(ctx, id)
+					if id == "g2" {
+						runtime.Goexit()
+					}
+					return err
+				}
+				s, clock := newSweep(t, kind.wrap(mem), Config{Clear: clear, Concurrency: conc, PageSize: 1})
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(t.Context())
+				require.NoError(t, err)
+				for _, id := range ids {
+					assert.Equal(t, 1, c.count(id), "Clear calls of %s", id)
+				}
+				assert.Equal(t, 3, st.Cleared)
+				assert.Equal(t, 2, st.Failed)
+				assert.Equal(t, 5, st.ClearCalls)
+				assert.Zero(t, st.Deferred, "a marker that failed in this pass is not also deferred by it")
+				assert.Equal(t, 1, st.Foreign, "the foreign key counted once")
+				assert.Len(t, keysUnder(t, mem, "runs/"), 3, "the foreign key and the markers of f0 and g2 stay")
+			})
+		}
+	}
+}
+
+// TestGoexitingClearCalledOncePerPass: a Clear that calls runtime.Goexit
+// on the pass's own goroutine, under a real clock on a store slower than
+// the retry delay and that is no Mover, is called once in the pass, and so
+// is the Clear of a marker that failed on an earlier page: the pass ends
+// rather than reading its ranges again and again.
+func TestGoexitingClearCalledOncePerPass(t *testing.T) {
+	for _, conc := range []int{1, 4} {
+		t.Run(fmt.Sprint("concurrency=", conc), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				kv := newFakeKV(nil)
+				kv.canMove, kv.canPut = false, false
+				kv.onScan = func(context.Context, int64) error {
+					time.Sleep(2 * time.Second) // longer than RetryDelay (1s)
+					return nil
+				}
+				mark(t, kv.MemKV, "runs/", "f0", time.Now().Add(-2*time.Hour))
+				mark(t, kv.MemKV, "runs/", "g1", time.Now().Add(-2*time.Hour+time.Millisecond))
+				mark(t, kv.MemKV, "runs/", "a2", time.Now().Add(-2*time.Hour+2*time.Millisecond))
+				c := newClears()
+				c.set("f0", errBoom)
+				s, err := New(kv.store(), Config{Prefix: "runs/", Retention: time.Hour, PageSize: 1, Concurrency: conc,
+					RetryDelay: time.Second, MaxRetryDelay: time.Second, Clear: func(ctx context.Context, id string) error {
+						err := c.clear(ctx, id)
+						if id == "g1" && c.count(id) < 20 { // bounded: the test must end
+							runtime.Goexit()
+						}
+						return err
+					}})
+				require.NoError(t, err)
+				st, err := s.Pass(t.Context())
+				require.NoError(t, err)
+				assert.Equal(t, 1, c.count("g1"), "Clear calls of the marker whose Clear called Goexit, in one pass")
+				assert.Equal(t, 1, c.count("f0"), "Clear calls of a marker that failed on an earlier page, in one pass")
+				assert.Equal(t, 1, c.count("a2"))
+				assert.Equal(t, 1, st.Cleared)
+				assert.Equal(t, 2, st.Failed)
+				t.Logf("ScanCalls %d, Duration %v", st.ScanCalls, st.Duration)
+			})
+		})
+	}
+}
+
+// TestEveryClearOfEveryPageExits: pages whose every Clear calls
+// runtime.Goexit, at every Concurrency and on every kind of store: the
+// pass ends, each Clear is called once, every marker stays and counts as
+// failed once, and the pass reads no page more than a bounded number of
+// times.
+func TestEveryClearOfEveryPageExits(t *testing.T) {
+	t.Parallel()
+	for _, kind := range storeKinds {
+		for _, conc := range []int{1, 2, 8} {
+			t.Run(fmt.Sprintf("%s/concurrency=%d", kind.name, conc), func(t *testing.T) {
+				t.Parallel()
+				mem := NewMemKV()
+				const n = 40
+				for i := range n {
+					mark(t, mem, "runs/", fmt.Sprintf("g%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+				}
+				c := newClears()
+				kv := kind.fake(mem)
+				s, clock := newSweep(t, kv.store(), Config{Concurrency: conc, PageSize: 4, Clear: func(ctx context.Context, id string) error {
+					_ = c.clear(ctx, id)
+					runtime.Goexit()
+					return nil
+				}})
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(t.Context())
+				require.NoError(t, err)
+				for i := range n {
+					assert.Equal(t, 1, c.count(fmt.Sprintf("g%02d", i)))
+				}
+				assert.Equal(t, n, st.Failed)
+				assert.Equal(t, n, st.ClearCalls)
+				assert.Equal(t, n, st.FailedCalls)
+				assert.Zero(t, st.Cleared)
+				assert.Zero(t, st.Deferred, "no marker failed in this pass is deferred by it")
+				assert.Len(t, markerIDs(t, mem, "runs/"), n)
+				// 10 pages, the read after the last, the peek, the retry
+				// range: 13 reads without a Goexit.
+				t.Logf("ScanCalls %d", st.ScanCalls)
+				assert.LessOrEqual(t, st.ScanCalls, 2*13, "Scan calls")
+			})
+		}
+	}
+}
+
+// TestGoexitOnPassGoroutineWhenPassCancelled: a Clear on the pass's own
+// goroutine that cancels the pass and calls runtime.Goexit: the pass
+// returns ctx.Err(), deletes no marker of the page it was clearing (their
+// clears are retried), and the next pass clears everything.
+func TestGoexitOnPassGoroutineWhenPassCancelled(t *testing.T) {
+	t.Parallel()
+	for _, conc := range []int{1, 3} {
+		t.Run(fmt.Sprint("concurrency=", conc), func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			c := newClears()
+			s, clock := newSweep(t, kv, Config{Concurrency: conc, PageSize: 1, ClearTimeout: time.Minute, Clear: func(cctx context.Context, id string) error {
+				_ = c.clear(cctx, id)
+				if id == "g2" && c.count(id) == 1 {
+					cancel()
+					runtime.Goexit()
+				}
+				return nil
+			}})
+			for i, id := range []string{"a0", "a1", "g2", "a3"} {
+				mark(t, kv, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+			}
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(ctx)
+			require.ErrorIs(t, err, context.Canceled)
+			assert.Equal(t, 2, st.Cleared)
+			assert.Zero(t, c.count("a3"), "no Clear once the pass is cancelled")
+			assert.Equal(t, map[string]int{"g2": 1, "a3": 1}, markerIDs(t, kv, "runs/"))
+			clock.Advance(time.Hour)
+			_, err = s.Pass(t.Context())
+			require.NoError(t, err)
+			assert.Zero(t, kv.Len())
+		})
+	}
+}
+
+// TestGoexitInRetryRangePage: a Clear on the pass's own goroutine that
+// calls runtime.Goexit for a marker of the retry range (one that failed
+// before and is due again): it fails again and waits for its next retry,
+// every other marker of both ranges is cleared once, and the Stats count
+// each marker once.
+func TestGoexitInRetryRangePage(t *testing.T) {
+	t.Parallel()
+	for _, conc := range []int{1, 3} {
+		for _, last := range []bool{false, true} {
+			t.Run(fmt.Sprintf("concurrency=%d/last-page=%v", conc, last), func(t *testing.T) {
+				t.Parallel()
+				kv := NewMemKV()
+				c := newClears()
+				exit := false
+				s, clock := newSweep(t, kv, Config{Concurrency: conc, PageSize: 2, Clear: func(ctx context.Context, id string) error {
+					err := c.clear(ctx, id)
+					if exit && id == "r1" {
+						runtime.Goexit()
+					}
+					return err
+				}})
+				for _, id := range []string{"r0", "r1", "r2", "r3", "r4"} {
+					c.set(id, errBoom)
+				}
+				for i, id := range []string{"r0", "r1", "r2", "r3", "r4"} {
+					mark(t, kv, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+				}
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(t.Context())
+				require.NoError(t, err)
+				require.Equal(t, 5, st.Failed)
+				require.Len(t, retryIDs(t, kv), 5)
+				for _, id := range []string{"r0", "r1", "r2", "r3", "r4"} {
+					c.set(id, nil)
+				}
+				if last {
+					c.set("r0", errBoom) // the retry range's first page fails, r1 on... the first page still
+				}
+				exit = true
+				// New expired markers too, and every retry due.
+				for i := range 3 {
+					mark(t, kv, "runs/", fmt.Sprintf("n%d", i), t0.Add(time.Hour+time.Duration(i)*time.Millisecond))
+				}
+				clock.Advance(2 * time.Hour)
+				before := map[string]int{}
+				for _, id := range []string{"r0", "r1", "r2", "r3", "r4", "n0", "n1", "n2"} {
+					before[id] = c.count(id)
+				}
+				st, err = s.Pass(t.Context())
+				require.NoError(t, err)
+				for id, n := range before {
+					assert.Equal(t, n+1, c.count(id), "Clear calls of %s in the pass", id)
+				}
+				wantFailed := 1
+				if last {
+					wantFailed = 2
+				}
+				assert.Equal(t, wantFailed, st.Failed)
+				assert.Equal(t, 8-wantFailed, st.Cleared)
+				assert.Zero(t, st.Deferred)
+				assert.Len(t, retryIDs(t, kv), wantFailed)
+				assert.Empty(t, markerIDs(t, kv, "runs/0"))
+			})
+		}
+	}
+}
+
+// TestGoexitWithKeptContextAndLimiter: a Clear on the pass's own goroutine
+// under ClearTimeout and a Limiter that keeps its context and calls
+// runtime.Goexit: the context reads as done once the pass is over, whether
+// the Clear consulted it before or not, and nothing is left running.
+func TestGoexitWithKeptContextAndLimiter(t *testing.T) {
+	t.Parallel()
+	for _, conc := range []int{1, 4} {
+		for _, consulted := range []bool{false, true} {
+			t.Run(fmt.Sprintf("concurrency=%d/consulted=%v", conc, consulted), func(t *testing.T) {
+				t.Parallel()
+				kv := NewMemKV()
+				var mu sync.Mutex
+				kept := map[string]context.Context{}
+				s, clock := newSweep(t, kv, Config{Concurrency: conc, PageSize: 3, ClearTimeout: time.Hour,
+					Limiter: rate.NewLimiter(rate.Limit(10000), 1),
+					Clear: func(ctx context.Context, id string) error {
+						if consulted {
+							_ = ctx.Err()
+							_ = ctx.Done()
+						}
+						mu.Lock()
+						kept[id] = ctx
+						mu.Unlock()
+						if id[0] == 'g' {
+							runtime.Goexit()
+						}
+						return nil
+					}})
+				for i := range 10 {
+					p := "a"
+					if i%3 == 0 {
+						p = "g"
+					}
+					mark(t, kv, "runs/", fmt.Sprintf("%s%d", p, i), t0.Add(time.Duration(i)*time.Millisecond))
+				}
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(t.Context())
+				require.NoError(t, err)
+				assert.Equal(t, 4, st.Failed)
+				assert.Equal(t, 6, st.Cleared)
+				require.Len(t, kept, 10)
+				for id, ctx := range kept {
+					select {
+					case <-ctx.Done():
+					case <-time.After(5 * time.Second):
+						t.Errorf("the kept context of %s is not done after the pass", id)
+					}
+					assert.Error(t, ctx.Err(), id)
+				}
+			})
+		}
+	}
+}
+
+// TestLeasedPassWithGoexitingClear: a LeasedPass over a fenced store,
+// whose Clear calls runtime.Goexit on the pass's own goroutine, returns,
+// releases the lease and has cleared the other markers.
+func TestLeasedPassWithGoexitingClear(t *testing.T) {
+	t.Parallel()
+	for _, conc := range []int{1, 3} {
+		t.Run(fmt.Sprint("concurrency=", conc), func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			locker := &fencingLocker{}
+			rec := &recorder{}
+			var log passLog
+			c := newClears()
+			s, clock := newSweep(t, mem, Config{Lease: locker, Observer: rec, OnPass: log.onPass, Concurrency: conc, PageSize: 2,
+				Clear: func(ctx context.Context, id string) error {
+					_ = c.clear(ctx, id)
+					if id[0] == 'g' {
+						runtime.Goexit()
+					}
+					return nil
+				}})
+			for i, id := range []string{"g0", "a1", "a2", "g3", "a4", "g5"} {
+				mark(t, mem, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+			}
+			clock.Advance(2 * time.Hour)
+			st, err := s.LeasedPass(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, 3, st.Cleared)
+			assert.Equal(t, 3, st.Failed)
+			assert.Equal(t, 6, c.total())
+			assert.False(t, locker.held(), "the lease is released")
+			require.Equal(t, 1, log.len())
+			assert.Equal(t, []string{"runs/ acquired", "runs/ released"}, rec.eventList())
+			assert.Len(t, keysUnder(t, mem, "runs/"), 3, "the markers of g0, g3 and g5 stay")
+		})
 	}
 }

@@ -212,3 +212,62 @@ func TestClearCtx(t *testing.T) {
 		})
 	})
 }
+
+// TestClearContextReadsPassErrAtOnce: under ClearTimeout, a Clear's
+// context reports the end of the pass's context as soon as that context's
+// Err does, before its Done channel closes, as the pass's context under a
+// lease does between the lease's loss and the goroutine that cancels it
+// (see leaseContext): a Clear that checks ctx.Err() before an
+// irreversible step sees the loss.
+func TestClearContextReadsPassErrAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency=%d", concurrency), func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			ctx := &errFirstCtx{Context: context.Background(), done: make(chan struct{})}
+			var sawErr, sawDone atomic.Int32
+			var calls atomic.Int32
+			s, clock := newSweep(t, mem, Config{Concurrency: concurrency, ClearTimeout: time.Minute, Clear: func(cctx context.Context, _ string) error {
+				calls.Add(1)
+				ctx.lost.Store(true)
+				if cctx.Err() != nil {
+					sawErr.Add(1)
+				}
+				select {
+				case <-cctx.Done():
+					sawDone.Add(1)
+				default:
+				}
+				return nil
+			}})
+			mark(t, mem, "runs/", "a", t0)
+			clock.Set(t0.Add(2 * time.Hour))
+			_, err := s.Pass(ctx)
+			require.ErrorIs(t, err, context.Canceled)
+			require.Equal(t, int32(1), calls.Load())
+			assert.Equal(t, int32(1), sawErr.Load(), "the Clear's ctx.Err() once the pass's Err reports it over")
+			assert.Equal(t, int32(1), sawDone.Load(), "the Clear's ctx.Done() once the pass's Err reports it over")
+		})
+	}
+}
+
+// TestClearContextSeesLeaseLossAtOnce: under Run's lease (LeasedPass), a
+// Clear that finds the lease lost reads it on its own context at once.
+func TestClearContextSeesLeaseLossAtOnce(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	mark(t, mem, "runs/", "a", t0)
+	locker := &fakeLocker{}
+	var errSeen error
+	s, clock := newSweep(t, mem, Config{AllowUnfenced: true, Lease: locker, ClearTimeout: time.Minute, Clear: func(ctx context.Context, _ string) error {
+		locker.expire() // the lease's TTL runs out while the Clear runs
+		errSeen = ctx.Err()
+		return nil
+	}})
+	clock.Advance(2 * time.Hour)
+	_, err := s.LeasedPass(t.Context())
+	require.ErrorIs(t, err, ErrLeaseLost)
+	assert.ErrorIs(t, errSeen, context.Canceled, "ctx.Err() in the Clear once the lease is lost")
+	assert.Equal(t, 1, mem.Len(), "the marker stays")
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -656,4 +657,269 @@ func TestPassCounting(t *testing.T) {
 	assert.Equal(t, int64(wantPages), kv.deletes.Load(), "Delete calls")
 	assert.Equal(t, int64(n+1), kv.keys.Load(), "keys read: the expired ones and one more")
 	assert.Equal(t, idle-n, mem.Len())
+}
+
+// exitObserver calls runtime.Goexit in the ObservePage of its page-th
+// call (from 1), or panics with value when that is set.
+type exitObserver struct {
+	recorder
+	page  int32
+	value any
+	calls atomic.Int32
+}
+
+func (o *exitObserver) ObservePage(prefix string, page Stats) {
+	o.recorder.ObservePage(prefix, page)
+	if o.calls.Add(1) == o.page {
+		if o.value != nil {
+			panic(o.value)
+		}
+		runtime.Goexit()
+	}
+}
+
+// passOnGoroutine calls s.Pass on a goroutine of its own and reports how
+// it ended: returned, or with its panic's value, or by runtime.Goexit
+// (neither).
+func passOnGoroutine(s *Sweep) (returned bool, panicked any, err error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { panicked = recover() }()
+		_, err = s.Pass(context.Background())
+		returned = true
+	}()
+	<-done
+	return returned, panicked, err
+}
+
+// TestGoexitOrPanicUnderPassReachesCaller: a store call or an Observer
+// that calls runtime.Goexit or panics on the pass's own goroutine, before
+// or after a Clear's runtime.Goexit made the pass settle its page and read
+// its ranges again, ends the caller's goroutine the same way (the panic
+// with its value); the pass's deferred work is done (ObservePass, the
+// workers stopped) and the next pass runs and clears what is left.
+func TestGoexitOrPanicUnderPassReachesCaller(t *testing.T) {
+	t.Parallel()
+	type fault struct {
+		name   string
+		set    func(kv *fakeKV, f func()) Observer // installs f where the fault is
+		always bool
+	}
+	nth := func(n int64, f func()) func(context.Context, int64) error {
+		return func(_ context.Context, call int64) error {
+			if call == n {
+				f()
+			}
+			return nil
+		}
+	}
+	faults := []fault{
+		{"scan", func(kv *fakeKV, f func()) Observer { kv.onScan = nth(3, f); return nil }, false},
+		{"delete", func(kv *fakeKV, f func()) Observer { kv.onDelete = nth(2, f); return nil }, false},
+		{"move", func(kv *fakeKV, f func()) Observer { kv.onMove = nth(1, f); return nil }, false},
+	}
+	for _, fl := range faults {
+		for _, how := range []string{"goexit", "panic"} {
+			for _, exitFirst := range []bool{false, true} {
+				for _, conc := range []int{1, 4} {
+					t.Run(fmt.Sprintf("%s/%s/clear-exited-first=%v/concurrency=%d", fl.name, how, exitFirst, conc), func(t *testing.T) {
+						t.Parallel()
+						kv := newFakeKV(nil)
+						panicValue := fmt.Errorf("store bug %s", fl.name)
+						f := func() {
+							if how == "panic" {
+								panic(panicValue)
+							}
+							runtime.Goexit()
+						}
+						fl.set(kv, f)
+						rec := &recorder{}
+						var exited atomic.Bool
+						c := newClears()
+						c.set("f03", errBoom)
+						s, clock := newSweep(t, kv.store(), Config{Observer: rec, Concurrency: conc, PageSize: 2, Clear: func(ctx context.Context, id string) error {
+							err := c.clear(ctx, id)
+							if exitFirst && id == "a00" && exited.CompareAndSwap(false, true) {
+								runtime.Goexit()
+							}
+							return err
+						}})
+						for i := range 9 {
+							id := fmt.Sprintf("a%02d", i)
+							if i == 3 {
+								id = "f03"
+							}
+							mark(t, kv.MemKV, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+						}
+						clock.Set(t0.Add(2 * time.Hour))
+						returned, panicked, _ := passOnGoroutine(s)
+						assert.False(t, returned, "the pass did not return")
+						if how == "panic" {
+							assert.Same(t, panicValue, panicked, "the panic reaches the caller with its value")
+						} else {
+							assert.Nil(t, panicked, "runtime.Goexit reaches the caller as such")
+						}
+						assert.Len(t, rec.passes, 1, "ObservePass saw the pass")
+						kv.setHooks(nil, nil, nil)
+						clock.Advance(time.Hour) // every retry due
+						st, err := s.Pass(context.Background())
+						require.NoError(t, err, "the next pass runs")
+						c.set("f03", nil)
+						clock.Advance(time.Hour)
+						st2, err := s.Pass(context.Background())
+						require.NoError(t, err)
+						t.Logf("then: %d cleared, %d failed; %d cleared", st.Cleared, st.Failed, st2.Cleared)
+						assert.Zero(t, kv.Len(), "everything cleared in the end")
+					})
+				}
+			}
+		}
+	}
+}
+
+// TestObserverGoexitOrPanicOnPassGoroutineReachesCaller: an Observer that
+// calls runtime.Goexit or panics in ObservePage on the pass's own
+// goroutine ends the caller's goroutine alike; the sweep is not left busy.
+func TestObserverGoexitOrPanicOnPassGoroutineReachesCaller(t *testing.T) {
+	t.Parallel()
+	for _, value := range []any{nil, "observer bug", errBoom} {
+		for _, page := range []int32{1, 3} {
+			for _, conc := range []int{1, 4} {
+				t.Run(fmt.Sprintf("%v/page%d/concurrency=%d", value, page, conc), func(t *testing.T) {
+					t.Parallel()
+					kv := NewMemKV()
+					obs := &exitObserver{page: page, value: value}
+					c := newClears()
+					s, clock := newSweep(t, kv, Config{Observer: obs, Concurrency: conc, PageSize: 2, Clear: c.clear})
+					for i := range 9 {
+						mark(t, kv, "runs/", fmt.Sprintf("a%02d", i), t0.Add(time.Duration(i)*time.Millisecond))
+					}
+					clock.Set(t0.Add(2 * time.Hour))
+					returned, panicked, _ := passOnGoroutine(s)
+					assert.False(t, returned)
+					assert.Equal(t, value, panicked)
+					assert.Equal(t, 9-2*int(page), kv.Len(), "the pages the Observer saw are settled")
+					st, err := s.Pass(context.Background())
+					require.NoError(t, err, "the sweep is not left busy")
+					assert.Equal(t, 9-2*int(page), st.Cleared)
+					assert.Zero(t, kv.Len())
+					assert.Equal(t, 9, c.total(), "each marker cleared once")
+				})
+			}
+		}
+	}
+}
+
+// TestGoexitInClearOfPassOnCallersGoroutine: a pass after an idle one runs
+// on the caller's goroutine; a Clear of it that calls runtime.Goexit ends
+// a worker, not the caller, and counts as failed.
+func TestGoexitInClearOfPassOnCallersGoroutine(t *testing.T) {
+	t.Parallel()
+	for _, conc := range []int{1, 3} {
+		t.Run(fmt.Sprint("concurrency=", conc), func(t *testing.T) {
+			t.Parallel()
+			kv := NewMemKV()
+			c := newClears()
+			s, clock := newSweep(t, kv, Config{Concurrency: conc, PageSize: 2, Clear: func(ctx context.Context, id string) error {
+				_ = c.clear(ctx, id)
+				if id[0] == 'g' {
+					runtime.Goexit()
+				}
+				return nil
+			}})
+			st, err := s.Pass(context.Background()) // nothing expired: idle
+			require.NoError(t, err)
+			require.Zero(t, st.ScanCalls-3)
+			ids := []string{"g0", "a1", "a2", "g3", "g4", "a5", "a6"}
+			for i, id := range ids {
+				mark(t, kv, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+			}
+			clock.Set(t0.Add(2 * time.Hour))
+			returned, panicked, err := passOnGoroutine(s)
+			require.True(t, returned, "the caller's goroutine is not ended")
+			require.Nil(t, panicked)
+			require.NoError(t, err)
+			assert.Equal(t, 7, c.total())
+			assert.Equal(t, map[string]int{"g0": 1, "g3": 1, "g4": 1}, retryIDs(t, kv))
+		})
+	}
+}
+
+// TestConcurrentPassesWithGoexitingClears: passes called at once, whose
+// Clears call runtime.Goexit on their own goroutines, never overlap, and
+// each marker is cleared once.
+func TestConcurrentPassesWithGoexitingClears(t *testing.T) {
+	t.Parallel()
+	kv := newFakeKV(nil)
+	var overlap atomic.Int32
+	kv.onScan = func(context.Context, int64) error {
+		if kv.inScan.Load() > 1 {
+			overlap.Add(1)
+		}
+		return nil
+	}
+	c := newClears()
+	var active atomic.Int32
+	s, clock := newSweep(t, kv.store(), Config{PageSize: 3, Concurrency: 2, Clear: func(ctx context.Context, id string) error {
+		active.Add(1)
+		defer active.Add(-1)
+		_ = c.clear(ctx, id)
+		if id[0] == 'g' && c.count(id) == 1 {
+			runtime.Goexit()
+		}
+		return nil
+	}})
+	for i := range 300 {
+		p := "o"
+		if i%11 == 0 {
+			p = "g"
+		}
+		mark(t, kv.MemKV, "runs/", fmt.Sprintf("%s%04d", p, i), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	clock.Set(t0.Add(2 * time.Hour))
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			returned, panicked, err := passOnGoroutine(s)
+			assert.True(t, returned)
+			assert.Nil(t, panicked)
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, overlap.Load(), "passes overlapped")
+	for i := range 300 {
+		if i%11 != 0 {
+			assert.Equal(t, 1, c.count(fmt.Sprintf("o%04d", i)))
+		}
+	}
+	clock.Advance(time.Hour)
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, kv.Len(), "everything cleared in the end")
+}
+
+// TestDryRunObserverPanicReachesCaller: a dry run's pass, which runs on a
+// goroutine of its own, passes an Observer's panic to its caller with its
+// value, and touches no marker.
+func TestDryRunObserverPanicReachesCaller(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	obs := &exitObserver{page: 2, value: "observer bug"}
+	c := newClears()
+	s, clock := newSweep(t, kv, Config{DryRun: true, Observer: obs, PageSize: 2, Clear: c.clear})
+	for i := range 5 {
+		mark(t, kv, "runs/", fmt.Sprintf("a%d", i), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	clock.Set(t0.Add(2 * time.Hour))
+	returned, panicked, _ := passOnGoroutine(s)
+	assert.False(t, returned)
+	assert.Equal(t, "observer bug", panicked)
+	assert.Equal(t, 5, kv.Len())
+	assert.Zero(t, c.total())
+	obs.page = 0
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 5, st.WouldClear)
 }
