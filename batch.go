@@ -81,6 +81,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
+			defer p.catch(nil)
 			for ctx.Err() == nil {
 				batch := b.take()
 				if batch == nil {
@@ -91,6 +92,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 		})
 	}
 	wg.Wait()
+	p.rethrow()
 	p.st.ScanCalls += int(b.scans.Load())
 	p.st.Scanned += int(b.scanned.Load())
 	if ferr := p.fenceErr.Load(); ferr != nil {

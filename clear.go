@@ -51,7 +51,7 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		c.ctxs = make([]clearCtx, len(items))
 	}
 	c.next.Store(0)
-	c.keys, c.calls = keys, n
+	c.keys, c.calls, c.inRetry = keys, n, p.inRetry
 	// The pass's own goroutine takes one share, workers the others; on
 	// the caller's goroutine (see runPass), workers take them all.
 	shares, own := min(s.concurrency, n), 1
@@ -71,6 +71,7 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		c.work(true)
 	}
 	c.endClears()
+	p.rethrow()
 	return n, ctx.Err()
 }
 
@@ -93,11 +94,12 @@ type clearing struct {
 	ctx context.Context
 
 	// The page, set before its clears start.
-	keys   [][]byte
-	items  []item
-	ctxs   []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout
-	pageNo int64      // the page's number in the pass
-	calls  int        // the page's Clear calls
+	keys    [][]byte
+	items   []item
+	ctxs    []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout
+	pageNo  int64      // the page's number in the pass
+	calls   int        // the page's Clear calls
+	inRetry bool       // the page is the retry range's
 
 	// passExited: a Clear ended the pass's goroutine with runtime.Goexit;
 	// read by that goroutine's last deferred call (see passOn).
@@ -120,8 +122,13 @@ type clearing struct {
 func (c *clearing) clearRun(onPass bool) (again bool) {
 	var cur clearCall
 	defer func() {
-		if cur.item != nil {
+		switch {
+		case cur.item != nil:
 			again = c.interrupted(&cur, recover(), onPass)
+		case !onPass:
+			// Outside a Clear (a Clock's or a Limiter's panic): raised
+			// again on the pass's goroutine once the page's clears end.
+			c.p.catch(recover())
 		}
 	}()
 	// A context that can never be cancelled has no Done channel: no check

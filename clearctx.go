@@ -68,9 +68,24 @@ func (c *clearCtx) Deadline() (time.Time, bool) { return c.get().ctx.Deadline() 
 
 func (c *clearCtx) Value(key any) any { return c.c.ctx.Value(key) }
 
-func (c *clearCtx) Err() error { return c.get().ctx.Err() }
+// Err and Done ask the pass's context first: under a lease it reports its
+// loss from Err before its Done channel closes (see leaseContext).
+func (c *clearCtx) Err() error {
+	st := c.get()
+	if err := c.c.ctx.Err(); err != nil {
+		st.cancel()
+		return err
+	}
+	return st.ctx.Err()
+}
 
-func (c *clearCtx) Done() <-chan struct{} { return c.get().ctx.Done() }
+func (c *clearCtx) Done() <-chan struct{} {
+	st := c.get()
+	if c.c.ctx.Err() != nil {
+		st.cancel()
+	}
+	return st.ctx.Done()
+}
 
 // returned cancels the context once Clear returned, if Clear consulted it.
 func (c *clearCtx) returned() {

@@ -52,7 +52,7 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	p.buf.dueKey = dueKey
 	// Something is due, or a key that is no retry marker comes first:
 	// the pages handle both (malformed keys deleted, foreign ones counted).
-	keys, err := s.scan(ctx, p, s.retryLower, dueKey, s.pageSize)
+	keys, err := s.scan(ctx, p, p.resumeFrom(resumeRetry, s.retryLower), dueKey, s.pageSize)
 	if err == nil {
 		err = s.walk(ctx, p, keys, dueKey)
 	}

@@ -202,10 +202,9 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 // runPass runs passRanges on a goroutine of its own, which makes the
 // pass's clears (see clearAll), and waits for it: a Clear that calls
 // runtime.Goexit ends that goroutine, not the caller's, and a new one
-// settles the page it was clearing and runs passRanges again, where the
-// markers settled are gone and the failed ones wait for their retry. A
-// panic under the pass, or a runtime.Goexit outside a Clear, reaches the
-// caller's goroutine.
+// settles the page it was clearing and goes on just after it. A panic
+// under the pass (on a worker too, see rethrow), or a runtime.Goexit
+// outside a Clear, reaches the caller's goroutine.
 func (s *Sweep) runPass(ctx context.Context, p *passState) error {
 	if s.idle {
 		// Most passes after one that found nothing expired clear nothing:
@@ -258,6 +257,9 @@ func (s *Sweep) passOn(ctx context.Context, p *passState, resume bool) {
 		if e.how == passExited {
 			if r := recover(); r != nil {
 				e = passEnd{how: passPanicked, value: r, stack: debug.Stack()}
+				if c := p.caught.Load(); c != nil {
+					e.stack = c.stack // where a worker raised it
+				}
 			} else if c := p.clearing; c != nil && c.passExited {
 				c.passExited = false
 				e.how = clearExited
@@ -267,9 +269,17 @@ func (s *Sweep) passOn(ctx context.Context, p *passState, resume bool) {
 	}()
 	var err error
 	if resume {
+		// The page the Clear interrupted is settled, and the pass goes on
+		// just after it: what it read before stays read.
 		c := p.clearing
 		keys, items, calls := c.keys, c.items, c.calls
+		p.resumeIn, p.resumeAt = resumeExpired, append(p.resumeAt[:0], keys[len(keys)-1]...)
+		p.resumeAt = append(p.resumeAt, 0)
+		if c.inRetry {
+			p.resumeIn = resumeRetry
+		}
 		c.endClears()
+		p.rethrow()
 		err = s.afterClears(ctx, p, keys, items, calls, nil)
 	}
 	if err == nil {
@@ -278,6 +288,21 @@ func (s *Sweep) passOn(ctx context.Context, p *passState, resume bool) {
 	e = passEnd{how: passReturned, err: err}
 }
 
+// resumeFrom returns where the walk of range r starts: from, or just after
+// the page a Clear's runtime.Goexit interrupted when that was in r.
+func (p *passState) resumeFrom(r byte, from []byte) []byte {
+	if p.resumeIn == r {
+		return p.resumeAt
+	}
+	return from
+}
+
+// The range a pass resumes in after a Clear's runtime.Goexit (see passOn).
+const (
+	resumeExpired = 1 + iota
+	resumeRetry
+)
+
 // passRanges is the work of a pass: the expired range a page at a time,
 // the first marker past it, and the due part of the retry range.
 func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
@@ -285,10 +310,10 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	if err != nil {
 		return err
 	}
-	if !idle {
+	if !idle && p.resumeIn != resumeRetry {
 		p.cutoffKey = appendTimestamp(append(p.buf.cutoffKey[:0], s.prefix...), uint64(p.cutoffMs))
 		p.buf.cutoffKey = p.cutoffKey
-		keys, err := s.scan(ctx, p, s.lower, p.cutoffKey, s.pageSize)
+		keys, err := s.scan(ctx, p, p.resumeFrom(resumeExpired, s.lower), p.cutoffKey, s.pageSize)
 		if err == nil {
 			err = s.walk(ctx, p, keys, p.cutoffKey)
 		}
@@ -314,6 +339,8 @@ type passState struct {
 	fence       Fencer // on the context of writes, or nil
 	mover       Mover  // kv as a Mover, or nil
 	onCaller    bool   // the pass runs on the caller's goroutine (see runPass)
+	resumeIn    byte   // the range the pass resumes in after a Clear's runtime.Goexit, or 0
+	resumeAt    []byte // where it resumes
 	noMove      bool   // a Move failed this pass: keep retry delays in memory
 	moveChecked bool   // a Move was read back this pass
 	st          *Stats
@@ -329,6 +356,33 @@ type passState struct {
 	buf         passBuffers // kept from pass to pass
 
 	callTally // written by the clears of a page, which run concurrently
+
+	caught atomic.Pointer[caughtPanic] // the first panic on a worker, outside a Clear
+}
+
+// caughtPanic is a panic on a goroutine of the pass other than its own.
+type caughtPanic struct {
+	value any
+	stack []byte
+}
+
+// catch records r, a panic recovered on a worker of the pass, or recovers
+// one when r is nil (deferred: "defer p.catch(nil)"), for rethrow.
+func (p *passState) catch(r any) {
+	if r == nil {
+		r = recover()
+	}
+	if r != nil {
+		p.caught.CompareAndSwap(nil, &caughtPanic{value: r, stack: debug.Stack()})
+	}
+}
+
+// rethrow raises again, on the goroutine that runs the pass, the panic a
+// worker caught, once the workers of the page are done.
+func (p *passState) rethrow() {
+	if c := p.caught.Load(); c != nil {
+		panic(c.value)
+	}
 }
 
 // callTally is what the clears of a page, which run concurrently, record for
