@@ -44,7 +44,7 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		p.clearing = c
 	}
 	c.items = items
-	c.pageNo = c.pagesOver.Load()
+	c.ctxPage = &ctxPage{c: c, page: c.pagesOver.Load()}
 	if s.clearTimeout > 0 {
 		// A slab per page, not reused: a Clear may keep its context,
 		// which must stay cancelled once it returned.
@@ -97,7 +97,7 @@ type clearing struct {
 	keys    [][]byte
 	items   []item
 	ctxs    []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout
-	pageNo  int64      // the page's number in the pass
+	ctxPage *ctxPage   // the page's, for its clearCtx
 	calls   int        // the page's Clear calls
 	inRetry bool       // the page is the retry range's
 
@@ -166,7 +166,7 @@ func (c *clearing) ctxFor(i int) *clearCtx {
 		return nil
 	}
 	cctx := &c.ctxs[i]
-	cctx.c, cctx.page = c, c.pageNo
+	cctx.pg = c.ctxPage
 	return cctx
 }
 

@@ -21,9 +21,14 @@ import (
 // left behind with the context can tell, if it consults it first between
 // the two; it is then cancelled with the page, or at its own ClearTimeout.
 type clearCtx struct {
-	c     *clearing                // the pass's clears: parent context and timeout
-	page  int64                    // the pass's page it belongs to, from 0
+	pg    *ctxPage                 // the page it belongs to
 	state atomic.Pointer[timedCtx] // nil until first consulted or ended
+}
+
+// ctxPage is what the clearCtx of a page share.
+type ctxPage struct {
+	c    *clearing // the pass's clears: parent context and timeout
+	page int64     // the pass's page, from 0
 }
 
 // timedCtx is what a clearCtx becomes once consulted.
@@ -51,12 +56,12 @@ func (c *clearCtx) get() *timedCtx {
 		return st
 	}
 	var st timedCtx
-	st.ctx, st.cancel = context.WithTimeoutCause(c.c.ctx, c.c.s.clearTimeout, errOwnTimeout)
+	st.ctx, st.cancel = context.WithTimeoutCause(c.pg.c.ctx, c.pg.c.s.clearTimeout, errOwnTimeout)
 	if !c.state.CompareAndSwap(nil, &st) {
 		st.cancel()
 		return c.state.Load()
 	}
-	if c.c.pagesOver.Load() > c.page {
+	if c.pg.c.pagesOver.Load() > c.pg.page {
 		// Its Clear returned; the page's end may have looked at its state
 		// before it was set. Either sees the other: both are atomic.
 		st.cancel()
@@ -66,13 +71,13 @@ func (c *clearCtx) get() *timedCtx {
 
 func (c *clearCtx) Deadline() (time.Time, bool) { return c.get().ctx.Deadline() }
 
-func (c *clearCtx) Value(key any) any { return c.c.ctx.Value(key) }
+func (c *clearCtx) Value(key any) any { return c.pg.c.ctx.Value(key) }
 
 // Err and Done ask the pass's context first: under a lease it reports its
 // loss from Err before its Done channel closes (see leaseContext).
 func (c *clearCtx) Err() error {
 	st := c.get()
-	if err := c.c.ctx.Err(); err != nil {
+	if err := c.pg.c.ctx.Err(); err != nil {
 		st.cancel()
 		return err
 	}
@@ -81,7 +86,7 @@ func (c *clearCtx) Err() error {
 
 func (c *clearCtx) Done() <-chan struct{} {
 	st := c.get()
-	if c.c.ctx.Err() != nil {
+	if c.pg.c.ctx.Err() != nil {
 		st.cancel()
 	}
 	return st.ctx.Done()

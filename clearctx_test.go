@@ -129,7 +129,7 @@ type ctxKey struct{}
 // context.WithTimeout promises.
 func TestClearCtx(t *testing.T) {
 	newCtx := func(parent context.Context, timeout time.Duration) *clearCtx {
-		return &clearCtx{c: &clearing{s: &Sweep{settings: settings{clearTimeout: timeout}}, ctx: parent}}
+		return &clearCtx{pg: &ctxPage{c: &clearing{s: &Sweep{settings: settings{clearTimeout: timeout}}, ctx: parent}}}
 	}
 	t.Run("times out", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {

@@ -381,6 +381,13 @@ func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign b
 // parseStamp reads TimestampWidth digits. A value past any marker time
 // comes back as one, rather than wrapped.
 func parseStamp(b []byte) (uint64, bool) {
+	if binary.LittleEndian.Uint32(b) == 0x30303030 {
+		// Every time up to MaxMarkerTime has 5 leading zeros: two blocks
+		// of 8 digits hold the rest.
+		hi, ok1 := parse8(b[4:12])
+		lo, ok2 := parse8(b[12:20])
+		return hi*100_000_000 + lo, ok1 && ok2
+	}
 	hi, ok1 := parse8(b[0:8])
 	mid, ok2 := parse8(b[8:16])
 	var lo uint64
