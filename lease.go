@@ -94,7 +94,7 @@ func Fenced(ctx context.Context, kv KV) (KV, error) {
 	}
 	m.seen.Add(1)
 	view, ok := m.f.Fence(kv)
-	if !ok {
+	if !ok || view == nil {
 		return nil, fmt.Errorf("%w: a write to a %T under a lease of %T", ErrUnfenced, kv, m.f)
 	}
 	return view, nil
@@ -104,8 +104,9 @@ func Fenced(ctx context.Context, kv KV) (KV, error) {
 // fenced view of kv, or through kv with the fence on the writes' context
 // (onCtx), for a wrapper over a KV the lease can fence; ok is false when
 // neither is possible.
+// A Fencer that answers ok with no view cannot fence.
 func fenceFor(f Fencer, kv KV) (view KV, onCtx, ok bool) {
-	if v, ok := f.Fence(kv); ok {
+	if v, ok := f.Fence(kv); ok && v != nil {
 		return v, false, true
 	}
 	inner := kv
@@ -117,7 +118,7 @@ func fenceFor(f Fencer, kv KV) (view KV, onCtx, ok bool) {
 		if inner = u.Unwrap(); inner == nil {
 			return nil, false, false
 		}
-		if _, ok := f.Fence(inner); ok {
+		if v, ok := f.Fence(inner); ok && v != nil {
 			return kv, true, true
 		}
 	}

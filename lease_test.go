@@ -603,6 +603,49 @@ func (fenceLocker) TryAcquire(context.Context) (Lease, error) {
 	return &fenceLease{lost: make(chan struct{})}, nil
 }
 
+// nilViewLease is a Fencer whose Fence says ok and gives no view.
+type nilViewLease struct{ fenceLease }
+
+func (*nilViewLease) Fence(KV) (KV, bool) { return nil, true }
+
+type nilViewLocker struct{}
+
+func (nilViewLocker) TryAcquire(context.Context) (Lease, error) {
+	return &nilViewLease{fenceLease{lost: make(chan struct{})}}, nil
+}
+
+// TestFencerWithoutViewCannotFence: a Fencer whose Fence answers ok with
+// a nil view is taken as one that cannot fence: the pass fails with
+// ErrUnfenced rather than writing through no KV, and touches nothing.
+func TestFencerWithoutViewCannotFence(t *testing.T) {
+	t.Parallel()
+	for _, wrap := range []bool{false, true} {
+		inner := &fenceableKV{MemKV: NewMemKV()}
+		mark(t, inner.MemKV, "runs/", "a", t0.Add(-2*time.Hour))
+		var kv KV = inner
+		if wrap {
+			kv = nested{inner}
+		}
+		var cleared atomic.Int32
+		s, _ := newSweep(t, kv, Config{Lease: nilViewLocker{}, Clear: func(context.Context, string) error {
+			cleared.Add(1)
+			return nil
+		}})
+		_, err := s.LeasedPass(context.Background())
+		require.ErrorIs(t, err, ErrUnfenced, "%T", kv)
+		assert.Zero(t, cleared.Load(), "%T: nothing cleared", kv)
+		assert.Equal(t, 1, inner.Len(), "%T: the marker stays", kv)
+	}
+	_, err := Fenced(withFenceOf(&nilViewLease{}), NewMemKV())
+	require.ErrorIs(t, err, ErrUnfenced, "Fenced with a nil view")
+}
+
+// withFenceOf is a context carrying f's fence, as a pass's writes do.
+func withFenceOf(f Fencer) context.Context {
+	ctx, _ := withFence(context.Background(), f)
+	return ctx
+}
+
 // dropCtxKV is a logging wrapper with Unwrap whose Delete does not pass
 // the call's context on (it uses its own, as code that adds a timeout from
 // context.Background() does).
