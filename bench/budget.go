@@ -161,7 +161,7 @@ func RunBudget(ctx context.Context, pool *pgxpool.Pool, cfg Budget, progress fun
 		}
 		fgDone := make(chan fgResult, 1)
 		go func() {
-			s, l, err := foreground(fctx, pool, fg, cfg)
+			s, l, err := Foreground(fctx, pool, fg, cfg)
 			fgDone <- fgResult{s, l, err}
 		}()
 		start := time.Now()
@@ -279,9 +279,11 @@ func RunBudget(ctx context.Context, pool *pgxpool.Pool, cfg Budget, progress fun
 	return out, nil
 }
 
-// foreground sends cfg.FGRate operations a second until ctx is done and
-// returns each one's latency from its call and from its due time.
-func foreground(ctx context.Context, pool *pgxpool.Pool, table string, cfg Budget) (service, late []time.Duration, err error) {
+// Foreground sends cfg.FGRate operations a second (cfg.FGWorkers at a
+// time, cfg.FGUpdates of them updates) to table's cfg.FGRows rows until ctx
+// is done and returns each one's latency from its call and from its due
+// time.
+func Foreground(ctx context.Context, pool *pgxpool.Pool, table string, cfg Budget) (service, late []time.Duration, err error) {
 	type op struct {
 		due    time.Time
 		id     int

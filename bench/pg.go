@@ -80,6 +80,15 @@ func NewPG(ctx context.Context, pool *pgxpool.Pool, schema string) (*PG, error) 
 		return nil, err
 	}
 	p.kv = kv
+	if p.river, err = MigrateRiver(ctx, pool, schema); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// MigrateRiver creates River's tables in schema and returns River's
+// executor over pool.
+func MigrateRiver(ctx context.Context, pool *pgxpool.Pool, schema string) (riverdriver.Executor, error) {
 	driver := riverpgxv5.New(pool)
 	m, err := rivermigrate.New(driver, &rivermigrate.Config{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -88,8 +97,7 @@ func NewPG(ctx context.Context, pool *pgxpool.Pool, schema string) (*PG, error) 
 	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		return nil, fmt.Errorf("river migrate: %w", err)
 	}
-	p.river = driver.GetExecutor()
-	return p, nil
+	return driver.GetExecutor(), nil
 }
 
 // Close drops the schema and everything in it.

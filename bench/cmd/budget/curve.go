@@ -14,8 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivermigrate"
 	"golang.org/x/time/rate"
 
 	"github.com/marksweep/retention"
@@ -27,7 +25,7 @@ import (
 // the deletion rate, for budgets of a share of the flat-out rate and for
 // River's cleaner at its own pace.
 type curveConfig struct {
-	fg        fgConfig
+	fg        bench.Budget  // its FG fields: the foreground
 	Rounds    int           // rounds of every contender
 	Window    time.Duration // each window, alone or with a contender
 	Percents  []float64     // budgets, in percent of the flat-out rate
@@ -95,15 +93,10 @@ func newCurveDB(ctx context.Context, pool *pgxpool.Pool, rows int) (*curveDB, er
 	if err := pgkv.Migrate(ctx, pool, schema+".markers"); err != nil {
 		return d, err
 	}
-	driver := riverpgxv5.New(pool)
-	m, err := rivermigrate.New(driver, &rivermigrate.Config{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return d, fmt.Errorf("river migrator: %w", err)
+	var err error
+	if d.river, err = bench.MigrateRiver(ctx, pool, schema); err != nil {
+		return d, err
 	}
-	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return d, fmt.Errorf("river migrate: %w", err)
-	}
-	d.river = driver.GetExecutor()
 	for _, t := range []string{d.markers, d.riverJ} {
 		if _, err := pool.Exec(ctx, `ALTER TABLE `+t+` SET (autovacuum_enabled = off)`); err != nil {
 			return d, err

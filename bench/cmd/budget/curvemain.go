@@ -15,7 +15,7 @@ import (
 
 func runCurveMain(b bench.Budget, rounds int, percents string, batchTime time.Duration, svg string) error {
 	cfg := curveConfig{
-		fg:     fgConfig{Rate: b.FGRate, Workers: b.FGWorkers, Rows: b.FGRows, Updates: b.FGUpdates},
+		fg:     b,
 		Rounds: rounds, Window: b.Window, BatchTime: batchTime, FlatBatch: b.BatchSize, SVG: svg,
 	}
 	for _, p := range strings.Split(percents, ",") {
@@ -26,7 +26,7 @@ func runCurveMain(b bench.Budget, rounds int, percents string, batchTime time.Du
 		cfg.Percents = append(cfg.Percents, v)
 	}
 	ctx := context.Background()
-	pool, version, err := connect(ctx, cfg.fg.Workers+8)
+	pool, version, err := connect(ctx, cfg.fg.FGWorkers+8)
 	if err != nil {
 		return err
 	}
@@ -34,7 +34,7 @@ func runCurveMain(b bench.Budget, rounds int, percents string, batchTime time.Du
 	fmt.Printf("PostgreSQL %s; %d CPUs, %s. Foreground: %.0f ops/s (%.0f%% updates, the rest point selects) from %d goroutines on a %d-row table. "+
 		"Sweeps: pgkv.AtomicKV on a jobs table, flat out with BatchSize and PageSize %d; budgets with burst = BatchSize = what the budget grants in %v (rounded). "+
 		"River: its cleaner's loop (JobDeleteBefore of %d, pause 50 ms to 1 s) on river_job. %d rounds of %v windows; tables vacuumed after each contender's window.\n\n",
-		version, runtime.NumCPU(), runtime.Version(), cfg.fg.Rate, 100*cfg.fg.Updates, cfg.fg.Workers, cfg.fg.Rows,
+		version, runtime.NumCPU(), runtime.Version(), cfg.fg.FGRate, 100*cfg.fg.FGUpdates, cfg.fg.FGWorkers, cfg.fg.FGRows,
 		cfg.FlatBatch, cfg.BatchTime, riverBatch, cfg.Rounds, cfg.Window)
 	start := time.Now()
 	run, cs, checkErr := runCurve(ctx, pool, cfg, func(s string) { log.Printf("%s %s", time.Since(start).Round(time.Second), s) })

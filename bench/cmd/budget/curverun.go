@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/marksweep/retention/bench"
 )
 
 // window is the figures of one window: the foreground alone (c nil) or
@@ -43,7 +43,7 @@ type curveRun struct {
 // window failed, and the figures with an error when the rows left at the
 // end are not what was written less what was counted deleted.
 func runCurve(ctx context.Context, pool *pgxpool.Pool, cfg curveConfig, progress func(string)) (*curveRun, []*contender, error) {
-	db, err := newCurveDB(ctx, pool, cfg.fg.Rows)
+	db, err := newCurveDB(ctx, pool, cfg.fg.FGRows)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -211,7 +211,7 @@ func (r *curveRun) measure(ctx context.Context, c *contender) (window, error) {
 	}
 	fgDone := make(chan fgResult, 1)
 	go func() {
-		lat, err := foreground(fctx, r.db.pool, r.db.fg, r.cfg.fg)
+		lat, _, err := bench.Foreground(fctx, r.db.pool, r.db.fg, r.cfg.fg)
 		fgDone <- fgResult{lat, err}
 	}()
 	res := window{c: c}
@@ -265,76 +265,4 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	}
 	i := int(q*float64(len(sorted))+0.999999) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-// fgConfig is the foreground: point selects and updates at a fixed rate
-// on a table of its own, as a service would send them.
-type fgConfig struct {
-	Rate    float64 // operations per second
-	Workers int     // goroutines sending them
-	Rows    int     // rows of the table
-	Updates float64 // fraction of operations that are updates
-}
-
-// foreground sends cfg.Rate operations a second until ctx is done and
-// returns each one's latency from its call. It is the foreground of
-// bench.RunBudget, which keeps its copy unexported.
-func foreground(ctx context.Context, pool *pgxpool.Pool, table string, cfg fgConfig) ([]time.Duration, error) {
-	type op struct {
-		id     int
-		update bool
-	}
-	ops := make(chan op, 1024)
-	var (
-		mu   sync.Mutex
-		lat  []time.Duration
-		errs []error
-		wg   sync.WaitGroup
-	)
-	for range cfg.Workers {
-		wg.Go(func() {
-			var l []time.Duration
-			for o := range ops {
-				t0 := time.Now()
-				var err error
-				if o.update {
-					_, err = pool.Exec(context.Background(), `UPDATE `+table+` SET v = v + 1 WHERE id = $1`, o.id)
-				} else {
-					var v int64
-					var pad string
-					err = pool.QueryRow(context.Background(), `SELECT v, pad FROM `+table+` WHERE id = $1`, o.id).Scan(&v, &pad)
-				}
-				if err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-					continue
-				}
-				l = append(l, time.Since(t0))
-			}
-			mu.Lock()
-			lat = append(lat, l...)
-			mu.Unlock()
-		})
-	}
-	start := time.Now()
-	for i := 0; ; i++ {
-		due := start.Add(time.Duration(float64(i) / cfg.Rate * float64(time.Second)))
-		if w := time.Until(due); w > 0 {
-			select {
-			case <-time.After(w):
-			case <-ctx.Done():
-			}
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		ops <- op{id: 1 + rand.IntN(cfg.Rows), update: rand.Float64() < cfg.Updates}
-	}
-	close(ops)
-	wg.Wait()
-	if len(errs) > 0 {
-		return lat, fmt.Errorf("%d failed operations, first: %w", len(errs), errs[0])
-	}
-	return lat, nil
 }
