@@ -8,8 +8,6 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"sync"
@@ -923,7 +921,7 @@ func TestReplicaCountsOnlyItsOwnClears(t *testing.T) {
 // under a pass does, and does not crash the process. It runs in a child
 // process so that a crash is seen.
 func TestStorePanicReadingAfterAmbiguousAtomicCallReachesCaller(t *testing.T) {
-	if os.Getenv("RETENTION_TEST_CHILD") == "1" {
+	inChildProcess(t, func() {
 		mem := NewMemKV()
 		a := atomicOver(mem)
 		for i := range 4 {
@@ -936,13 +934,7 @@ func TestStorePanicReadingAfterAmbiguousAtomicCallReachesCaller(t *testing.T) {
 		s, clock := newSweep(t, a, Config{PageSize: 4, BatchSize: 4})
 		clock.Set(t0.Add(2 * time.Hour))
 		assert.PanicsWithValue(t, "store bug", func() { _, _ = s.Pass(context.Background()) })
-		return
-	}
-	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestStorePanicReadingAfterAmbiguousAtomicCallReachesCaller$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "RETENTION_TEST_CHILD=1")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the child process crashed:\n%s", firstBytes(out, 1500))
+	})
 }
 
 // TestClockPanicOnClearWorkerReachesCaller: a Config.Clock that panics
@@ -950,7 +942,7 @@ func TestStorePanicReadingAfterAmbiguousAtomicCallReachesCaller(t *testing.T) {
 // on its caller's goroutine, and does not crash the process. It runs in a
 // child process so that a crash is seen.
 func TestClockPanicOnClearWorkerReachesCaller(t *testing.T) {
-	if os.Getenv("RETENTION_TEST_CHILD") == "1" {
+	inChildProcess(t, func() {
 		kv := NewMemKV()
 		for i := range 8 {
 			mark(t, kv, "runs/", fmt.Sprintf("a%d", i), t0.Add(time.Duration(i)*time.Millisecond))
@@ -962,13 +954,7 @@ func TestClockPanicOnClearWorkerReachesCaller(t *testing.T) {
 				return nil
 			}})
 		assert.PanicsWithValue(t, "clock bug", func() { _, _ = s.Pass(context.Background()) })
-		return
-	}
-	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestClockPanicOnClearWorkerReachesCaller$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "RETENTION_TEST_CHILD=1")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the child process crashed:\n%s", firstBytes(out, 1500))
+	})
 }
 
 // panicAfterClock is a ManualClock whose Now panics once panicking is set.

@@ -202,7 +202,7 @@ func TestTypedNilWrapperErrorFailsOnlyItsMarker(t *testing.T) {
 // same typed-nil error is met on a worker goroutine and still fails its
 // marker alone. It runs in a child process so that a crash is seen.
 func TestTypedNilWrapperErrorOnWorkersDoesNotCrash(t *testing.T) {
-	if os.Getenv("RETENTION_TEST_CHILD") == "1" {
+	inChildProcess(t, func() {
 		kv := NewMemKV()
 		s, clock := newSweep(t, kv, Config{Clear: typedNilClear, Concurrency: 4})
 		mark(t, kv, "runs/", "typednil", t0)
@@ -211,10 +211,19 @@ func TestTypedNilWrapperErrorOnWorkersDoesNotCrash(t *testing.T) {
 		st, err := s.Pass(context.Background())
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Failed)
+	})
+}
+
+// inChildProcess runs body in a child process running the test t alone,
+// and fails t when that process crashed: a crash, not a failed assertion,
+// is what a test of a panic that must not kill the process can see.
+func inChildProcess(t *testing.T, body func()) {
+	if os.Getenv("RETENTION_TEST_CHILD") == "1" {
+		body()
 		return
 	}
 	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTypedNilWrapperErrorOnWorkersDoesNotCrash$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "RETENTION_TEST_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the child process crashed:\n%s", firstBytes(out, 1500))
