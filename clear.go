@@ -44,11 +44,11 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 		p.clearing = c
 	}
 	c.items = items
-	c.ctxPage = &ctxPage{c: c, page: c.pagesOver.Load()}
 	if s.clearTimeout > 0 {
 		// A slab per page, not reused: a Clear may keep its context,
 		// which must stay cancelled once it returned.
 		c.ctxs = make([]clearCtx, len(items))
+		c.ctxPage = &ctxPage{c: c, page: c.pagesOver.Load()}
 	}
 	c.next.Store(0)
 	c.keys, c.calls, c.inRetry = keys, n, p.inRetry

@@ -273,8 +273,7 @@ func (s *Sweep) passOn(ctx context.Context, p *passState, resume bool) {
 		// just after it: what it read before stays read.
 		c := p.clearing
 		keys, items, calls := c.keys, c.items, c.calls
-		p.resumeIn, p.resumeAt = resumeExpired, append(p.resumeAt[:0], keys[len(keys)-1]...)
-		p.resumeAt = append(p.resumeAt, 0)
+		p.resumeIn, p.resumeAt = resumeExpired, keyAfter(keys[len(keys)-1])
 		if c.inRetry {
 			p.resumeIn = resumeRetry
 		}
