@@ -363,6 +363,43 @@ func (p *PG) AtomicBatches(size, conc int) Contender {
 	})
 }
 
+// DatabasePicks is no sweep but a bound on one: statements that each let
+// the database pick the next size markers of the expired range, delete
+// them and, in the same statement, the jobs their ids name, returning only
+// a count. No key travels to the client and nothing checks the range, as
+// in River's JobDeleteBefore; what a sweep adds (reading the page, the
+// range check, the ids sent back) is the difference to Atomic.
+func (p *PG) DatabasePicks(size int) Contender {
+	idAt := len(Prefix) + retention.TimestampWidth + 2 // 1-based, after the '/'
+	sql := `WITH m AS (DELETE FROM ` + p.markers() + ` WHERE key >= $1 AND key < $2 AND key <= coalesce((
+	SELECT key FROM ` + p.markers() + ` WHERE key >= $1 AND key < $2 ORDER BY key OFFSET $3 - 1 LIMIT 1), $2)
+	RETURNING key),
+j AS (DELETE FROM ` + p.jobs + ` WHERE id = ANY(ARRAY(SELECT convert_from(substring(key FROM $4), 'UTF8')::bigint FROM m)))
+SELECT count(*) FROM m`
+	return Contender{
+		Name:  fmt.Sprintf("bound: the database picks each run of %d (no sweep)", size),
+		Setup: p.SetupJobs,
+		Clear: func(ctx context.Context) (int, error) {
+			total := 0
+			for {
+				end, err := retention.MarkerKey(Prefix, time.Now().Add(-Retention), "0")
+				if err != nil {
+					return total, err
+				}
+				var n int
+				if err := p.pool.QueryRow(ctx, sql, []byte(Prefix+"0"), end[:len(Prefix)+retention.TimestampWidth], size, idAt).Scan(&n); err != nil {
+					return total, err
+				}
+				total += n
+				if n < size {
+					return total, nil
+				}
+			}
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.markers()) },
+	}
+}
+
 // Contenders returns every PostgreSQL contender, the floor first and River
 // second: the two baselines of the table.
 func (p *PG) Contenders() []Contender {
@@ -383,5 +420,6 @@ func (p *PG) Contenders() []Contender {
 		p.AtomicBatches(1000, 1), p.AtomicBatches(1000, 4), p.AtomicBatches(10_000, 1),
 		p.AtomicBatches(10_000, 2), p.AtomicBatches(retention.MaxPageSize, 1),
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
+		p.DatabasePicks(10_000),
 	}
 }
