@@ -94,18 +94,28 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 		return wrap(ctx, op, err)
 	}
 	defer done()
+	var dc any
+	if conn, ok := c.(*sql.Conn); ok && a.dialect == SQLite {
+		dc = driverConn(conn)
+	}
 	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
 		return wrap(ctx, op, err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	var page [][]byte
+	if dc != nil {
+		if page, err = a.last.recall(ctx, dc, tx); err != nil {
+			return wrap(ctx, op, err)
+		}
+	}
 	if lease != nil {
 		if err := lease.enterTx(ctx, tx, op); err != nil {
 			return err
 		}
 	}
 	// The markers go first: when one is gone, the ClearFunc never runs.
-	deleted, err := a.delete(ctx, tx, keys, nil)
+	deleted, err := a.delete(ctx, tx, keys, page, nil)
 	if err != nil {
 		return err
 	}

@@ -14,9 +14,10 @@ import (
 // page's markers, the common case) go with one range delete, checked to
 // delete those keys and no other: on PostgreSQL in one statement, on
 // SQLite and (inside a transaction, as an AtomicKV's) MySQL after a read of
-// the range in the same transaction. Any other list goes as DELETE ...
+// the range in the same transaction, which on SQLite a transaction that
+// recalled the page of a Scan (page, else nil) can skip. Any other list goes as DELETE ...
 // WHERE marker IN (...), 5,000 keys a statement.
-func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (int64, error) {
+func (k *KV) delete(ctx context.Context, db execer, keys, page [][]byte, g *guard) (int64, error) {
 	if len(keys) > 1 && ascending(keys) {
 		var (
 			n     int64
@@ -28,7 +29,7 @@ func (k *KV) delete(ctx context.Context, db execer, keys [][]byte, g *guard) (in
 		case k.dialect == PostgreSQL:
 			n, exact, err = k.deleteRangePostgres(ctx, db, keys, g)
 		case inTx:
-			n, exact, err = k.deleteRangeTx(ctx, tx, keys, g)
+			n, exact, err = k.deleteRangeTx(ctx, tx, keys, page, g)
 		case k.dialect == SQLite:
 			n, exact, err = k.deleteRangeOwnTx(ctx, db.(dbConn), keys, g)
 		}
@@ -63,7 +64,7 @@ func (k *KV) deleteRangeOwnTx(ctx context.Context, db dbConn, keys [][]byte, g *
 		return 0, false, wrap(ctx, "delete from "+k.table, err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	deleted, exact, err = k.deleteRangeTx(ctx, tx, keys, g)
+	deleted, exact, err = k.deleteRangeTx(ctx, tx, keys, nil, g)
 	if err != nil {
 		return 0, false, err
 	}
@@ -76,43 +77,17 @@ func (k *KV) deleteRangeOwnTx(ctx context.Context, db dbConn, keys [][]byte, g *
 	return deleted, true, wrap(ctx, "delete from "+k.table, tx.Commit())
 }
 
-// deleteRangeTx reads the keys from the first of keys to the last, in tx,
-// locking them on MySQL (FOR UPDATE; SQLite's transaction holds the write
-// lock once it writes), and when they are exactly keys deletes them with
-// one range delete. exact reports whether they were. deleted is then how
+// deleteRangeTx deletes the keys from the first of keys to the last with
+// one range delete when they are exactly keys (rangeIs, page as there). exact reports whether they were. deleted is then how
 // many rows went: all of them, or none when g did not hold; any other
 // count (a key slipped into the range between the read and the delete,
 // which MySQL's READ COMMITTED allows) is an error, and tx must be rolled
 // back.
-func (k *KV) deleteRangeTx(ctx context.Context, tx *sql.Tx, keys [][]byte, g *guard) (deleted int64, exact bool, err error) {
+func (k *KV) deleteRangeTx(ctx context.Context, tx *sql.Tx, keys, page [][]byte, g *guard) (deleted int64, exact bool, err error) {
 	op := "delete from " + k.table
 	first, last := keys[0], keys[len(keys)-1]
-	lock := ""
-	if k.dialect == MySQL {
-		lock = " FOR UPDATE"
-	}
-	rows, err := query(ctx, k.dialect, tx, "SELECT marker FROM "+k.table+" WHERE marker >= ? AND marker <= ? ORDER BY marker"+lock, []any{first, last})
-	if err != nil {
+	if exact, err := k.rangeIs(ctx, tx, keys, page); err != nil || !exact {
 		return 0, false, wrap(ctx, op, err)
-	}
-	i := 0
-	var key []byte
-	for rows.Next() {
-		if err := rows.Scan(&key); err != nil {
-			_ = rows.Close()
-			return 0, false, wrap(ctx, op, err)
-		}
-		if i >= len(keys) || !bytes.Equal(key, keys[i]) {
-			_ = rows.Close()
-			return 0, false, nil
-		}
-		i++
-	}
-	if err := rows.Close(); err != nil {
-		return 0, false, wrap(ctx, op, err)
-	}
-	if i != len(keys) {
-		return 0, false, nil
 	}
 	c, gargs := g.cond(2)
 	n, err := exec(ctx, k.dialect, tx, "DELETE FROM "+k.table+" WHERE marker >= ? AND marker <= ?"+and(c), append([]any{first, last}, gargs...))
@@ -123,6 +98,43 @@ func (k *KV) deleteRangeTx(ctx context.Context, tx *sql.Tx, keys [][]byte, g *gu
 		return 0, false, fmt.Errorf("sqlkv: %s: the range of %d keys held %d rows when deleted: a key was written into it meanwhile", op, len(keys), n)
 	}
 	return n, true, nil
+}
+
+// rangeIs reports whether the keys from the first of keys to the last are
+// exactly keys, in tx: known without a read when they are a run of page,
+// the keys of a Scan that tx sees the database as it was then (recall), or
+// else read, and on MySQL locked (FOR UPDATE; SQLite's transaction holds
+// the write lock once it writes).
+func (k *KV) rangeIs(ctx context.Context, tx *sql.Tx, keys, page [][]byte) (bool, error) {
+	if page != nil && isRun(page, keys) {
+		return true, nil
+	}
+	q := "SELECT marker FROM " + k.table + " WHERE marker >= ? AND marker <= ? ORDER BY marker"
+	args := []any{keys[0], keys[len(keys)-1]}
+	if k.dialect == MySQL {
+		q += " FOR UPDATE"
+	}
+	rows, err := query(ctx, k.dialect, tx, q, args)
+	if err != nil {
+		return false, err
+	}
+	i := 0
+	var key []byte
+	for rows.Next() {
+		if err := rows.Scan(&key); err != nil {
+			_ = rows.Close()
+			return false, err
+		}
+		if i >= len(keys) || !bytes.Equal(key, keys[i]) {
+			_ = rows.Close()
+			return false, nil
+		}
+		i++
+	}
+	if err := rows.Close(); err != nil {
+		return false, err
+	}
+	return i == len(keys), nil
 }
 
 // ascending reports whether keys are in strictly ascending byte order.

@@ -355,7 +355,7 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 			return 0, wrap(ctx, "delete from "+f.kv.table, err)
 		}
 		defer done()
-		return f.kv.delete(ctx, c, keys, g)
+		return f.kv.delete(ctx, c, keys, nil, g)
 	})
 }
 

@@ -117,7 +117,7 @@ func (k *KV) movePart(ctx context.Context, tx execer, from, to [][]byte) (int64,
 	if n == int64(len(from)) {
 		return n, nil
 	}
-	m, err := k.delete(ctx, tx, from, nil)
+	m, err := k.delete(ctx, tx, from, nil, nil)
 	return n + m, err
 }
 

@@ -19,6 +19,7 @@ type KV struct {
 	dialect     Dialect
 	table       string // quoted, possibly schema-qualified
 	lockTimeout time.Duration
+	last        lastScan // SQLite's
 }
 
 var (
@@ -107,26 +108,61 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 		k.table, d.phs(1, 1), d.phs(2, 1), limit)
 	// A nil start is the empty key, the least of all, not SQL's NULL,
 	// which no key is >= (and a nil end, as empty, ends before any).
-	rows, err := query(ctx, d, k.db, q, []any{nonNil(start), nonNil(end)})
+	args := []any{nonNil(start), nonNil(end)}
+	var keys [][]byte
+	var err error
+	if d == SQLite {
+		keys, err = k.scanSQLite(ctx, q, args)
+	} else {
+		keys, err = readKeys(ctx, d, k.db, q, args)
+	}
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)
+	}
+	return keys, nil
+}
+
+// scanSQLite runs the Scan's query q on a connection of its own, and
+// remembers the page read there (lastScan) with the state of the database
+// just before: another commit in between moves the state the clear reads
+// after, so an earlier read can only make the clear read the range again.
+func (k *KV) scanSQLite(ctx context.Context, q string, args []any) ([][]byte, error) {
+	conn, err := k.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	s, err := readState(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := readKeys(ctx, SQLite, conn, q, args)
+	if err != nil {
+		return nil, err
+	}
+	k.last.remember(driverConn(conn), s, keys)
+	return keys, nil
+}
+
+// readKeys runs q, a SELECT of the column marker, and returns its keys.
+func readKeys(ctx context.Context, d Dialect, db execer, q string, args []any) ([][]byte, error) {
+	rows, err := query(ctx, d, db, q, args)
+	if err != nil {
+		return nil, err
 	}
 	defer rows.Close()
 	var keys [][]byte
 	for rows.Next() {
 		var key []byte // Scan into a *[]byte copies: the caller owns it
 		if err := rows.Scan(&key); err != nil {
-			return nil, wrap(ctx, "scan "+k.table, err)
+			return nil, err
 		}
 		if key == nil {
 			key = []byte{}
 		}
 		keys = append(keys, key)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, wrap(ctx, "scan "+k.table, err)
-	}
-	return keys, nil
+	return keys, rows.Err()
 }
 
 // guard is the condition a fenced write adds to its statement: the lease
@@ -178,7 +214,7 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 		return wrap(ctx, "delete from "+k.table, err)
 	}
 	defer done()
-	_, err = k.delete(ctx, c, keys, nil)
+	_, err = k.delete(ctx, c, keys, nil, nil)
 	return err
 }
 
