@@ -71,16 +71,15 @@ func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) erro
 	return p.Put(ctx, key, nil)
 }
 
-// checkIDBytes checks a marker's id by the sweep's rule, returning the
+// checkIDBytes is checkID for the id of the marker key, returning the
 // malformed-marker error for key.
 func (s *Sweep) checkIDBytes(key, id []byte) error {
-	var err error
-	if s.validate == nil {
-		err = validateIDBytes(id)
-	} else {
-		err = s.checkID(string(id))
+	if s.validate == nil && validID(id) {
+		return nil // no string made
 	}
+	err := s.checkID(string(id))
 	if err != nil && !errors.Is(err, errValidatePanicked) {
+
 		return malformed(key, "id", err)
 	}
 	return err
