@@ -46,15 +46,16 @@ func (s *Sweep) markWaiting(p *passState, items []item) {
 	canWrite := p.writes()
 	for i := range items {
 		it := &items[i]
-		if it.out != pending || !s.retries.waiting(it.id, now) {
+		if it.out != pending {
 			continue
 		}
-		it.out = deferred
-		if until, ok := s.retries.heldUntil(it.id, now); ok && canWrite {
-			// Another marker of an id held in memory: it waits for the
-			// hold in the store too (see settle), so that a restart
-			// keeps it.
-			it.err = Hold(until)
+		if r, ok := s.retries.byID[it.id]; ok && now.Before(r.notBefore) {
+			it.out = deferred
+			if r.held && canWrite {
+				// Moved to the hold's end too (see decide), so that a
+				// restart keeps it.
+				it.err = Hold(r.notBefore)
+			}
 		}
 	}
 }

@@ -98,25 +98,6 @@ func (r *retries) hold(id string, until time.Time) {
 	r.byID[id] = e
 }
 
-// heldUntil returns the end of the hold id waits for at now, if it waits
-// for one.
-func (r *retries) heldUntil(id string, now time.Time) (time.Time, bool) {
-	if len(r.byID) == 0 {
-		return time.Time{}, false
-	}
-	e, ok := r.byID[id]
-	return e.notBefore, ok && e.held && now.Before(e.notBefore)
-}
-
-// waiting reports whether id is in its retry delay at now.
-func (r *retries) waiting(id string, now time.Time) bool {
-	if len(r.byID) == 0 {
-		return false
-	}
-	e, ok := r.byID[id]
-	return ok && now.Before(e.notBefore)
-}
-
 // failures returns how often in a row id failed, as far as this process
 // knows.
 func (r *retries) failures(id string) int {
