@@ -49,9 +49,9 @@ func (e BatchError) Error() string {
 	return b.String()
 }
 
-// clearBatches is clearAll for Config.ClearBatch, or for a ClearDeleter
-// without it: the page's pending items, oldest first, in batches, at most
-// Concurrency batches at a time. It returns how many calls it made.
+// clearBatches is clearAll for ClearBatch or a ClearDeleter: the page's
+// pending items in batches, at most Concurrency at a time. It returns how
+// many calls it made.
 func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, items []item) (int, error) {
 	var cd ClearDeleter
 	if s.clearBatch == nil {
@@ -135,8 +135,7 @@ type batching struct {
 }
 
 // take returns the next batch: up to the current batch size of the ids
-// to batch, then the ids that go alone, one at a time; nil when none is
-// left.
+// to batch, then the ids that go alone; nil when none is left.
 func (b *batching) take() []int {
 	b.cut.Lock()
 	defer b.cut.Unlock()
@@ -232,8 +231,7 @@ func (b *batching) probe(batch []int, size int) bool {
 	return true
 }
 
-// probed is an item of the page tried alone as a probe, in vain, while the
-// pass had seen epoch successes.
+// probed is an item probed in vain while the pass had seen epoch successes.
 type probed struct {
 	i     int
 	epoch int64
@@ -259,8 +257,7 @@ func (b *batching) confirm() {
 // errOutageSeen is the error of ids put off: the calls before them failed.
 var errOutageSeen = errors.New("retention: not tried: the clears before it all failed")
 
-// ok records a call that answered for some ids at least: the dependency
-// is up.
+// ok records a call that answered for some ids at least: the dependency is up.
 func (p *passState) ok() {
 	p.oks.Add(1)
 	p.streak.Store(0)
@@ -269,14 +266,12 @@ func (p *passState) ok() {
 }
 
 // threshold is the streak of failed calls after which, in a batch of size
-// ids, the sweep suspects an outage and probes: with the probes, within
-// log2(size)+2 calls.
+// ids, the sweep suspects an outage and probes.
 func (p *passState) threshold(size int) int {
 	return max(2, bits.Len(uint(size))-2)
 }
 
-// outageNow reports whether the dependency may be down, for a batch of
-// size ids.
+// outageNow reports whether the dependency may be down, for a batch of size.
 func (p *passState) outageNow(size int) bool {
 	return p.streak.Load() >= int64(p.threshold(size))
 }
@@ -307,24 +302,25 @@ func (b *batching) try(idx []int) error {
 	switch {
 	case err == nil:
 		b.p.ok()
-		for _, i := range idx {
-			b.items[i].out = cleared
-		}
+		b.set(idx, cleared, nil)
 	case errors.As(err, &perID):
 		rest, err := b.byID(perID, idx)
-		for _, i := range rest {
-			b.items[i].out = cleared
-		}
+		b.set(rest, cleared, nil)
 		return err
 	case wholeCall(err):
 		b.p.ok()
-		for _, i := range idx {
-			b.items[i].out, b.items[i].err = outcomeOf(err), err
-		}
+		b.set(idx, outcomeOf(err), err)
 	default:
 		return err
 	}
 	return nil
+}
+
+// set gives the items at idx the outcome out and the error err.
+func (b *batching) set(idx []int, out outcome, err error) {
+	for _, i := range idx {
+		b.items[i].out, b.items[i].err = out, err
+	}
 }
 
 // wholeCall reports whether err, returned by a whole call, answers for
@@ -381,9 +377,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		// write may follow it; the page fails with ferr.
 		b.p.fenceErr.CompareAndSwap(nil, &ferr)
 		if err == nil {
-			for _, i := range idx {
-				b.items[i].out = clearedGone
-			}
+			b.set(idx, clearedGone, nil)
 		}
 		return nil
 	}
@@ -413,9 +407,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		return err
 	case wholeCall(err): // refused as a whole: nothing committed
 		b.p.ok()
-		for _, i := range idx {
-			b.items[i].out, b.items[i].err = outcomeOf(err), err
-		}
+		b.set(idx, outcomeOf(err), err)
 		return nil
 	case errors.Is(err, ErrLeaseLost):
 		return err
@@ -441,10 +433,7 @@ func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 	left, cerr := b.left(b.ctx, keys)
 	if cerr != nil {
 		b.p.callFailed(err)
-		for _, i := range idx {
-			it := &b.items[i]
-			it.out, it.err = unknown, fmt.Errorf("%w; and reading which markers are left failed: %w", err, cerr)
-		}
+		b.set(idx, unknown, fmt.Errorf("%w; and reading which markers are left failed: %w", err, cerr))
 		return nil
 	}
 	rest := b.markGone(idx, left)
@@ -524,11 +513,9 @@ func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 }
 
 // bisect finds the ids at fault in a batch whose call failed as a whole
-// with err, splitting each failing half down to single ids: a poison id
-// costs about 2·log2(batch) calls. Once the streak of failed calls says
-// the dependency may be down (outageNow), the next half is probed first,
-// and put off when the probes fail, so that an outage costs a batch at
-// most log2(size)+2 calls. See docs/clearing.md, "When some clears fail".
+// with err, splitting each failing half down to single ids. Once an
+// outage is suspected (outageNow), the next half is probed first, and put
+// off when the probes fail. See docs/clearing.md, "When some clears fail".
 func (b *batching) bisect(idx []int, err error, batch []int) {
 	if b.ctx.Err() != nil {
 		return // the pass is over; the items stay pending
