@@ -112,10 +112,9 @@ func (s *Sweep) inspectable(ctx context.Context, what string, limit int) error {
 	return nil
 }
 
-// readRanges reads, for Backlog and Due, the expired range and the retry
-// and parked ranges, and passes each well-formed marker to visit, with its
-// state at now; visit reports whether it counted the marker. It reports
-// whether any range may hold more than it read.
+// readRanges passes each well-formed marker of the three ranges to visit,
+// with its state at now, and reports whether any may hold more than read;
+// visit reports whether it counted the marker.
 func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit func(DueMarker) bool) (more bool, err error) {
 	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
 	more, err = s.backlogRange(ctx, s.lower, cutoffKey, limit, func(key []byte) bool {
