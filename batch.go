@@ -492,11 +492,8 @@ func (b *batching) keysOf(idx []int) [][]byte {
 // still in the store, and returns them, ascending.
 func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	var found [][]byte
-	from, end := keys[0], keyAfter(keys[len(keys)-1])
-	for {
-		page, err := b.s.scanKV(ctx, b.kv, from, end, b.s.pageSize)
-		b.scans.Add(1)
-		b.scanned.Add(int64(len(page)))
+	count := func(page [][]byte) { b.scans.Add(1); b.scanned.Add(int64(len(page))) }
+	for page, err := range b.s.pages(ctx, b.kv, keys[0], keyAfter(keys[len(keys)-1]), b.s.pageSize, count) {
 		if err != nil {
 			return nil, err
 		}
@@ -505,11 +502,8 @@ func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 				found = append(found, k)
 			}
 		}
-		if len(page) < b.s.pageSize {
-			return found, nil
-		}
-		from = keyAfter(page[len(page)-1])
 	}
+	return found, nil
 }
 
 // bisect finds the ids at fault in a batch whose call failed as a whole

@@ -319,8 +319,7 @@ func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 // order, until f returns false.
 func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) bool) error {
 	from, end := infixRange(s.prefix, parkedInfix)
-	for {
-		keys, err := s.scanKV(ctx, s.kv, from, end, s.pageSize)
+	for keys, err := range s.pages(ctx, s.kv, from, end, s.pageSize, nil) {
 		if err != nil {
 			return err
 		}
@@ -333,9 +332,6 @@ func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) b
 				return nil
 			}
 		}
-		if len(keys) < s.pageSize {
-			return nil
-		}
-		from = keyAfter(keys[len(keys)-1])
 	}
+	return nil
 }

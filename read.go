@@ -3,28 +3,26 @@ package retention
 import (
 	"context"
 	"errors"
+	"iter"
 	"time"
 )
 
-// walk handles the pages of a range up to end, from keys, its first page
-// on. The next page is read once this one is settled, after its last key,
-// so markers that stay are not read again; reading it during the clears
-// did not pay (BENCHMARKS.md).
-func (s *Sweep) walk(ctx context.Context, p *passState, keys [][]byte, end []byte) error {
-	for len(keys) > 0 {
-		if err := s.finishPage(ctx, p, keys, s.preparePage(p, keys)); err != nil {
-			return err
-		}
-		if len(keys) < s.pageSize {
-			return nil
+// walk handles the pages of [from, end) and reports whether there were
+// none. The next page is read once this one is settled, after its last
+// key, so markers that stay are not read again; reading it during the
+// clears did not pay (BENCHMARKS.md).
+func (s *Sweep) walk(ctx context.Context, p *passState, from, end []byte) (empty bool, err error) {
+	keys, err := s.scan(ctx, p, from, end, s.pageSize)
+	empty = len(keys) == 0
+	for err == nil && len(keys) > 0 {
+		err = s.finishPage(ctx, p, keys, s.preparePage(p, keys))
+		if err != nil || len(keys) < s.pageSize {
+			break
 		}
 		p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
-		var err error
-		if keys, err = s.scan(ctx, p, p.buf.after, end, s.pageSize); err != nil {
-			return err
-		}
+		keys, err = s.scan(ctx, p, p.buf.after, end, s.pageSize)
 	}
-	return nil
+	return empty, err
 }
 
 // retryPass handles the due part of the retry range. Most passes find
@@ -48,26 +46,20 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	dueKey := appendTimestamp(append(p.buf.dueKey[:0], s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
 	p.buf.dueKey = dueKey
 	// Something is due, or a key that is no retry marker comes first.
-	keys, err := s.scan(ctx, p, p.resumeFrom(resumeRetry, s.retryLower), dueKey, s.pageSize)
-	if err == nil {
-		err = s.walk(ctx, p, keys, dueKey)
-	}
-	if err != nil {
+	if _, err := s.walk(ctx, p, p.resumeFrom(resumeRetry, s.retryLower), dueKey); err != nil {
 		return err
 	}
-	if at, found, err := s.nextRetry(ctx, p, dueKey); err != nil || !found {
-		return err
-	} else {
+	at, found, err := s.nextRetry(ctx, p, dueKey)
+	if found {
 		s.noteRetry(p, time.UnixMilli(at))
 	}
-	return nil
+	return err
 }
 
 // nextRetry returns the retry time of the first key of the retry range
 // from start that parses, reading one key when that is it.
 func (s *Sweep) nextRetry(ctx context.Context, p *passState, start []byte) (at int64, found bool, err error) {
-	for limit := 1; ; limit = s.pageSize {
-		keys, err := s.scan(ctx, p, start, s.retryUpper, limit)
+	for keys, err := range s.pages(ctx, p.kv, start, s.retryUpper, 1, p.countScan) {
 		if err != nil {
 			return 0, false, err
 		}
@@ -76,10 +68,25 @@ func (s *Sweep) nextRetry(ctx context.Context, p *passState, start []byte) (at i
 				return k.at, true, nil
 			}
 		}
-		if len(keys) < limit {
-			return 0, false, nil
+	}
+	return 0, false, nil
+}
+
+// pages reads [from, end) of kv a page at a time, the first page of first
+// keys and the others of PageSize, each from just after the last key read,
+// until a short page or an error; count, if not nil, counts each Scan.
+func (s *Sweep) pages(ctx context.Context, kv KV, from, end []byte, first int, count func([][]byte)) iter.Seq2[[][]byte, error] {
+	return func(yield func([][]byte, error) bool) {
+		for limit := first; ; limit = s.pageSize {
+			keys, err := s.scanKV(ctx, kv, from, end, limit)
+			if count != nil {
+				count(keys)
+			}
+			if !yield(keys, err) || err != nil || len(keys) < limit {
+				return
+			}
+			from = keyAfter(keys[len(keys)-1])
 		}
-		start = keyAfter(keys[len(keys)-1])
 	}
 }
 
@@ -114,10 +121,8 @@ func cutoffMillis(cutoff time.Time) int64 {
 // reports whether the first key it read was a marker (or none was there).
 func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) {
 	st := p.st
-	from, limit := p.cutoffKey, 1
 	clean = true
-	for {
-		keys, err := s.scan(ctx, p, from, s.upper, limit)
+	for keys, err := range s.pages(ctx, p.kv, p.cutoffKey, s.upper, 1, p.countScan) {
 		if err != nil {
 			return false, err
 		}
@@ -147,12 +152,11 @@ func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) 
 				return false, err
 			}
 		}
-		if found || len(keys) < limit {
+		if found {
 			return clean, nil
 		}
-		from = keyAfter(keys[len(keys)-1])
-		limit = s.pageSize
 	}
+	return clean, nil
 }
 
 // parseNext parses a key read past the expired range. An id whose

@@ -300,10 +300,7 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	if !idle && p.resumeIn != resumeRetry {
 		p.cutoffKey = appendTimestamp(append(p.buf.cutoffKey[:0], s.prefix...), uint64(p.cutoffMs))
 		p.buf.cutoffKey = p.cutoffKey
-		keys, err := s.scan(ctx, p, p.resumeFrom(resumeExpired, s.lower), p.cutoffKey, s.pageSize)
-		if err == nil {
-			err = s.walk(ctx, p, keys, p.cutoffKey)
-		}
+		empty, err := s.walk(ctx, p, p.resumeFrom(resumeExpired, s.lower), p.cutoffKey)
 		if err != nil {
 			return err
 		}
@@ -311,7 +308,7 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 		if err != nil {
 			return err
 		}
-		s.idle = len(keys) == 0 && clean
+		s.idle = empty && clean
 	}
 	if err := s.retryPass(ctx, p); err != nil {
 		return err
