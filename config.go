@@ -177,6 +177,7 @@ type Config struct {
 
 // checkConfig checks what New cannot default.
 func checkConfig(kv KV, cfg *Config) error {
+	first, most := cfg.RetryDelay, cfg.MaxRetryDelay
 	switch {
 	case kv == nil:
 		return invalidConfig("kv must not be nil")
@@ -220,9 +221,16 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.ClearTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultClearTimeout, cfg.ClearTimeout)
 	case cfg.StoreTimeout > 0 && cfg.StoreTimeout < time.Millisecond:
 		return invalidConfig("Config.StoreTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultStoreTimeout, cfg.StoreTimeout)
-	}
-	if err := checkRetryDelays(cfg.RetryDelay, cfg.MaxRetryDelay); err != nil {
-		return err
+	case first < 0 || (first > 0 && first < time.Millisecond):
+		return invalidConfig("Config.RetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultRetryDelay, first)
+	case most < 0 || (most > 0 && most < time.Millisecond):
+		return invalidConfig("Config.MaxRetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultMaxRetryDelay, most)
+	case first > 0 && most > 0 && first > most:
+		return invalidConfig("Config.RetryDelay (%v) must not exceed Config.MaxRetryDelay (%v)", first, most)
+	case first > DefaultMaxRetryDelay && most == 0:
+		return invalidConfig("Config.RetryDelay (%v) exceeds the default MaxRetryDelay (%v): set Config.MaxRetryDelay too", first, DefaultMaxRetryDelay)
+	case most > 0 && most < DefaultRetryDelay && first == 0:
+		return invalidConfig("Config.MaxRetryDelay (%v) is below the default RetryDelay (%v): set Config.RetryDelay too", most, DefaultRetryDelay)
 	}
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
 }

@@ -30,23 +30,6 @@ func newRetries(first, most time.Duration) retries {
 	return retries{first: first, most: most}
 }
 
-// checkRetryDelays validates Config.RetryDelay and Config.MaxRetryDelay.
-func checkRetryDelays(first, most time.Duration) error {
-	switch {
-	case first < 0 || (first > 0 && first < time.Millisecond):
-		return invalidConfig("Config.RetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultRetryDelay, first)
-	case most < 0 || (most > 0 && most < time.Millisecond):
-		return invalidConfig("Config.MaxRetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultMaxRetryDelay, most)
-	case first > 0 && most > 0 && first > most:
-		return invalidConfig("Config.RetryDelay (%v) must not exceed Config.MaxRetryDelay (%v)", first, most)
-	case first > DefaultMaxRetryDelay && most == 0:
-		return invalidConfig("Config.RetryDelay (%v) exceeds the default MaxRetryDelay (%v): set Config.MaxRetryDelay too", first, DefaultMaxRetryDelay)
-	case most > 0 && most < DefaultRetryDelay && first == 0:
-		return invalidConfig("Config.MaxRetryDelay (%v) is below the default RetryDelay (%v): set Config.RetryDelay too", most, DefaultRetryDelay)
-	}
-	return nil
-}
-
 // delay is the wait after the n-th failure in a row: the first delay
 // doubled n-1 times, plus up to a fifth of that at random; at the largest
 // delay, up to a fifth below it, so that markers that failed together do
