@@ -63,9 +63,8 @@ func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 	return until, appendRetryKey(nil, s.prefix, it.kind&keyDeadline|keyHeld, untilMs, it.ms, attempts, it.id)
 }
 
-// remember records in memory the hold that the clear of it returned, and
-// returns its end, in whole milliseconds: RetryDelay from now when it is
-// zero or past.
+// remember records in memory the hold the clear of it returned, and returns
+// its end in whole ms: RetryDelay from now when it is zero or past.
 func (s *Sweep) remember(it *item) time.Time {
 	var until time.Time
 	if h := (*holdError)(nil); errors.As(it.err, &h) { // else ErrHeld itself

@@ -261,8 +261,7 @@ const (
 	parkedInfix = 'p'
 )
 
-// infixRange returns the bounds of the retry (or parked) range of prefix:
-// the prefix and infix, followed by a digit.
+// infixRange returns the bounds of the keys of prefix, infix and a digit.
 func infixRange(prefix string, infix byte) (lower, upper []byte) {
 	return append([]byte(prefix), infix, '0'), append([]byte(prefix), infix, '9'+1)
 }
@@ -287,9 +286,8 @@ const (
 )
 
 // state tells what k, a key of the retry range, stands for at now: held or
-// waiting for its deadline, then due once that time came; or retrying,
-// its retry time come or not, until a clear settles it. Sweep.Due and
-// Sweep.Backlog go by it alone.
+// waiting for its deadline, then due once that time came; or retrying
+// until a clear settles it. Sweep.Due and Sweep.Backlog go by it alone.
 func (k retryKey) state(now time.Time) MarkerState {
 	switch {
 	case k.kind&keyHeld == 0 && (k.kind&keyDeadline == 0 || k.at != k.finished):
@@ -331,9 +329,8 @@ func appendAttemptsID(dst []byte, kind byte, attempts int, id string) []byte {
 	return append(dst, id...)
 }
 
-// parseRetryKey parses a key of the retry range (infix retryInfix) or of
-// the parked range (parkedInfix); foreign and err mean what they do for
-// parseKey.
+// parseRetryKey parses a key of the retry or the parked range (infix);
+// foreign and err mean what they do for parseKey.
 func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign bool, err error) {
 	if len(key) <= len(prefix) || string(key[:len(prefix)]) != prefix || key[len(prefix)] != infix {
 		return k, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix+string(infix)))

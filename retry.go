@@ -50,11 +50,10 @@ func (r *retries) delay(n int) time.Duration {
 	}
 }
 
-// failed records at now, after at least before failures of id in a row
-// (as its marker records), one more: the id's own when own, else a put-off
-// in an outage, whose delay grows alike but which neither sends the id
-// alone nor parks it. It returns how many own failures in a row that makes
-// and when the id may be tried again.
+// failed records one more failure of id at now, after at least before (as
+// its marker records): its own, or else a put-off in an outage, which
+// neither sends the id alone nor parks it. It returns the own failures in
+// a row and when the id may be tried again.
 func (r *retries) failed(id string, now time.Time, before int, own bool) (int, time.Time) {
 	if r.byID == nil {
 		r.byID = map[string]retry{}
@@ -81,8 +80,7 @@ func (r *retries) hold(id string, until time.Time) {
 	r.byID[id] = e
 }
 
-// failures returns how often in a row id failed, as far as this process
-// knows.
+// failures returns how often in a row id failed, as far as memory knows.
 func (r *retries) failures(id string) int {
 	if len(r.byID) == 0 {
 		return 0
@@ -117,11 +115,10 @@ func (r *retries) prune(clock Clock) {
 	}
 }
 
-// retry puts off the marker old of it, whose clear just failed, until its
-// retry delay is over: in memory, and when the pass writes, by returning
-// the retry-range key for the caller to move old to (nil: it stays). After
-// Config.MaxAttempts failures it returns the parked-range key instead
-// (park); the marker counts as parked once the Move succeeded (parked).
+// retry puts off the marker old of it, whose clear just failed, in memory
+// and, when the pass writes, by returning the retry-range key to move it
+// to (nil: it stays); after Config.MaxAttempts failures, the parked-range
+// key (park), counted once the Move succeeded (parked).
 func (s *Sweep) retry(p *passState, it *item, old []byte) (key []byte, park bool) {
 	id := it.id
 	own := !errors.As(it.err, new(*outageError)) // not put off in an outage
@@ -149,23 +146,22 @@ func moved(key, old []byte) []byte {
 	return key
 }
 
-// parked counts the marker of it, which is now in the parked range, and
-// forgets its id's failures: a requeue starts them anew.
+// parked counts the marker of it, now parked, and forgets its id's
+// failures: a requeue starts them anew.
 func (s *Sweep) parked(p *passState, it *item) {
 	p.st.Parked++
 	p.notes.noteParked(it.id, it.err)
 	s.retries.forget(it.id)
 }
 
-// notParked counts the marker of it, which failed to move to the parked
-// range, as put off, its failures kept in memory.
+// notParked counts the marker of it, which failed to move, as put off.
 func (s *Sweep) notParked(p *passState, it *item) {
 	p.st.Retried++
 	s.noteRetry(p, s.retries.due(it.id))
 }
 
 // hold puts off the marker old of a held id until the hold's end, as retry
-// puts off a failed one's (see holdKey), and returns what retry does.
+// puts off a failed one's.
 func (s *Sweep) hold(p *passState, it *item, old []byte) []byte {
 	until, key := s.holdKey(p, it)
 	s.noteRetry(p, until)
