@@ -101,8 +101,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	return int(b.calls.Load()), ctx.Err()
 }
 
-// callFailed counts a call of Clear, ClearBatch or a ClearDeleter that
-// failed as a whole with err, by cause and in the streak of failures.
+// callFailed counts a call that failed as a whole, by cause and in the streak.
 func (p *passState) callFailed(err error) {
 	p.streak.Add(1)
 	p.failedCalls.Add(1)
@@ -153,9 +152,8 @@ func (b *batching) take() []int {
 	return nil
 }
 
-// run clears the items at idx: one call, and where it fails as a whole,
-// a bisection. During an outage (see bisect) a batch first probes: when
-// the probes fail too, the rest is put off.
+// run clears the items at idx in one call, bisecting when it fails. During
+// an outage it probes first, and puts the batch off when the probes fail.
 func (b *batching) run(idx []int) {
 	if len(idx) > 1 && b.p.outageNow(len(idx)) {
 		if !b.probe(idx, len(idx)) {
@@ -191,11 +189,9 @@ func (b *batching) pendingOf(idx []int) []int {
 const probes = 3
 
 // probe tries pending ids of the batch alone, from its end (not the half
-// that just failed, so not the more likely poison), until one succeeds
-// (true) or enough failed since the pass's last success to confirm an
-// outage (false): one more once confirmed, else what the batch's budget of
-// log2(size)+2 calls leaves, at most probes. With no pending id left and
-// too few failures, true.
+// that just failed, the likelier poison), until one succeeds (true) or
+// enough failed to confirm an outage (false): one more once confirmed, else
+// what the batch's budget of log2(size)+2 calls leaves, at most probes.
 func (b *batching) probe(batch []int, size int) bool {
 	var need int64
 	if b.p.confirmed.Load() {
@@ -285,8 +281,7 @@ func (b *batching) idsOf(idx []int) []string {
 }
 
 // try calls ClearBatch (or the ClearDeleter) for the items at idx and
-// records each id's outcome. It returns an error that says nothing of any
-// one id, the items then still pending.
+// records each id's outcome, or returns an error and leaves them pending.
 func (b *batching) try(idx []int) error {
 	if b.atomic != nil {
 		return b.tryAtomic(idx)
@@ -323,16 +318,15 @@ func (b *batching) set(idx []int, out outcome, err error) {
 	}
 }
 
-// wholeCall reports whether err, returned by a whole call, answers for
-// each of its ids alike: all live again, or all held.
+// wholeCall reports whether err answers for each id of a call alike.
 func wholeCall(err error) bool {
 	out := outcomeOf(err)
 	return out == liveAgain || out == held
 }
 
 // byID records the outcome of each item at idx that perID names, and
-// returns the others. It fails, recording nothing, when perID names an id
-// not in the batch; ids of a batch are distinct, so counting is enough.
+// returns the others; it fails, recording nothing, when perID names an id
+// not in the batch (ids of a batch are distinct, so counting is enough).
 func (b *batching) byID(perID BatchError, idx []int) (rest []int, err error) {
 	var named []int
 	for _, i := range idx {
@@ -415,9 +409,8 @@ func (b *batching) tryAtomic(idx []int) error {
 	return b.unknown(idx, keys, err)
 }
 
-// cutShort marks gone the items at idx of an atomic call that failed as
-// the pass was cut short, when a read outside the pass's context can tell
-// that it committed.
+// cutShort marks gone the items of an atomic call cut short with the pass,
+// when a read outside the pass's context can tell that it committed.
 func (b *batching) cutShort(idx []int, keys [][]byte) {
 	rctx, cancel := withTimeout(context.WithoutCancel(b.ctx), b.s.storeTimeout)
 	defer cancel()
@@ -449,9 +442,9 @@ func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 	return nil
 }
 
-// markGone records as found gone the items at idx with a marker missing
-// from left (ascending), and returns the others. Whose call cleared them
-// the store cannot tell, so they do not count as this replica's clears.
+// markGone records as found gone (not as this replica's clears: whose call
+// it was is unknown) the items with a marker missing from left, and
+// returns the others.
 func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	isLeft := func(key []byte) bool {
 		_, ok := slices.BinarySearchFunc(left, key, bytes.Compare)
@@ -471,8 +464,8 @@ func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	return rest
 }
 
-// keysOf returns the markers of the items at idx, ascending: each item's
-// and those of its duplicates on the page.
+// keysOf returns, ascending, the markers of the items at idx and of their
+// duplicates on the page.
 func (b *batching) keysOf(idx []int) [][]byte {
 	keys := make([][]byte, 0, len(idx))
 	dups := false
@@ -488,8 +481,7 @@ func (b *batching) keysOf(idx []int) [][]byte {
 	return keys
 }
 
-// left reads which of keys (ascending, all in the expired range) are
-// still in the store, and returns them, ascending.
+// left returns those of keys (ascending) still in the store.
 func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	var found [][]byte
 	count := func(page [][]byte) { b.scans.Add(1); b.scanned.Add(int64(len(page))) }
@@ -544,8 +536,7 @@ func (b *batching) bisect(idx []int, err error, batch []int) {
 	}
 }
 
-// fail puts off the pending items at idx with err, the dependency seeming
-// down, unless the pass is over.
+// fail puts off the pending items at idx in an outage, unless the pass is over.
 func (b *batching) fail(idx []int, err error) {
 	if b.ctx.Err() != nil {
 		return
@@ -569,8 +560,7 @@ func (e *outageError) Error() string {
 
 func (e *outageError) Unwrap() error { return e.err }
 
-// adapt resizes the batches after a call of n ids that took d and ended
-// with err, as Config.BatchTarget says.
+// adapt resizes the batches after a call of n ids that took d (BatchTarget).
 func (s *Sweep) adapt(n int, d time.Duration, err error) {
 	if s.batchTarget <= 0 {
 		return
@@ -590,8 +580,7 @@ func (s *Sweep) adapt(n int, d time.Duration, err error) {
 	}
 }
 
-// answered reports whether a call that returned err answered for each of
-// its ids, whatever it decided.
+// answered reports whether a call that returned err answered for each id.
 func answered(err error) bool {
 	var perID BatchError
 	return err == nil || wholeCall(err) || errors.As(err, &perID)

@@ -9,8 +9,7 @@ import (
 	"sync/atomic"
 )
 
-// errClearExited records a Clear that ended its goroutine with
-// runtime.Goexit (as t.FailNow does) instead of returning.
+// errClearExited records a Clear that called runtime.Goexit (as t.FailNow).
 var errClearExited = errors.New("retention: clear did not return: it called runtime.Goexit")
 
 // errClearTimedOut marks a clear that ran past ClearTimeout.
@@ -97,7 +96,7 @@ type clearing struct {
 	calls   int
 	inRetry bool // the page is the retry range's
 
-	passExited bool         // a Clear called runtime.Goexit on the pass's goroutine (see passOn)
+	passExited bool         // a Clear ended the pass's goroutine (see passOn)
 	pagesOver  atomic.Int64 // pages whose clears are all done (see clearCtx)
 
 	pages   chan struct{}  // one token per worker's share of a page
@@ -151,8 +150,7 @@ type clearCall struct {
 	ctx  *clearCtx // its context under ClearTimeout, or nil
 }
 
-// ctxFor returns the context of the Clear of items[i] under ClearTimeout,
-// or nil when there is none.
+// ctxFor returns the context of items[i]'s Clear under ClearTimeout, or nil.
 func (c *clearing) ctxFor(i int) *clearCtx {
 	if c.ctxs == nil {
 		return nil
@@ -174,8 +172,7 @@ func (c *clearing) serve(resume bool) {
 	}
 }
 
-// stop ends the workers once their pages are done; the pass calls it as it
-// ends, however it ends.
+// stop ends the workers once their pages are done, however the pass ends.
 func (c *clearing) stop() {
 	if c.pages != nil {
 		close(c.pages)
@@ -183,8 +180,7 @@ func (c *clearing) stop() {
 	}
 }
 
-// work takes the page's items one at a time until none is left; onPass
-// when it runs on the pass's goroutine.
+// work takes the page's items until none is left.
 func (c *clearing) work(onPass bool) {
 	defer c.page.Done()
 	for c.clearRun(onPass) {
@@ -255,14 +251,12 @@ func (c *clearing) interrupted(cur *clearCall, r any, onPass bool) (again bool) 
 	return false
 }
 
-// callBatch runs ClearBatch under ClearTimeout on a goroutine of its own,
-// so that a panic or a runtime.Goexit in it becomes an error of the call.
+// callBatch runs ClearBatch under guarded.
 func (s *Sweep) callBatch(ctx context.Context, ids []string) error {
 	return s.guarded(ctx, func(ctx context.Context) error { return s.clearBatch(ctx, ids) })
 }
 
-// callAtomic runs a ClearDeleter's ClearAndDelete as callBatch runs
-// ClearBatch; its own clear may panic too.
+// callAtomic runs ClearAndDelete under guarded: its clear may panic too.
 func (s *Sweep) callAtomic(ctx context.Context, kv ClearDeleter, ids []string, keys [][]byte) error {
 	return s.guarded(ctx, func(ctx context.Context) error { return kv.ClearAndDelete(ctx, ids, keys) })
 }
