@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/bits"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,11 +32,7 @@ const DefaultBatchSize = DefaultPageSize / 2
 type BatchError map[string]error
 
 func (e BatchError) Error() string {
-	ids := make([]string, 0, len(e))
-	for id := range e {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	ids := slices.Sorted(maps.Keys(e))
 	var b strings.Builder
 	fmt.Fprintf(&b, "retention: %d ids of the batch not cleared", len(ids))
 	for i, id := range ids {
