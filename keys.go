@@ -301,16 +301,14 @@ func (k retryKey) state(now time.Time) MarkerState {
 	return StateDue
 }
 
-// appendRetryKey appends the retry-range key of id of kind (keyDeadline,
-// keyHeld, both or neither), due again at atMs.
+// appendRetryKey appends the retry-range key of id of kind, due again at atMs.
 func appendRetryKey(dst []byte, prefix string, kind byte, atMs, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), retryInfix)
 	dst = append(appendTimestamp(dst, uint64(atMs)), '/')
 	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind, attempts, id)
 }
 
-// appendParkedKey appends the parked-range key of id of kind (keyDeadline
-// or 0; a parked key is never held).
+// appendParkedKey appends the parked-range key of id; it is never held.
 func appendParkedKey(dst []byte, prefix string, kind byte, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), parkedInfix)
 	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind&keyDeadline, attempts, id)

@@ -55,8 +55,7 @@ func (l *loop) run(ctx context.Context) error {
 	}
 }
 
-// round makes one round of Run, taking the lease first if it needs to, and
-// returns how long to wait before the next.
+// round makes one round of Run, taking the lease first if it needs to.
 func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Duration, error) {
 	if l.locker != nil && *lease == nil {
 		switch err := l.acquire(ctx, lease); {
@@ -88,8 +87,7 @@ func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Dur
 	return l.jittered(l.nextWait(stats)), nil
 }
 
-// failed logs the failure of a round, one more in a row, and returns the
-// backoff to wait.
+// failed logs a failed round, one more in a row, and returns the backoff.
 func (l *loop) failed(failures *int, msg string, err error) time.Duration {
 	*failures++
 	wait := l.backoff(*failures)
@@ -198,10 +196,9 @@ func (l *loop) named(m *Sweep, err error) error {
 	return fmt.Errorf("prefix %q: %w", m.prefix, err)
 }
 
-// fenced returns the KV a member's pass writes through (a view fenced by
-// the lease), or the fence its writes carry on their context (a wrapper,
-// see fenceFor). When the lease is a Fencer that can do neither, it
-// returns an error matching ErrUnfenced, unless the member allows it.
+// fenced returns the KV a member's pass writes through, or the fence its
+// writes carry on their context (see fenceFor); when the lease can do
+// neither, an error matching ErrUnfenced, unless the member allows it.
 func (l *loop) fenced(ctx context.Context, lease Lease, m *Sweep) (KV, Fencer, error) {
 	f, ok := lease.(Fencer)
 	if !ok {
@@ -284,14 +281,12 @@ func (l *loop) shortest(of func(*Sweep) time.Duration) time.Duration {
 	return d
 }
 
-// backoff is the wait after the n-th failure in a row: one second, doubling
-// up to the interval.
+// backoff is the wait after the n-th failure: 1s, doubling up to the interval.
 func (l *loop) backoff(n int) time.Duration {
 	return min(time.Second<<min(n-1, 30), l.interval())
 }
 
-// jittered lengthens d by a random fraction of itself, below l.jitter,
-// saturating at the largest Duration.
+// jittered lengthens d by a random fraction of itself, below l.jitter.
 func (l *loop) jittered(d time.Duration) time.Duration {
 	if l.jitter == 0 || d <= 0 {
 		return d
@@ -321,8 +316,7 @@ func addSat(a, b time.Duration) time.Duration {
 	return a + b
 }
 
-// untilDue is how long Run sleeps after a successful pass of s: until its
-// next marker falls due, at most its Interval.
+// untilDue is how long Run sleeps after a pass of s: to its next due time.
 func (s *Sweep) untilDue(st Stats) time.Duration {
 	if st.NextDue.IsZero() {
 		return s.interval

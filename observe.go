@@ -73,9 +73,8 @@ func (e LeaseEvent) String() string {
 	return "unknown"
 }
 
-// observeLags hands the observer the lags of the page's cleared markers,
-// whose deletion just succeeded, or with gone only those a ClearDeleter
-// deleted. Only called with an observer set.
+// observeLags hands the observer the lags of the page's cleared markers
+// (gone: only those a ClearDeleter deleted).
 func (s *Sweep) observeLags(items []item, gone bool) {
 	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
 	// base plus its remainder: integer arithmetic per marker, no time.Time.
