@@ -178,6 +178,8 @@ type Config struct {
 // checkConfig checks what New cannot default.
 func checkConfig(kv KV, cfg *Config) error {
 	first, most := cfg.RetryDelay, cfg.MaxRetryDelay
+	_, clearDeleter := kv.(ClearDeleter)
+	_, mover := kv.(Mover)
 	switch {
 	case kv == nil:
 		return invalidConfig("kv must not be nil")
@@ -186,11 +188,11 @@ func checkConfig(kv KV, cfg *Config) error {
 	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
 		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
 			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
-	case cfg.Clear == nil && cfg.ClearBatch == nil && !isClearDeleter(kv):
+	case cfg.Clear == nil && cfg.ClearBatch == nil && !clearDeleter:
 		return invalidConfig("Config.Clear or Config.ClearBatch must be set (or kv must be a ClearDeleter)")
 	case cfg.Clear != nil && cfg.ClearBatch != nil:
 		return invalidConfig("set one of Config.Clear and Config.ClearBatch, not both")
-	case (cfg.Clear != nil || cfg.ClearBatch != nil) && isClearDeleter(kv):
+	case (cfg.Clear != nil || cfg.ClearBatch != nil) && clearDeleter:
 		return invalidConfig("kv is a ClearDeleter, which clears in the transaction that deletes the markers: leave Config.Clear and Config.ClearBatch nil")
 	case cfg.BatchSize < 0 || cfg.BatchSize > MaxPageSize:
 		return invalidConfig("Config.BatchSize must be 0 (default %d) or 1 to %d, got %d", DefaultBatchSize, MaxPageSize, cfg.BatchSize)
@@ -207,7 +209,7 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.MaxAttempts < 0 || cfg.MaxAttempts > maxAttempts:
 		return invalidConfig("Config.MaxAttempts must be 0 (no limit) or 1 to %d, got %d", maxAttempts, cfg.MaxAttempts)
-	case cfg.MaxAttempts > 0 && !isMover(kv):
+	case cfg.MaxAttempts > 0 && !mover:
 		return invalidConfig("Config.MaxAttempts is set, but the KV (%T) is no Mover: it cannot park a marker", kv)
 	case cfg.Limiter != nil && cfg.Limiter.Limit() != rate.Inf && cfg.Limiter.Burst() < 1:
 		return invalidConfig("Config.Limiter has a burst of %d: it would never let a clear through (give it a burst of at least 1)", cfg.Limiter.Burst())
@@ -233,16 +235,6 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.MaxRetryDelay (%v) is below the default RetryDelay (%v): set Config.RetryDelay too", most, DefaultRetryDelay)
 	}
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
-}
-
-func isMover(kv KV) bool {
-	_, ok := kv.(Mover)
-	return ok
-}
-
-func isClearDeleter(kv KV) bool {
-	_, ok := kv.(ClearDeleter)
-	return ok
 }
 
 // invalidConfig returns an error matching ErrInvalidConfig.
