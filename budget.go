@@ -35,12 +35,8 @@ func (s *Sweep) waitBudget(ctx context.Context, p *passState, n int) error {
 				continue
 			}
 		}
-		t := time.NewTimer(budgetPoll)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := sleep(ctx, budgetPoll); err != nil {
+			return err
 		}
 	}
 	return nil
