@@ -197,17 +197,12 @@ const (
 	stateWaiting
 )
 
+var markerStateNames = [...]string{StateDue: "due", StateRetrying: "retrying", StateHeld: "held", StateParked: "parked"}
+
 // String returns "due", "retrying", "held" or "parked".
 func (m MarkerState) String() string {
-	switch m {
-	case StateDue:
-		return "due"
-	case StateRetrying:
-		return "retrying"
-	case StateHeld:
-		return "held"
-	case StateParked:
-		return "parked"
+	if int(m) < len(markerStateNames) && markerStateNames[m] != "" {
+		return markerStateNames[m]
 	}
 	return fmt.Sprintf("MarkerState(%d)", uint8(m))
 }
