@@ -307,7 +307,6 @@ func (b *batching) try(idx []int) error {
 	return nil
 }
 
-// set gives the items at idx the outcome out and the error err.
 func (b *batching) set(idx []int, out outcome, err error) {
 	for _, i := range idx {
 		b.items[i].out, b.items[i].err = out, err

@@ -70,7 +70,6 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 	return n, ctx.Err()
 }
 
-// endClears waits for the page's clears and ends their contexts.
 func (c *clearing) endClears() {
 	c.page.Wait()
 	c.endPage()
@@ -180,7 +179,6 @@ func (c *clearing) stop() {
 	}
 }
 
-// work takes the page's items until none is left.
 func (c *clearing) work(onPass bool) {
 	defer c.page.Done()
 	for c.clearRun(onPass) {
@@ -251,7 +249,6 @@ func (c *clearing) interrupted(cur *clearCall, r any, onPass bool) (again bool) 
 	return false
 }
 
-// callBatch runs ClearBatch under guarded.
 func (s *Sweep) callBatch(ctx context.Context, ids []string) error {
 	return s.guarded(ctx, func(ctx context.Context) error { return s.clearBatch(ctx, ids) })
 }

@@ -237,12 +237,10 @@ func checkConfig(kv KV, cfg *Config) error {
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
 }
 
-// invalidConfig returns an error matching ErrInvalidConfig.
 func invalidConfig(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }
 
-// checkJitter validates the jitter fields of Config or GroupConfig.
 func checkJitter(config string, jitter float64, startJitter time.Duration) error {
 	switch {
 	case !(jitter >= 0 && jitter <= 1):

@@ -23,7 +23,6 @@ func (s *seenIDs) hash(id []byte) uint32 {
 	return uint32(maphash.Bytes(s.seed, id))
 }
 
-// reset starts a pass.
 func (s *seenIDs) reset() {
 	if !s.ready {
 		s.seed, s.ready = maphash.MakeSeed(), true

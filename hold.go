@@ -17,7 +17,6 @@ import (
 // returning Hold for as long as the entity is held. See docs/policies.md.
 func Hold(until time.Time) error { return &holdError{until: until} }
 
-// holdError is the error of Hold.
 type holdError struct{ until time.Time }
 
 func (e *holdError) Error() string {

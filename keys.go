@@ -107,7 +107,6 @@ func markerMillis(t time.Time) (int64, error) {
 	return ms, nil
 }
 
-// appendTimestamp appends ms as exactly TimestampWidth decimal digits.
 func appendTimestamp(dst []byte, ms uint64) []byte {
 	var buf [TimestampWidth]byte
 	for i := TimestampWidth - 1; i >= 0; i-- {

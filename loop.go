@@ -351,7 +351,6 @@ func isLost(lease Lease) bool {
 	}
 }
 
-// sleep waits for d or until ctx is done, returning ctx.Err() then.
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

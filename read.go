@@ -95,7 +95,6 @@ func (s *Sweep) dueEnd(cutoffMs int64) []byte {
 	return appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMs))
 }
 
-// keyAfter returns the first key after key in byte order.
 func keyAfter(key []byte) []byte {
 	return append(append([]byte(nil), key...), 0)
 }

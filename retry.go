@@ -88,12 +88,10 @@ func (r *retries) failures(id string) int {
 	return r.byID[id].failures
 }
 
-// due returns when id may be tried again, or the zero time.
 func (r *retries) due(id string) time.Time {
 	return r.byID[id].notBefore
 }
 
-// forget drops id, whose Clear succeeded.
 func (r *retries) forget(id string) {
 	if len(r.byID) != 0 {
 		delete(r.byID, id)

@@ -18,7 +18,6 @@ func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit
 	return keys, err
 }
 
-// countScan counts a Scan that returned keys in the pass's Stats.
 func (p *passState) countScan(keys [][]byte) {
 	p.st.ScanCalls++
 	p.st.Scanned += len(keys)

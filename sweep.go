@@ -390,7 +390,6 @@ type passBuffers struct {
 // park them: over a Mover, until a Move failed; else delays stay in memory.
 func (p *passState) writes() bool { return p.mover != nil && !p.noMove }
 
-// foldCalls adds the page's failed calls to the pass's Stats.
 func (p *passState) foldCalls() {
 	p.st.FailedCalls += int(p.failedCalls.Swap(0))
 	p.st.TimedOutCalls += int(p.timedOutCalls.Swap(0))
