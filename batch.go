@@ -45,9 +45,8 @@ func (e BatchError) Error() string {
 	return b.String()
 }
 
-// clearBatches is clearAll for ClearBatch or a ClearDeleter: the page's
-// pending items in batches, at most Concurrency at a time. It returns how
-// many calls it made.
+// clearBatches is clearAll for ClearBatch or a ClearDeleter, at most
+// Concurrency batches at a time. It returns how many calls it made.
 func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, items []item) (int, error) {
 	var cd ClearDeleter
 	if s.clearBatch == nil {
@@ -257,8 +256,7 @@ func (p *passState) ok() {
 	p.confirmed.Store(false)
 }
 
-// threshold is the streak of failed calls after which, in a batch of size
-// ids, the sweep suspects an outage and probes.
+// threshold is the streak of failed calls at which a batch of size probes.
 func (p *passState) threshold(size int) int {
 	return max(2, bits.Len(uint(size))-2)
 }
@@ -437,9 +435,8 @@ func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 	return nil
 }
 
-// markGone records as found gone (not as this replica's clears: whose call
-// it was is unknown) the items with a marker missing from left, and
-// returns the others.
+// markGone records as found gone, not as this replica's clears, the items
+// with a marker missing from left, and returns the others.
 func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	isLeft := func(key []byte) bool {
 		_, ok := slices.BinarySearchFunc(left, key, bytes.Compare)

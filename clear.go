@@ -18,8 +18,7 @@ var errClearTimedOut = errors.New("retention: clear timed out")
 // clearAll calls Clear (or ClearBatch, or a ClearDeleter) for the page's
 // pending items, at most Concurrency at a time, oldest first, recording
 // each outcome in its item. It returns how many calls it made, and
-// ctx.Err() if ctx is done before every one started. Clears run on the
-// pass's own goroutine (see runPass) and on workers that live for the pass.
+// ctx.Err() if ctx is done before every one started.
 func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item) (calls int, err error) {
 	n := 0
 	for i := range items {
@@ -224,9 +223,8 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 }
 
 // interrupted records the call cur as failed: its Clear panicked with r,
-// or called runtime.Goexit when r is nil, and then a new worker takes up
-// this goroutine's share (and the pass, see runPass). It reports whether
-// the run goes on.
+// or called runtime.Goexit (r nil), and then a new worker takes up this
+// goroutine's share (see runPass). It reports whether the run goes on.
 func (c *clearing) interrupted(cur *clearCall, r any, onPass bool) (again bool) {
 	if cur.ctx != nil {
 		cur.ctx.returned()

@@ -71,8 +71,7 @@ func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) erro
 	return p.Put(ctx, key, nil)
 }
 
-// checkIDBytes is checkID for the id of the marker key, returning the
-// malformed-marker error for key.
+// checkIDBytes is checkID for the id of key, with key's malformed error.
 func (s *Sweep) checkIDBytes(key, id []byte) error {
 	if s.validate == nil && validID(id) {
 		return nil // no string made

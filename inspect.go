@@ -310,8 +310,7 @@ func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	return len(from), nil
 }
 
-// eachParked calls f for each well-formed key of the parked range, in
-// order, until f returns false.
+// eachParked calls f for each well-formed parked key until f returns false.
 func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) bool) error {
 	from, end := infixRange(s.prefix, parkedInfix)
 	for keys, err := range s.pages(ctx, s.kv, from, end, s.pageSize, nil) {

@@ -123,8 +123,7 @@ func (l *loop) observeLease(e LeaseEvent) {
 	}
 }
 
-// observePage tells the observer what the pass did since the last call:
-// one page, or the rest of the pass.
+// observePage tells the observer what the pass did since the last call.
 func (s *Sweep) observePage(p *passState) {
 	if s.obs == nil {
 		return

@@ -27,8 +27,7 @@ const (
 	wouldClear                 // a dry run would have cleared it
 )
 
-// preparePage sorts a page's keys into items (see parsePage), and marks
-// those in their retry delay and the duplicates.
+// preparePage sorts a page's keys into items and marks the waiting ones.
 func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 	items := s.parsePage(p, keys)
 	if len(s.retries.byID) > 0 { // else no id waits: most pages
@@ -37,8 +36,7 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 	return items
 }
 
-// markWaiting marks the pending items whose id waits for its retry delay
-// or hold in this process.
+// markWaiting defers the pending items whose id waits in memory.
 func (s *Sweep) markWaiting(p *passState, items []item) {
 	now := s.clock.Now()
 	canWrite := p.writes()

@@ -158,8 +158,7 @@ func (s *Sweep) notParked(p *passState, it *item) {
 	s.noteRetry(p, s.retries.due(it.id))
 }
 
-// hold puts off the marker old of a held id until the hold's end, as retry
-// puts off a failed one's.
+// hold puts off the marker old of a held id as retry does a failed one's.
 func (s *Sweep) hold(p *passState, it *item, old []byte) []byte {
 	until, key := s.holdKey(p, it)
 	s.noteRetry(p, until)
