@@ -95,7 +95,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		clock:        cmp.Or(cfg.Clock, SystemClock),
 		pageSize:     cmp.Or(cfg.PageSize, max(DefaultPageSize, cfg.BatchSize)), // a batch is cut from one page
 		concurrency:  cmp.Or(cfg.Concurrency, 1),
-		interval:     cfg.Interval,
+		interval:     cmp.Or(cfg.Interval, min(cfg.Retention, time.Minute)),
 		clearTimeout: cmp.Or(cfg.ClearTimeout, DefaultClearTimeout),
 		storeTimeout: cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout),
 		log:          cmp.Or(cfg.Logger, slog.Default()).With("prefix", cfg.Prefix),
@@ -116,9 +116,6 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 	}, busy: make(chan struct{}, 1)}
 	s.retries = newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay))
 	s.retryLower, s.retryUpper = infixRange(cfg.Prefix, retryInfix)
-	if s.interval == 0 {
-		s.interval = min(s.retention, time.Minute)
-	}
 	if s.batchTarget == 0 && s.clearTimeout > 0 {
 		s.batchTarget = s.clearTimeout / 4
 	}
