@@ -152,12 +152,6 @@ func (s *Sweep) parked(p *passState, it *item) {
 	s.retries.forget(it.id)
 }
 
-// notParked counts the marker of it, which failed to move, as put off.
-func (s *Sweep) notParked(p *passState, it *item) {
-	p.st.Retried++
-	s.noteRetry(p, s.retries.due(it.id))
-}
-
 // hold puts off the marker old of a held id as retry does a failed one's.
 func (s *Sweep) hold(p *passState, it *item, old []byte) []byte {
 	until, key := s.holdKey(p, it)

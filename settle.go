@@ -175,8 +175,9 @@ func (s *Sweep) reschedule(ctx context.Context, p *passState, pl *pagePlan, item
 	for _, i := range pl.parking {
 		if err == nil {
 			s.parked(p, &items[i])
-		} else {
-			s.notParked(p, &items[i])
+		} else { // put off, its failures kept in memory
+			p.st.Retried++
+			s.noteRetry(p, s.retries.due(items[i].id))
 		}
 	}
 }
