@@ -9,12 +9,10 @@ import (
 // Hold returns the error that keeps an entity past its retention until
 // until: a Config.Clear (or an entry of a BatchError, or a whole ClearBatch
 // or ClearDeleter call) returns it for an entity on legal hold, say. The
-// entity is not cleared and its marker falls due again at until, moved to
-// the sweep's retry range on a Mover, kept in memory otherwise. A hold is
-// no failure: it counts in Stats.Held, with no failed attempt, backoff or
-// Error log line. A zero until, or one already past, means "try again
-// after Config.RetryDelay". The hold is asked for again at until, so keep
-// returning Hold for as long as the entity is held. See docs/policies.md.
+// entity is not cleared and its marker falls due again at until (a zero or
+// past until: after Config.RetryDelay); a hold is no failure (Stats.Held).
+// It is asked for again at until, so keep returning Hold for as long as
+// the entity is held. See docs/policies.md.
 func Hold(until time.Time) error { return &holdError{until: until} }
 
 type holdError struct{ until time.Time }

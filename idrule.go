@@ -56,13 +56,11 @@ func (s *Sweep) callValidate(id string) (err error) {
 	return s.validate(id)
 }
 
-// Mark writes the marker for id, finished at t, under the sweep's prefix
-// through p, with an empty value. Unlike the package-level Mark it checks id
-// by the sweep's rule (Config.ValidateID), so it writes every id the sweep
-// accepts; it refuses what Sweep.MarkerKey refuses. The advice of Mark
-// holds: where the store has transactions, write Sweep.MarkerKey's key in
-// the transaction that records the entity's terminal state (the adapters'
-// MarkKeyTx and MarkKeyOp take it).
+// Mark is the package-level Mark for the sweep's prefix, with id checked by
+// the sweep's rule (Config.ValidateID) as Sweep.MarkerKey checks it. Its
+// advice holds: where the store has transactions, write Sweep.MarkerKey's
+// key in the transaction that records the entity's terminal state (the
+// adapters' MarkKeyTx and MarkKeyOp take it).
 func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) error {
 	key, err := s.MarkerKey(t, id)
 	if err != nil {

@@ -362,21 +362,20 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
-// at once (or after Config.StartJitter); after a pass Run sleeps until the
-// oldest remaining marker falls due, at most Config.Interval, lengthened by
-// Config.Jitter. A pass that fails is logged and retried after a backoff
-// doubling from one second up to Interval. Config.OnPass sees every pass.
+// Run sweeps until ctx is done, then returns ctx.Err(): a first pass at
+// once (or after Config.StartJitter), then one when the next marker falls
+// due, at most Config.Interval later; a failed pass is logged and retried
+// after a backoff (docs/clearing.md, "The rules in full"). Config.OnPass
+// sees every pass.
 //
 // With Config.Lease set, Run passes only while it holds the lease; a pass
 // during which it is lost is cancelled before it deletes another marker. A
 // lease that is a Fencer also fences the pass's writes; when it cannot
 // fence the KV, Run returns an error matching ErrUnfenced, unless
-// Config.AllowUnfenced is set. Run releases a held lease and leaves no
-// goroutine behind when it returns. See docs/clearing.md and docs/fleet.md.
-//
-// While another Run runs the Sweep (on its own or in a Group), Run returns
-// an error matching ErrRunning at once.
+// Config.AllowUnfenced is set (docs/fleet.md). Run releases a held lease
+// and leaves no goroutine behind when it returns. While another Run runs
+// the Sweep (on its own or in a Group), Run returns an error matching
+// ErrRunning at once.
 func (s *Sweep) Run(ctx context.Context) error {
 	if err := s.configured("Run"); err != nil {
 		return err

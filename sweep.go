@@ -125,19 +125,14 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 
 // Pass makes one sweep: every expired marker is handled, oldest first, then
 // Pass returns. Per marker it calls Clear and, only once Clear returned nil
-// (or ErrLiveAgain), deletes the marker; markers of one page are deleted in
-// one KV.Delete call. A marker whose Clear failed stays, put off until its
-// retry delay is over (see Config.RetryDelay); the pass goes on with the
-// next one. Malformed markers are deleted without Clear; foreign keys are
-// left alone.
-//
-// Pass reads only the expired range of keys, plus one key past it to learn
-// Stats.NextDue, and the due part of the retry range (one key when none is
-// due), so a pass with nothing expired costs three Scan calls however many
-// markers wait, and two after a pass that found nothing expired either.
-// It returns an error when the KV fails or does not answer within
-// StoreTimeout, and ctx.Err() when ctx is done; in every case no marker
-// whose Clear did not succeed has been deleted.
+// (or ErrLiveAgain), deletes the marker, a page's markers in one KV.Delete.
+// A marker whose Clear failed stays, put off until its retry delay is over;
+// malformed markers are deleted without Clear; foreign keys are left alone
+// (docs/clearing.md). A pass with nothing expired costs three Scan calls
+// however many markers wait, and two after a pass that found nothing
+// expired either. It returns an error when the KV fails or does not answer
+// within StoreTimeout, and ctx.Err() when ctx is done; in every case no
+// marker whose Clear did not succeed has been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 	if err := s.configured("Pass"); err != nil {
 		return st, err
