@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/bits"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,11 +32,7 @@ const DefaultBatchSize = DefaultPageSize / 2
 type BatchError map[string]error
 
 func (e BatchError) Error() string {
-	ids := make([]string, 0, len(e))
-	for id := range e {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	ids := slices.Sorted(maps.Keys(e))
 	var b strings.Builder
 	fmt.Fprintf(&b, "retention: %d ids of the batch not cleared", len(ids))
 	for i, id := range ids {
@@ -49,8 +45,7 @@ func (e BatchError) Error() string {
 	return b.String()
 }
 
-// clearBatches is clearAll for Config.ClearBatch, or for a ClearDeleter
-// without it: the page's pending items, oldest first, in batches, at most
+// clearBatches is clearAll for ClearBatch or a ClearDeleter, at most
 // Concurrency batches at a time. It returns how many calls it made.
 func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, items []item) (int, error) {
 	var cd ClearDeleter
@@ -101,8 +96,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 	return int(b.calls.Load()), ctx.Err()
 }
 
-// callFailed counts a call of Clear, ClearBatch or a ClearDeleter that
-// failed as a whole with err, by cause and in the streak of failures.
+// callFailed counts a call that failed as a whole, by cause and in the streak.
 func (p *passState) callFailed(err error) {
 	p.streak.Add(1)
 	p.failedCalls.Add(1)
@@ -135,8 +129,7 @@ type batching struct {
 }
 
 // take returns the next batch: up to the current batch size of the ids
-// to batch, then the ids that go alone, one at a time; nil when none is
-// left.
+// to batch, then the ids that go alone; nil when none is left.
 func (b *batching) take() []int {
 	b.cut.Lock()
 	defer b.cut.Unlock()
@@ -154,9 +147,8 @@ func (b *batching) take() []int {
 	return nil
 }
 
-// run clears the items at idx: one call, and where it fails as a whole,
-// a bisection. During an outage (see bisect) a batch first probes: when
-// the probes fail too, the rest is put off.
+// run clears the items at idx in one call, bisecting when it fails. During
+// an outage it probes first, and puts the batch off when the probes fail.
 func (b *batching) run(idx []int) {
 	if len(idx) > 1 && b.p.outageNow(len(idx)) {
 		if !b.probe(idx, len(idx)) {
@@ -192,11 +184,9 @@ func (b *batching) pendingOf(idx []int) []int {
 const probes = 3
 
 // probe tries pending ids of the batch alone, from its end (not the half
-// that just failed, so not the more likely poison), until one succeeds
-// (true) or enough failed since the pass's last success to confirm an
-// outage (false): one more once confirmed, else what the batch's budget of
-// log2(size)+2 calls leaves, at most probes. With no pending id left and
-// too few failures, true.
+// that just failed, the likelier poison), until one succeeds (true) or
+// enough failed to confirm an outage (false): one more once confirmed, else
+// what the batch's budget of log2(size)+2 calls leaves, at most probes.
 func (b *batching) probe(batch []int, size int) bool {
 	var need int64
 	if b.p.confirmed.Load() {
@@ -232,8 +222,7 @@ func (b *batching) probe(batch []int, size int) bool {
 	return true
 }
 
-// probed is an item of the page tried alone as a probe, in vain, while the
-// pass had seen epoch successes.
+// probed is an item probed in vain while the pass had seen epoch successes.
 type probed struct {
 	i     int
 	epoch int64
@@ -259,8 +248,7 @@ func (b *batching) confirm() {
 // errOutageSeen is the error of ids put off: the calls before them failed.
 var errOutageSeen = errors.New("retention: not tried: the clears before it all failed")
 
-// ok records a call that answered for some ids at least: the dependency
-// is up.
+// ok records a call that answered for some ids at least: the dependency is up.
 func (p *passState) ok() {
 	p.oks.Add(1)
 	p.streak.Store(0)
@@ -268,15 +256,12 @@ func (p *passState) ok() {
 	p.confirmed.Store(false)
 }
 
-// threshold is the streak of failed calls after which, in a batch of size
-// ids, the sweep suspects an outage and probes: with the probes, within
-// log2(size)+2 calls.
+// threshold is the streak of failed calls at which a batch of size probes.
 func (p *passState) threshold(size int) int {
 	return max(2, bits.Len(uint(size))-2)
 }
 
-// outageNow reports whether the dependency may be down, for a batch of
-// size ids.
+// outageNow reports whether the dependency may be down, for a batch of size.
 func (p *passState) outageNow(size int) bool {
 	return p.streak.Load() >= int64(p.threshold(size))
 }
@@ -290,8 +275,7 @@ func (b *batching) idsOf(idx []int) []string {
 }
 
 // try calls ClearBatch (or the ClearDeleter) for the items at idx and
-// records each id's outcome. It returns an error that says nothing of any
-// one id, the items then still pending.
+// records each id's outcome, or returns an error and leaves them pending.
 func (b *batching) try(idx []int) error {
 	if b.atomic != nil {
 		return b.tryAtomic(idx)
@@ -307,36 +291,35 @@ func (b *batching) try(idx []int) error {
 	switch {
 	case err == nil:
 		b.p.ok()
-		for _, i := range idx {
-			b.items[i].out = cleared
-		}
+		b.set(idx, cleared, nil)
 	case errors.As(err, &perID):
 		rest, err := b.byID(perID, idx)
-		for _, i := range rest {
-			b.items[i].out = cleared
-		}
+		b.set(rest, cleared, nil)
 		return err
 	case wholeCall(err):
 		b.p.ok()
-		for _, i := range idx {
-			b.items[i].out, b.items[i].err = outcomeOf(err), err
-		}
+		b.set(idx, outcomeOf(err), err)
 	default:
 		return err
 	}
 	return nil
 }
 
-// wholeCall reports whether err, returned by a whole call, answers for
-// each of its ids alike: all live again, or all held.
+func (b *batching) set(idx []int, out outcome, err error) {
+	for _, i := range idx {
+		b.items[i].out, b.items[i].err = out, err
+	}
+}
+
+// wholeCall reports whether err answers for each id of a call alike.
 func wholeCall(err error) bool {
 	out := outcomeOf(err)
 	return out == liveAgain || out == held
 }
 
 // byID records the outcome of each item at idx that perID names, and
-// returns the others. It fails, recording nothing, when perID names an id
-// not in the batch; ids of a batch are distinct, so counting is enough.
+// returns the others; it fails, recording nothing, when perID names an id
+// not in the batch (ids of a batch are distinct, so counting is enough).
 func (b *batching) byID(perID BatchError, idx []int) (rest []int, err error) {
 	var named []int
 	for _, i := range idx {
@@ -381,9 +364,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		// write may follow it; the page fails with ferr.
 		b.p.fenceErr.CompareAndSwap(nil, &ferr)
 		if err == nil {
-			for _, i := range idx {
-				b.items[i].out = clearedGone
-			}
+			b.set(idx, clearedGone, nil)
 		}
 		return nil
 	}
@@ -413,9 +394,7 @@ func (b *batching) tryAtomic(idx []int) error {
 		return err
 	case wholeCall(err): // refused as a whole: nothing committed
 		b.p.ok()
-		for _, i := range idx {
-			b.items[i].out, b.items[i].err = outcomeOf(err), err
-		}
+		b.set(idx, outcomeOf(err), err)
 		return nil
 	case errors.Is(err, ErrLeaseLost):
 		return err
@@ -423,9 +402,8 @@ func (b *batching) tryAtomic(idx []int) error {
 	return b.unknown(idx, keys, err)
 }
 
-// cutShort marks gone the items at idx of an atomic call that failed as
-// the pass was cut short, when a read outside the pass's context can tell
-// that it committed.
+// cutShort marks gone the items of an atomic call cut short with the pass,
+// when a read outside the pass's context can tell that it committed.
 func (b *batching) cutShort(idx []int, keys [][]byte) {
 	rctx, cancel := withTimeout(context.WithoutCancel(b.ctx), b.s.storeTimeout)
 	defer cancel()
@@ -441,10 +419,7 @@ func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 	left, cerr := b.left(b.ctx, keys)
 	if cerr != nil {
 		b.p.callFailed(err)
-		for _, i := range idx {
-			it := &b.items[i]
-			it.out, it.err = unknown, fmt.Errorf("%w; and reading which markers are left failed: %w", err, cerr)
-		}
+		b.set(idx, unknown, fmt.Errorf("%w; and reading which markers are left failed: %w", err, cerr))
 		return nil
 	}
 	rest := b.markGone(idx, left)
@@ -460,9 +435,8 @@ func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 	return nil
 }
 
-// markGone records as found gone the items at idx with a marker missing
-// from left (ascending), and returns the others. Whose call cleared them
-// the store cannot tell, so they do not count as this replica's clears.
+// markGone records as found gone, not as this replica's clears, the items
+// with a marker missing from left, and returns the others.
 func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	isLeft := func(key []byte) bool {
 		_, ok := slices.BinarySearchFunc(left, key, bytes.Compare)
@@ -482,8 +456,8 @@ func (b *batching) markGone(idx []int, left [][]byte) (rest []int) {
 	return rest
 }
 
-// keysOf returns the markers of the items at idx, ascending: each item's
-// and those of its duplicates on the page.
+// keysOf returns, ascending, the markers of the items at idx and of their
+// duplicates on the page.
 func (b *batching) keysOf(idx []int) [][]byte {
 	keys := make([][]byte, 0, len(idx))
 	dups := false
@@ -499,15 +473,11 @@ func (b *batching) keysOf(idx []int) [][]byte {
 	return keys
 }
 
-// left reads which of keys (ascending, all in the expired range) are
-// still in the store, and returns them, ascending.
+// left returns those of keys (ascending) still in the store.
 func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	var found [][]byte
-	from, end := keys[0], keyAfter(keys[len(keys)-1])
-	for {
-		page, err := b.s.scanKV(ctx, b.kv, from, end, b.s.pageSize)
-		b.scans.Add(1)
-		b.scanned.Add(int64(len(page)))
+	count := func(page [][]byte) { b.scans.Add(1); b.scanned.Add(int64(len(page))) }
+	for page, err := range b.s.pages(ctx, b.kv, keys[0], keyAfter(keys[len(keys)-1]), b.s.pageSize, count) {
 		if err != nil {
 			return nil, err
 		}
@@ -516,19 +486,14 @@ func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 				found = append(found, k)
 			}
 		}
-		if len(page) < b.s.pageSize {
-			return found, nil
-		}
-		from = keyAfter(page[len(page)-1])
 	}
+	return found, nil
 }
 
 // bisect finds the ids at fault in a batch whose call failed as a whole
-// with err, splitting each failing half down to single ids: a poison id
-// costs about 2·log2(batch) calls. Once the streak of failed calls says
-// the dependency may be down (outageNow), the next half is probed first,
-// and put off when the probes fail, so that an outage costs a batch at
-// most log2(size)+2 calls. See docs/clearing.md, "When some clears fail".
+// with err, splitting each failing half down to single ids. Once an
+// outage is suspected (outageNow), the next half is probed first, and put
+// off when the probes fail. See docs/clearing.md, "When some clears fail".
 func (b *batching) bisect(idx []int, err error, batch []int) {
 	if b.ctx.Err() != nil {
 		return // the pass is over; the items stay pending
@@ -563,8 +528,7 @@ func (b *batching) bisect(idx []int, err error, batch []int) {
 	}
 }
 
-// fail puts off the pending items at idx with err, the dependency seeming
-// down, unless the pass is over.
+// fail puts off the pending items at idx in an outage, unless the pass is over.
 func (b *batching) fail(idx []int, err error) {
 	if b.ctx.Err() != nil {
 		return
@@ -588,8 +552,7 @@ func (e *outageError) Error() string {
 
 func (e *outageError) Unwrap() error { return e.err }
 
-// adapt resizes the batches after a call of n ids that took d and ended
-// with err, as Config.BatchTarget says.
+// adapt resizes the batches after a call of n ids that took d (BatchTarget).
 func (s *Sweep) adapt(n int, d time.Duration, err error) {
 	if s.batchTarget <= 0 {
 		return
@@ -609,8 +572,7 @@ func (s *Sweep) adapt(n int, d time.Duration, err error) {
 	}
 }
 
-// answered reports whether a call that returned err answered for each of
-// its ids, whatever it decided.
+// answered reports whether a call that returned err answered for each id.
 func answered(err error) bool {
 	var perID BatchError
 	return err == nil || wholeCall(err) || errors.As(err, &perID)

@@ -7,12 +7,10 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// waitBudget waits for n tokens of Config.Limiter, in parts of its burst,
-// adding the time it waited to the pass's BudgetWait. A limiter that
-// cannot grant the tokens now or within budgetSlice (paused with
-// SetLimit(0) or SetBurst(0), a rate too low, a wait past ctx's deadline)
-// is asked again every budgetPoll until ctx ends: raising its limit
-// resumes the wait within a poll.
+// waitBudget waits for n tokens of Config.Limiter, in parts of its burst.
+// A limiter that cannot grant them within budgetSlice (paused, too slow, a
+// wait past ctx's deadline) is asked again every budgetPoll until ctx ends:
+// raising its limit resumes the wait within a poll.
 func (s *Sweep) waitBudget(ctx context.Context, p *passState, n int) error {
 	lim := s.limiter
 	if lim == nil || lim.Limit() == rate.Inf {
@@ -37,12 +35,8 @@ func (s *Sweep) waitBudget(ctx context.Context, p *passState, n int) error {
 				continue
 			}
 		}
-		t := time.NewTimer(budgetPoll)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := sleep(ctx, budgetPoll); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -9,8 +9,7 @@ import (
 	"sync/atomic"
 )
 
-// errClearExited records a Clear that ended its goroutine with
-// runtime.Goexit (as t.FailNow does) instead of returning.
+// errClearExited records a Clear that called runtime.Goexit (as t.FailNow).
 var errClearExited = errors.New("retention: clear did not return: it called runtime.Goexit")
 
 // errClearTimedOut marks a clear that ran past ClearTimeout.
@@ -20,11 +19,6 @@ var errClearTimedOut = errors.New("retention: clear timed out")
 // pending items, at most Concurrency at a time, oldest first, recording
 // each outcome in its item. It returns how many calls it made, and
 // ctx.Err() if ctx is done before every one started.
-//
-// Clears run on the pass's own goroutine (see runPass) and, with
-// Concurrency above 1, on workers that live for the pass; never on the
-// goroutine that called Pass. A Clear that calls runtime.Goexit ends its
-// goroutine, whose share of the page a new worker takes up.
 func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items []item) (calls int, err error) {
 	n := 0
 	for i := range items {
@@ -75,7 +69,6 @@ func (s *Sweep) clearAll(ctx context.Context, p *passState, keys [][]byte, items
 	return n, ctx.Err()
 }
 
-// endClears waits for the page's clears and ends their contexts.
 func (c *clearing) endClears() {
 	c.page.Wait()
 	c.endPage()
@@ -97,15 +90,12 @@ type clearing struct {
 	keys    [][]byte
 	items   []item
 	ctxs    []clearCtx // ctxs[i] is items[i]'s, under ClearTimeout
-	ctxPage *ctxPage   // the page's, for its clearCtx
-	calls   int        // the page's Clear calls
-	inRetry bool       // the page is the retry range's
+	ctxPage *ctxPage
+	calls   int
+	inRetry bool // the page is the retry range's
 
-	// passExited: a Clear ended the pass's goroutine with runtime.Goexit;
-	// read by that goroutine's last deferred call (see passOn).
-	passExited bool
-
-	pagesOver atomic.Int64 // pages whose clears are all done (see clearCtx)
+	passExited bool         // a Clear ended the pass's goroutine (see passOn)
+	pagesOver  atomic.Int64 // pages whose clears are all done (see clearCtx)
 
 	pages   chan struct{}  // one token per worker's share of a page
 	workers sync.WaitGroup // the workers alive
@@ -114,11 +104,10 @@ type clearing struct {
 	next    atomic.Int64   // index of the page's next item to take
 }
 
-// clearRun calls Clear for the page's pending items one after the other,
-// taken from the workers' shared index, until none is left or the pass is
-// over. It returns true when a Clear panicked, for the caller to run on
-// from the next item. One deferred call covers the run, not one per Clear:
-// a Clear that panics or calls runtime.Goexit is recorded by interrupted.
+// clearRun calls Clear for the page's pending items, taken from the
+// workers' shared index, until none is left or the pass is over. It
+// returns true when a Clear panicked, for the caller to run on. One
+// deferred call covers the run, not one per Clear (see interrupted).
 func (c *clearing) clearRun(onPass bool) (again bool) {
 	var cur clearCall
 	defer func() {
@@ -159,8 +148,7 @@ type clearCall struct {
 	ctx  *clearCtx // its context under ClearTimeout, or nil
 }
 
-// ctxFor returns the context of the Clear of items[i] under ClearTimeout,
-// or nil when there is none.
+// ctxFor returns the context of items[i]'s Clear under ClearTimeout, or nil.
 func (c *clearing) ctxFor(i int) *clearCtx {
 	if c.ctxs == nil {
 		return nil
@@ -170,9 +158,8 @@ func (c *clearing) ctxFor(i int) *clearCtx {
 	return cctx
 }
 
-// serve is a worker: it clears its share of each page until the pass ends.
-// A worker that takes the place of one ended by runtime.Goexit resumes the
-// page first.
+// serve is a worker: it clears its share of each page until the pass ends,
+// and first resumes the page of one that runtime.Goexit ended.
 func (c *clearing) serve(resume bool) {
 	defer c.workers.Done()
 	if resume {
@@ -183,8 +170,7 @@ func (c *clearing) serve(resume bool) {
 	}
 }
 
-// stop ends the workers once their pages are done; the pass calls it as it
-// ends, however it ends.
+// stop ends the workers once their pages are done, however the pass ends.
 func (c *clearing) stop() {
 	if c.pages != nil {
 		close(c.pages)
@@ -192,20 +178,15 @@ func (c *clearing) stop() {
 	}
 }
 
-// work takes the page's items one at a time until none is left; onPass
-// when it runs on the pass's goroutine.
 func (c *clearing) work(onPass bool) {
 	defer c.page.Done()
 	for c.clearRun(onPass) {
 	}
 }
 
-// clearOne calls Clear for one item under ClearTimeout and records the
-// outcome; cur says which call is under way while it is. Only a Clear that
-// returned nil, ErrLiveAgain or Hold is recorded as such; one that returned
-// another error is recorded as failed here, and one that panicked or never
-// returned (runtime.Goexit) by interrupted. It returns false when the pass
-// is over before the call.
+// clearOne calls Clear for items[i] under ClearTimeout and records the
+// outcome (a panic or runtime.Goexit: interrupted); cur says which call is
+// under way. It returns false when the pass is over before the call.
 func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	s := c.s
 	if s.limiter != nil && s.waitBudget(c.ctx, c.p, 1) != nil {
@@ -241,11 +222,9 @@ func (c *clearing) clearOne(i int, cur *clearCall) bool {
 	return true
 }
 
-// interrupted records the call cur of a run as failed: its Clear panicked
-// with r, or called runtime.Goexit when r is nil. It reports whether the
-// run goes on after a panic. After runtime.Goexit this goroutine ends once
-// the deferred calls ran, and a new worker takes its share of the page; on
-// the pass's goroutine, a new one also takes up the pass (see runPass).
+// interrupted records the call cur as failed: its Clear panicked with r,
+// or called runtime.Goexit (r nil), and then a new worker takes up this
+// goroutine's share (see runPass). It reports whether the run goes on.
 func (c *clearing) interrupted(cur *clearCall, r any, onPass bool) (again bool) {
 	if cur.ctx != nil {
 		cur.ctx.returned()
@@ -268,14 +247,11 @@ func (c *clearing) interrupted(cur *clearCall, r any, onPass bool) (again bool) 
 	return false
 }
 
-// callBatch runs ClearBatch under ClearTimeout on a goroutine of its own,
-// so that a panic or a runtime.Goexit in it becomes an error of the call.
 func (s *Sweep) callBatch(ctx context.Context, ids []string) error {
 	return s.guarded(ctx, func(ctx context.Context) error { return s.clearBatch(ctx, ids) })
 }
 
-// callAtomic runs a ClearDeleter's ClearAndDelete as callBatch runs
-// ClearBatch; its own clear may panic too.
+// callAtomic runs ClearAndDelete under guarded: its clear may panic too.
 func (s *Sweep) callAtomic(ctx context.Context, kv ClearDeleter, ids []string, keys [][]byte) error {
 	return s.guarded(ctx, func(ctx context.Context) error { return kv.ClearAndDelete(ctx, ids, keys) })
 }

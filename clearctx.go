@@ -37,20 +37,17 @@ type timedCtx struct {
 	cancel context.CancelFunc
 }
 
-// errOwnTimeout is the cause of a clearCtx ended by its ClearTimeout, not
-// by the pass's context.
+// errOwnTimeout is the cause of a clearCtx ended by its own ClearTimeout.
 var errOwnTimeout = errors.New("retention: ClearTimeout")
 
-// ended is the state of a context whose call returned before consulting
-// it.
+// ended is the state of a context whose call returned before consulting it.
 var ended = func() *timedCtx {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return &timedCtx{ctx: ctx, cancel: cancel}
 }()
 
-// get returns the state, creating it on first use; cancelled at once when
-// the context's page is over.
+// get returns the state, made on first use (cancelled if the page is over).
 func (c *clearCtx) get() *timedCtx {
 	if st := c.state.Load(); st != nil {
 		return st
@@ -117,8 +114,7 @@ func (c *clearing) endPage() {
 	}
 }
 
-// timedOut reports whether the deadline of ClearTimeout, not the parent,
-// ended the context.
+// timedOut reports whether ClearTimeout, not the parent, ended the context.
 func (c *clearCtx) timedOut() bool {
 	st := c.state.Load()
 	return st != nil && context.Cause(st.ctx) == errOwnTimeout

@@ -177,6 +177,9 @@ type Config struct {
 
 // checkConfig checks what New cannot default.
 func checkConfig(kv KV, cfg *Config) error {
+	first, most := cfg.RetryDelay, cfg.MaxRetryDelay
+	_, clearDeleter := kv.(ClearDeleter)
+	_, mover := kv.(Mover)
 	switch {
 	case kv == nil:
 		return invalidConfig("kv must not be nil")
@@ -185,11 +188,11 @@ func checkConfig(kv KV, cfg *Config) error {
 	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
 		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
 			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
-	case cfg.Clear == nil && cfg.ClearBatch == nil && !isClearDeleter(kv):
+	case cfg.Clear == nil && cfg.ClearBatch == nil && !clearDeleter:
 		return invalidConfig("Config.Clear or Config.ClearBatch must be set (or kv must be a ClearDeleter)")
 	case cfg.Clear != nil && cfg.ClearBatch != nil:
 		return invalidConfig("set one of Config.Clear and Config.ClearBatch, not both")
-	case (cfg.Clear != nil || cfg.ClearBatch != nil) && isClearDeleter(kv):
+	case (cfg.Clear != nil || cfg.ClearBatch != nil) && clearDeleter:
 		return invalidConfig("kv is a ClearDeleter, which clears in the transaction that deletes the markers: leave Config.Clear and Config.ClearBatch nil")
 	case cfg.BatchSize < 0 || cfg.BatchSize > MaxPageSize:
 		return invalidConfig("Config.BatchSize must be 0 (default %d) or 1 to %d, got %d", DefaultBatchSize, MaxPageSize, cfg.BatchSize)
@@ -206,7 +209,7 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.Concurrency must be 0 (default 1) or 1 to %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.MaxAttempts < 0 || cfg.MaxAttempts > maxAttempts:
 		return invalidConfig("Config.MaxAttempts must be 0 (no limit) or 1 to %d, got %d", maxAttempts, cfg.MaxAttempts)
-	case cfg.MaxAttempts > 0 && !isMover(kv):
+	case cfg.MaxAttempts > 0 && !mover:
 		return invalidConfig("Config.MaxAttempts is set, but the KV (%T) is no Mover: it cannot park a marker", kv)
 	case cfg.Limiter != nil && cfg.Limiter.Limit() != rate.Inf && cfg.Limiter.Burst() < 1:
 		return invalidConfig("Config.Limiter has a burst of %d: it would never let a clear through (give it a burst of at least 1)", cfg.Limiter.Burst())
@@ -220,29 +223,24 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.ClearTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultClearTimeout, cfg.ClearTimeout)
 	case cfg.StoreTimeout > 0 && cfg.StoreTimeout < time.Millisecond:
 		return invalidConfig("Config.StoreTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultStoreTimeout, cfg.StoreTimeout)
-	}
-	if err := checkRetryDelays(cfg.RetryDelay, cfg.MaxRetryDelay); err != nil {
-		return err
+	case first < 0 || (first > 0 && first < time.Millisecond):
+		return invalidConfig("Config.RetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultRetryDelay, first)
+	case most < 0 || (most > 0 && most < time.Millisecond):
+		return invalidConfig("Config.MaxRetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultMaxRetryDelay, most)
+	case first > 0 && most > 0 && first > most:
+		return invalidConfig("Config.RetryDelay (%v) must not exceed Config.MaxRetryDelay (%v)", first, most)
+	case first > DefaultMaxRetryDelay && most == 0:
+		return invalidConfig("Config.RetryDelay (%v) exceeds the default MaxRetryDelay (%v): set Config.MaxRetryDelay too", first, DefaultMaxRetryDelay)
+	case most > 0 && most < DefaultRetryDelay && first == 0:
+		return invalidConfig("Config.MaxRetryDelay (%v) is below the default RetryDelay (%v): set Config.RetryDelay too", most, DefaultRetryDelay)
 	}
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
 }
 
-func isMover(kv KV) bool {
-	_, ok := kv.(Mover)
-	return ok
-}
-
-func isClearDeleter(kv KV) bool {
-	_, ok := kv.(ClearDeleter)
-	return ok
-}
-
-// invalidConfig returns an error matching ErrInvalidConfig.
 func invalidConfig(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }
 
-// checkJitter validates the jitter fields of Config or GroupConfig.
 func checkJitter(config string, jitter float64, startJitter time.Duration) error {
 	switch {
 	case !(jitter >= 0 && jitter <= 1):

@@ -6,10 +6,8 @@ import (
 
 // seenIDs is the set of the ids of a page, so that a second marker of one
 // id in the page (a marker written twice) is deleted with the first rather
-// than cleared again. It costs a hash and a probe of a compact table per
-// marker, and no allocation once grown; the table stays in the CPU's
-// caches. A second marker of an id on a later page or pass is cleared
-// again: Clear is idempotent.
+// than cleared again; on a later page or pass it is cleared again: Clear is
+// idempotent.
 type seenIDs struct {
 	seed  maphash.Seed
 	ready bool
@@ -25,16 +23,14 @@ func (s *seenIDs) hash(id []byte) uint32 {
 	return uint32(maphash.Bytes(s.seed, id))
 }
 
-// reset starts a pass.
 func (s *seenIDs) reset() {
 	if !s.ready {
 		s.seed, s.ready = maphash.MakeSeed(), true
 	}
 }
 
-// startPage readies the table for one page's ids: a marker costs a hash
-// and a probe and nothing more. At most a quarter full, a probe mostly
-// finds its slot empty at once.
+// startPage readies the table for a page of items: at most a quarter full,
+// a probe mostly finds its slot empty at once.
 func (s *seenIDs) startPage(items int) {
 	n := 256
 	for n < 4*items {
@@ -48,10 +44,8 @@ func (s *seenIDs) startPage(items int) {
 	}
 }
 
-// claim records items[i], whose hash is h, in the slot its hash points
-// to when that slot is free, as it is for most items: small enough to be
-// inlined, where probe is not. It reports whether it did; when not, probe
-// does the rest.
+// claim records items[i] in the slot of its hash h when free, as most are,
+// and reports whether it did: small enough to be inlined, where probe is not.
 func (s *seenIDs) claim(h uint32, i int) bool {
 	k := uint64(h) & uint64(len(s.slots)-1)
 	if s.slots[k] != 0 {

@@ -9,15 +9,12 @@ import (
 // Hold returns the error that keeps an entity past its retention until
 // until: a Config.Clear (or an entry of a BatchError, or a whole ClearBatch
 // or ClearDeleter call) returns it for an entity on legal hold, say. The
-// entity is not cleared and its marker falls due again at until, moved to
-// the sweep's retry range on a Mover, kept in memory otherwise. A hold is
-// no failure: it counts in Stats.Held, with no failed attempt, backoff or
-// Error log line. A zero until, or one already past, means "try again
-// after Config.RetryDelay". The hold is asked for again at until, so keep
-// returning Hold for as long as the entity is held. See docs/policies.md.
+// entity is not cleared and its marker falls due again at until (a zero or
+// past until: after Config.RetryDelay); a hold is no failure (Stats.Held).
+// It is asked for again at until, so keep returning Hold for as long as
+// the entity is held. See docs/policies.md.
 func Hold(until time.Time) error { return &holdError{until: until} }
 
-// holdError is the error of Hold.
 type holdError struct{ until time.Time }
 
 func (e *holdError) Error() string {
@@ -63,9 +60,8 @@ func (s *Sweep) holdKey(p *passState, it *item) (until time.Time, key []byte) {
 	return until, appendRetryKey(nil, s.prefix, it.kind&keyDeadline|keyHeld, untilMs, it.ms, attempts, it.id)
 }
 
-// remember records in memory the hold that the clear of it returned, and
-// returns its end, in whole milliseconds: RetryDelay from now when it is
-// zero or past.
+// remember records in memory the hold the clear of it returned, and returns
+// its end in whole ms: RetryDelay from now when it is zero or past.
 func (s *Sweep) remember(it *item) time.Time {
 	var until time.Time
 	if h := (*holdError)(nil); errors.As(it.err, &h) { // else ErrHeld itself

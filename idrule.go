@@ -56,13 +56,11 @@ func (s *Sweep) callValidate(id string) (err error) {
 	return s.validate(id)
 }
 
-// Mark writes the marker for id, finished at t, under the sweep's prefix
-// through p, with an empty value. Unlike the package-level Mark it checks id
-// by the sweep's rule (Config.ValidateID), so it writes every id the sweep
-// accepts; it refuses what Sweep.MarkerKey refuses. The advice of Mark
-// holds: where the store has transactions, write Sweep.MarkerKey's key in
-// the transaction that records the entity's terminal state (the adapters'
-// MarkKeyTx and MarkKeyOp take it).
+// Mark is the package-level Mark for the sweep's prefix, with id checked by
+// the sweep's rule (Config.ValidateID) as Sweep.MarkerKey checks it. Its
+// advice holds: where the store has transactions, write Sweep.MarkerKey's
+// key in the transaction that records the entity's terminal state (the
+// adapters' MarkKeyTx and MarkKeyOp take it).
 func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) error {
 	key, err := s.MarkerKey(t, id)
 	if err != nil {
@@ -71,16 +69,14 @@ func (s *Sweep) Mark(ctx context.Context, p Putter, id string, t time.Time) erro
 	return p.Put(ctx, key, nil)
 }
 
-// checkIDBytes checks a marker's id by the sweep's rule, returning the
-// malformed-marker error for key.
+// checkIDBytes is checkID for the id of key, with key's malformed error.
 func (s *Sweep) checkIDBytes(key, id []byte) error {
-	var err error
-	if s.validate == nil {
-		err = validateIDBytes(id)
-	} else {
-		err = s.checkID(string(id))
+	if s.validate == nil && validID(id) {
+		return nil // no string made
 	}
+	err := s.checkID(string(id))
 	if err != nil && !errors.Is(err, errValidatePanicked) {
+
 		return malformed(key, "id", err)
 	}
 	return err

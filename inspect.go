@@ -112,10 +112,9 @@ func (s *Sweep) inspectable(ctx context.Context, what string, limit int) error {
 	return nil
 }
 
-// readRanges reads, for Backlog and Due, the expired range and the retry
-// and parked ranges, and passes each well-formed marker to visit, with its
-// state at now; visit reports whether it counted the marker. It reports
-// whether any range may hold more than it read.
+// readRanges passes each well-formed marker of the three ranges to visit,
+// with its state at now, and reports whether any may hold more than read;
+// visit reports whether it counted the marker.
 func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit func(DueMarker) bool) (more bool, err error) {
 	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
 	more, err = s.backlogRange(ctx, s.lower, cutoffKey, limit, func(key []byte) bool {
@@ -198,17 +197,12 @@ const (
 	stateWaiting
 )
 
+var markerStateNames = [...]string{StateDue: "due", StateRetrying: "retrying", StateHeld: "held", StateParked: "parked"}
+
 // String returns "due", "retrying", "held" or "parked".
 func (m MarkerState) String() string {
-	switch m {
-	case StateDue:
-		return "due"
-	case StateRetrying:
-		return "retrying"
-	case StateHeld:
-		return "held"
-	case StateParked:
-		return "parked"
+	if int(m) < len(markerStateNames) && markerStateNames[m] != "" {
+		return markerStateNames[m]
 	}
 	return fmt.Sprintf("MarkerState(%d)", uint8(m))
 }
@@ -316,12 +310,10 @@ func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	return len(from), nil
 }
 
-// eachParked calls f for each well-formed key of the parked range, in
-// order, until f returns false.
+// eachParked calls f for each well-formed parked key until f returns false.
 func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) bool) error {
 	from, end := infixRange(s.prefix, parkedInfix)
-	for {
-		keys, err := s.scanKV(ctx, s.kv, from, end, s.pageSize)
+	for keys, err := range s.pages(ctx, s.kv, from, end, s.pageSize, nil) {
 		if err != nil {
 			return err
 		}
@@ -334,9 +326,6 @@ func (s *Sweep) eachParked(ctx context.Context, f func(key []byte, k retryKey) b
 				return nil
 			}
 		}
-		if len(keys) < s.pageSize {
-			return nil
-		}
-		from = keyAfter(keys[len(keys)-1])
 	}
+	return nil
 }

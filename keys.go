@@ -107,7 +107,6 @@ func markerMillis(t time.Time) (int64, error) {
 	return ms, nil
 }
 
-// appendTimestamp appends ms as exactly TimestampWidth decimal digits.
 func appendTimestamp(dst []byte, ms uint64) []byte {
 	var buf [TimestampWidth]byte
 	for i := TimestampWidth - 1; i >= 0; i-- {
@@ -261,8 +260,7 @@ const (
 	parkedInfix = 'p'
 )
 
-// infixRange returns the bounds of the retry (or parked) range of prefix:
-// the prefix and infix, followed by a digit.
+// infixRange returns the bounds of the keys of prefix, infix and a digit.
 func infixRange(prefix string, infix byte) (lower, upper []byte) {
 	return append([]byte(prefix), infix, '0'), append([]byte(prefix), infix, '9'+1)
 }
@@ -287,9 +285,8 @@ const (
 )
 
 // state tells what k, a key of the retry range, stands for at now: held or
-// waiting for its deadline, then due once that time came; or retrying,
-// its retry time come or not, until a clear settles it. Sweep.Due and
-// Sweep.Backlog go by it alone.
+// waiting for its deadline, then due once that time came; or retrying
+// until a clear settles it. Sweep.Due and Sweep.Backlog go by it alone.
 func (k retryKey) state(now time.Time) MarkerState {
 	switch {
 	case k.kind&keyHeld == 0 && (k.kind&keyDeadline == 0 || k.at != k.finished):
@@ -303,16 +300,14 @@ func (k retryKey) state(now time.Time) MarkerState {
 	return StateDue
 }
 
-// appendRetryKey appends the retry-range key of id of kind (keyDeadline,
-// keyHeld, both or neither), due again at atMs.
+// appendRetryKey appends the retry-range key of id of kind, due again at atMs.
 func appendRetryKey(dst []byte, prefix string, kind byte, atMs, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), retryInfix)
 	dst = append(appendTimestamp(dst, uint64(atMs)), '/')
 	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind, attempts, id)
 }
 
-// appendParkedKey appends the parked-range key of id of kind (keyDeadline
-// or 0; a parked key is never held).
+// appendParkedKey appends the parked-range key of id; it is never held.
 func appendParkedKey(dst []byte, prefix string, kind byte, finishedMs int64, attempts int, id string) []byte {
 	dst = append(append(dst, prefix...), parkedInfix)
 	return appendAttemptsID(appendTimestamp(dst, uint64(finishedMs)), kind&keyDeadline, attempts, id)
@@ -331,9 +326,8 @@ func appendAttemptsID(dst []byte, kind byte, attempts int, id string) []byte {
 	return append(dst, id...)
 }
 
-// parseRetryKey parses a key of the retry range (infix retryInfix) or of
-// the parked range (parkedInfix); foreign and err mean what they do for
-// parseKey.
+// parseRetryKey parses a key of the retry or the parked range (infix);
+// foreign and err mean what they do for parseKey.
 func parseRetryKey(prefix string, infix byte, key []byte) (k retryKey, foreign bool, err error) {
 	if len(key) <= len(prefix) || string(key[:len(prefix)]) != prefix || key[len(prefix)] != infix {
 		return k, true, malformed(key, "prefix", fmt.Errorf("does not start with %q", prefix+string(infix)))

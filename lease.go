@@ -48,9 +48,8 @@ type Fencer interface {
 	Fence(kv KV) (fenced KV, ok bool)
 }
 
-// unwrapper is a KV that wraps another: the lease's fence travels on the
-// context of its writes to the KV it wraps (docs/adapters.md, "Wrappers and
-// the fence").
+// unwrapper is a KV that wraps another: the lease's fence travels to it on
+// the context of its writes (docs/adapters.md, "Wrappers and the fence").
 type unwrapper interface {
 	Unwrap() KV
 }
@@ -101,10 +100,8 @@ func Fenced(ctx context.Context, kv KV) (KV, error) {
 }
 
 // fenceFor returns how a pass over kv under the lease f writes: through a
-// fenced view of kv, or through kv with the fence on the writes' context
-// (onCtx), for a wrapper over a KV the lease can fence; ok is false when
-// neither is possible.
-// A Fencer that answers ok with no view cannot fence.
+// fenced view of kv, or through a wrapper with the fence on the writes'
+// context (onCtx); else ok is false. A Fence with no view cannot fence.
 func fenceFor(f Fencer, kv KV) (view KV, onCtx, ok bool) {
 	if v, ok := f.Fence(kv); ok && v != nil {
 		return v, false, true

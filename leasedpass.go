@@ -36,8 +36,7 @@ func (g *Group) LeasedPass(ctx context.Context) ([]Stats, error) {
 	return l.once(ctx)
 }
 
-// once makes one round of passes, under the lease if there is one:
-// acquire, passAll, release.
+// once makes one round of passes, under the lease if there is one.
 func (l *loop) once(ctx context.Context) ([]Stats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

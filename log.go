@@ -138,9 +138,8 @@ func errString(err error) string {
 	return msg
 }
 
-// errorPanics calls err.Error() and walks err's chain with errors.Is and
-// errors.As, as the sweep does; when either panics it returns an error
-// that says so instead.
+// errorPanics calls err.Error() and walks err's chain as the sweep does;
+// when either panics it returns an error that says so instead.
 func errorPanics(err error) (msg string, perr error) {
 	method := "Error"
 	defer func() {

@@ -55,8 +55,7 @@ func (l *loop) run(ctx context.Context) error {
 	}
 }
 
-// round makes one round of Run, taking the lease first if it needs to, and
-// returns how long to wait before the next.
+// round makes one round of Run, taking the lease first if it needs to.
 func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Duration, error) {
 	if l.locker != nil && *lease == nil {
 		switch err := l.acquire(ctx, lease); {
@@ -88,8 +87,7 @@ func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Dur
 	return l.jittered(l.nextWait(stats)), nil
 }
 
-// failed logs the failure of a round, one more in a row, and returns the
-// backoff to wait.
+// failed logs a failed round, one more in a row, and returns the backoff.
 func (l *loop) failed(failures *int, msg string, err error) time.Duration {
 	*failures++
 	wait := l.backoff(*failures)
@@ -198,10 +196,9 @@ func (l *loop) named(m *Sweep, err error) error {
 	return fmt.Errorf("prefix %q: %w", m.prefix, err)
 }
 
-// fenced returns the KV a member's pass writes through (a view fenced by
-// the lease), or the fence its writes carry on their context (a wrapper,
-// see fenceFor). When the lease is a Fencer that can do neither, it
-// returns an error matching ErrUnfenced, unless the member allows it.
+// fenced returns the KV a member's pass writes through, or the fence its
+// writes carry on their context (see fenceFor); when the lease can do
+// neither, an error matching ErrUnfenced, unless the member allows it.
 func (l *loop) fenced(ctx context.Context, lease Lease, m *Sweep) (KV, Fencer, error) {
 	f, ok := lease.(Fencer)
 	if !ok {
@@ -284,14 +281,12 @@ func (l *loop) shortest(of func(*Sweep) time.Duration) time.Duration {
 	return d
 }
 
-// backoff is the wait after the n-th failure in a row: one second, doubling
-// up to the interval.
+// backoff is the wait after the n-th failure: 1s, doubling up to the interval.
 func (l *loop) backoff(n int) time.Duration {
 	return min(time.Second<<min(n-1, 30), l.interval())
 }
 
-// jittered lengthens d by a random fraction of itself, below l.jitter,
-// saturating at the largest Duration.
+// jittered lengthens d by a random fraction of itself, below l.jitter.
 func (l *loop) jittered(d time.Duration) time.Duration {
 	if l.jitter == 0 || d <= 0 {
 		return d
@@ -321,8 +316,7 @@ func addSat(a, b time.Duration) time.Duration {
 	return a + b
 }
 
-// untilDue is how long Run sleeps after a successful pass of s: until its
-// next marker falls due, at most its Interval.
+// untilDue is how long Run sleeps after a pass of s: to its next due time.
 func (s *Sweep) untilDue(st Stats) time.Duration {
 	if st.NextDue.IsZero() {
 		return s.interval
@@ -357,7 +351,6 @@ func isLost(lease Lease) bool {
 	}
 }
 
-// sleep waits for d or until ctx is done, returning ctx.Err() then.
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -369,21 +362,20 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Run sweeps until ctx is done, then returns ctx.Err(). The first pass runs
-// at once (or after Config.StartJitter); after a pass Run sleeps until the
-// oldest remaining marker falls due, at most Config.Interval, lengthened by
-// Config.Jitter. A pass that fails is logged and retried after a backoff
-// doubling from one second up to Interval. Config.OnPass sees every pass.
+// Run sweeps until ctx is done, then returns ctx.Err(): a first pass at
+// once (or after Config.StartJitter), then one when the next marker falls
+// due, at most Config.Interval later; a failed pass is logged and retried
+// after a backoff (docs/clearing.md, "The rules in full"). Config.OnPass
+// sees every pass.
 //
 // With Config.Lease set, Run passes only while it holds the lease; a pass
 // during which it is lost is cancelled before it deletes another marker. A
 // lease that is a Fencer also fences the pass's writes; when it cannot
 // fence the KV, Run returns an error matching ErrUnfenced, unless
-// Config.AllowUnfenced is set. Run releases a held lease and leaves no
-// goroutine behind when it returns. See docs/clearing.md and docs/fleet.md.
-//
-// While another Run runs the Sweep (on its own or in a Group), Run returns
-// an error matching ErrRunning at once.
+// Config.AllowUnfenced is set (docs/fleet.md). Run releases a held lease
+// and leaves no goroutine behind when it returns. While another Run runs
+// the Sweep (on its own or in a Group), Run returns an error matching
+// ErrRunning at once.
 func (s *Sweep) Run(ctx context.Context) error {
 	if err := s.configured("Run"); err != nil {
 		return err

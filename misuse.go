@@ -5,8 +5,7 @@ import (
 	"fmt"
 )
 
-// configured returns an error matching ErrNotConfigured when s was not made
-// by New.
+// configured returns an error matching ErrNotConfigured unless New made s.
 func (s *Sweep) configured(method string) error {
 	if s == nil || s.busy == nil {
 		return fmt.Errorf("%w: Sweep.%s called on a Sweep not made by New (a zero value?): create it with retention.New", ErrNotConfigured, method)
@@ -14,8 +13,7 @@ func (s *Sweep) configured(method string) error {
 	return nil
 }
 
-// configured returns an error matching ErrNotConfigured when g was not made
-// by NewGroup.
+// configured is Sweep.configured for a Group made by NewGroup.
 func (g *Group) configured(method string) error {
 	if g == nil || len(g.loop.members) == 0 {
 		return fmt.Errorf("%w: Group.%s called on a Group not made by NewGroup (a zero value?): create it with retention.NewGroup", ErrNotConfigured, method)
@@ -23,8 +21,7 @@ func (g *Group) configured(method string) error {
 	return nil
 }
 
-// claim marks every member of the loop as run by it, or none, returning
-// an error matching ErrRunning, when one is run already.
+// claim marks every member of the loop as run by it, or none (ErrRunning).
 func (l *loop) claim() (release func(), err error) {
 	for i, m := range l.members {
 		if !m.running.CompareAndSwap(false, true) {

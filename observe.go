@@ -73,9 +73,8 @@ func (e LeaseEvent) String() string {
 	return "unknown"
 }
 
-// observeLags hands the observer the lags of the page's cleared markers,
-// whose deletion just succeeded, or with gone only those a ClearDeleter
-// deleted. Only called with an observer set.
+// observeLags hands the observer the lags of the page's cleared markers
+// (gone: only those a ClearDeleter deleted).
 func (s *Sweep) observeLags(items []item, gone bool) {
 	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
 	// base plus its remainder: integer arithmetic per marker, no time.Time.
@@ -124,8 +123,7 @@ func (l *loop) observeLease(e LeaseEvent) {
 	}
 }
 
-// observePage tells the observer what the pass did since the last call:
-// one page, or the rest of the pass.
+// observePage tells the observer what the pass did since the last call.
 func (s *Sweep) observePage(p *passState) {
 	if s.obs == nil {
 		return

@@ -5,11 +5,9 @@ import (
 	"errors"
 )
 
-// outcome is what became of one key of a page. Every clear mode (Clear,
-// ClearBatch, a ClearDeleter) ends in one of these, and settle alone acts
-// on them: docs/architecture.md ("The rules that decide") has the table of
-// what each does to the marker and where it is counted. A dry run counts
-// every outcome as it comes, but deletes and moves nothing.
+// outcome is what became of one key of a page. Every clear mode ends in
+// one of these, and settle alone acts on them: docs/architecture.md ("The
+// outcomes") says what each does to the marker and where it is counted.
 type outcome uint8
 
 const (
@@ -29,8 +27,7 @@ const (
 	wouldClear                 // a dry run would have cleared it
 )
 
-// preparePage sorts a page's keys into items (see parsePage), and marks
-// those in their retry delay and the duplicates.
+// preparePage sorts a page's keys into items and marks the waiting ones.
 func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 	items := s.parsePage(p, keys)
 	if len(s.retries.byID) > 0 { // else no id waits: most pages
@@ -39,22 +36,22 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 	return items
 }
 
-// markWaiting marks the pending items whose id waits for its retry delay
-// or hold in this process.
+// markWaiting defers the pending items whose id waits in memory.
 func (s *Sweep) markWaiting(p *passState, items []item) {
 	now := s.clock.Now()
 	canWrite := p.writes()
 	for i := range items {
 		it := &items[i]
-		if it.out != pending || !s.retries.waiting(it.id, now) {
+		if it.out != pending {
 			continue
 		}
-		it.out = deferred
-		if until, ok := s.retries.heldUntil(it.id, now); ok && canWrite {
-			// Another marker of an id held in memory: it waits for the
-			// hold in the store too (see settle), so that a restart
-			// keeps it.
-			it.err = Hold(until)
+		if r, ok := s.retries.byID[it.id]; ok && now.Before(r.notBefore) {
+			it.out = deferred
+			if r.held && canWrite {
+				// Moved to the hold's end too (see decide), so that a
+				// restart keeps it.
+				it.err = Hold(r.notBefore)
+			}
 		}
 	}
 }
@@ -82,11 +79,9 @@ func (s *Sweep) afterClears(ctx context.Context, p *passState, keys [][]byte, it
 		err = ctx.Err()
 	}
 	if err != nil {
-		// Deleting now would drop markers of clears that the cancellation
-		// cut short; they are all retried by the next pass instead. The
-		// batches a ClearDeleter committed are gone already: count them.
-		// Holds are kept in memory, so that the next pass does not ask
-		// for them again before their ends.
+		// Not settled: the page's clears that were cut short would lose
+		// their markers. Holds are kept in memory, so that the next pass
+		// does not ask for them again before their ends.
 		s.countGone(p, keys, items)
 		s.rememberHolds(items)
 		s.observePage(p)
@@ -128,11 +123,9 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 	return items
 }
 
-// classify parses key, of the expired range or of the due part of the
-// retry range, into it (a zero item) with its first outcome: pending (a marker to
-// clear), foreign, bad (its time or id refused) or unexpired. It is the
-// only place a marker gets its first outcome. ok is false for a key past
-// the range's end.
+// classify parses key into it (a zero item) with its first outcome:
+// pending, foreign, bad (its time or id refused) or unexpired; the only
+// place a marker gets one. ok is false for a key past the range's end.
 func (s *Sweep) classify(p *passState, key []byte, it *item) (id []byte, ok bool) {
 	var isForeign, notExpired bool
 	var err error
@@ -174,10 +167,9 @@ func (s *Sweep) classify(p *passState, key []byte, it *item) (id []byte, ok bool
 	return id, true
 }
 
-// retryLag returns the time, in Unix ms, that the lag of the marker of the
-// retry-range key k counts from: its finish time; for a deadline key, the
-// deadline less Retention; for a held one, the hold's end less Retention
-// when that is later.
+// retryLag returns the Unix ms the lag of k's marker counts from: its
+// finish time (a deadline key's: the deadline less Retention), or a hold's
+// end less Retention when later.
 func (s *Sweep) retryLag(k retryKey) int64 {
 	lag := k.finished
 	if k.kind&keyDeadline != 0 {

@@ -3,35 +3,30 @@ package retention
 import (
 	"context"
 	"errors"
+	"iter"
 	"time"
 )
 
-// walk handles the pages of a range up to end, from keys, its first page
-// on. The next page of a full one is read once the page is settled,
-// starting just after its last key, so markers that stay (failed clears)
-// are not read again in the pass. Reading it while the page's clears ran
-// cost more than it bought on bbolt and PostgreSQL (BENCHMARKS.md).
-func (s *Sweep) walk(ctx context.Context, p *passState, keys [][]byte, end []byte) error {
-	for len(keys) > 0 {
-		if err := s.finishPage(ctx, p, keys, s.preparePage(p, keys)); err != nil {
-			return err
-		}
-		if len(keys) < s.pageSize {
-			return nil
+// walk handles the pages of [from, end) and reports whether there were
+// none. The next page is read once this one is settled, after its last
+// key, so markers that stay are not read again; reading it during the
+// clears did not pay (BENCHMARKS.md).
+func (s *Sweep) walk(ctx context.Context, p *passState, from, end []byte) (empty bool, err error) {
+	keys, err := s.scan(ctx, p, from, end, s.pageSize)
+	empty = len(keys) == 0
+	for err == nil && len(keys) > 0 {
+		err = s.finishPage(ctx, p, keys, s.preparePage(p, keys))
+		if err != nil || len(keys) < s.pageSize {
+			break
 		}
 		p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
-		var err error
-		if keys, err = s.scan(ctx, p, p.buf.after, end, s.pageSize); err != nil {
-			return err
-		}
+		keys, err = s.scan(ctx, p, p.buf.after, end, s.pageSize)
 	}
-	return nil
+	return empty, err
 }
 
-// retryPass handles the markers of the retry range whose retry is due:
-// markers whose clear failed before, moved there with the time of their
-// next try. Most passes find none, in one Scan of one key, which also
-// tells when the next one falls due.
+// retryPass handles the due part of the retry range. Most passes find
+// none, in one Scan of one key, which also tells when the next falls due.
 func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	p.inRetry = true
 	defer func() { p.inRetry = false }()
@@ -50,29 +45,21 @@ func (s *Sweep) retryPass(ctx context.Context, p *passState) error {
 	}
 	dueKey := appendTimestamp(append(p.buf.dueKey[:0], s.retryUpper[:len(s.retryUpper)-1]...), uint64(p.retryDueMs))
 	p.buf.dueKey = dueKey
-	// Something is due, or a key that is no retry marker comes first:
-	// the pages handle both (malformed keys deleted, foreign ones counted).
-	keys, err := s.scan(ctx, p, p.resumeFrom(resumeRetry, s.retryLower), dueKey, s.pageSize)
-	if err == nil {
-		err = s.walk(ctx, p, keys, dueKey)
-	}
-	if err != nil {
+	// Something is due, or a key that is no retry marker comes first.
+	if _, err := s.walk(ctx, p, p.resumeFrom(resumeRetry, s.retryLower), dueKey); err != nil {
 		return err
 	}
-	if at, found, err := s.nextRetry(ctx, p, dueKey); err != nil || !found {
-		return err
-	} else {
+	at, found, err := s.nextRetry(ctx, p, dueKey)
+	if found {
 		s.noteRetry(p, time.UnixMilli(at))
 	}
-	return nil
+	return err
 }
 
 // nextRetry returns the retry time of the first key of the retry range
-// from start that parses, reading one key when that is it, as it nearly
-// always is, else stepping over the others a page at a time.
+// from start that parses, reading one key when that is it.
 func (s *Sweep) nextRetry(ctx context.Context, p *passState, start []byte) (at int64, found bool, err error) {
-	for limit := 1; ; limit = s.pageSize {
-		keys, err := s.scan(ctx, p, start, s.retryUpper, limit)
+	for keys, err := range s.pages(ctx, p.kv, start, s.retryUpper, 1, p.countScan) {
 		if err != nil {
 			return 0, false, err
 		}
@@ -81,21 +68,33 @@ func (s *Sweep) nextRetry(ctx context.Context, p *passState, start []byte) (at i
 				return k.at, true, nil
 			}
 		}
-		if len(keys) < limit {
-			return 0, false, nil
+	}
+	return 0, false, nil
+}
+
+// pages reads [from, end) of kv a page at a time, the first page of first
+// keys and the others of PageSize, each from just after the last key read,
+// until a short page or an error; count, if not nil, counts each Scan.
+func (s *Sweep) pages(ctx context.Context, kv KV, from, end []byte, first int, count func([][]byte)) iter.Seq2[[][]byte, error] {
+	return func(yield func([][]byte, error) bool) {
+		for limit := first; ; limit = s.pageSize {
+			keys, err := s.scanKV(ctx, kv, from, end, limit)
+			if count != nil {
+				count(keys)
+			}
+			if !yield(keys, err) || err != nil || len(keys) < limit {
+				return
+			}
+			from = keyAfter(keys[len(keys)-1])
 		}
-		start = keyAfter(keys[len(keys)-1])
 	}
 }
 
-// dueEnd returns the exclusive end of the range of markers due before
-// cutoffMs: the prefix followed by cutoffMs as a timestamp.
+// dueEnd returns the end of the range of markers due before cutoffMs.
 func (s *Sweep) dueEnd(cutoffMs int64) []byte {
 	return appendTimestamp(append([]byte(nil), s.prefix...), uint64(cutoffMs))
 }
 
-// keyAfter returns the first key after key in byte order, where the read
-// of the next page starts.
 func keyAfter(key []byte) []byte {
 	return append(append([]byte(nil), key...), 0)
 }
@@ -116,17 +115,13 @@ func cutoffMillis(cutoff time.Time) int64 {
 	return ms
 }
 
-// peek reads the first marker past the expired range to set st.NextDue. It
-// reads one key when that is a marker, as it nearly always is; foreign and
-// malformed keys there are stepped over a page at a time, and the malformed
-// ones deleted. It reports whether the first key it read was a marker (or
-// none was there).
+// peek reads the first marker past the expired range to set st.NextDue,
+// one key when that is a marker; malformed keys before it are deleted. It
+// reports whether the first key it read was a marker (or none was there).
 func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) {
 	st := p.st
-	from, limit := p.cutoffKey, 1
 	clean = true
-	for {
-		keys, err := s.scan(ctx, p, from, s.upper, limit)
+	for keys, err := range s.pages(ctx, p.kv, p.cutoffKey, s.upper, 1, p.countScan) {
 		if err != nil {
 			return false, err
 		}
@@ -156,18 +151,16 @@ func (s *Sweep) peek(ctx context.Context, p *passState) (clean bool, err error) 
 				return false, err
 			}
 		}
-		if found || len(keys) < limit {
+		if found {
 			return clean, nil
 		}
-		from = keyAfter(keys[len(keys)-1])
-		limit = s.pageSize
 	}
+	return clean, nil
 }
 
-// parseNext parses a key read past the expired range (see peek and
-// stillIdle): a marker, a foreign key, or a malformed one (err). An id
-// whose Config.ValidateID panicked is not known to be malformed: its key
-// counts as a marker.
+// parseNext parses a key read past the expired range. An id whose
+// Config.ValidateID panicked is not known to be malformed: it counts as a
+// marker.
 func (s *Sweep) parseNext(key []byte) (ms int64, foreign bool, err error) {
 	ms, id, foreign, err := parseKey(s.prefix, key)
 	if err == nil {
@@ -178,12 +171,9 @@ func (s *Sweep) parseNext(key []byte) (ms int64, foreign bool, err error) {
 	return ms, foreign, err
 }
 
-// stillIdle reports whether the range of markers holds nothing expired,
-// from its first key alone, when the last pass found nothing expired: most
-// passes of a quiet sweep then read one key in one Scan, where the expired
-// range and the key past it take two. That key must be a marker (neither
-// foreign nor malformed) and not expired; else the pass reads the range as
-// usual, one Scan more than without the guess.
+// stillIdle reports, after a pass that found nothing expired, whether the
+// range's first key is a marker not expired yet: then the pass reads that
+// one key, where the expired range and the key past it take two Scans.
 func (s *Sweep) stillIdle(ctx context.Context, p *passState) (bool, error) {
 	if !s.idle {
 		return false, nil

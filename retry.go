@@ -30,23 +30,6 @@ func newRetries(first, most time.Duration) retries {
 	return retries{first: first, most: most}
 }
 
-// checkRetryDelays validates Config.RetryDelay and Config.MaxRetryDelay.
-func checkRetryDelays(first, most time.Duration) error {
-	switch {
-	case first < 0 || (first > 0 && first < time.Millisecond):
-		return invalidConfig("Config.RetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultRetryDelay, first)
-	case most < 0 || (most > 0 && most < time.Millisecond):
-		return invalidConfig("Config.MaxRetryDelay must be 0 (default %v) or at least 1ms, got %v", DefaultMaxRetryDelay, most)
-	case first > 0 && most > 0 && first > most:
-		return invalidConfig("Config.RetryDelay (%v) must not exceed Config.MaxRetryDelay (%v)", first, most)
-	case first > DefaultMaxRetryDelay && most == 0:
-		return invalidConfig("Config.RetryDelay (%v) exceeds the default MaxRetryDelay (%v): set Config.MaxRetryDelay too", first, DefaultMaxRetryDelay)
-	case most > 0 && most < DefaultRetryDelay && first == 0:
-		return invalidConfig("Config.MaxRetryDelay (%v) is below the default RetryDelay (%v): set Config.RetryDelay too", most, DefaultRetryDelay)
-	}
-	return nil
-}
-
 // delay is the wait after the n-th failure in a row: the first delay
 // doubled n-1 times, plus up to a fifth of that at random; at the largest
 // delay, up to a fifth below it, so that markers that failed together do
@@ -67,11 +50,10 @@ func (r *retries) delay(n int) time.Duration {
 	}
 }
 
-// failed records at now, after at least before failures of id in a row
-// (as its marker records), one more: the id's own when own, else a put-off
-// in an outage, whose delay grows alike but which neither sends the id
-// alone nor parks it. It returns how many own failures in a row that makes
-// and when the id may be tried again.
+// failed records one more failure of id at now, after at least before (as
+// its marker records): its own, or else a put-off in an outage, which
+// neither sends the id alone nor parks it. It returns the own failures in
+// a row and when the id may be tried again.
 func (r *retries) failed(id string, now time.Time, before int, own bool) (int, time.Time) {
 	if r.byID == nil {
 		r.byID = map[string]retry{}
@@ -98,27 +80,7 @@ func (r *retries) hold(id string, until time.Time) {
 	r.byID[id] = e
 }
 
-// heldUntil returns the end of the hold id waits for at now, if it waits
-// for one.
-func (r *retries) heldUntil(id string, now time.Time) (time.Time, bool) {
-	if len(r.byID) == 0 {
-		return time.Time{}, false
-	}
-	e, ok := r.byID[id]
-	return e.notBefore, ok && e.held && now.Before(e.notBefore)
-}
-
-// waiting reports whether id is in its retry delay at now.
-func (r *retries) waiting(id string, now time.Time) bool {
-	if len(r.byID) == 0 {
-		return false
-	}
-	e, ok := r.byID[id]
-	return ok && now.Before(e.notBefore)
-}
-
-// failures returns how often in a row id failed, as far as this process
-// knows.
+// failures returns how often in a row id failed, as far as memory knows.
 func (r *retries) failures(id string) int {
 	if len(r.byID) == 0 {
 		return 0
@@ -126,12 +88,10 @@ func (r *retries) failures(id string) int {
 	return r.byID[id].failures
 }
 
-// due returns when id may be tried again, or the zero time.
 func (r *retries) due(id string) time.Time {
 	return r.byID[id].notBefore
 }
 
-// forget drops id, whose Clear succeeded.
 func (r *retries) forget(id string) {
 	if len(r.byID) != 0 {
 		delete(r.byID, id)
@@ -153,11 +113,10 @@ func (r *retries) prune(clock Clock) {
 	}
 }
 
-// retry puts off the marker old of it, whose clear just failed, until its
-// retry delay is over: in memory, and when the pass writes, by returning
-// the retry-range key for the caller to move old to (nil: it stays). After
-// Config.MaxAttempts failures it returns the parked-range key instead
-// (park); the marker counts as parked once the Move succeeded (parked).
+// retry puts off the marker old of it, whose clear just failed, in memory
+// and, when the pass writes, by returning the retry-range key to move it
+// to (nil: it stays); after Config.MaxAttempts failures, the parked-range
+// key (park), counted once the Move succeeded (parked).
 func (s *Sweep) retry(p *passState, it *item, old []byte) (key []byte, park bool) {
 	id := it.id
 	own := !errors.As(it.err, new(*outageError)) // not put off in an outage
@@ -185,23 +144,15 @@ func moved(key, old []byte) []byte {
 	return key
 }
 
-// parked counts the marker of it, which is now in the parked range, and
-// forgets its id's failures: a requeue starts them anew.
+// parked counts the marker of it, now parked, and forgets its id's
+// failures: a requeue starts them anew.
 func (s *Sweep) parked(p *passState, it *item) {
 	p.st.Parked++
 	p.notes.noteParked(it.id, it.err)
 	s.retries.forget(it.id)
 }
 
-// notParked counts the marker of it, which failed to move to the parked
-// range, as put off, its failures kept in memory.
-func (s *Sweep) notParked(p *passState, it *item) {
-	p.st.Retried++
-	s.noteRetry(p, s.retries.due(it.id))
-}
-
-// hold puts off the marker old of a held id until the hold's end, as retry
-// puts off a failed one's (see holdKey), and returns what retry does.
+// hold puts off the marker old of a held id as retry does a failed one's.
 func (s *Sweep) hold(p *passState, it *item, old []byte) []byte {
 	until, key := s.holdKey(p, it)
 	s.noteRetry(p, until)

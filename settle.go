@@ -6,11 +6,8 @@ import (
 )
 
 // settle acts on a page's outcomes, the one place that decides what becomes
-// of a marker (see outcome): it counts each in the pass's Stats, then moves
-// the failed and held markers to the retry range (and those that failed
-// MaxAttempts times to the parked range) in one Move, and deletes the
-// cleared, live-again, duplicate and malformed ones in one Delete. A dry
-// run has no clears to settle, and its pass writes nothing (see pass).
+// of a marker (see decide): one Move reschedules, holds and parks, then one
+// Delete removes the rest.
 func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items []item) error {
 	pl := &s.plan
 	pl.reset()
@@ -29,9 +26,8 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	return err
 }
 
-// noteLags raises the pass's MaxLag to that of the oldest cleared marker
-// (-1: none) and shows the Observer the lags of the page's cleared
-// markers, or with goneOnly of those a ClearDeleter deleted.
+// noteLags raises MaxLag to the lag of oldest (-1: none) and shows the
+// Observer the page's lags (goneOnly: those a ClearDeleter deleted).
 func (s *Sweep) noteLags(p *passState, items []item, oldest int64, goneOnly bool) {
 	if oldest < 0 {
 		return
@@ -157,16 +153,14 @@ func (s *Sweep) decideDuplicate(p *passState, pl *pagePlan, keys [][]byte, items
 			return
 		}
 	}
-	// The id is cleared (a ClearDeleter's call deleted this marker already,
-	// or its marker was gone: deleting it again is free), live again, or
-	// its first marker stays for it.
+	// The id is cleared or live again (deleting a marker already gone is
+	// free), or its first marker stays for it.
 	p.st.Duplicates++
 	pl.del = append(pl.del, keys[i])
 }
 
 // reschedule makes the page's planned moves in one call, reading the
-// pass's first move back (see checkMove), and counts the parks it made.
-// Each pair moves whole or not at all: after a failure the markers not
+// pass's first move back (see checkMove). After a failure the markers not
 // moved stay, their delays kept in memory, and the pass moves no more.
 func (s *Sweep) reschedule(ctx context.Context, p *passState, pl *pagePlan, items []item) {
 	err := s.move(ctx, p, pl.from, pl.to)
@@ -181,15 +175,15 @@ func (s *Sweep) reschedule(ctx context.Context, p *passState, pl *pagePlan, item
 	for _, i := range pl.parking {
 		if err == nil {
 			s.parked(p, &items[i])
-		} else {
-			s.notParked(p, &items[i])
+		} else { // put off, its failures kept in memory
+			p.st.Retried++
+			s.noteRetry(p, s.retries.due(items[i].id))
 		}
 	}
 }
 
-// countCleared counts a cleared marker in the pass's Stats, forgets its
-// id's failures, and lowers *oldest (-1: none yet) to its lag's start: the
-// oldest has the largest lag. Retries are not in the order of finish times.
+// countCleared counts a cleared marker and lowers *oldest (-1: none yet)
+// to its lag's start: retries are not in the order of finish times.
 func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 	p.st.Cleared++
 	s.retries.forget(it.id)
@@ -198,9 +192,8 @@ func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 	}
 }
 
-// countGone counts, in a page the pass leaves without settling it, the
-// markers a ClearDeleter cleared and deleted with their entities, and
-// those found gone; it writes nothing.
+// countGone counts, in a page the pass leaves unsettled, the markers a
+// ClearDeleter deleted and those found gone; it writes nothing.
 func (s *Sweep) countGone(p *passState, keys [][]byte, items []item) {
 	pl := &s.plan
 	pl.reset()

@@ -52,14 +52,12 @@ type Stats struct {
 	NextDue time.Time
 }
 
-// counts returns st with only its counts.
 func (st *Stats) counts() Stats {
 	c := *st
 	c.Duration, c.MaxLag, c.NextDue, c.BatchSize = 0, 0, time.Time{}, 0
 	return c
 }
 
-// minus returns the counts of a less those of b.
 func (a Stats) minus(b Stats) Stats {
 	return Stats{
 		Scanned: a.Scanned - b.Scanned, Cleared: a.Cleared - b.Cleared, Failed: a.Failed - b.Failed,

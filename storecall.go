@@ -18,14 +18,12 @@ func (s *Sweep) scan(ctx context.Context, p *passState, start, end []byte, limit
 	return keys, err
 }
 
-// countScan counts a Scan call that returned keys in the pass's Stats.
 func (p *passState) countScan(keys [][]byte) {
 	p.st.ScanCalls++
 	p.st.Scanned += len(keys)
 }
 
-// scanKV is scan outside a pass, or on a goroutine of its own, without
-// the counting.
+// scanKV is scan without the counting, outside a pass or on a worker.
 func (s *Sweep) scanKV(ctx context.Context, kv KV, start, end []byte, limit int) ([][]byte, error) {
 	cctx, cancel := withTimeout(ctx, s.storeTimeout)
 	defer cancel()
@@ -36,8 +34,7 @@ func (s *Sweep) scanKV(ctx context.Context, kv KV, start, end []byte, limit int)
 	return keys, nil
 }
 
-// delete deletes keys from the pass's KV; in a dry run it deletes nothing
-// and counts no call.
+// delete deletes keys from the pass's KV, but nothing in a dry run.
 func (s *Sweep) delete(ctx context.Context, p *passState, keys [][]byte) error {
 	if s.dryRun {
 		return nil
@@ -63,9 +60,8 @@ func (s *Sweep) move(ctx context.Context, p *passState, from, to [][]byte) error
 	return checkFenced(mark, p.kv, "Move")
 }
 
-// writeCtx is the context of a write of the pass: ctx, carrying the
-// lease's fence when the pass writes through a wrapper (see Fencer), with
-// the mark that tells whether the write applied it.
+// writeCtx is the context of a write of the pass, carrying the lease's
+// fence for a wrapper (see Fencer), and the mark that tells if it applied.
 func (p *passState) writeCtx(ctx context.Context) (context.Context, *fenceMark) {
 	if p.fence == nil {
 		return ctx, nil

@@ -54,11 +54,8 @@ type settings struct {
 	dryRun       bool
 	maxAttempts  int
 
-	// lower and upper bound the marker space: the prefix followed by a
-	// digit; retryLower and retryUpper the retry range's, the prefix and
-	// 'r' followed by a digit.
-	lower, upper           []byte
-	retryLower, retryUpper []byte
+	lower, upper           []byte // the marker range: the prefix and a digit
+	retryLower, retryUpper []byte // the retry range (see infixRange)
 }
 
 // memory is what a Sweep's passes remember from one to the next.
@@ -66,22 +63,19 @@ type memory struct {
 	retries       retries   // failed and held ids, and when to try them again
 	foreignSeen   int       // foreign keys of the last pass that had any
 	foreignWarned time.Time // when they were last logged at Warn
-	// idle: the last pass found nothing below its cutoff, so the next
-	// starts with one key (see passRanges).
-	idle bool
+	idle          bool      // the last pass found nothing expired (see stillIdle)
 }
 
 // scratch is one pass's state and buffers, which the next pass reuses: an
 // idle pass allocates (nearly) nothing.
 type scratch struct {
-	ps    passState // the pass's state
-	pst   Stats     // the pass's Stats, which ps.st points to
-	items []item
-	ids   []byte
-	lags  []time.Duration // reused by observeLags
-	seen  seenIDs         // the ids of the page in hand
-	plan  pagePlan        // reused by settle
-
+	ps       passState
+	pst      Stats // ps.st points to it
+	items    []item
+	ids      []byte
+	lags     []time.Duration
+	seen     seenIDs
+	plan     pagePlan
 	passDone chan passEnd // how the pass's goroutine ended (see runPass)
 }
 
@@ -101,7 +95,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		clock:        cmp.Or(cfg.Clock, SystemClock),
 		pageSize:     cmp.Or(cfg.PageSize, max(DefaultPageSize, cfg.BatchSize)), // a batch is cut from one page
 		concurrency:  cmp.Or(cfg.Concurrency, 1),
-		interval:     cfg.Interval,
+		interval:     cmp.Or(cfg.Interval, min(cfg.Retention, time.Minute)),
 		clearTimeout: cmp.Or(cfg.ClearTimeout, DefaultClearTimeout),
 		storeTimeout: cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout),
 		log:          cmp.Or(cfg.Logger, slog.Default()).With("prefix", cfg.Prefix),
@@ -122,9 +116,6 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 	}, busy: make(chan struct{}, 1)}
 	s.retries = newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay))
 	s.retryLower, s.retryUpper = infixRange(cfg.Prefix, retryInfix)
-	if s.interval == 0 {
-		s.interval = min(s.retention, time.Minute)
-	}
 	if s.batchTarget == 0 && s.clearTimeout > 0 {
 		s.batchTarget = s.clearTimeout / 4
 	}
@@ -134,19 +125,14 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 
 // Pass makes one sweep: every expired marker is handled, oldest first, then
 // Pass returns. Per marker it calls Clear and, only once Clear returned nil
-// (or ErrLiveAgain), deletes the marker; markers of one page are deleted in
-// one KV.Delete call. A marker whose Clear failed stays, put off until its
-// retry delay is over (see Config.RetryDelay); the pass goes on with the
-// next one. Malformed markers are deleted without Clear; foreign keys are
-// left alone.
-//
-// Pass reads only the expired range of keys, plus one key past it to learn
-// Stats.NextDue, and the due part of the retry range (one key when none is
-// due), so a pass with nothing expired costs three Scan calls however many
-// markers wait, and two after a pass that found nothing expired either.
-// It returns an error when the KV fails or does not answer within
-// StoreTimeout, and ctx.Err() when ctx is done; in every case no marker
-// whose Clear did not succeed has been deleted.
+// (or ErrLiveAgain), deletes the marker, a page's markers in one KV.Delete.
+// A marker whose Clear failed stays, put off until its retry delay is over;
+// malformed markers are deleted without Clear; foreign keys are left alone
+// (docs/clearing.md). A pass with nothing expired costs three Scan calls
+// however many markers wait, and two after a pass that found nothing
+// expired either. It returns an error when the KV fails or does not answer
+// within StoreTimeout, and ctx.Err() when ctx is done; in every case no
+// marker whose Clear did not succeed has been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 	if err := s.configured("Pass"); err != nil {
 		return st, err
@@ -154,9 +140,8 @@ func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
 	return s.pass(ctx, s.kv, nil)
 }
 
-// pass is Pass over kv, which is the sweep's KV or a fenced view of it.
-// fence, when not nil, goes on the context of every write: kv wraps a KV
-// the fence can fence (see Fencer).
+// pass is Pass over kv, the sweep's KV or a fenced view of it; fence, if
+// not nil, goes on the context of every write (see Fencer).
 func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err error) {
 	if err := ctx.Err(); err != nil {
 		return st, err
@@ -169,8 +154,6 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	defer func() { <-s.busy }()
 
 	start := s.clock.Now()
-	// The state is the sweep's, reused by every pass, as are its buffers:
-	// an idle pass allocates (nearly) nothing.
 	p := &s.ps
 	*p = passState{kv: kv, fence: fence, st: &s.pst, start: start, cutoff: start.Add(-s.retention),
 		buf: p.buf}
@@ -200,16 +183,14 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 }
 
 // runPass runs passRanges on a goroutine of its own, which makes the
-// pass's clears (see clearAll), and waits for it: a Clear that calls
-// runtime.Goexit ends that goroutine, not the caller's, and a new one
-// settles the page it was clearing and goes on just after it. A panic
-// under the pass (on a worker too, see rethrow), or a runtime.Goexit
-// outside a Clear, reaches the caller's goroutine.
+// pass's clears, so that a Clear's runtime.Goexit ends that goroutine,
+// not the caller's: a new one settles the page and goes on after it. A
+// panic under the pass (on a worker too), or a runtime.Goexit outside a
+// Clear, reaches the caller's goroutine.
 func (s *Sweep) runPass(ctx context.Context, p *passState) error {
 	if s.idle {
-		// Most passes after one that found nothing expired clear nothing:
-		// they run on the caller's goroutine, their clears, if any, on
-		// workers.
+		// Most passes after an idle one clear nothing: a goroutine would
+		// cost more than it saves. Their clears, if any, run on workers.
 		p.onCaller = true
 		return s.passRanges(ctx, p)
 	}
@@ -269,8 +250,7 @@ func (s *Sweep) passOn(ctx context.Context, p *passState, resume bool) {
 	}()
 	var err error
 	if resume {
-		// The page the Clear interrupted is settled, and the pass goes on
-		// just after it: what it read before stays read.
+		// Settled, the page the Clear interrupted is not read again.
 		c := p.clearing
 		keys, items, calls := c.keys, c.items, c.calls
 		p.resumeIn, p.resumeAt = resumeExpired, keyAfter(keys[len(keys)-1])
@@ -312,10 +292,7 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 	if !idle && p.resumeIn != resumeRetry {
 		p.cutoffKey = appendTimestamp(append(p.buf.cutoffKey[:0], s.prefix...), uint64(p.cutoffMs))
 		p.buf.cutoffKey = p.cutoffKey
-		keys, err := s.scan(ctx, p, p.resumeFrom(resumeExpired, s.lower), p.cutoffKey, s.pageSize)
-		if err == nil {
-			err = s.walk(ctx, p, keys, p.cutoffKey)
-		}
+		empty, err := s.walk(ctx, p, p.resumeFrom(resumeExpired, s.lower), p.cutoffKey)
 		if err != nil {
 			return err
 		}
@@ -323,7 +300,7 @@ func (s *Sweep) passRanges(ctx context.Context, p *passState) error {
 		if err != nil {
 			return err
 		}
-		s.idle = len(keys) == 0 && clean
+		s.idle = empty && clean
 	}
 	if err := s.retryPass(ctx, p); err != nil {
 		return err
@@ -402,11 +379,9 @@ type passBuffers struct {
 }
 
 // writes reports whether the pass moves markers to reschedule, hold and
-// park them: over a Mover, until a Move failed. Without, delays and holds
-// are kept in memory, and nothing is parked.
+// park them: over a Mover, until a Move failed; else delays stay in memory.
 func (p *passState) writes() bool { return p.mover != nil && !p.noMove }
 
-// foldCalls adds the page's failed calls to the pass's Stats.
 func (p *passState) foldCalls() {
 	p.st.FailedCalls += int(p.failedCalls.Swap(0))
 	p.st.TimedOutCalls += int(p.timedOutCalls.Swap(0))
