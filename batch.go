@@ -365,6 +365,9 @@ func (b *batching) tryAtomic(idx []int) error {
 		b.p.fenceErr.CompareAndSwap(nil, &ferr)
 		if err == nil {
 			b.set(idx, clearedGone, nil)
+			for _, i := range idx {
+				b.items[i].withDups = true
+			}
 		}
 		return nil
 	}

@@ -919,3 +919,31 @@ func TestFenceThroughAtomicWrapper(t *testing.T) {
 	assert.Equal(t, int64(3), probe.fenced.Load())
 	assert.Zero(t, probe.unfenced.Load())
 }
+
+// dropFenceAtomic is an atomicWrapper whose ClearAndDelete drops its
+// context, and with it the lease's fence.
+type dropFenceAtomic struct{ atomicWrapper }
+
+func (w dropFenceAtomic) ClearAndDelete(_ context.Context, ids []string, keys [][]byte) error {
+	return w.inner.ClearAndDelete(context.Background(), ids, keys)
+}
+
+// TestUnfencedAtomicCallCountsWhatItDeleted: an atomic call that reached
+// no fence fails the pass with ErrUnfenced, but what it committed stands
+// and is counted: its ids as cleared, the duplicates it deleted with them
+// as duplicates.
+func TestUnfencedAtomicCallCountsWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	base, ids := newAtomicKV(t, 10)
+	mark(t, base.MemKV, "runs/", ids[0], t0.Add(time.Minute)) // a second marker of one id
+	probe := &probeAtomic{atomicKV: base}
+	s, err := New(dropFenceAtomic{atomicWrapper{probe}}, Config{Prefix: "runs/", Retention: time.Hour, Lease: &probeLocker{},
+		Clock: NewManualClock(t0.Add(2 * time.Hour)), BatchSize: 4})
+	require.NoError(t, err)
+	st, err := s.LeasedPass(context.Background())
+	require.ErrorIs(t, err, ErrUnfenced)
+	assert.Positive(t, probe.unfenced.Load())
+	assert.Empty(t, markerIDs(t, base.MemKV, "runs/"), "every call committed")
+	assert.Equal(t, 10, st.Cleared)
+	assert.Equal(t, 1, st.Duplicates, "the second marker of %s went with the first", ids[0])
+}

@@ -70,7 +70,9 @@ func TestPoisonMarkerBacksOff(t *testing.T) {
 				for i := 1; i < len(poisonCalls); i++ {
 					gap := poisonCalls[i] - poisonCalls[i-1]
 					assert.GreaterOrEqual(t, gap, wantGap, "gap %d", i)
-					assert.LessOrEqual(t, gap, wantGap*6/5+5*time.Millisecond, "gap %d", i)
+					// Under steady traffic Run passes once per MinInterval: a due
+					// retry is seen up to one MinInterval late.
+					assert.LessOrEqual(t, gap, wantGap*6/5+DefaultMinInterval, "gap %d", i)
 					wantGap *= 2
 				}
 				assert.Equal(t, map[string]int{"poison": 1}, markerIDs(t, mem, "runs/"), "the poison marker stays; the rest was cleared")

@@ -193,12 +193,19 @@ func (s *Sweep) countCleared(p *passState, it *item, oldest *int64) {
 }
 
 // countGone counts, in a page the pass leaves unsettled, the markers a
-// ClearDeleter deleted and those found gone; it writes nothing.
+// ClearDeleter deleted (duplicates too) and those found gone; it writes
+// nothing.
 func (s *Sweep) countGone(p *passState, keys [][]byte, items []item) {
 	pl := &s.plan
 	pl.reset()
 	for i := range items {
-		if out := items[i].out; out == clearedGone || out == foundGone {
+		out := items[i].out
+		if out == duplicate && items[i].primary >= 0 {
+			if first := &items[items[i].primary]; first.out == clearedGone && first.withDups {
+				s.decide(p, pl, keys, items, i)
+			}
+		}
+		if out == clearedGone || out == foundGone {
 			s.decide(p, pl, keys, items, i)
 		}
 	}
