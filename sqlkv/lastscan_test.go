@@ -3,8 +3,10 @@ package sqlkv_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,4 +95,224 @@ func TestClearAfterScanSeesWritesSince(t *testing.T) {
 			assert.Equal(t, [][]byte{keys[0], keys[1], between, keys[2], keys[4]}, left, "markers left")
 		})
 	}
+}
+
+// TestClearAfterScanSeesWritesInSharedCache: connections of one process
+// that share SQLite's cache (cache=shared) see each other's commits at
+// once, with no snapshot of their own; a clear that recalled the Scan's
+// page must therefore keep another connection from writing the range
+// between its check and its delete, as its read of the range did. A marker
+// deleted and another written into the range there, by another connection
+// of the shared cache, must make it refuse, or else have waited for it:
+// no marker goes whose id the ClearFunc did not clear.
+func TestClearAfterScanSeesWritesInSharedCache(t *testing.T) {
+	for _, txlock := range []string{"deferred", "immediate"} {
+		t.Run(txlock, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := "file:" + filepath.Join(t.TempDir(), "shared.db") +
+				"?cache=shared&_pragma=busy_timeout(20000)&_txlock=" + txlock
+			plain, err := sql.Open("sqlite", dsn)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = plain.Close() })
+			// The sweep's database: its statements pass through before, which
+			// runs just before the clear's range delete, once armed.
+			var before func()
+			db := sql.OpenDB(hookConnector{drv: plain.Driver(), dsn: dsn, before: func(q string) {
+				if f := before; f != nil && strings.HasPrefix(q, "DELETE FROM") && strings.Contains(q, "marker >=") {
+					before = nil
+					f()
+				}
+			}})
+			db.SetMaxOpenConns(1) // one connection: the Scan's and the clear's
+			t.Cleanup(func() { _ = db.Close() })
+			require.NoError(t, sqlkv.Migrate(ctx, db, sqlkv.SQLite, "markers"))
+			kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+			require.NoError(t, err)
+			cleared := map[string]bool{}
+			atomicKV, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+				for _, id := range ids {
+					cleared[id] = true
+				}
+				return nil
+			})
+			require.NoError(t, err)
+
+			at := time.UnixMilli(1_700_000_000_000)
+			var keys [][]byte
+			var ids []string
+			idOf := map[string]string{}
+			for i := range 5 {
+				id := strconv.Itoa(i + 1)
+				key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
+				require.NoError(t, err)
+				_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
+				require.NoError(t, err)
+				keys, ids = append(keys, key), append(ids, id)
+				idOf[string(key)] = id
+			}
+			between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
+			require.NoError(t, err)
+			idOf[string(between)] = "2a"
+			page, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+			require.NoError(t, err)
+			require.Equal(t, keys, page)
+
+			// As many rows as before: the range's count cannot tell.
+			// A writer the clear's locks hold back waits for its transaction
+			// to end: the clear goes on without it after a while.
+			var deletedErr, insertedErr error
+			wrote := make(chan struct{})
+			before = func() {
+				go func() {
+					defer close(wrote)
+					_, deletedErr = plain.Exec("DELETE FROM markers WHERE marker = ?", keys[3])
+					_, insertedErr = plain.Exec("INSERT INTO markers (marker) VALUES (?)", between)
+				}()
+				select {
+				case <-wrote:
+				case <-time.After(time.Second):
+				}
+			}
+			err = atomicKV.ClearAndDelete(ctx, ids, keys)
+			<-wrote
+			t.Logf("ClearAndDelete() = %v; the other connection's delete: %v, insert: %v", err, deletedErr, insertedErr)
+
+			want := map[string]bool{} // the markers there were, less those the other connection deleted
+			for _, key := range keys {
+				want[string(key)] = true
+			}
+			if deletedErr == nil {
+				delete(want, string(keys[3]))
+			}
+			if insertedErr == nil {
+				want[string(between)] = true
+			}
+			left, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+			require.NoError(t, err)
+			for _, key := range left {
+				delete(want, string(key))
+			}
+			for key := range want {
+				assert.True(t, cleared[idOf[key]], "the marker of %s was deleted, but its id was not cleared", idOf[key])
+			}
+		})
+	}
+}
+
+// TestClearAfterScanSeesTableSwappedSince: a table renamed into the
+// marker table's name on the Scan's connection, which neither commits from
+// another connection nor changes a row, holds other keys than the Scan
+// read: the clear must read its range again, and delete nothing whose id
+// it did not clear.
+func TestClearAfterScanSeesTableSwappedSince(t *testing.T) {
+	ctx := context.Background()
+	db := openSQLite(t, "")
+	db.SetMaxOpenConns(1) // one connection: the Scan's, the swap's and the clear's
+	for _, table := range []string{"markers", "staging"} {
+		require.NoError(t, sqlkv.Migrate(ctx, db, sqlkv.SQLite, table))
+	}
+	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+	require.NoError(t, err)
+	cleared := map[string]bool{}
+	atomicKV, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+		for _, id := range ids {
+			cleared[id] = true
+		}
+		return nil
+	})
+	require.NoError(t, err)
+
+	at := time.UnixMilli(1_700_000_000_000)
+	var keys [][]byte
+	var ids []string
+	for i := range 5 {
+		id := strconv.Itoa(i + 1)
+		key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
+		require.NoError(t, err)
+		keys, ids = append(keys, key), append(ids, id)
+	}
+	between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
+	require.NoError(t, err)
+	// staging: as many rows in the range, keys[3] replaced by between.
+	for i, key := range keys {
+		_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
+		require.NoError(t, err)
+		if i == 3 {
+			key = between
+		}
+		_, err = db.Exec("INSERT INTO staging (marker) VALUES (?)", key)
+		require.NoError(t, err)
+	}
+	page, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+	require.NoError(t, err)
+	require.Equal(t, keys, page)
+
+	_, err = db.Exec("ALTER TABLE markers RENAME TO markers_old")
+	require.NoError(t, err)
+	_, err = db.Exec("ALTER TABLE staging RENAME TO markers")
+	require.NoError(t, err)
+
+	err = atomicKV.ClearAndDelete(ctx, ids, keys)
+	assert.ErrorIs(t, err, retention.ErrMarkerGone, "ClearAndDelete() = %v, want ErrMarkerGone", err)
+	assert.Empty(t, cleared, "ids cleared")
+	left, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{keys[0], keys[1], between, keys[2], keys[4]}, left, "markers left")
+}
+
+// hookConnector opens connections of drv whose statements pass their text
+// to before first.
+type hookConnector struct {
+	drv    driver.Driver
+	dsn    string
+	before func(query string)
+}
+
+func (c hookConnector) Connect(context.Context) (driver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	return &hookConn{conn, c.before}, nil
+}
+
+func (c hookConnector) Driver() driver.Driver { return c.drv }
+
+// hookConn is a driver's connection whose statements pass their text to
+// before first. The driver's connection must implement the context
+// interfaces of database/sql/driver, as modernc.org/sqlite's does.
+type hookConn struct {
+	driver.Conn
+	before func(query string)
+}
+
+func (c *hookConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+}
+
+func (c *hookConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	c.before(query)
+	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+}
+
+func (c *hookConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	c.before(query)
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+
+func (c *hookConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	c.before(query)
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
+
+func (c *hookConn) ResetSession(ctx context.Context) error {
+	if r, ok := c.Conn.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (c *hookConn) IsValid() bool {
+	v, ok := c.Conn.(driver.Validator)
+	return !ok || v.IsValid()
 }
