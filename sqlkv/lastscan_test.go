@@ -97,6 +97,52 @@ func TestClearAfterScanSeesWritesSince(t *testing.T) {
 	}
 }
 
+// TestClearAfterScanSkipsItsRead: on SQLite a clear of a run of the page a
+// Scan read on the same connection, with nothing written since, deletes
+// its markers without reading the range; a second clear, after the first
+// wrote, reads it.
+func TestClearAfterScanSkipsItsRead(t *testing.T) {
+	ctx := context.Background()
+	dsn := sqliteDSN(filepath.Join(t.TempDir(), "markers.db"))
+	plain, err := sql.Open("sqlite", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = plain.Close() })
+	reads := 0
+	db := sql.OpenDB(hookConnector{drv: plain.Driver(), dsn: dsn, before: func(q string) {
+		if strings.HasPrefix(q, "SELECT marker FROM") {
+			reads++
+		}
+	}})
+	db.SetMaxOpenConns(1) // one connection: the Scan's and the clear's
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, sqlkv.Migrate(ctx, db, sqlkv.SQLite, "markers"))
+	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+	require.NoError(t, err)
+	atomicKV, err := kv.WithClear(func(context.Context, *sql.Tx, []string) error { return nil })
+	require.NoError(t, err)
+	at := time.UnixMilli(1_700_000_000_000)
+	var keys [][]byte
+	var ids []string
+	for i := range 6 {
+		id := strconv.Itoa(i + 1)
+		key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
+		require.NoError(t, err)
+		_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
+		require.NoError(t, err)
+		keys, ids = append(keys, key), append(ids, id)
+	}
+	_, err = kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+	require.NoError(t, err)
+	reads = 0
+	require.NoError(t, atomicKV.ClearAndDelete(ctx, ids[:3], keys[:3]))
+	assert.Zero(t, reads, "reads of the range by the clear right after the Scan")
+	require.NoError(t, atomicKV.ClearAndDelete(ctx, ids[3:], keys[3:]))
+	assert.Equal(t, 1, reads, "reads of the range by the clear after another clear")
+	left, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+	require.NoError(t, err)
+	assert.Empty(t, left, "markers left")
+}
+
 // TestClearAfterScanSeesWritesInSharedCache: connections of one process
 // that share SQLite's cache (cache=shared) see each other's commits at
 // once, with no snapshot of their own; a clear that recalled the Scan's
