@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/sqlkv"
+	"modernc.org/sqlite"
 )
 
 // TestClearAfterScanSeesWritesSince: on SQLite a clear that follows a Scan
@@ -297,6 +299,84 @@ func TestClearAfterScanSeesTableSwappedSince(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Exec("ALTER TABLE staging RENAME TO markers")
 	require.NoError(t, err)
+
+	err = atomicKV.ClearAndDelete(ctx, ids, keys)
+	assert.ErrorIs(t, err, retention.ErrMarkerGone, "ClearAndDelete() = %v, want ErrMarkerGone", err)
+	assert.Empty(t, cleared, "ids cleared")
+	left, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{keys[0], keys[1], between, keys[2], keys[4]}, left, "markers left")
+}
+
+// TestClearAfterScanSeesRestoreSince: a backup restored into the Scan's
+// connection (SQLite's backup API, which modernc.org/sqlite's connection
+// offers as NewRestore) replaces the database's rows with no commit of
+// another connection and no row change counted (only the schema_version
+// moves, which the restore raises even from a copy of the file): the clear
+// must read its range again, and delete nothing whose id it did not clear.
+func TestClearAfterScanSeesRestoreSince(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db := openSQLite(t, filepath.Join(dir, "markers.db"))
+	db.SetMaxOpenConns(1) // one connection: the Scan's, the restore's and the clear's
+	require.NoError(t, sqlkv.Migrate(ctx, db, sqlkv.SQLite, "markers"))
+	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+	require.NoError(t, err)
+	cleared := map[string]bool{}
+	atomicKV, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+		for _, id := range ids {
+			cleared[id] = true
+		}
+		return nil
+	})
+	require.NoError(t, err)
+
+	at := time.UnixMilli(1_700_000_000_000)
+	var keys [][]byte
+	var ids []string
+	for i := range 5 {
+		id := strconv.Itoa(i + 1)
+		key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
+		require.NoError(t, err)
+		keys, ids = append(keys, key), append(ids, id)
+	}
+	between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
+	require.NoError(t, err)
+	// The backup, a copy of the file: as many rows in the range, keys[3]
+	// replaced by between, and the same schema.
+	for _, key := range [][]byte{keys[0], keys[1], between, keys[2], keys[4]} {
+		_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
+		require.NoError(t, err)
+	}
+	_, err = db.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+	require.NoError(t, err)
+	file, err := os.ReadFile(filepath.Join(dir, "markers.db"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "backup.db"), file, 0o600))
+	_, err = db.Exec("DELETE FROM markers WHERE marker = ?", between)
+	require.NoError(t, err)
+	_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", keys[3])
+	require.NoError(t, err)
+	page, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
+	require.NoError(t, err)
+	require.Equal(t, keys, page)
+
+	type restorer interface {
+		NewRestore(string) (*sqlite.Backup, error)
+	}
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	require.NoError(t, conn.Raw(func(dc any) error {
+		r, err := dc.(restorer).NewRestore("file:" + filepath.Join(dir, "backup.db"))
+		if err != nil {
+			return err
+		}
+		if _, err := r.Step(-1); err != nil {
+			return err
+		}
+		return r.Finish()
+	}))
+	require.NoError(t, conn.Close())
 
 	err = atomicKV.ClearAndDelete(ctx, ids, keys)
 	assert.ErrorIs(t, err, retention.ErrMarkerGone, "ClearAndDelete() = %v, want ErrMarkerGone", err)
