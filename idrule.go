@@ -76,7 +76,6 @@ func (s *Sweep) checkIDBytes(key, id []byte) error {
 	}
 	err := s.checkID(string(id))
 	if err != nil && !errors.Is(err, errValidatePanicked) {
-
 		return malformed(key, "id", err)
 	}
 	return err

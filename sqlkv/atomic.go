@@ -105,7 +105,7 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	var page [][]byte
 	if dc != nil {
-		if page, err = a.last.recall(ctx, dc, tx); err != nil {
+		if page, err = a.last.recall(ctx, dc, tx, a.table); err != nil {
 			return wrap(ctx, op, err)
 		}
 	}

@@ -23,20 +23,35 @@ type lastScan struct {
 
 // dbState is what readState reads.
 type dbState struct {
-	version, changes, others int64
+	version, changes, schema, others int64
 }
 
 // readState reads, through db (a connection, or a transaction on one),
 // the main database's data_version, which moves when another connection
 // (of any process) commits to it, the connection's own total_changes(),
-// which moves with each row it writes to any table, and how many databases
-// besides main and temp it has attached. With none attached the marker
-// table is in main or temp (which only the connection writes), so two reads
-// on one connection that agree on the first two saw the same rows in it.
-func readState(ctx context.Context, db execer) (dbState, error) {
+// which moves with each row it writes to any table, the schema_version,
+// which moves with each change of the schema (a table renamed or dropped
+// changes no row), and how many databases besides main and temp it has
+// attached. With none attached the marker table is in main or temp (which
+// only the connection writes), so two reads on one connection that agree
+// on the first three saw the same rows in it.
+//
+// With table set it reads from it too, which in a transaction takes, in
+// SQLite's shared-cache mode, its read lock until the transaction ends:
+// connections sharing a cache see each other's commits at once, and the
+// lock keeps them from writing the table between the check and the delete.
+func readState(ctx context.Context, db execer, table string) (dbState, error) {
 	var s dbState
-	err := queryRow(ctx, SQLite, db, "SELECT (SELECT data_version FROM pragma_data_version), total_changes(),"+
-		" (SELECT count(*) FROM pragma_database_list WHERE name NOT IN ('main', 'temp'))", nil, &s.version, &s.changes, &s.others)
+	var exists int64
+	q := "SELECT (SELECT data_version FROM pragma_data_version), total_changes()," +
+		" (SELECT schema_version FROM pragma_schema_version)," +
+		" (SELECT count(*) FROM pragma_database_list WHERE name NOT IN ('main', 'temp'))"
+	dest := []any{&s.version, &s.changes, &s.schema, &s.others}
+	if table != "" {
+		q += ", EXISTS (SELECT 1 FROM " + table + ")"
+		dest = append(dest, &exists)
+	}
+	err := queryRow(ctx, SQLite, db, q, nil, dest...)
 	return s, err
 }
 
@@ -62,15 +77,15 @@ func (l *lastScan) remember(conn any, s dbState, page [][]byte) {
 
 // recall returns the page of the last Scan when it ran on conn (a
 // driverConn) and tx, on conn, whose first statement this must be, sees the
-// database as that Scan did; nil otherwise.
-func (l *lastScan) recall(ctx context.Context, conn any, tx *sql.Tx) ([][]byte, error) {
+// database as that Scan did; nil otherwise. table is the marker table.
+func (l *lastScan) recall(ctx context.Context, conn any, tx *sql.Tx, table string) ([][]byte, error) {
 	l.mu.Lock()
 	same, s, page := conn != nil && conn == l.conn, l.state, l.page
 	l.mu.Unlock()
 	if !same || page == nil {
 		return nil, nil
 	}
-	now, err := readState(ctx, tx)
+	now, err := readState(ctx, tx, table)
 	if err != nil {
 		return nil, err
 	}

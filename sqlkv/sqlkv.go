@@ -132,7 +132,7 @@ func (k *KV) scanSQLite(ctx context.Context, q string, args []any) ([][]byte, er
 		return nil, err
 	}
 	defer conn.Close()
-	s, err := readState(ctx, conn)
+	s, err := readState(ctx, conn, "")
 	if err != nil {
 		return nil, err
 	}
