@@ -59,31 +59,14 @@ func TestClearAfterScanSeesWritesSince(t *testing.T) {
 			require.NoError(t, sqlkv.Migrate(ctx, db, sqlkv.SQLite, table))
 			kv, err := sqlkv.New(db, sqlkv.SQLite, table)
 			require.NoError(t, err)
-			var cleared []string
-			atomicKV, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
-				cleared = append(cleared, ids...)
-				return nil
-			})
-			require.NoError(t, err)
-
-			at := time.UnixMilli(1_700_000_000_000)
-			var keys [][]byte
-			var ids []string
-			for i := range 5 {
-				id := strconv.Itoa(i + 1)
-				key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
-				require.NoError(t, err)
-				_, err = db.Exec("INSERT INTO "+table+" (marker) VALUES (?)", key)
-				require.NoError(t, err)
-				keys, ids = append(keys, key), append(ids, id)
-			}
+			atomicKV, cleared := recordingClear(t, kv)
+			keys, ids, between := markerRun(t, 5)
+			insertMarkers(t, db, table, keys...)
 			page, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
 			require.NoError(t, err)
 			require.Equal(t, keys, page)
 
 			// As many rows as before: the range's count cannot tell.
-			between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
-			require.NoError(t, err)
 			_, err = writer.Exec("DELETE FROM "+table+" WHERE marker = ?", keys[3])
 			require.NoError(t, err)
 			_, err = writer.Exec("INSERT INTO "+table+" (marker) VALUES (?)", between)
@@ -122,17 +105,8 @@ func TestClearAfterScanSkipsItsRead(t *testing.T) {
 	require.NoError(t, err)
 	atomicKV, err := kv.WithClear(func(context.Context, *sql.Tx, []string) error { return nil })
 	require.NoError(t, err)
-	at := time.UnixMilli(1_700_000_000_000)
-	var keys [][]byte
-	var ids []string
-	for i := range 6 {
-		id := strconv.Itoa(i + 1)
-		key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
-		require.NoError(t, err)
-		_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
-		require.NoError(t, err)
-		keys, ids = append(keys, key), append(ids, id)
-	}
+	keys, ids, _ := markerRun(t, 6)
+	insertMarkers(t, db, "markers", keys...)
 	_, err = kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
 	require.NoError(t, err)
 	reads = 0
@@ -176,31 +150,13 @@ func TestClearAfterScanSeesWritesInSharedCache(t *testing.T) {
 			require.NoError(t, sqlkv.Migrate(ctx, db, sqlkv.SQLite, "markers"))
 			kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
 			require.NoError(t, err)
-			cleared := map[string]bool{}
-			atomicKV, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
-				for _, id := range ids {
-					cleared[id] = true
-				}
-				return nil
-			})
-			require.NoError(t, err)
-
-			at := time.UnixMilli(1_700_000_000_000)
-			var keys [][]byte
-			var ids []string
-			idOf := map[string]string{}
-			for i := range 5 {
-				id := strconv.Itoa(i + 1)
-				key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
-				require.NoError(t, err)
-				_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
-				require.NoError(t, err)
-				keys, ids = append(keys, key), append(ids, id)
-				idOf[string(key)] = id
+			atomicKV, cleared := recordingClear(t, kv)
+			keys, ids, between := markerRun(t, 5)
+			insertMarkers(t, db, "markers", keys...)
+			idOf := map[string]string{string(between): "2a"}
+			for i, key := range keys {
+				idOf[string(key)] = ids[i]
 			}
-			between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
-			require.NoError(t, err)
-			idOf[string(between)] = "2a"
 			page, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
 			require.NoError(t, err)
 			require.Equal(t, keys, page)
@@ -261,26 +217,8 @@ func TestClearAfterScanSeesTableSwappedSince(t *testing.T) {
 	}
 	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
 	require.NoError(t, err)
-	cleared := map[string]bool{}
-	atomicKV, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
-		for _, id := range ids {
-			cleared[id] = true
-		}
-		return nil
-	})
-	require.NoError(t, err)
-
-	at := time.UnixMilli(1_700_000_000_000)
-	var keys [][]byte
-	var ids []string
-	for i := range 5 {
-		id := strconv.Itoa(i + 1)
-		key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
-		require.NoError(t, err)
-		keys, ids = append(keys, key), append(ids, id)
-	}
-	between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
-	require.NoError(t, err)
+	atomicKV, cleared := recordingClear(t, kv)
+	keys, ids, between := markerRun(t, 5)
 	// staging: as many rows in the range, keys[3] replaced by between.
 	for i, key := range keys {
 		_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
@@ -322,32 +260,11 @@ func TestClearAfterScanSeesRestoreSince(t *testing.T) {
 	require.NoError(t, sqlkv.Migrate(ctx, db, sqlkv.SQLite, "markers"))
 	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
 	require.NoError(t, err)
-	cleared := map[string]bool{}
-	atomicKV, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
-		for _, id := range ids {
-			cleared[id] = true
-		}
-		return nil
-	})
-	require.NoError(t, err)
-
-	at := time.UnixMilli(1_700_000_000_000)
-	var keys [][]byte
-	var ids []string
-	for i := range 5 {
-		id := strconv.Itoa(i + 1)
-		key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
-		require.NoError(t, err)
-		keys, ids = append(keys, key), append(ids, id)
-	}
-	between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
-	require.NoError(t, err)
+	atomicKV, cleared := recordingClear(t, kv)
+	keys, ids, between := markerRun(t, 5)
 	// The backup, a copy of the file: as many rows in the range, keys[3]
 	// replaced by between, and the same schema.
-	for _, key := range [][]byte{keys[0], keys[1], between, keys[2], keys[4]} {
-		_, err = db.Exec("INSERT INTO markers (marker) VALUES (?)", key)
-		require.NoError(t, err)
-	}
+	insertMarkers(t, db, "markers", keys[0], keys[1], between, keys[2], keys[4])
 	_, err = db.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
 	require.NoError(t, err)
 	file, err := os.ReadFile(filepath.Join(dir, "markers.db"))
@@ -441,4 +358,45 @@ func (c *hookConn) ResetSession(ctx context.Context) error {
 func (c *hookConn) IsValid() bool {
 	v, ok := c.Conn.(driver.Validator)
 	return !ok || v.IsValid()
+}
+
+// recordingClear returns an AtomicKV over kv whose ClearFunc records the
+// ids it clears in cleared.
+func recordingClear(t *testing.T, kv *sqlkv.KV) (a *sqlkv.AtomicKV, cleared map[string]bool) {
+	t.Helper()
+	cleared = map[string]bool{}
+	a, err := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+		for _, id := range ids {
+			cleared[id] = true
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return a, cleared
+}
+
+// markerRun returns the keys of n markers under "jobs/", 1ms apart, with
+// ids 1 to n, and the key of a marker "2a" that sorts between the second
+// and the third.
+func markerRun(t *testing.T, n int) (keys [][]byte, ids []string, between []byte) {
+	t.Helper()
+	at := time.UnixMilli(1_700_000_000_000)
+	for i := range n {
+		id := strconv.Itoa(i + 1)
+		key, err := retention.MarkerKey("jobs/", at.Add(time.Duration(i)*time.Millisecond), id)
+		require.NoError(t, err)
+		keys, ids = append(keys, key), append(ids, id)
+	}
+	between, err := retention.MarkerKey("jobs/", at.Add(time.Millisecond), "2a")
+	require.NoError(t, err)
+	return keys, ids, between
+}
+
+// insertMarkers writes keys into table through db.
+func insertMarkers(t *testing.T, db *sql.DB, table string, keys ...[]byte) {
+	t.Helper()
+	for _, key := range keys {
+		_, err := db.Exec("INSERT INTO "+table+" (marker) VALUES (?)", key)
+		require.NoError(t, err)
+	}
 }
