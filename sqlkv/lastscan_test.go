@@ -72,12 +72,7 @@ func TestClearAfterScanSeesWritesSince(t *testing.T) {
 			_, err = writer.Exec("INSERT INTO "+table+" (marker) VALUES (?)", between)
 			require.NoError(t, err)
 
-			err = atomicKV.ClearAndDelete(ctx, ids, keys)
-			assert.ErrorIs(t, err, retention.ErrMarkerGone, "ClearAndDelete() = %v, want ErrMarkerGone", err)
-			assert.Empty(t, cleared, "ids cleared")
-			left, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
-			require.NoError(t, err)
-			assert.Equal(t, [][]byte{keys[0], keys[1], between, keys[2], keys[4]}, left, "markers left")
+			clearRefused(t, kv, atomicKV, cleared, ids, keys, [][]byte{keys[0], keys[1], between, keys[2], keys[4]})
 		})
 	}
 }
@@ -238,12 +233,7 @@ func TestClearAfterScanSeesTableSwappedSince(t *testing.T) {
 	_, err = db.Exec("ALTER TABLE staging RENAME TO markers")
 	require.NoError(t, err)
 
-	err = atomicKV.ClearAndDelete(ctx, ids, keys)
-	assert.ErrorIs(t, err, retention.ErrMarkerGone, "ClearAndDelete() = %v, want ErrMarkerGone", err)
-	assert.Empty(t, cleared, "ids cleared")
-	left, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
-	require.NoError(t, err)
-	assert.Equal(t, [][]byte{keys[0], keys[1], between, keys[2], keys[4]}, left, "markers left")
+	clearRefused(t, kv, atomicKV, cleared, ids, keys, [][]byte{keys[0], keys[1], between, keys[2], keys[4]})
 }
 
 // TestClearAfterScanSeesRestoreSince: a backup restored into the Scan's
@@ -295,12 +285,7 @@ func TestClearAfterScanSeesRestoreSince(t *testing.T) {
 	}))
 	require.NoError(t, conn.Close())
 
-	err = atomicKV.ClearAndDelete(ctx, ids, keys)
-	assert.ErrorIs(t, err, retention.ErrMarkerGone, "ClearAndDelete() = %v, want ErrMarkerGone", err)
-	assert.Empty(t, cleared, "ids cleared")
-	left, err := kv.Scan(ctx, []byte("jobs/"), []byte("jobs0"), 10)
-	require.NoError(t, err)
-	assert.Equal(t, [][]byte{keys[0], keys[1], between, keys[2], keys[4]}, left, "markers left")
+	clearRefused(t, kv, atomicKV, cleared, ids, keys, [][]byte{keys[0], keys[1], between, keys[2], keys[4]})
 }
 
 // hookConnector opens connections of drv whose statements pass their text
@@ -399,4 +384,17 @@ func insertMarkers(t *testing.T, db *sql.DB, table string, keys ...[]byte) {
 		_, err := db.Exec("INSERT INTO "+table+" (marker) VALUES (?)", key)
 		require.NoError(t, err)
 	}
+}
+
+// clearRefused clears ids with their markers keys through a and checks
+// that the call refused with ErrMarkerGone and changed nothing: no id in
+// cleared, and the markers of kv are left.
+func clearRefused(t *testing.T, kv *sqlkv.KV, a *sqlkv.AtomicKV, cleared map[string]bool, ids []string, keys, left [][]byte) {
+	t.Helper()
+	err := a.ClearAndDelete(context.Background(), ids, keys)
+	assert.ErrorIs(t, err, retention.ErrMarkerGone, "ClearAndDelete() = %v, want ErrMarkerGone", err)
+	assert.Empty(t, cleared, "ids cleared")
+	got, err := kv.Scan(context.Background(), []byte("jobs/"), []byte("jobs0"), 10)
+	require.NoError(t, err)
+	assert.Equal(t, left, got, "markers left")
 }
