@@ -249,7 +249,7 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 // text format (\x and hex digits) on a connection that asks for text.
 func collectKeys(rows pgx.Rows, limit int) ([][]byte, error) {
 	defer rows.Close()
-	keys := make([][]byte, 0, min(limit, 4096))
+	keys := make([][]byte, 0, min(limit, 1<<14))
 	var buf []byte
 	for rows.Next() {
 		vals := rows.RawValues()
