@@ -217,8 +217,8 @@ type item struct {
 	err    error // why the key is malformed, or how Clear failed
 	lo, hi int32 // the id's bounds in the page's id buffer
 	// For a duplicate, primary is the item of the id's first marker in the
-	// page, or -1 when that was on an earlier page; for the others, next is
-	// one more than the item of the id's next marker in the page, or 0.
+	// page; for the others, next is one more than the item of the id's next
+	// marker in the page, or 0.
 	primary, next int32
 	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome

@@ -199,14 +199,13 @@ func (s *Sweep) countGone(p *passState, keys [][]byte, items []item) {
 	pl := &s.plan
 	pl.reset()
 	for i := range items {
-		out := items[i].out
-		if out == duplicate && items[i].primary >= 0 {
-			if first := &items[items[i].primary]; first.out == clearedGone && first.withDups {
+		switch it := &items[i]; it.out {
+		case clearedGone, foundGone:
+			s.decide(p, pl, keys, items, i)
+		case duplicate:
+			if first := &items[it.primary]; first.out == clearedGone && first.withDups {
 				s.decide(p, pl, keys, items, i)
 			}
-		}
-		if out == clearedGone || out == foundGone {
-			s.decide(p, pl, keys, items, i)
 		}
 	}
 	s.noteLags(p, items, pl.oldest, true)
