@@ -89,7 +89,9 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 	if lease != nil && a.dialect == MySQL {
 		idle = lease.l.idleSeconds()
 	}
-	c, done, err := a.session(ctx, idle)
+	// On SQLite a connection of its own even with nothing to set: the one
+	// a Scan may have read the call's keys on (lastScan).
+	c, done, err := a.session(ctx, idle, a.dialect == SQLite)
 	if err != nil {
 		return wrap(ctx, op, err)
 	}

@@ -350,7 +350,7 @@ func (f *fencedKV) Delete(ctx context.Context, keys ...[]byte) error {
 		return nil
 	}
 	return f.write(ctx, "delete from", int64(distinctAny(keys)), func(g *guard) (int64, error) {
-		c, done, err := f.kv.session(ctx, 0)
+		c, done, err := f.kv.session(ctx, 0, false)
 		if err != nil {
 			return 0, wrap(ctx, "delete from "+f.kv.table, err)
 		}
@@ -367,7 +367,7 @@ func (f *fencedKV) Put(ctx context.Context, key, value []byte) error {
 		return fmt.Errorf("sqlkv: Put of %q with a %d-byte value: the marker table stores keys only", key, len(value))
 	}
 	return f.write(ctx, "insert into", 1, func(g *guard) (int64, error) {
-		c, done, err := f.kv.session(ctx, 0)
+		c, done, err := f.kv.session(ctx, 0, false)
 		if err != nil {
 			return 0, wrap(ctx, "insert into "+f.kv.table, err)
 		}

@@ -16,7 +16,7 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) (int6
 	}
 	op := "move in " + k.table
 	if k.dialect == PostgreSQL && len(from) <= k.dialect.maxKeys()/2 {
-		c, done, err := k.session(ctx, 0)
+		c, done, err := k.session(ctx, 0, false)
 		if err != nil {
 			return 0, wrap(ctx, op, err)
 		}
@@ -27,7 +27,7 @@ func (k *KV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) (int6
 	if lease != nil && k.dialect == MySQL {
 		idle = lease.l.idleSeconds()
 	}
-	c, done, err := k.session(ctx, idle)
+	c, done, err := k.session(ctx, idle, false)
 	if err != nil {
 		return 0, wrap(ctx, op, err)
 	}

@@ -45,15 +45,15 @@ type dbConn interface {
 }
 
 // session returns what one call's statements go through: k.db itself
-// when nothing needs setting (but on SQLite), or else a connection of its own whose lock
+// when nothing needs setting and own is false, or else a connection of its own whose lock
 // wait is bounded by Options.LockTimeout and, when idle is above zero (a
 // fenced transaction on MySQL), whose wait_timeout is idle seconds, so
 // that a holder whose host vanished mid-transaction keeps its locks for
 // about that long, not until TCP gives up. done puts the connection's
 // settings back and returns it to the pool, or drops it when that fails.
-func (k *KV) session(ctx context.Context, idle int64) (c dbConn, done func(), err error) {
+func (k *KV) session(ctx context.Context, idle int64, own bool) (c dbConn, done func(), err error) {
 	set, restore := k.sessionSQL(idle)
-	if len(set) == 0 && k.dialect != SQLite {
+	if len(set) == 0 && !own {
 		return k.db, func() {}, nil
 	}
 	conn, err := k.db.Conn(ctx)
@@ -61,8 +61,6 @@ func (k *KV) session(ctx context.Context, idle int64) (c dbConn, done func(), er
 		return nil, nil, err
 	}
 	if len(set) == 0 {
-		// On SQLite a connection of its own even so: the one a Scan may
-		// have read the call's keys on (lastScan).
 		return conn, func() { _ = conn.Close() }, nil
 	}
 	drop := func() {

@@ -209,7 +209,7 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 		}
 		return view.Delete(ctx, keys...)
 	}
-	c, done, err := k.session(ctx, 0)
+	c, done, err := k.session(ctx, 0, false)
 	if err != nil {
 		return wrap(ctx, "delete from "+k.table, err)
 	}
@@ -239,7 +239,7 @@ func (k *KV) Put(ctx context.Context, key, value []byte) error {
 		}
 		return p.Put(ctx, key, value)
 	}
-	c, done, err := k.session(ctx, 0)
+	c, done, err := k.session(ctx, 0, false)
 	if err != nil {
 		return wrap(ctx, "insert into "+k.table, err)
 	}
