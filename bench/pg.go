@@ -110,6 +110,12 @@ func (p *PG) Close(ctx context.Context) error {
 // that all are expired, and 1ms apart so markers sort in id order.
 func finishedAt() time.Time { return time.Now().Add(-48 * time.Hour).Truncate(time.Millisecond) }
 
+// expiredEnd is the end of the range of markers expired now: Prefix and
+// the cutoff's Unix milliseconds in TimestampWidth digits.
+func expiredEnd() []byte {
+	return fmt.Appendf([]byte(Prefix), "%0*d", retention.TimestampWidth, time.Now().Add(-Retention).UnixMilli())
+}
+
 // SetupJobs writes n expired jobs (bigint ids) and their markers, each
 // id's row and marker as MarkTx would write them, in set-based statements
 // for speed, then vacuums and checkpoints so that every contender starts
@@ -382,12 +388,8 @@ SELECT count(*) FROM m`
 		Clear: func(ctx context.Context) (int, error) {
 			total := 0
 			for {
-				end, err := retention.MarkerKey(Prefix, time.Now().Add(-Retention), "0")
-				if err != nil {
-					return total, err
-				}
 				var n int
-				if err := p.pool.QueryRow(ctx, sql, []byte(Prefix+"0"), end[:len(Prefix)+retention.TimestampWidth], size, idAt).Scan(&n); err != nil {
+				if err := p.pool.QueryRow(ctx, sql, []byte(Prefix+"0"), expiredEnd(), size, idAt).Scan(&n); err != nil {
 					return total, err
 				}
 				total += n

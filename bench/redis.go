@@ -110,7 +110,7 @@ func (r *Redis) Check(ctx context.Context) error {
 // expiredRange is the lex range of ZRANGE BYLEX holding every expired
 // marker: markers sort by time, so every key below the cutoff's is expired.
 func expiredRange() (lo, hi string) {
-	return "[" + Prefix, fmt.Sprintf("(%s%020d/", Prefix, time.Now().Add(-Retention).UnixMilli())
+	return "[" + Prefix, "(" + string(expiredEnd()) + "/"
 }
 
 // Floor is the fastest way to delete the backlog knowing every id: one

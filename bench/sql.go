@@ -225,7 +225,7 @@ func (s *SQL) Floor() Contender {
 		Setup: s.Setup,
 		Clear: func(ctx context.Context) (int, error) {
 			start := []byte(Prefix)
-			end := fmt.Appendf([]byte(Prefix), "%0*d", retention.TimestampWidth, time.Now().Add(-Retention).UnixMilli())
+			end := expiredEnd()
 			total := 0
 			for {
 				read, deleted, err := s.floorBatch(ctx, start, end)
