@@ -2,7 +2,9 @@ package retention
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -280,4 +282,43 @@ func newAtomicKV(t testing.TB, n int) (*atomicKV, []string) {
 		kv.entities[id] = true
 	}
 	return kv, ids
+}
+
+// runKV is atomicKV as a RunClearer: ClearRun reads its run from the
+// MemKV, refuses one holding a key that is no marker, and commits it as
+// ClearAndDelete does (hooks and poison included), counting its calls.
+type runKV struct {
+	*atomicKV
+	runs        atomic.Int64
+	unsupported bool // ClearRun says it cannot clear runs
+}
+
+func runOver(mem *MemKV) *runKV { return &runKV{atomicKV: atomicOver(mem)} }
+
+func (r *runKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	r.runs.Add(1)
+	if r.unsupported {
+		return nil, fmt.Errorf("no SQL to clear by: %w", errors.ErrUnsupported)
+	}
+	keys, err := r.MemKV.Scan(ctx, from, end, limit)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, key := range keys {
+		_, id, err := ParseMarkerKey(prefix, key)
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) == 0 || !slices.Contains(ids, string(id)) {
+			ids = append(ids, string(id))
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if err := r.ClearAndDelete(ctx, ids, keys); err != nil {
+		return nil, err
+	}
+	return keys, nil
 }

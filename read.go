@@ -8,21 +8,28 @@ import (
 )
 
 // walk handles the pages of [from, end) and reports whether there were
-// none. The next page is read once this one is settled, after its last
-// key, so markers that stay are not read again; reading it during the
-// clears did not pay (BENCHMARKS.md).
+// none: each a RunClearer's run (see clearRun), or else read and cleared
+// by the sweep. The next page is read once this one is settled, after its
+// last key, so markers that stay are not read again; reading it during
+// the clears did not pay (BENCHMARKS.md).
 func (s *Sweep) walk(ctx context.Context, p *passState, from, end []byte) (empty bool, err error) {
-	keys, err := s.scan(ctx, p, from, end, s.pageSize)
-	empty = len(keys) == 0
-	for err == nil && len(keys) > 0 {
-		err = s.finishPage(ctx, p, keys, s.preparePage(p, keys))
-		if err != nil || len(keys) < s.pageSize {
-			break
+	empty = true
+	for {
+		keys, limit, err := s.clearRun(ctx, p, from, end)
+		if limit == 0 && err == nil {
+			limit = s.pageSize
+			keys, err = s.scan(ctx, p, from, end, limit)
+			if err == nil && len(keys) > 0 {
+				err = s.finishPage(ctx, p, keys, s.preparePage(p, keys))
+			}
+		}
+		empty = empty && len(keys) == 0
+		if err != nil || len(keys) < limit {
+			return empty, err
 		}
 		p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
-		keys, err = s.scan(ctx, p, p.buf.after, end, s.pageSize)
+		from = p.buf.after
 	}
-	return empty, err
 }
 
 // retryPass handles the due part of the retry range. Most passes find

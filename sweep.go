@@ -53,6 +53,7 @@ type settings struct {
 	minInterval  time.Duration // <= 0: none
 	dryRun       bool
 	maxAttempts  int
+	runs         bool // the expired range may be cleared by a RunClearer's runs (see clearRun)
 
 	lower, upper           []byte // the marker range: the prefix and a digit
 	retryLower, retryUpper []byte // the retry range (see infixRange)
@@ -64,6 +65,7 @@ type memory struct {
 	foreignSeen   int       // foreign keys of the last pass that had any
 	foreignWarned time.Time // when they were last logged at Warn
 	idle          bool      // the last pass found nothing expired (see stillIdle)
+	noRuns        bool      // the KV said it cannot clear runs (see clearRun)
 }
 
 // scratch is one pass's state and buffers, which the next pass reuses: an
@@ -113,6 +115,8 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		lower:        append([]byte(cfg.Prefix), '0'),
 		upper:        append([]byte(cfg.Prefix), '9'+1),
 		maxAttempts:  cfg.MaxAttempts,
+		runs: cfg.Clear == nil && cfg.ClearBatch == nil && cfg.ValidateID == nil && cfg.Limiter == nil &&
+			!cfg.DryRun && cfg.Concurrency <= 1,
 	}, busy: make(chan struct{}, 1)}
 	s.retries = newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay))
 	s.retryLower, s.retryUpper = infixRange(cfg.Prefix, retryInfix)

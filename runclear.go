@@ -1,0 +1,89 @@
+package retention
+
+import (
+	"context"
+	"errors"
+)
+
+// RunClearer is a ClearDeleter that can also choose its batches: the store
+// reads the markers, clears their entities and deletes them in one
+// transaction, where a ClearDeleter is sent the keys a Scan read. Nothing
+// crosses to the client but the keys deleted, so a pass costs one round
+// trip a batch. pgkv.KV.WithClearSQL makes one.
+//
+// A Sweep over a RunClearer, with Concurrency 1, no Config.ValidateID,
+// Limiter nor DryRun, calls ClearRun for its expired range while no id
+// waits in its memory for a retry or a hold; in every other case, and for
+// the rest of a range a run refused, it reads the page and calls
+// ClearAndDelete. A run whose reply is lost is not counted in Stats: the
+// sweep cannot know which markers it took.
+type RunClearer interface {
+	ClearDeleter
+	// ClearRun takes the first limit keys k with from <= k < end, or all
+	// of them when fewer, and in one transaction clears the entities they
+	// name and deletes them; it returns the keys it deleted, ascending. A
+	// key's id follows prefix, TimestampWidth digits and a '/' (see
+	// ParseMarkerKey).
+	//
+	// When a key of the run is not a marker whose id ValidateID accepts,
+	// ClearRun changes nothing and returns an error matching
+	// ErrMalformedMarker: the sweep then reads that part of the range
+	// itself. A store that cannot clear runs (one made without the form
+	// of clear they need) returns an error matching errors.ErrUnsupported,
+	// and the Sweep calls it no more. Any other error is as from
+	// ClearAndDelete: it changed nothing, unless it hides a commit.
+	ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error)
+}
+
+// clearRun lets the store clear the next run of [from, end) when it is a
+// RunClearer and nothing needs the run's ids in memory first. It returns
+// the run's keys and the limit it asked for, or a limit of 0 when the
+// sweep reads the page itself.
+func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (keys [][]byte, limit int, err error) {
+	rc, ok := p.kv.(RunClearer)
+	if !ok || !s.runs || s.noRuns || p.inRetry || len(s.retries.byID) > 0 {
+		return nil, 0, nil
+	}
+	limit = int(s.curBatch.Load())
+	wctx, mark := p.writeCtx(ctx)
+	start := s.clock.Now()
+	err = s.guarded(wctx, func(ctx context.Context) (err error) {
+		keys, err = rc.ClearRun(ctx, s.prefix, from, end, limit)
+		return err
+	})
+	s.adapt(len(keys), s.clock.Now().Sub(start), err)
+	ferr := checkFenced(mark, p.kv, "ClearRun")
+	switch {
+	case err == nil:
+		p.ok()
+		items := s.preparePage(p, keys)
+		var at int64
+		if s.obs != nil { // the clock is read for the lags only
+			at = s.clock.Now().UnixNano()
+		}
+		for i := range items {
+			if items[i].out == pending {
+				items[i].out, items[i].withDups, items[i].doneAt = clearedGone, true, at
+			}
+		}
+		// Its duplicates went with it: settle counts and deletes nothing more.
+		return keys, limit, s.afterClears(ctx, p, keys, items, 1, ferr)
+	case ferr != nil:
+		return nil, limit, ferr
+	case ctx.Err() != nil:
+		p.st.ClearCalls++
+		return nil, limit, ctx.Err()
+	case errors.Is(err, ErrLeaseLost):
+		p.st.ClearCalls++
+		return nil, limit, err
+	case errors.Is(err, errors.ErrUnsupported):
+		s.noRuns = true
+	case errors.Is(err, ErrMalformedMarker): // the page path sorts the keys out
+		p.st.ClearCalls++
+	default:
+		p.st.ClearCalls++
+		p.callFailed(err)
+		p.foldCalls()
+	}
+	return nil, 0, nil
+}

@@ -1,0 +1,219 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+)
+
+// newRunKV returns a runKV holding n markers finished at t0 (markN) and
+// their entities, and the markers' ids.
+func newRunKV(t testing.TB, n int) (*runKV, []string) {
+	mem := NewMemKV()
+	kv := runOver(mem)
+	ids := markN(t, mem, n, t0)
+	for _, id := range ids {
+		kv.entities[id] = true
+	}
+	return kv, ids
+}
+
+// TestRunClearerClearsTheExpiredRangeInRuns: the store picks each batch,
+// so the expired range is never scanned, and a run short of its limit
+// ends it; the markers not expired stay.
+func TestRunClearerClearsTheExpiredRangeInRuns(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 25)
+	late := mark(t, kv.MemKV, "runs/", "late", t0.Add(2*time.Hour))
+	s, clock := newSweep(t, kv, Config{BatchSize: 10})
+	clock.Advance(time.Hour + time.Second)
+	kv.reset()
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 25, st.Cleared)
+	assert.Equal(t, 3, st.ClearCalls, "runs of 10, 10 and 5")
+	assert.Equal(t, int64(3), kv.runs.Load())
+	assert.Equal(t, int64(2), kv.scans.Load(), "Scans: the key past the expired range and the retry range, none of the expired range")
+	assert.Equal(t, int64(0), kv.deletes.Load())
+	assert.Equal(t, time.Second, st.MaxLag)
+	assert.Equal(t, t0.Add(3*time.Hour), st.NextDue)
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Equal(t, []string{string(late)}, keysUnder(t, kv, "runs/"))
+}
+
+// TestRunClearerDuplicatesGoWithTheirFirst: a run that holds two markers
+// of an id clears the entity once and counts the second a duplicate.
+func TestRunClearerDuplicatesGoWithTheirFirst(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 4)
+	mark(t, kv.MemKV, "runs/", ids[1], t0.Add(time.Minute))
+	s, clock := newSweep(t, kv, Config{})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 4, st.Cleared)
+	assert.Equal(t, 1, st.Duplicates)
+	assert.Equal(t, 1, kv.cleared[ids[1]])
+	assert.Empty(t, keysUnder(t, kv, "runs/"))
+}
+
+// TestRunRefusedForAKeyNotAMarker: a key of the range that is no marker
+// makes the store refuse the run; the sweep reads that page itself,
+// leaves the key alone, and goes on in runs after it.
+func TestRunRefusedForAKeyNotAMarker(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 30)
+	foreignKey := []byte("runs/0000000/not-a-marker") // sorts before the markers
+	require.NoError(t, kv.Put(context.Background(), foreignKey, nil))
+	s, clock := newSweep(t, kv, Config{BatchSize: 10, PageSize: 10})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 30, st.Cleared)
+	assert.Equal(t, 1, st.Foreign)
+	assert.Zero(t, st.FailedCalls, "a refused run is no failed call")
+	assert.Equal(t, int64(4), kv.runs.Load(), "refused, then after the page of 10 keys: 10, 10 and 1")
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Equal(t, []string{string(foreignKey)}, keysUnder(t, kv, "runs/"))
+}
+
+// TestRunClearerThatCannotRunIsAskedOnce: a store that says it cannot
+// clear runs is cleared page by page, and not asked again.
+func TestRunClearerThatCannotRunIsAskedOnce(t *testing.T) {
+	t.Parallel()
+	kv, _ := newRunKV(t, 5)
+	kv.unsupported = true
+	s, clock := newSweep(t, kv, Config{})
+	clock.Advance(2 * time.Hour)
+	for range 2 {
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, st.FailedCalls)
+	}
+	assert.Equal(t, int64(1), kv.runs.Load())
+	assert.Empty(t, keysUnder(t, kv, "runs/"))
+}
+
+// TestFailedRunFallsBackToPages: a run that fails changes nothing; the
+// sweep reads the page and clears it by ClearAndDelete, bisecting around
+// the id at fault, which then waits for its retry: no run is asked while
+// it waits in memory.
+func TestFailedRunFallsBackToPages(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 8)
+	kv.poison[ids[3]] = true
+	s, clock := newSweep(t, kv, Config{RetryDelay: time.Minute})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 7, st.Cleared)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, int64(1), kv.runs.Load())
+	assert.GreaterOrEqual(t, st.FailedCalls, 2, "the run, then the page's batch")
+
+	more := mark(t, kv.MemKV, "runs/", "more", t0.Add(time.Minute))
+	kv.entities["more"] = true
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Equal(t, int64(1), kv.runs.Load(), "no run while %s waits for its retry", ids[3])
+	assert.False(t, has(t, kv.MemKV, more))
+}
+
+// TestLostRunReplyClearsNothingTwice: a run that committed but whose reply
+// was lost is not counted, and the page read after it finds its markers
+// gone: every entity is cleared once.
+func TestLostRunReplyClearsNothingTwice(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 12)
+	kv.after = func(call int, err error) error {
+		if call == 1 && err == nil {
+			return errLostReply
+		}
+		return err
+	}
+	s, clock := newSweep(t, kv, Config{BatchSize: 5, PageSize: 5})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 7, st.Cleared, "the lost run's 5 are not counted")
+	assert.Equal(t, 1, st.FailedCalls)
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Empty(t, keysUnder(t, kv, "runs/"))
+}
+
+// TestRunsOnlyWhereNothingNeedsThePage: a sweep whose settings need each
+// id in memory before its clear (its own id rule, a budget, a dry run,
+// concurrent batches) reads pages, and clears the same.
+func TestRunsOnlyWhereNothingNeedsThePage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		runs bool
+	}{
+		{"defaults", Config{}, true},
+		{"Concurrency 1", Config{Concurrency: 1}, true},
+		{"Concurrency 2", Config{Concurrency: 2}, false},
+		{"ValidateID", Config{ValidateID: ValidateID}, false},
+		{"Limiter", Config{Limiter: rate.NewLimiter(rate.Inf, 1)}, false},
+		{"DryRun", Config{DryRun: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kv, _ := newRunKV(t, 6)
+			s, clock := newSweep(t, kv, tc.cfg)
+			clock.Advance(2 * time.Hour)
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tc.runs, kv.runs.Load() > 0, "runs")
+			if tc.cfg.DryRun {
+				assert.Equal(t, 6, st.WouldClear)
+				return
+			}
+			assert.Equal(t, 6, st.Cleared)
+			assert.Empty(t, keysUnder(t, kv, "runs/"))
+		})
+	}
+}
+
+// TestRunCutShortReturnsTheContextsError: a pass cancelled during a run
+// returns ctx.Err() and counts nothing of the run.
+func TestRunCutShortReturnsTheContextsError(t *testing.T) {
+	t.Parallel()
+	kv, _ := newRunKV(t, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	var calls atomic.Int32
+	kv.before = func(ctx context.Context, _ int, _ []string, _ [][]byte) error {
+		calls.Add(1)
+		cancel()
+		<-ctx.Done()
+		return fmt.Errorf("cut: %w", ctx.Err())
+	}
+	s, clock := newSweep(t, kv, Config{})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Zero(t, st.Cleared)
+	assert.Equal(t, int32(1), calls.Load())
+	assert.Len(t, keysUnder(t, kv, "runs/"), 3)
+	assert.False(t, errors.Is(err, ErrLeaseLost))
+}
