@@ -47,10 +47,7 @@ func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (k
 	limit = int(s.curBatch.Load())
 	wctx, mark := p.writeCtx(ctx)
 	start := s.clock.Now()
-	err = s.guarded(wctx, func(ctx context.Context) (err error) {
-		keys, err = rc.ClearRun(ctx, s.prefix, from, end, limit)
-		return err
-	})
+	keys, err = s.callRun(wctx, rc, from, end, limit)
 	s.adapt(len(keys), s.clock.Now().Sub(start), err)
 	ferr := checkFenced(mark, p.kv, "ClearRun")
 	switch {
@@ -86,4 +83,15 @@ func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (k
 		p.foldCalls()
 	}
 	return nil, 0, nil
+}
+
+// callRun is ClearRun under guarded, in a function of its own: in
+// clearRun the closure would move clearRun's results to the heap on every
+// page, runs or not.
+func (s *Sweep) callRun(ctx context.Context, rc RunClearer, from, end []byte, limit int) (keys [][]byte, err error) {
+	err = s.guarded(ctx, func(ctx context.Context) (err error) {
+		keys, err = rc.ClearRun(ctx, s.prefix, from, end, limit)
+		return err
+	})
+	return keys, err
 }
