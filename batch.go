@@ -57,22 +57,10 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 				"it cannot clear and delete in one transaction, and the sweep will not do it in two")
 		}
 	}
-	// An id that failed before, most likely a poison id, goes alone: in a
-	// batch it would fail the batch and cost a bisection every time.
-	var todo, alone []int
-	for i := range items {
-		if items[i].out == pending {
-			if items[i].attempts > 0 || s.retries.failures(items[i].id) > 0 {
-				alone = append(alone, i)
-			} else {
-				todo = append(todo, i)
-			}
-		}
-	}
-	b := &batching{s: s, p: p, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd, todo: todo, alone: alone}
+	b := s.batching(ctx, p, keys, items, cd)
 	// Batches are cut as workers take them, so that a slow call makes the
 	// batches after it smaller (Config.BatchTarget).
-	workers := min(s.concurrency, (len(todo)+s.batchSize-1)/s.batchSize+len(alone))
+	workers := min(s.concurrency, (len(b.todo)+s.batchSize-1)/s.batchSize+len(b.alone))
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -87,13 +75,36 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 		})
 	}
 	wg.Wait()
-	p.rethrow()
-	p.st.ScanCalls += int(b.scans.Load())
-	p.st.Scanned += int(b.scanned.Load())
-	if ferr := p.fenceErr.Load(); ferr != nil {
+	return b.end()
+}
+
+// batching returns the batches of a page's pending items. An id that
+// failed before, most likely a poison id, goes alone: in a batch it would
+// fail the batch and cost a bisection every time.
+func (s *Sweep) batching(ctx context.Context, p *passState, keys [][]byte, items []item, cd ClearDeleter) *batching {
+	var todo, alone []int
+	for i := range items {
+		if items[i].out == pending {
+			if items[i].attempts > 0 || s.retries.failures(items[i].id) > 0 {
+				alone = append(alone, i)
+			} else {
+				todo = append(todo, i)
+			}
+		}
+	}
+	return &batching{s: s, p: p, ctx: ctx, kv: p.kv, items: items, keys: keys, atomic: cd, todo: todo, alone: alone}
+}
+
+// end folds what the page's calls counted into the pass, once they are
+// done, and returns how many calls they were and the page's error.
+func (b *batching) end() (int, error) {
+	b.p.rethrow()
+	b.p.st.ScanCalls += int(b.scans.Load())
+	b.p.st.Scanned += int(b.scanned.Load())
+	if ferr := b.p.fenceErr.Load(); ferr != nil {
 		return int(b.calls.Load()), *ferr
 	}
-	return int(b.calls.Load()), ctx.Err()
+	return int(b.calls.Load()), b.ctx.Err()
 }
 
 // callFailed counts a call that failed as a whole, by cause and in the streak.
@@ -159,9 +170,14 @@ func (b *batching) run(idx []int) {
 			return
 		}
 	}
-	err := b.try(idx)
+	b.failed(idx, b.try(idx))
+}
+
+// failed bisects the items at idx after a call of them that failed with
+// err, unless it did not (nil) or the pass is over (they stay pending).
+func (b *batching) failed(idx []int, err error) {
 	if err == nil || b.ctx.Err() != nil {
-		return // cleared, or the pass is over and the items stay pending
+		return
 	}
 	b.p.callFailed(err)
 	b.bisect(idx, err, idx)
@@ -359,7 +375,15 @@ func (b *batching) tryAtomic(idx []int) error {
 	start := b.s.clock.Now()
 	err := b.s.callAtomic(wctx, b.atomic, b.idsOf(idx), keys)
 	b.s.adapt(len(idx), b.s.clock.Now().Sub(start), err)
-	if ferr := checkFenced(mark, b.kv, "ClearAndDelete"); ferr != nil {
+	return b.answer(idx, keys, err, checkFenced(mark, b.kv, "ClearAndDelete"))
+}
+
+// answer records the outcomes of the items at idx, whose markers are keys,
+// from a ClearDeleter's call of them (ClearAndDelete or ClearRun) that
+// returned err; ferr, when not nil, says the call went out unfenced. It
+// returns an error when the call failed as a whole, leaving them pending.
+func (b *batching) answer(idx []int, keys [][]byte, err, ferr error) error {
+	if ferr != nil {
 		// The call went out unfenced: what it did stands, but no other
 		// write may follow it; the page fails with ferr.
 		b.p.fenceErr.CompareAndSwap(nil, &ferr)

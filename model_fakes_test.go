@@ -30,7 +30,20 @@ type (
 	modelROAtomic struct{ modelRO }
 	modelPutAtom  struct{ modelPut }
 	modelMoveAtom struct{ modelMove }
+	modelRORun    struct{ modelROAtomic }
+	modelPutRun   struct{ modelPutAtom }
+	modelMoveRun  struct{ modelMoveAtom }
 )
+
+func (k modelRORun) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return k.clearRun(ctx, prefix, from, end, limit)
+}
+func (k modelPutRun) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return k.clearRun(ctx, prefix, from, end, limit)
+}
+func (k modelMoveRun) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return k.clearRun(ctx, prefix, from, end, limit)
+}
 
 func (k modelPut) Put(ctx context.Context, key, value []byte) error { return k.put(ctx, key, value) }
 func (k modelMove) Move(ctx context.Context, from, to [][]byte) error {
@@ -58,10 +71,16 @@ func (w *modelWorld) kvFor(inc *modelProcess) KV {
 		return put
 	case w.cfg.mode != modelAtomic:
 		return ro
+	case w.cfg.store == modelMover && w.cfg.runs:
+		return modelMoveRun{modelMoveAtom{move}}
 	case w.cfg.store == modelMover:
 		return modelMoveAtom{move}
+	case w.cfg.store == modelPutter && w.cfg.runs:
+		return modelPutRun{modelPutAtom{put}}
 	case w.cfg.store == modelPutter:
 		return modelPutAtom{put}
+	case w.cfg.runs:
+		return modelRORun{modelROAtomic{ro}}
 	}
 	return modelROAtomic{ro}
 }
@@ -599,6 +618,37 @@ func (w *modelWorld) clearBatch(inc *modelProcess, ctx context.Context, ids []st
 	<-ctx.Done()
 	w.mu.Lock()
 	return done(ctx.Err(), "ctx done: "+ctx.Err().Error())
+}
+
+// clearRun is the RunClearer: it reads the run, refuses it when a key is
+// no marker of prefix, and commits it as clearAndDelete does, with every
+// fault and check of that call; a key gone in between makes the commit
+// refuse, changing nothing, as a store's transaction would. It returns
+// the run's keys with its error, but for a lost reply.
+func (k *modelKV) clearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	w := k.w
+	w.mu.Lock()
+	if prefix != modelPrefix {
+		w.violate("bad ClearRun", "", "prefix %q, want %q", prefix, modelPrefix)
+	}
+	keys, _ := w.mem.Scan(ctx, from, end, limit)
+	w.mu.Unlock()
+	var ids []string
+	for _, key := range keys {
+		_, id, err := ParseMarkerKey(prefix, key)
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, string(id))
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	err := k.clearAndDelete(ctx, ids, keys)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return nil, err // the reply was lost: no keys with it
+	}
+	return keys, err
 }
 
 // clearAndDelete is the ClearDeleter: it clears the entities of ids and

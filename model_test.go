@@ -130,12 +130,15 @@ type modelConfig struct {
 	crashRate   float64         // chance that a store call or clear crashes the process
 	rng         *rand.Rand      // the rest of the run's draws: entities, writes
 	calm        bool            // no duplicate markers and no live-again entities (TestModelCalm)
+	runs        bool            // the ClearDeleter is a RunClearer too
 }
 
 func newModelConfig(seed uint64) modelConfig {
 	r := rand.New(rand.NewPCG(seed, 0x6d6f64656c))
 	c := modelConfig{seed: seed, rng: r}
 	c.mode = modelMode(r.IntN(3))
+	// Drawn apart, so that a seed draws the rest as it did before runs.
+	c.runs = c.mode == modelAtomic && rand.New(rand.NewPCG(seed, 0x72756e73)).IntN(2) == 0
 	switch x := r.IntN(20); {
 	case x < 12:
 		c.store = modelMover
@@ -166,8 +169,12 @@ func newModelConfig(seed uint64) modelConfig {
 }
 
 func (c modelConfig) String() string {
+	mode := c.mode.String()
+	if c.runs {
+		mode += "+runs"
+	}
 	return fmt.Sprintf("mode=%v store=%v concurrency=%d page=%d batch=%d entities=%d passes=%d faults=%.2f crashes=%.3f",
-		c.mode, c.store, c.concurrency, c.pageSize, c.batchSize, c.entities, len(c.steps), c.faultRate, c.crashRate)
+		mode, c.store, c.concurrency, c.pageSize, c.batchSize, c.entities, len(c.steps), c.faultRate, c.crashRate)
 }
 
 // modelEntity is one entity of the world.

@@ -31,14 +31,21 @@ type RunClearer interface {
 	// itself. A store that cannot clear runs (one made without the form
 	// of clear they need) returns an error matching errors.ErrUnsupported,
 	// and the Sweep calls it no more. Any other error is as from
-	// ClearAndDelete: it changed nothing, unless it hides a commit.
+	// ClearAndDelete: it changed nothing, unless it hides a commit; with
+	// it ClearRun returns the keys of the run when it knows them, and the
+	// sweep acts on the error as on a ClearAndDelete's of those keys (a
+	// BatchError's ids get their answers, the others go again). With no
+	// keys, the sweep reads the range itself.
 	ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error)
 }
 
 // clearRun lets the store clear the next run of [from, end) when it is a
 // RunClearer and nothing needs the run's ids in memory first. It returns
 // the run's keys and the limit it asked for, or a limit of 0 when the
-// sweep reads the page itself.
+// sweep reads the page itself. A run is then settled as a page whose
+// keys went in one ClearAndDelete: what a failed run answered for its ids
+// is acted on as that call's answer would be, and the rest go again in
+// calls of their own.
 func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (keys [][]byte, limit int, err error) {
 	rc, ok := p.kv.(RunClearer)
 	if !ok || !s.runs || s.noRuns || p.inRetry || len(s.retries.byID) > 0 {
@@ -50,39 +57,37 @@ func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (k
 	keys, err = s.callRun(wctx, rc, from, end, limit)
 	s.adapt(len(keys), s.clock.Now().Sub(start), err)
 	ferr := checkFenced(mark, p.kv, "ClearRun")
-	switch {
-	case err == nil:
-		p.ok()
-		items := s.preparePage(p, keys)
-		var at int64
-		if s.obs != nil { // the clock is read for the lags only
-			at = s.clock.Now().UnixNano()
+	if len(keys) == 0 || errors.Is(err, ErrMalformedMarker) || errors.Is(err, errors.ErrUnsupported) {
+		switch {
+		case ferr != nil:
+			return nil, limit, ferr
+		case err == nil: // the range is empty
+			return nil, limit, nil
+		case errors.Is(err, errors.ErrUnsupported):
+			s.noRuns = true
+			return nil, 0, nil
+		case errors.Is(err, ErrMalformedMarker): // the page sorts the keys out
+			p.st.ClearCalls++
+			return nil, 0, nil
 		}
-		for i := range items {
-			if items[i].out == pending {
-				items[i].out, items[i].withDups, items[i].doneAt = clearedGone, true, at
-			}
+		p.st.ClearCalls++
+		if ctx.Err() != nil {
+			return nil, limit, ctx.Err()
 		}
-		// Its duplicates went with it: settle counts and deletes nothing more.
-		return keys, limit, s.afterClears(ctx, p, keys, items, 1, ferr)
-	case ferr != nil:
-		return nil, limit, ferr
-	case ctx.Err() != nil:
-		p.st.ClearCalls++
-		return nil, limit, ctx.Err()
-	case errors.Is(err, ErrLeaseLost):
-		p.st.ClearCalls++
-		return nil, limit, err
-	case errors.Is(err, errors.ErrUnsupported):
-		s.noRuns = true
-	case errors.Is(err, ErrMalformedMarker): // the page path sorts the keys out
-		p.st.ClearCalls++
-	default:
-		p.st.ClearCalls++
+		if errors.Is(err, ErrLeaseLost) {
+			return nil, limit, err
+		}
 		p.callFailed(err)
 		p.foldCalls()
+		return nil, 0, nil
 	}
-	return nil, 0, nil
+	items := s.preparePage(p, keys)
+	b := s.batching(ctx, p, keys, items, rc)
+	idx := append(b.todo, b.alone...)
+	b.calls.Add(1)
+	b.failed(idx, b.answer(idx, b.keysOf(idx), err, ferr))
+	calls, err := b.end()
+	return keys, limit, s.afterClears(ctx, p, keys, items, calls, err)
 }
 
 // callRun is ClearRun under guarded, in a function of its own: in

@@ -136,28 +136,41 @@ func TestFailedRunFallsBackToPages(t *testing.T) {
 }
 
 // TestLostRunReplyClearsNothingTwice: a run that committed but whose reply
-// was lost is not counted, and the page read after it finds its markers
-// gone: every entity is cleared once.
+// was lost is counted gone when its keys came back with the error, and
+// not at all when they did not; the page read after it finds its markers
+// gone, and every entity is cleared once.
 func TestLostRunReplyClearsNothingTwice(t *testing.T) {
 	t.Parallel()
-	kv, ids := newRunKV(t, 12)
-	kv.after = func(call int, err error) error {
-		if call == 1 && err == nil {
-			return errLostReply
-		}
-		return err
-	}
-	s, clock := newSweep(t, kv, Config{BatchSize: 5, PageSize: 5})
-	clock.Advance(2 * time.Hour)
+	for _, keysLost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keys lost %v", keysLost), func(t *testing.T) {
+			t.Parallel()
+			kv, ids := newRunKV(t, 12)
+			kv.keysLost = keysLost
+			kv.after = func(call int, err error) error {
+				if call == 1 && err == nil {
+					return errLostReply
+				}
+				return err
+			}
+			s, clock := newSweep(t, kv, Config{BatchSize: 5, PageSize: 5})
+			clock.Advance(2 * time.Hour)
 
-	st, err := s.Pass(context.Background())
-	require.NoError(t, err)
-	assert.Equal(t, 7, st.Cleared, "the lost run's 5 are not counted")
-	assert.Equal(t, 1, st.FailedCalls)
-	for _, id := range ids {
-		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 7, st.Cleared)
+			if keysLost {
+				assert.Zero(t, st.Gone, "nothing tells which markers the run took")
+				assert.Equal(t, 1, st.FailedCalls)
+			} else {
+				assert.Equal(t, 5, st.Gone, "read back: gone, cleared by this call or another's")
+				assert.Zero(t, st.FailedCalls)
+			}
+			for _, id := range ids {
+				assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+			}
+			assert.Empty(t, keysUnder(t, kv, "runs/"))
+		})
 	}
-	assert.Empty(t, keysUnder(t, kv, "runs/"))
 }
 
 // TestRunsOnlyWhereNothingNeedsThePage: a sweep whose settings need each
@@ -216,4 +229,37 @@ func TestRunCutShortReturnsTheContextsError(t *testing.T) {
 	assert.Equal(t, int32(1), calls.Load())
 	assert.Len(t, keysUnder(t, kv, "runs/"), 3)
 	assert.False(t, errors.Is(err, ErrLeaseLost))
+}
+
+// TestRunAnswersAreActedOn: a run the clear refused with a BatchError
+// comes back with its keys; the held id is held, not asked again, and the
+// others go in a call of their own.
+func TestRunAnswersAreActedOn(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 6)
+	until := t0.Add(3 * time.Hour)
+	var asked atomic.Int32
+	refuseHeld := refuse(map[string]error{ids[2]: Hold(until)})
+	kv.before = func(ctx context.Context, call int, batch []string, keys [][]byte) error {
+		for _, id := range batch {
+			if id == ids[2] {
+				asked.Add(1)
+			}
+		}
+		return refuseHeld(ctx, call, batch, keys)
+	}
+	s, clock := newSweep(t, kv, Config{})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 5, st.Cleared)
+	assert.Equal(t, 1, st.Held)
+	assert.Equal(t, 2, st.ClearCalls, "the run, then the five not held")
+	assert.Equal(t, int32(1), asked.Load(), "%s asked once", ids[2])
+	assert.Equal(t, int64(1), kv.runs.Load())
+	assert.Zero(t, kv.cleared[ids[2]])
+	bl, err := s.Backlog(context.Background(), 100)
+	require.NoError(t, err)
+	assert.Equal(t, 1, bl.Held)
 }

@@ -568,6 +568,7 @@ const (
 	soakClear  soakMode = iota // Config.Clear
 	soakBatch                  // Config.ClearBatch
 	soakAtomic                 // a ClearDeleter
+	soakRuns                   // a RunClearer
 )
 
 // soakAtomicKV is the soak's ClearDeleter: a faultAtomic whose calls count
@@ -582,6 +583,39 @@ func (a soakAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][
 		a.state.called(id)
 	}
 	return a.faultAtomic.ClearAndDelete(ctx, ids, keys)
+}
+
+// soakRunKV is the soak's RunClearer: a run is read through the faulty
+// store and committed as a soakAtomicKV's ClearAndDelete, with its faults;
+// with an error it returns the run's keys, or half the time none, as when
+// the reply was lost.
+type soakRunKV struct {
+	soakAtomicKV
+	runs, committed *atomic.Int64 // calls, and those that committed
+}
+
+func (r soakRunKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	r.runs.Add(1)
+	keys, err := r.Scan(ctx, from, end, limit)
+	if err != nil || len(keys) == 0 {
+		return nil, err
+	}
+	ids := make([]string, len(keys))
+	for i, key := range keys {
+		_, id, err := ParseMarkerKey(prefix, key)
+		if err != nil {
+			return nil, err
+		}
+		ids[i] = string(id)
+	}
+	if err := r.ClearAndDelete(ctx, slices.Compact(slices.Sorted(slices.Values(ids))), keys); err != nil {
+		if r.c.rnd.float() < 0.5 {
+			return nil, err
+		}
+		return keys, err
+	}
+	r.committed.Add(1)
+	return keys, nil
 }
 
 // TestSoakFaults runs Run over a store and clears that fail in every way
@@ -605,6 +639,7 @@ func TestSoakFaults(t *testing.T) {
 		{"no-put/concurrency=4", 4, soakNoPut, soakClear},
 		{"batch/concurrency=4", 4, soakMover, soakBatch},
 		{"atomic/concurrency=4", 4, soakMover, soakAtomic},
+		{"runs/concurrency=1", 1, soakMover, soakRuns},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
@@ -688,11 +723,16 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 			state.returnedBatch(ids, err)
 			return err
 		}
-	case soakAtomic:
+	case soakAtomic, soakRuns:
 		require.Equal(t, soakMover, v.store, "an atomic clear needs a Mover, or a reschedule may leave two markers")
 		state.atomic = true
 		cfg.BatchSize = 4
 		kv = soakAtomicKV{&faultAtomic{faultKV: fkv, c: fc, commit: state.committed, refuse: state.holds}, state}
+		if v.mode == soakRuns {
+			runs, committed := new(atomic.Int64), new(atomic.Int64)
+			kv = soakRunKV{kv.(soakAtomicKV), runs, committed}
+			defer func() { t.Logf("runs: %d, %d committed", runs.Load(), committed.Load()) }()
+		}
 	}
 	s, err := New(kv, cfg)
 	require.NoError(t, err)
