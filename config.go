@@ -59,8 +59,9 @@ type Config struct {
 	// number of batches in flight.
 	ClearBatch func(ctx context.Context, ids []string) error
 
-	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets.
-	// Zero means DefaultBatchSize; otherwise 1 to PageSize. Not with Clear.
+	// BatchSize is the most ids a ClearBatch (or ClearDeleter) call gets,
+	// and the most markers a RunClearer's run takes. Zero means
+	// DefaultBatchSize; otherwise 1 to PageSize. Not with Clear.
 	BatchSize int
 
 	// ClearTimeout bounds each call of Clear (from its first look at ctx)
@@ -125,7 +126,8 @@ type Config struct {
 	// Concurrency is how many Clear (or ClearBatch) calls of one page may
 	// run at once. Zero means 1; otherwise 1 to MaxConcurrency. Pages still
 	// go in order, and a marker is still deleted only after its own clear
-	// succeeded.
+	// succeeded. Above 1, a RunClearer's runs are not used: each picks the
+	// next batch, so they go one at a time.
 	Concurrency int
 
 	// Interval is the longest Run sleeps between passes. Zero means the
