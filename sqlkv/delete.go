@@ -78,10 +78,11 @@ func (k *KV) deleteRangeOwnTx(ctx context.Context, db dbConn, keys [][]byte, g *
 }
 
 // deleteRangeTx deletes the keys from the first of keys to the last with
-// one range delete when they are exactly keys (rangeIs, page as there). exact reports whether they were. deleted is then how
-// many rows went: all of them, or none when g did not hold; any other
-// count (a key slipped into the range between the read and the delete,
-// which MySQL's READ COMMITTED allows) is an error, and tx must be rolled
+// one range delete when they are exactly keys (rangeIs, page as there).
+// exact reports whether they were. deleted is then how many rows went:
+// all of them, or none when g did not hold; any other count (a key
+// slipped into the range between the read and the delete, which MySQL's
+// READ COMMITTED and PostgreSQL allow) is an error, and tx must be rolled
 // back.
 func (k *KV) deleteRangeTx(ctx context.Context, tx *sql.Tx, keys, page [][]byte, g *guard) (deleted int64, exact bool, err error) {
 	op := "delete from " + k.table
@@ -90,7 +91,8 @@ func (k *KV) deleteRangeTx(ctx context.Context, tx *sql.Tx, keys, page [][]byte,
 		return 0, false, wrap(ctx, op, err)
 	}
 	c, gargs := g.cond(2)
-	n, err := exec(ctx, k.dialect, tx, "DELETE FROM "+k.table+" WHERE marker >= ? AND marker <= ?"+and(c), append([]any{first, last}, gargs...))
+	d := k.dialect
+	n, err := exec(ctx, d, tx, "DELETE FROM "+k.table+" WHERE marker >= "+d.phs(1, 1)+" AND marker <= "+d.phs(2, 1)+and(c), append([]any{first, last}, gargs...))
 	switch {
 	case err != nil:
 		return 0, false, wrap(ctx, op, err)
@@ -102,16 +104,18 @@ func (k *KV) deleteRangeTx(ctx context.Context, tx *sql.Tx, keys, page [][]byte,
 
 // rangeIs reports whether the keys from the first of keys to the last are
 // exactly keys, in tx: known without a read when they are a run of page,
-// the keys of a Scan that tx sees the database as it was then (recall), or
-// else read, and on MySQL locked (FOR UPDATE; SQLite's transaction holds
-// the write lock once it writes).
+// the keys of a Scan that tx sees the database as it was then (recall) or
+// of a read in tx (an AtomicKV's run), or else read, and on MySQL and
+// PostgreSQL locked (FOR UPDATE; SQLite's transaction holds the write lock
+// once it writes).
 func (k *KV) rangeIs(ctx context.Context, tx *sql.Tx, keys, page [][]byte) (bool, error) {
 	if page != nil && isRun(page, keys) {
 		return true, nil
 	}
-	q := "SELECT marker FROM " + k.table + " WHERE marker >= ? AND marker <= ? ORDER BY marker"
+	d := k.dialect
+	q := "SELECT marker FROM " + k.table + " WHERE marker >= " + d.phs(1, 1) + " AND marker <= " + d.phs(2, 1) + " ORDER BY marker"
 	args := []any{keys[0], keys[len(keys)-1]}
-	if k.dialect == MySQL {
+	if d != SQLite {
 		q += " FOR UPDATE"
 	}
 	rows, err := query(ctx, k.dialect, tx, q, args)

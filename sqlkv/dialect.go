@@ -23,7 +23,11 @@ const (
 	// WITHOUT ROWID table, compared with memcmp; placeholders are ?. Open
 	// the database with a busy timeout (modernc.org/sqlite:
 	// _pragma=busy_timeout(10000)), or concurrent writers fail at once with
-	// SQLITE_BUSY; WAL mode lets Scan read while a sweep writes.
+	// SQLITE_BUSY, and with transactions that take the write lock as they
+	// begin (_txlock=immediate): a clear reads its markers, then deletes
+	// them, and a deferred transaction that another connection wrote under
+	// since its read fails rather than wait. WAL mode lets Scan read while
+	// a sweep writes.
 	SQLite
 
 	// PostgreSQL is PostgreSQL 13 or later through database/sql, for example

@@ -27,7 +27,9 @@
 //
 // When the entities live in the same database, KV.WithClear makes an
 // AtomicKV, which clears them in the *sql.Tx that deletes their markers,
-// and only while every one of those markers still exists.
+// and only while every one of those markers still exists. Under a sweep
+// with Concurrency 1 it also reads each batch's markers in that
+// transaction (AtomicKV.ClearRun), and the sweep scans none of them.
 //
 // Replicas that share the table take turns with a Locker: a lease row with
 // a TTL, in a table created by MigrateLeases in the same database, whose

@@ -60,8 +60,8 @@ type LockerOptions struct {
 // the lease row to name this holder, unexpired, and on MySQL and
 // PostgreSQL locks that row (LOCK IN SHARE MODE, FOR SHARE) until the
 // statement commits, so a takeover, which updates the row, waits for it;
-// SQLite runs one writer at a time. A fenced ClearAndDelete checks the
-// row the same way in its transaction: last before COMMIT on MySQL and
+// SQLite runs one writer at a time. A fenced ClearAndDelete or ClearRun
+// checks the row the same way in its transaction: last before COMMIT on MySQL and
 // PostgreSQL, first on SQLite (an UPDATE, which takes the write lock). A
 // fenced transaction bounds how long its session may sit idle by the TTL
 // (wait_timeout on MySQL, SET LOCAL idle_in_transaction_session_timeout on

@@ -13,8 +13,8 @@ import (
 // Options tune a KV. A nil *Options means the defaults.
 type Options struct {
 	// LockTimeout bounds how long each statement of the KV's writes
-	// (Delete, Put, Move, and an AtomicKV's ClearAndDelete, its ClearFunc
-	// included) waits for a lock that another transaction holds: a row
+	// (Delete, Put, Move, and an AtomicKV's ClearAndDelete and ClearRun,
+	// its ClearFunc included) waits for a lock that another transaction holds: a row
 	// lock on MySQL and PostgreSQL, the write lock on SQLite. A call that
 	// waits longer fails having changed nothing, and the sweep retries it
 	// (a failed batch is bisected, the locked id put off). It is set for
