@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -20,12 +21,16 @@ import (
 
 // TestModel drives a sqlkv KV and its AtomicKV with random operations —
 // Put, Delete, Move (pairs whose source is there or not, some moving onto
-// a key that exists; no key in two pairs of a call), Scan of random ranges and limits, and ClearAndDelete
-// of batches whose markers are all there, or some gone — on each dialect,
+// a key that exists; no key in two pairs of a call), Scan of random ranges
+// and limits, ClearAndDelete of batches whose markers are all there, or
+// some gone, and ClearRun of random ranges and limits — on each dialect,
 // and checks every answer and the whole table against a model written
 // plainly: a MemKV for the markers and a set for the entities. A
 // ClearAndDelete commits (entities and markers together) only when every
-// key is there, else it returns ErrMarkerGone having changed nothing.
+// key is there, else it returns ErrMarkerGone having changed nothing. A
+// ClearRun takes what a Scan of its range and limit would return, and
+// commits only when each of those keys is a marker (markerKey), else it
+// returns ErrMalformedMarker having changed nothing.
 func TestModel(t *testing.T) {
 	t.Parallel()
 	forEach(t, func(t *testing.T, dl dialect) {
@@ -37,6 +42,10 @@ func TestModel(t *testing.T) {
 		}
 	})
 }
+
+// markerKey is what a ClearRun of prefix "m/" takes for a marker: the
+// prefix, 20 digits, '/' and an id of the default rule.
+var markerKey = regexp.MustCompile(`^m/[0-9]{20}/[A-Za-z0-9_-]{1,128}$`)
 
 func runModel(t *testing.T, dl dialect, seed uint64) {
 	ctx := context.Background()
@@ -86,7 +95,7 @@ func runModel(t *testing.T, dl dialect, seed uint64) {
 		t.Fatalf("seed %d, after %s:\n"+format, append([]any{seed, strings.Join(trace, "\n")}, args...)...)
 	}
 	for step := range 300 {
-		switch op := r.IntN(10); {
+		switch op := r.IntN(12); {
 		case op < 3: // Put
 			k := pick()
 			trace = append(trace, fmt.Sprintf("%d put %q", step, k))
@@ -137,6 +146,37 @@ func runModel(t *testing.T, dl dialect, seed uint64) {
 			require.NoError(t, err)
 			if !slices.EqualFunc(got, want, bytes.Equal) {
 				fail("Scan(%q, %q, %d) = %q, want %q", a, b, limit, got, want)
+			}
+		case op >= 10: // ClearRun of a random range and limit
+			a, b := pick(), pick()
+			if bytes.Compare(a, b) > 0 {
+				a, b = b, a
+			}
+			limit := 1 + r.IntN(8)
+			trace = append(trace, fmt.Sprintf("%d run [%q, %q) %d", step, a, b, limit))
+			got, err := akv.ClearRun(ctx, "m/", a, b, limit)
+			want, merr := model.Scan(ctx, a, b, limit)
+			require.NoError(t, merr)
+			var runIDs []string
+			malformed := false
+			for _, k := range want {
+				if !markerKey.Match(k) {
+					malformed = true
+				} else if id := idOf(k); !slices.Contains(runIDs, id) {
+					runIDs = append(runIDs, id)
+				}
+			}
+			switch {
+			case malformed && !errors.Is(err, retention.ErrMalformedMarker):
+				fail("ClearRun of %q = %q, %v, want ErrMalformedMarker", want, got, err)
+			case malformed:
+			case err != nil || !slices.EqualFunc(got, want, bytes.Equal):
+				fail("ClearRun = %q, %v, want %q", got, err, want)
+			default:
+				require.NoError(t, model.Delete(ctx, want...))
+				for _, id := range runIDs {
+					delete(entities, id)
+				}
 			}
 		default: // ClearAndDelete of a batch of ids and keys, some maybe gone
 			all, err := model.Scan(ctx, []byte("m/0"), []byte("m/:"), 1<<20)
