@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,8 +21,16 @@ type KeysFunc func(ids []string) []string
 
 // AtomicKV is a KV that clears entities itself, deleting their state keys
 // in the script that removes their markers: a retention.ClearDeleter.
-// Create one with KV.WithClear, and give it to retention.New with neither
-// Config.Clear nor Config.ClearBatch set.
+// Create one with KV.WithStateKeys or KV.WithClear, and give it to
+// retention.New with neither Config.Clear nor Config.ClearBatch set.
+//
+// One made by WithStateKeys is also a retention.RunClearer: a sweep with
+// Concurrency 1 and no Config.ValidateID, Limiter nor DryRun then clears
+// its expired markers by runs, each one script call that reads the next
+// markers from the set, checks them, deletes their entities' state keys
+// and removes them, with no Scan of the range: see ClearRun. One made by
+// WithClear names the state keys in Go, which a script cannot call, so
+// the sweep reads each page and sends it back as ClearAndDelete batches.
 //
 // A script runs whole or not at all, and nothing else runs in between, so a
 // crash can no longer leave an entity's keys deleted with its marker still
@@ -28,9 +38,11 @@ type KeysFunc func(ids []string) []string
 // the set, and changes nothing when one is gone (an error matching
 // retention.ErrMarkerGone): a batch sent again after a timeout whose
 // first call did commit, or one another replica cleared meanwhile, clears
-// nothing a second time. With a sweep that reschedules failed markers by
-// moving them (retention.Mover, which KV is), each entity is then cleared
-// exactly once, even with no lease. It applies to state held in keys of
+// nothing a second time. A run reads its markers in its own script, so
+// two runs never take one marker, and a run sent again takes the next.
+// With a sweep that reschedules failed markers by moving them
+// (retention.Mover, which KV is), each entity is then cleared exactly
+// once, even with no lease. It applies to state held in keys of
 // the same Redis (on Redis Cluster, of the same hash slot: give state keys
 // the set's hash tag). State elsewhere cannot join the script: use
 // Config.ClearBatch there. Under a rediskv Locker the script checks the
@@ -43,23 +55,161 @@ type KeysFunc func(ids []string) []string
 // retention.ClearDeleter says.
 type AtomicKV struct {
 	*KV
-	keysOf KeysFunc
+	keysOf    KeysFunc
+	templates []template // nil: made by WithClear, no runs
+	runArgs   []any      // the templates' parts, clearRunScript's last arguments
 }
 
 var (
-	_ retention.ClearDeleter = (*AtomicKV)(nil)
-	_ retention.Putter       = (*AtomicKV)(nil)
-	_ retention.Mover        = (*AtomicKV)(nil)
+	_ retention.RunClearer = (*AtomicKV)(nil)
+	_ retention.Putter     = (*AtomicKV)(nil)
+	_ retention.Mover      = (*AtomicKV)(nil)
 )
 
 // WithClear returns an AtomicKV over k's set whose ClearAndDelete deletes
 // the keys keysOf names for each batch of ids, only if every marker of the
-// batch is still in the set.
+// batch is still in the set. It cannot clear runs; where the state keys
+// of an id are fixed strings around it, WithStateKeys can.
 func (k *KV) WithClear(keysOf KeysFunc) (*AtomicKV, error) {
 	if keysOf == nil {
 		return nil, errors.New("rediskv: WithClear: keysOf must not be nil")
 	}
 	return &AtomicKV{KV: k, keysOf: keysOf}, nil
+}
+
+// WithStateKeys returns an AtomicKV over k's set that deletes, for each id
+// it clears, the keys the templates name: each template is a key in which
+// "<id>" stands for the id, once, such as "{runs}:state:<id>" and
+// "{runs}:log:<id>". Templates, unlike WithClear's KeysFunc, can be
+// applied inside Redis, so this AtomicKV is a retention.RunClearer too
+// (see ClearRun); its ClearAndDelete deletes the same keys.
+//
+// It refuses templates that could delete what they must not: one without
+// "<id>" or with it twice, one given twice, one that names the marker set
+// itself for some id, and two that can name one key for two ids, as
+// "job:<id>" and "job:<id>-log" both name "job:a-log" (end the id with a
+// byte no id holds, such as ':'). On Redis Cluster (or a Ring) every key
+// a template names must hash to the set's slot whatever the id: give the
+// template the set's hash tag, outside "<id>".
+func (k *KV) WithStateKeys(templates ...string) (*AtomicKV, error) {
+	if len(templates) == 0 {
+		return nil, errors.New(`rediskv: WithStateKeys: no template: give at least one key with "<id>" in it, such as "{runs}:state:<id>"`)
+	}
+	a := &AtomicKV{KV: k, templates: make([]template, len(templates))}
+	for i, raw := range templates {
+		t, err := k.parseTemplate(raw)
+		if err != nil {
+			return nil, fmt.Errorf("rediskv: WithStateKeys: template %q %w", raw, err)
+		}
+		for j, u := range a.templates[:i] {
+			if err := t.overlaps(u); err != nil {
+				return nil, fmt.Errorf("rediskv: WithStateKeys: templates %q and %q %w", templates[j], raw, err)
+			}
+		}
+		a.templates[i] = t
+		a.runArgs = append(a.runArgs, t.before, t.after)
+	}
+	a.keysOf = a.stateKeys
+	return a, nil
+}
+
+// idPlaceholder stands for the id in a WithStateKeys template. Not {id}:
+// braces make a Redis Cluster hash tag.
+const idPlaceholder = "<id>"
+
+// template is a WithStateKeys template: the key of an id is before, the
+// id, after.
+type template struct{ before, after string }
+
+func (t template) key(id string) string { return t.before + id + t.after }
+
+// parseTemplate splits raw at its "<id>" and checks it against k's set; its
+// error completes "template %q ...".
+func (k *KV) parseTemplate(raw string) (template, error) {
+	before, after, ok := strings.Cut(raw, idPlaceholder)
+	switch {
+	case !ok:
+		return template{}, errors.New(`holds no "<id>": the key must name the id, as in "{runs}:state:<id>"`)
+	case strings.Contains(after, idPlaceholder):
+		return template{}, fmt.Errorf(`holds "<id>" %d times, want it once`, strings.Count(raw, idPlaceholder))
+	}
+	t := template{before, after}
+	if id, ok := t.names(k.key); ok {
+		return template{}, fmt.Errorf("names the marker set %q itself, for the id %q", k.key, id)
+	}
+	switch k.rdb.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		if hashPart(t.key("a")) != hashPart(t.key("b")) {
+			return template{}, fmt.Errorf("hashes to a slot that depends on the id: give it the marker set %q's hash tag, outside %q", k.key, idPlaceholder)
+		}
+		if !sameSlot(k.rdb, t.key("a"), k.key) {
+			return template{}, fmt.Errorf("hashes to slot %d, the marker set %q to slot %d: give them one hash tag", slot(t.key("a")), k.key, slot(k.key))
+		}
+	}
+	return t, nil
+}
+
+// names returns the id for which t names key, if some id ValidateID
+// accepts does.
+func (t template) names(key string) (string, bool) {
+	if len(key) <= len(t.before)+len(t.after) || !strings.HasPrefix(key, t.before) || !strings.HasSuffix(key, t.after) {
+		return "", false
+	}
+	id := key[len(t.before) : len(key)-len(t.after)]
+	return id, retention.ValidateID(id) == nil
+}
+
+// overlaps returns an error, completing "templates %q and %q ...", when u
+// (the earlier) and t name one key for two ids. u(y) = t(x) needs the
+// shorter of the parts before "<id>" to start the longer, and the shorter
+// of the parts after it to end the longer; y then holds what the longer
+// adds, and x is y with it taken off and the other's put on. The y tried,
+// one letter with what must be added, is the shortest, so if it is too
+// long for an id every other is too.
+func (t template) overlaps(u template) error {
+	if t == u {
+		return errors.New("are the same: give each once")
+	}
+	for _, c := range []string{"a", "b"} { // "a" alone makes x = y when both add "a"
+		y := c
+		if len(u.before) < len(t.before) && strings.HasPrefix(t.before, u.before) {
+			y = t.before[len(u.before):] + y
+		}
+		if len(u.after) < len(t.after) && strings.HasSuffix(t.after, u.after) {
+			y += t.after[:len(t.after)-len(u.after)]
+		}
+		if retention.ValidateID(y) != nil {
+			return nil
+		}
+		key := u.key(y)
+		if x, ok := t.names(key); ok && x != y {
+			return fmt.Errorf("both name %q, for the ids %q and %q: end the id with a byte no id holds, such as ':'", key, y, x)
+		}
+	}
+	return nil
+}
+
+// templateNames returns an error when a template names key, which is
+// what, for some id: a clear of that id would delete it.
+func (a *AtomicKV) templateNames(key, what string) error {
+	for _, t := range a.templates {
+		if id, ok := t.names(key); ok {
+			return fmt.Errorf("rediskv: state key template %q names %s %q, for the id %q: a clear of that id would delete it",
+				t.before+idPlaceholder+t.after, what, key, id)
+		}
+	}
+	return nil
+}
+
+// stateKeys is the KeysFunc of an AtomicKV made by WithStateKeys.
+func (a *AtomicKV) stateKeys(ids []string) []string {
+	keys := make([]string, 0, len(ids)*len(a.templates))
+	for _, id := range ids {
+		for _, t := range a.templates {
+			keys = append(keys, t.key(id))
+		}
+	}
+	return keys
 }
 
 // Delete is KV.Delete; under a fence on ctx it asks the fence for a view
@@ -232,13 +382,158 @@ func (a *AtomicKV) run(ctx context.Context, lease, token string, ids []string, k
 	return n, nil
 }
 
+// ClearRun implements retention.RunClearer with one script call: the
+// script reads the first limit members of [from, end) from the set,
+// checks that each is a marker, prefix, retention.TimestampWidth digits
+// (a time up to retention.MaxMarkerTime), '/' and an id
+// retention.ValidateID accepts, then deletes the keys the templates name
+// for their ids (once an id) and removes the members, and returns them,
+// ascending. When a member is not such a marker it changes nothing and
+// returns an error matching retention.ErrMalformedMarker that names it.
+// An AtomicKV made by WithClear cannot clear runs: it returns an error
+// matching errors.ErrUnsupported, having sent nothing. Under a fence on
+// ctx (see retention.Fenced) it is the lease's fenced run, whose script
+// first checks the lease key's token.
+//
+// Redis runs nothing else while the script runs, so Config.BatchSize, a
+// run's limit, bounds that pause too. The script names the state keys
+// itself, from the ids it read, which Redis allows of keys in the slot of
+// those it is given: hence the templates' hash tag on Redis Cluster.
+func (a *AtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	view, err := retention.Fenced(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	if view != nil {
+		rc, ok := view.(retention.RunClearer)
+		if !ok {
+			return nil, fmt.Errorf("rediskv: clear run: the fenced view (%T) cannot clear runs: %w", view, retention.ErrUnfenced)
+		}
+		return rc.ClearRun(ctx, prefix, from, end, limit)
+	}
+	return a.clearRun(ctx, "", "", prefix, from, end, limit)
+}
+
+// errNoRuns is ClearRun's error for an AtomicKV made by WithClear.
+var errNoRuns = fmt.Errorf("rediskv: clear run: this AtomicKV names state keys with a KeysFunc, Go code that a script "+
+	"cannot call; make it with KV.WithStateKeys to clear runs: %w", errors.ErrUnsupported)
+
+// maxStamp is the timestamp of retention.MaxMarkerTime, without its
+// leading zeros; it fits a Lua number (a double) exactly.
+var maxStamp = strconv.FormatInt(retention.MaxMarkerTime.UnixMilli(), 10)
+
+// clearRunScript clears the run of at most ARGV[4] members of the set
+// KEYS[2] in the lex range ARGV[2] to ARGV[3]: each must be ARGV[5] (the
+// prefix), the timestamp's digits, '/' and an id, else it returns {-2,
+// member} having done nothing. It unlinks ARGV[6] .. id .. ARGV[7],
+// ARGV[8] .. id .. ARGV[9], ... for each id once, removes the members
+// and returns them. With a token in ARGV[1] (a fence), it does so only
+// while the lease key KEYS[1] holds it, and returns {-1} otherwise.
+// Without one, KEYS[1] repeats the set. Lua patterns have no counted
+// repetition, so the id's length is checked apart, and no class depends
+// on the locale: [0-9] and [A-Za-z0-9_%-] compare bytes. Every check
+// comes before the first write: Redis does not roll back a script that
+// fails part way.
+var clearRunScript = redis.NewScript(`if ARGV[1] ~= "" and redis.call("get", KEYS[1]) ~= ARGV[1] then
+	return {-1}
+end
+local members = redis.call("zrange", KEYS[2], ARGV[2], ARGV[3], "BYLEX", "LIMIT", 0, tonumber(ARGV[4]))
+if #members == 0 then
+	return members
+end
+local prefix = ARGV[5]
+local at = #prefix + 1
+local idAt = at + ` + strconv.Itoa(retention.TimestampWidth+1) + `
+local ids, seen = {}, {}
+for _, m in ipairs(members) do
+	local n = #m - idAt + 1
+	if n < 1 or n > ` + strconv.Itoa(retention.MaxIDLen) + ` or string.sub(m, 1, at - 1) ~= prefix
+		or not string.find(m, "^` + strings.Repeat("[0-9]", retention.TimestampWidth) + `/[A-Za-z0-9_%-]+$", at)
+		or string.sub(m, at, at + ` + strconv.Itoa(retention.TimestampWidth-len(maxStamp)-1) + `) ~= "` + strings.Repeat("0", retention.TimestampWidth-len(maxStamp)) + `"
+		or tonumber(string.sub(m, idAt - ` + strconv.Itoa(len(maxStamp)+1) + `, idAt - 2)) > ` + maxStamp + ` then
+		return {-2, m}
+	end
+	local id = string.sub(m, idAt)
+	if not seen[id] then
+		seen[id] = true
+		ids[#ids + 1] = id
+	end
+end
+local keys = {}
+for _, id in ipairs(ids) do
+	for t = 6, #ARGV, 2 do
+		keys[#keys + 1] = ARGV[t] .. id .. ARGV[t + 1]
+	end
+end
+for i = 1, #keys, ` + strconv.Itoa(unpackChunk) + ` do
+	redis.call("unlink", unpack(keys, i, math.min(i + ` + strconv.Itoa(unpackChunk-1) + `, #keys)))
+end
+redis.call("zremrangebylex", KEYS[2], "[" .. members[1], "[" .. members[#members])
+return members`)
+
+// clearRun runs clearRunScript, fenced by lease and token when token is
+// not empty. It returns errFenceRefused when the fence refused.
+func (a *AtomicKV) clearRun(ctx context.Context, lease, token, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	if a.templates == nil {
+		return nil, errNoRuns
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("rediskv: ClearRun limit must be at least 1, got %d", limit)
+	}
+	if token == "" {
+		lease = a.key
+	}
+	args := make([]any, 0, 5+len(a.runArgs))
+	args = append(args, token, "["+string(from), "("+string(end), limit, prefix)
+	args = append(args, a.runArgs...)
+	reply, err := clearRunScript.Run(ctx, a.rdb, []string{lease, a.key}, args...).Slice()
+	if err != nil {
+		return nil, a.wrap(ctx, "clear run", err)
+	}
+	if len(reply) > 0 {
+		if code, ok := reply[0].(int64); ok {
+			if code == -1 {
+				return nil, errFenceRefused
+			}
+			var m string
+			if len(reply) > 1 {
+				m, _ = reply[1].(string)
+			}
+			return nil, a.notMarker(prefix, m)
+		}
+	}
+	members := make([]string, len(reply))
+	for i, r := range reply {
+		m, ok := r.(string)
+		if !ok {
+			return nil, fmt.Errorf("rediskv: clear run %q: the script's reply %d is a %T, not a member", a.key, i, r)
+		}
+		members[i] = m
+	}
+	return toKeys(members), nil
+}
+
+// notMarker is the error of a run refused for member: the reason
+// retention.ParseMarkerKey gives, or the form the script wants when
+// ParseMarkerKey takes it (the keys of the retry and parked ranges).
+func (a *AtomicKV) notMarker(prefix, member string) error {
+	_, _, err := retention.ParseMarkerKey(prefix, []byte(member))
+	if err == nil {
+		err = fmt.Errorf("%w: %q is not %q, %d digits, '/' and an id", retention.ErrMalformedMarker, member, prefix, retention.TimestampWidth)
+	}
+	return fmt.Errorf("rediskv: clear run %q: refused for the member %q, nothing changed: %w", a.key, member, err)
+}
+
 // fencedAtomicKV is the view of an AtomicKV under a redisLease.
 type fencedAtomicKV struct {
 	*fencedKV
 	atomic *AtomicKV
 }
 
-var _ retention.ClearDeleter = (*fencedAtomicKV)(nil)
+var _ retention.RunClearer = (*fencedAtomicKV)(nil)
 
 func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
 	if f.err != nil {
@@ -253,4 +548,22 @@ func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys 
 		return f.refused("clear and delete")
 	}
 	return err
+}
+
+func (f *fencedAtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	if f.atomic.templates == nil {
+		return nil, errNoRuns
+	}
+	if f.err != nil {
+		return nil, fmt.Errorf("rediskv: fenced clear run: %w", f.err)
+	}
+	if f.lease.isLost() {
+		return nil, f.refused("clear run")
+	}
+	keys, err := f.atomic.clearRun(ctx, f.lease.l.key, f.lease.token, prefix, from, end, limit)
+	if errors.Is(err, errFenceRefused) {
+		f.lease.markLost()
+		return nil, f.refused("clear run")
+	}
+	return keys, err
 }

@@ -45,11 +45,14 @@ const (
 	rcrashChild     = "rcrash-child" // the children's client name, in CLIENT LIST
 	rcrashTimeout   = 100 * time.Millisecond
 
-	// Held entities: one expired id in rcrashHeldEvery (2%), each held
-	// until a moment of its own between rcrashHoldFrom and
-	// rcrashHoldFrom+rcrashHoldSpan after the parent's start: most
-	// children meet holds, and every hold is over before the final pass.
-	rcrashHeldEvery = 50
+	// Held entities: one in rcrashHeldEvery of the older half of the
+	// expired ids (2% of them all), each held until a moment of its own
+	// between rcrashHoldFrom and rcrashHoldFrom+rcrashHoldSpan after the
+	// parent's start: most children meet holds, and every hold is over
+	// before the final pass. The newer half holds none, so that children
+	// with Concurrency 1 clear it by runs: a sweep that keeps a hold in
+	// memory asks for no run.
+	rcrashHeldEvery = 25
 	rcrashHoldFrom  = 10 * time.Second
 	rcrashHoldSpan  = 20 * time.Second
 )
@@ -75,7 +78,7 @@ func rcrashPoison(id string) bool {
 // (rcrashClock), and whether id is held at all.
 func rcrashHold(id string) (time.Time, bool) {
 	i, err := strconv.Atoi(id[1:])
-	if err != nil || id[0] != 'x' || i%rcrashHeldEvery != 7 {
+	if err != nil || id[0] != 'x' || i >= rcrashExpired/2 || i%rcrashHeldEvery != 7 {
 		return time.Time{}, false
 	}
 	spread := time.Duration(i*7919%int(rcrashHoldSpan/time.Millisecond)) * time.Millisecond
@@ -104,14 +107,10 @@ func rcrashState(set, id string) string {
 	return strings.TrimSuffix(set, ":markers") + ":state:" + id
 }
 
-func rcrashKeysFunc(set string) rediskv.KeysFunc {
-	return func(ids []string) []string {
-		keys := make([]string, len(ids))
-		for i, id := range ids {
-			keys[i] = rcrashState(set, id)
-		}
-		return keys
-	}
+// rcrashAtomic is the AtomicKV over kv, whose set is set: its template
+// names rcrashState's keys, so it clears runs too.
+func rcrashAtomic(kv *rediskv.KV, set string) (*rediskv.AtomicKV, error) {
+	return kv.WithStateKeys(rcrashState(set, "<id>"))
 }
 
 // rcrashClock reads rcrashBase plus the real time since the parent
@@ -122,24 +121,31 @@ type rcrashClock struct{ start time.Time }
 func (c rcrashClock) Now() time.Time { return rcrashBase.Add(time.Since(c.start)) }
 
 // TestCrashAtomic: a child process runs a Sweep over 20,000 expired and
-// 1,000 unexpired entities of an AtomicKV, each a state key and a marker,
-// and is killed with SIGKILL, then started again, rcrashKills times.
-// Children alternate Concurrency 1 and 4. In the child, a wrapper around
-// the AtomicKV fails every batch that holds a poison id (the sweep bisects
-// it down to the id and reschedules its marker), and lets about one clear
-// in twelve commit and then wait past ClearTimeout before it returns, as a
-// reply lost after the commit. One expired id in 50 is held (rcrashHold):
-// until its hold ends the wrapper refuses a batch that holds one, changing
-// nothing, with a retention.BatchError naming the held ids (one Hold for
-// the whole call when all its ids are held until the same moment), and the
-// sweep moves their markers to held keys. The parent kills a child at a
-// random moment: early, after some commits, right after a reschedule (Put
-// or Move), right after a batch whose ClearTimeout fired, or right after a
-// batch refused for a hold.
+// 1,000 unexpired entities of an AtomicKV made by WithStateKeys, each a
+// state key and a marker, and is killed with SIGKILL, then started again,
+// rcrashKills times. Children alternate Concurrency 1, which clears the
+// expired range by runs (ClearRun) where it can, and 4, which reads pages
+// and clears them by batches (ClearAndDelete). In the child, a wrapper
+// around the AtomicKV fails every batch that holds a poison id (the sweep
+// bisects it down to the id and reschedules its marker), and lets about
+// one clear (batch or run) in twelve commit and then wait past
+// ClearTimeout before it returns, as a reply lost after the commit. A run
+// has no failure of its own id by id: a script deletes every key or none.
+// One expired id in 25 of the older half is held (rcrashHold): until its
+// hold ends the wrapper refuses a batch that holds one, changing nothing,
+// with a retention.BatchError naming the held ids (one Hold for the whole
+// call when all its ids are held until the same moment), and the sweep
+// moves their markers to held keys; it refuses a run that would take one
+// (a run cannot hold an id), and the sweep reads the page instead. The
+// parent kills a child at a random moment: early, after some commits
+// (batches or runs), right after a reschedule (Put or Move), right after
+// a clear whose ClearTimeout fired, or right after a batch refused for a
+// hold.
 //
 // The parent counts every committed clear of every id: MONITOR, on a
 // connection of its own, shows each command a script runs, and the clear
-// script runs its UNLINK of the state keys only once every check passed,
+// and run scripts run their UNLINK of the state keys only once every
+// check passed,
 // so an UNLINK naming an id's state key is one commit of a clear of that
 // id. State keys are never written again, so a second commit for an id is
 // a second clear, even though its UNLINK finds nothing to delete.
@@ -153,8 +159,9 @@ func (c rcrashClock) Now() time.Time { return rcrashBase.Add(time.Since(c.start)
 // (by the time MONITOR shows), nor is gone while its hold lasts; a held
 // key is a held id's, at its hold's end (or, where the hold ended before
 // the move, at most a second after the check). Finally, once every hold
-// is over, one pass in this process, without faults, clears the rest, and
-// every expired id, held ones included, was committed exactly once.
+// is over, one pass in this process, without faults, clears the rest (by
+// runs, where the expired range holds any), and every expired id, held
+// ones included, was committed exactly once; some child committed runs.
 func TestCrashAtomic(t *testing.T) {
 	if set := os.Getenv(rcrashEnvSet); set != "" {
 		rcrashRun(t, set)
@@ -181,6 +188,7 @@ func TestCrashAtomic(t *testing.T) {
 
 	v := &rcrashViolations{}
 	kinds := map[string]int{}
+	runs := 0 // runs the children committed
 	holds := rcrashHoldCount{ids: map[string]bool{}}
 	for n := 1; n <= rcrashKills; n++ {
 		// How to pick the moment: at random early on, or on the k-th line
@@ -211,11 +219,15 @@ func TestCrashAtomic(t *testing.T) {
 		require.NoError(t, cmd.Start())
 		lines := make(chan string, 1024)
 		childHolds := rcrashHoldCount{ids: map[string]bool{}} // the reader's until lines closes
+		childRuns := 0                                        // likewise
 		go func() {
 			defer close(lines)
 			sc := bufio.NewScanner(stdout)
 			for sc.Scan() {
 				childHolds.add(sc.Text())
+				if sc.Text() == "RUN" {
+					childRuns++
+				}
 				lines <- sc.Text()
 			}
 		}()
@@ -234,6 +246,7 @@ func TestCrashAtomic(t *testing.T) {
 		}
 		kinds[got]++
 		holds.merge(childHolds)
+		runs += childRuns
 		rcrashSettle(t, admin, mon, n)
 		v.check(t, admin, set, mon, start, n, got)
 	}
@@ -248,7 +261,7 @@ func TestCrashAtomic(t *testing.T) {
 	// unexpired entities fall due.
 	kv, err := rediskv.New(admin, set)
 	require.NoError(t, err)
-	akv, err := kv.WithClear(rcrashKeysFunc(set))
+	akv, err := rcrashAtomic(kv, set)
 	require.NoError(t, err)
 	s, err := retention.New(akv, retention.Config{
 		Prefix: rcrashPrefix, Retention: rcrashRetention, BatchSize: 100, PageSize: 1000,
@@ -270,7 +283,8 @@ func TestCrashAtomic(t *testing.T) {
 			once++
 		}
 	}
-	t.Logf("kills by moment: %v; final pass: %d cleared, %d failed, %d held", kinds, st.Cleared, st.Failed, st.Held)
+	t.Logf("kills by moment: %v; runs committed by children: %d; final pass: %d cleared in %d calls, %d failed, %d held",
+		kinds, runs, st.Cleared, st.ClearCalls, st.Failed, st.Held)
 	t.Logf("children's holds: %s; held keys at a check: at most %d", holds, v.heldKeys)
 	t.Logf("expired ids committed exactly once: %d of %d; %s", once, rcrashExpired, v.summary())
 	var afterOrphan, afterDouble, unseen int
@@ -288,6 +302,7 @@ func TestCrashAtomic(t *testing.T) {
 		afterOrphan, afterDouble, unseen)
 	assert.Equal(t, rcrashExpired, once, "expired ids committed exactly once")
 	assert.NotEmpty(t, holds.ids, "no child refused a batch for a hold: the test did not exercise holds")
+	assert.Positive(t, runs, "no child committed a run: the test did not exercise runs")
 	v.report(t)
 }
 
@@ -303,7 +318,7 @@ func rcrashWait(lines <-chan string, kind string, k int, d time.Duration) string
 				return "exited"
 			}
 			switch {
-			case kind == "clear" && line == "CLEAR",
+			case kind == "clear" && (line == "CLEAR" || line == "RUN"),
 				kind == "reschedule" && (line == "PUT" || line == "MOVE"),
 				kind == "timeout" && line == "TIMEOUT",
 				kind == "hold" && strings.HasPrefix(line, "HOLD "):
@@ -664,8 +679,8 @@ func (m *monitor) snapshot() map[string]int {
 }
 
 // rcrashRun is the child: it sweeps until it is killed, printing a line
-// for each commit (CLEAR), reschedule (PUT, MOVE) and clear that committed
-// and timed out (TIMEOUT).
+// for each commit (CLEAR for a batch, RUN for a run), reschedule (PUT,
+// MOVE) and clear that committed and timed out (TIMEOUT).
 func rcrashRun(t *testing.T, set string) {
 	startNs, err := strconv.ParseInt(os.Getenv(rcrashEnvStart), 10, 64)
 	require.NoError(t, err)
@@ -676,7 +691,7 @@ func rcrashRun(t *testing.T, set string) {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("RETENTION_REDIS_ADDR"), ClientName: rcrashChild, PoolSize: 8})
 	kv, err := rediskv.New(rdb, set)
 	require.NoError(t, err)
-	akv, err := kv.WithClear(rcrashKeysFunc(set))
+	akv, err := rcrashAtomic(kv, set)
 	require.NoError(t, err)
 	clock := rcrashClock{time.Unix(0, startNs)}
 	f := &faultyKV{AtomicKV: akv, rng: rand.New(rand.NewPCG(seed, seed)), clock: clock}
@@ -758,6 +773,43 @@ func (f *faultyKV) holds(ids []string) error {
 	}
 	say("HOLD batch " + strings.Join(held, " "))
 	return perID
+}
+
+var errHeldInRun = errors.New("rcrash: a held id is in the run")
+
+// ClearRun refuses, changing nothing, a run that would take an id whose
+// hold lasts, having read the run first (only this child writes the set,
+// and its Concurrency 1 sweep makes one call at a time); the sweep then
+// reads the page and clears it by batches, which holds return. Otherwise
+// it clears the run, and one in twelve loses its reply as ClearAndDelete
+// does.
+func (f *faultyKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	keys, err := f.Scan(ctx, from, end, limit)
+	if err != nil {
+		return nil, err
+	}
+	now := f.clock.Now()
+	for _, key := range keys {
+		if _, id, err := retention.ParseMarkerKey(prefix, key); err == nil {
+			if until, ok := rcrashHold(string(id)); ok && now.Before(until) {
+				return nil, errHeldInRun
+			}
+		}
+	}
+	f.mu.Lock()
+	lostReply := f.rng.IntN(12) == 0
+	f.mu.Unlock()
+	keys, err = f.AtomicKV.ClearRun(ctx, prefix, from, end, limit)
+	if err != nil || len(keys) == 0 {
+		return keys, err
+	}
+	say("RUN")
+	if lostReply {
+		<-ctx.Done()
+		say("TIMEOUT")
+		return nil, ctx.Err()
+	}
+	return keys, nil
 }
 
 // Put and Move widen the window after a reschedule a little, so that a

@@ -62,10 +62,10 @@ return 0`)
 // NewLocker.
 //
 // Its leases are retention.Fencers for a *KV and an *AtomicKV: a fenced
-// Delete, Put, Move or ClearAndDelete is a script that writes only while
-// the lease key still holds the holder's token, so that no write of an old
-// holder takes effect after another took the key, whatever the old
-// holder's clock or scheduling did.
+// Delete, Put, Move, ClearAndDelete or ClearRun is a script that writes
+// only while the lease key still holds the holder's token, so that no
+// write of an old holder takes effect after another took the key,
+// whatever the old holder's clock or scheduling did.
 type Locker struct {
 	rdb redis.Cmdable
 	key string
@@ -238,17 +238,23 @@ return redis.call("zadd", KEYS[2], 0, ARGV[2])`)
 var _ retention.Fencer = (*redisLease)(nil)
 
 // Fence implements retention.Fencer for a *KV and an *AtomicKV: the
-// view's Delete, Put, Move and ClearAndDelete are scripts that check the
-// lease key's token and write in the same atomic step, run through the
-// KV's own client. On Redis Cluster (or a
-// Ring) both keys must hash to one slot (shard): writes return ErrCrossSlot
-// otherwise, rather than going out unfenced.
+// view's Delete, Put, Move, ClearAndDelete and ClearRun are scripts that
+// check the lease key's token and write in the same atomic step, run
+// through the KV's own client. On Redis Cluster (or a Ring) both keys must
+// hash to one slot (shard): writes return ErrCrossSlot otherwise, rather
+// than going out unfenced. The writes of an AtomicKV one of whose
+// WithStateKeys templates names the lease key for some id fail too: a
+// clear of that id would delete the lease.
 func (r *redisLease) Fence(kv retention.KV) (retention.KV, bool) {
 	switch k := kv.(type) {
 	case *KV:
 		return r.fenceKV(k), true
 	case *AtomicKV:
-		return &fencedAtomicKV{fencedKV: r.fenceKV(k.KV), atomic: k}, true
+		f := r.fenceKV(k.KV)
+		if f.err == nil {
+			f.err = k.templateNames(r.l.key, "the lease key")
+		}
+		return &fencedAtomicKV{fencedKV: f, atomic: k}, true
 	}
 	return nil, false
 }

@@ -7,9 +7,10 @@
 // of failed clears, is one script that replaces each marker only if it is
 // still there. Write a marker with MarkTx inside the MULTI (or pipeline)
 // that records the entity's terminal state (MarkKeyTx with the key of
-// Sweep.MarkerKey for a sweep with its own id rule). KV.WithClear makes an
-// AtomicKV, which deletes entities' state keys in the script that removes
-// their markers.
+// Sweep.MarkerKey for a sweep with its own id rule). KV.WithStateKeys and
+// KV.WithClear make an AtomicKV, which deletes entities' state keys in the
+// script that removes their markers; one made by WithStateKeys lets a
+// sweep clear its expired markers by runs, one script call each.
 //
 // Replicas that share the set take turns with a Locker, whose leases fence
 // the KV: a holder's writes run in scripts that check that the lease key
@@ -87,9 +88,13 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	if err != nil {
 		return nil, k.wrap(ctx, "scan", err)
 	}
-	// One buffer holds the page's keys, each ending at its capacity, so
-	// that appending to one cannot overwrite the next: one allocation
-	// instead of one per key.
+	return toKeys(members), nil
+}
+
+// toKeys returns members as keys in one buffer, each ending at its
+// capacity, so that appending to one cannot overwrite the next: one
+// allocation instead of one per key.
+func toKeys(members []string) [][]byte {
 	size := 0
 	for _, m := range members {
 		size += len(m)
@@ -101,7 +106,7 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 		buf = append(buf, m...)
 		keys[i] = buf[at:len(buf):len(buf)]
 	}
-	return keys, nil
+	return keys
 }
 
 // Delete implements retention.KV with one ZREM for the batch. Under a
