@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,9 +31,10 @@ const (
 var errInjected = errors.New("injected fault")
 
 // TestFaultSoak sweeps jobs through an AtomicKV on each dialect, several
-// seeds each, while clears fail, panic or hang past Config.ClearTimeout,
-// and the store's calls fail either before they reach the database or
-// after (a lost reply: the write happened). After every pass the database
+// seeds each, with Concurrency 3 and, clearing in runs (ClearRun), 1,
+// while clears fail, panic or hang past Config.ClearTimeout, and the
+// store's calls fail either before they reach the database or after (a
+// lost reply: the write happened). After every pass the database
 // must show every job present with exactly one marker and every marker
 // with its job (no marker deleted before its entity's clear committed), no
 // id cleared by two committed transactions and no unexpired job touched;
@@ -46,13 +48,21 @@ func TestFaultSoak(t *testing.T) {
 		for _, seed := range []uint64{1, 2, 3} {
 			t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 				t.Parallel()
-				soak(t, dl, seed)
+				soak(t, dl, seed, 3)
+			})
+		}
+		// Concurrency 1: the sweep clears in runs while no id waits for a
+		// retry in its memory, and reads pages while one does.
+		for _, seed := range []uint64{4, 5, 6, 7} {
+			t.Run(fmt.Sprint("runs/seed", seed), func(t *testing.T) {
+				t.Parallel()
+				soak(t, dl, seed, 1)
 			})
 		}
 	})
 }
 
-func soak(t *testing.T, dl dialect, seed uint64) {
+func soak(t *testing.T, dl dialect, seed uint64, concurrency int) {
 	db := dl.open(t, "")
 	db.SetMaxOpenConns(8)
 	ctx := context.Background()
@@ -88,13 +98,20 @@ func soak(t *testing.T, dl dialect, seed uint64) {
 	var mu sync.Mutex
 	rng := mrand.New(mrand.NewPCG(seed, seed))
 	faults := true
+	// In runs, batches of 10 and faults at half the rate: a fault leaves an
+	// id in the sweep's memory, and the sweep takes no run until it is
+	// cleared, so that few runs would meet a fault otherwise.
+	batch, spread := 50, 1.0
+	if concurrency == 1 {
+		batch, spread = 10, 2
+	}
 	roll := func() float64 {
 		mu.Lock()
 		defer mu.Unlock()
 		if !faults {
 			return 1
 		}
-		return rng.Float64()
+		return spread * rng.Float64()
 	}
 	akv, err := kv.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
 		var raw [8]byte
@@ -121,9 +138,10 @@ func soak(t *testing.T, dl dialect, seed uint64) {
 	})
 	require.NoError(t, err)
 	clock := retention.NewManualClock(now)
-	s, err := retention.New(&faultKV{akv: akv, roll: roll}, retention.Config{
+	fkv := &faultKV{akv: akv, roll: roll}
+	s, err := retention.New(fkv, retention.Config{
 		Prefix: "soak/", Retention: time.Hour, Clock: clock,
-		PageSize: 200, BatchSize: 50, Concurrency: 3,
+		PageSize: 200, BatchSize: batch, Concurrency: concurrency,
 		ClearTimeout: 200 * time.Millisecond, RetryDelay: time.Second, MaxRetryDelay: time.Second,
 		Logger: slog.New(slog.DiscardHandler),
 	})
@@ -157,16 +175,24 @@ func soak(t *testing.T, dl dialect, seed uint64) {
 		}
 	}
 	final := check("after the clean passes")
-	t.Logf("seed %d: %d of %d faulty passes failed; then %s", seed, failedPasses, soakPasses, final)
+	runs := fkv.runs.Load()
+	t.Logf("seed %d: %d of %d faulty passes failed, %d runs (%d failed); then %s", seed, failedPasses, soakPasses, runs, fkv.failedRuns.Load(), final)
+	if concurrency == 1 {
+		assert.Positive(t, runs, "runs")
+	} else {
+		assert.Zero(t, runs, "runs with Concurrency %d", concurrency)
+	}
 	assert.Zero(t, final.expiredLeft, "expired jobs left")
 	assert.Equal(t, soakExpired, final.clearedIDs, "expired ids cleared")
 }
 
 // faultKV forwards to an AtomicKV; roll decides, per call, to fail before
-// the call (nothing happened) or after it (the reply was lost).
+// the call (nothing happened) or after it (the reply was lost). It counts
+// the runs it is asked for, and those that failed.
 type faultKV struct {
-	akv  *sqlkv.AtomicKV
-	roll func() float64
+	akv              *sqlkv.AtomicKV
+	roll             func() float64
+	runs, failedRuns atomic.Int64
 }
 
 func (f *faultKV) Unwrap() retention.KV { return f.akv }
@@ -209,6 +235,20 @@ func (f *faultKV) Move(ctx context.Context, from, to [][]byte) error {
 
 func (f *faultKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
 	return f.around(func() error { return f.akv.ClearAndDelete(ctx, ids, keys) })
+}
+
+func (f *faultKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	f.runs.Add(1)
+	var keys [][]byte
+	err := f.around(func() (err error) {
+		keys, err = f.akv.ClearRun(ctx, prefix, from, end, limit)
+		return err
+	})
+	if err != nil {
+		f.failedRuns.Add(1)
+		return nil, err
+	}
+	return keys, nil
 }
 
 // soakState is what the tables show after a pass.
