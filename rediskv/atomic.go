@@ -418,58 +418,68 @@ func (a *AtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte
 var errNoRuns = fmt.Errorf("rediskv: clear run: this AtomicKV names state keys with a KeysFunc, Go code that a script "+
 	"cannot call; make it with KV.WithStateKeys to clear runs: %w", errors.ErrUnsupported)
 
-// maxStamp is the timestamp of retention.MaxMarkerTime, without its
-// leading zeros; it fits a Lua number (a double) exactly.
-var maxStamp = strconv.FormatInt(retention.MaxMarkerTime.UnixMilli(), 10)
+// maxStamp is the timestamp of retention.MaxMarkerTime without its
+// leading zeros (zeros of them): it fits a Lua number (a double) exactly.
+var (
+	maxStamp = strconv.FormatInt(retention.MaxMarkerTime.UnixMilli(), 10)
+	zeros    = retention.TimestampWidth - len(maxStamp)
+)
 
 // clearRunScript clears the run of at most ARGV[4] members of the set
-// KEYS[2] in the lex range ARGV[2] to ARGV[3]: each must be ARGV[5] (the
-// prefix), the timestamp's digits, '/' and an id, else it returns {-2,
-// member} having done nothing. It unlinks ARGV[6] .. id .. ARGV[7],
-// ARGV[8] .. id .. ARGV[9], ... for each id once, removes the members
-// and returns them. With a token in ARGV[1] (a fence), it does so only
-// while the lease key KEYS[1] holds it, and returns {-1} otherwise.
-// Without one, KEYS[1] repeats the set. Lua patterns have no counted
-// repetition, so the id's length is checked apart, and no class depends
-// on the locale: [0-9] and [A-Za-z0-9_%-] compare bytes. Every check
-// comes before the first write: Redis does not roll back a script that
-// fails part way.
+// KEYS[2] in the lex range ARGV[2] to ARGV[3]. Each must be ARGV[5] (the
+// prefix), the timestamp's digits (at most maxStamp), '/' and an id; else
+// it returns {-2, member}, having done nothing. It unlinks ARGV[6] .. id
+// .. ARGV[7], ARGV[8] .. id .. ARGV[9], ... for each id once, removes
+// the members, and returns them joined by newlines: one string, which
+// costs Redis and the client less than a reply of one string a member,
+// and is split without doubt since no timestamp or id holds a newline.
+// With a token in ARGV[1] (a fence), it does so only while the lease key
+// KEYS[1] holds it, and returns {-1} otherwise; without one, KEYS[1]
+// repeats the set.
+//
+// When both ends of the range start with the prefix, so does every member
+// between them, and the members' own check is skipped. One pattern
+// checks the rest, capturing where the digits end (Lua patterns have no
+// counted repetition) and the id; %d is 0-9 in any locale, and the id's
+// class compares bytes. Members that share a prefix and a width of digits
+// sort by time, so the last alone is read as a number. Every check comes
+// before the first write: Redis does not roll back a script that fails
+// part way.
 var clearRunScript = redis.NewScript(`if ARGV[1] ~= "" and redis.call("get", KEYS[1]) ~= ARGV[1] then
 	return {-1}
 end
 local members = redis.call("zrange", KEYS[2], ARGV[2], ARGV[3], "BYLEX", "LIMIT", 0, tonumber(ARGV[4]))
 if #members == 0 then
-	return members
+	return ""
 end
+local find, sub = string.find, string.sub
 local prefix = ARGV[5]
 local at = #prefix + 1
 local idAt = at + ` + strconv.Itoa(retention.TimestampWidth+1) + `
-local ids, seen = {}, {}
+local prefixed = sub(ARGV[2], 2, at) == prefix and sub(ARGV[3], 2, at) == prefix
+local keys, seen, n, nargs = {}, {}, 0, #ARGV
 for _, m in ipairs(members) do
-	local n = #m - idAt + 1
-	if n < 1 or n > ` + strconv.Itoa(retention.MaxIDLen) + ` or string.sub(m, 1, at - 1) ~= prefix
-		or not string.find(m, "^` + strings.Repeat("[0-9]", retention.TimestampWidth) + `/[A-Za-z0-9_%-]+$", at)
-		or string.sub(m, at, at + ` + strconv.Itoa(retention.TimestampWidth-len(maxStamp)-1) + `) ~= "` + strings.Repeat("0", retention.TimestampWidth-len(maxStamp)) + `"
-		or tonumber(string.sub(m, idAt - ` + strconv.Itoa(len(maxStamp)+1) + `, idAt - 2)) > ` + maxStamp + ` then
+	local _, _, slash, id = find(m, "^` + strings.Repeat("0", zeros) + `%d+()/([A-Za-z0-9_%-]+)$", at)
+	if slash ~= idAt - 1 or #id > ` + strconv.Itoa(retention.MaxIDLen) + ` or not prefixed and sub(m, 1, at - 1) ~= prefix then
 		return {-2, m}
 	end
-	local id = string.sub(m, idAt)
 	if not seen[id] then
 		seen[id] = true
-		ids[#ids + 1] = id
+		for t = 6, nargs, 2 do
+			n = n + 1
+			keys[n] = ARGV[t] .. id .. ARGV[t + 1]
+		end
 	end
 end
-local keys = {}
-for _, id in ipairs(ids) do
-	for t = 6, #ARGV, 2 do
-		keys[#keys + 1] = ARGV[t] .. id .. ARGV[t + 1]
-	end
+local last = members[#members]
+if tonumber(sub(last, at + ` + strconv.Itoa(zeros) + `, idAt - 2)) > ` + maxStamp + ` then
+	return {-2, last}
 end
-for i = 1, #keys, ` + strconv.Itoa(unpackChunk) + ` do
-	redis.call("unlink", unpack(keys, i, math.min(i + ` + strconv.Itoa(unpackChunk-1) + `, #keys)))
+for i = 1, n, ` + strconv.Itoa(unpackChunk) + ` do
+	redis.call("unlink", unpack(keys, i, math.min(i + ` + strconv.Itoa(unpackChunk-1) + `, n)))
 end
-redis.call("zremrangebylex", KEYS[2], "[" .. members[1], "[" .. members[#members])
-return members`)
+redis.call("zremrangebylex", KEYS[2], "[" .. members[1], "[" .. last)
+return table.concat(members, "\n")`)
 
 // clearRun runs clearRunScript, fenced by lease and token when token is
 // not empty. It returns errFenceRefused when the fence refused.
@@ -489,31 +499,45 @@ func (a *AtomicKV) clearRun(ctx context.Context, lease, token, prefix string, fr
 	args := make([]any, 0, 5+len(a.runArgs))
 	args = append(args, token, "["+string(from), "("+string(end), limit, prefix)
 	args = append(args, a.runArgs...)
-	reply, err := clearRunScript.Run(ctx, a.rdb, []string{lease, a.key}, args...).Slice()
+	reply, err := clearRunScript.Run(ctx, a.rdb, []string{lease, a.key}, args...).Result()
 	if err != nil {
 		return nil, a.wrap(ctx, "clear run", err)
 	}
-	if len(reply) > 0 {
-		if code, ok := reply[0].(int64); ok {
-			if code == -1 {
-				return nil, errFenceRefused
+	switch r := reply.(type) {
+	case string:
+		return splitRun(prefix, r), nil
+	case []any:
+		if len(r) == 1 && r[0] == int64(-1) {
+			return nil, errFenceRefused
+		}
+		if len(r) == 2 && r[0] == int64(-2) {
+			if m, ok := r[1].(string); ok {
+				return nil, a.notMarker(prefix, m)
 			}
-			var m string
-			if len(reply) > 1 {
-				m, _ = reply[1].(string)
-			}
-			return nil, a.notMarker(prefix, m)
 		}
 	}
-	members := make([]string, len(reply))
-	for i, r := range reply {
-		m, ok := r.(string)
-		if !ok {
-			return nil, fmt.Errorf("rediskv: clear run %q: the script's reply %d is a %T, not a member", a.key, i, r)
-		}
-		members[i] = m
+	return nil, fmt.Errorf("rediskv: clear run %q: the script replied %v", a.key, reply)
+}
+
+// splitRun returns the markers clearRunScript joined, in one buffer as
+// Scan's keys are. Each starts with prefix, which may hold a newline, and
+// ends at the first newline after its timestamp.
+func splitRun(prefix, joined string) [][]byte {
+	if joined == "" {
+		return nil
 	}
-	return toKeys(members), nil
+	buf := []byte(joined)
+	keys := make([][]byte, 0, strings.Count(joined, "\n")+1)
+	for at := 0; at < len(buf); {
+		stamp := min(at+len(prefix), len(buf))
+		end := len(buf)
+		if n := bytes.IndexByte(buf[stamp:], '\n'); n >= 0 {
+			end = stamp + n
+		}
+		keys = append(keys, buf[at:end:end])
+		at = end + 1
+	}
+	return keys
 }
 
 // notMarker is the error of a run refused for member: the reason

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -88,6 +89,38 @@ func TestClearRangeScriptChecksTheMembers(t *testing.T) {
 			assert.Equal(t, -2, n, "clearRangeScript's result")
 			assert.Equal(t, int64(len(tt.members)), left, "members left")
 			assert.Equal(t, int64(1), stateLeft, "state keys left")
+		})
+	}
+}
+
+// TestSplitRun: the markers a run joined by newlines come apart at the
+// newline after each one's prefix, which may hold newlines itself, each
+// key ending at its capacity.
+func TestSplitRun(t *testing.T) {
+	t.Parallel()
+	stamp := "00000001700000000000/"
+	tests := []struct {
+		name, prefix string
+		keys         []string
+	}{
+		{"none", "runs/", nil},
+		{"one", "runs/", []string{"runs/" + stamp + "a"}},
+		{"three", "runs/", []string{"runs/" + stamp + "a", "runs/" + stamp + "b-c", "runs/" + stamp + "d"}},
+		{"a prefix holding newlines", "r\nu\n", []string{"r\nu\n" + stamp + "a", "r\nu\n" + stamp + "b"}},
+		{"an empty prefix", "", []string{stamp + "a", stamp + "b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			keys := splitRun(tt.prefix, strings.Join(tt.keys, "\n"))
+			got := make([]string, len(keys))
+			for i, k := range keys {
+				got[i] = string(k)
+				assert.Equal(t, len(k), cap(k), "cap of key %d", i)
+			}
+			if tt.keys == nil {
+				tt.keys = []string{}
+			}
+			assert.Equal(t, tt.keys, got, "splitRun(%q, ...)", tt.prefix)
 		})
 	}
 }

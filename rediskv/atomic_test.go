@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -374,29 +375,37 @@ func TestRunRefusedForAKeyNotAMarker(t *testing.T) {
 		{"a retry-range key, no marker", "runs/r00000000000000000001/00000000000000000001/1/a", "is not"},
 		{"a key outside the prefix", "other/" + stamp + "/a", ""},
 	}
+	// Within the prefix's range, every member starts with the prefix, and
+	// the script checks the rest only.
+	ranges := []struct{ name, from, end string }{{"whole set", "", "\xff"}, {"prefix's range", "runs/", "runs0"}}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := newRunSet(t)
-			ctx := context.Background()
-			good := ids("g", 3)
-			r.add(t, 0, good...)
-			require.NoError(t, r.rdb.ZAdd(ctx, r.set, redis.Z{Member: tt.key}).Err())
-			from, end := []byte(""), []byte("\xff")
+		for _, rg := range ranges {
+			if !strings.HasPrefix(tt.key, rg.from) {
+				continue
+			}
+			t.Run(tt.name+", "+rg.name, func(t *testing.T) {
+				r := newRunSet(t)
+				ctx := context.Background()
+				good := ids("g", 3)
+				r.add(t, 0, good...)
+				require.NoError(t, r.rdb.ZAdd(ctx, r.set, redis.Z{Member: tt.key}).Err())
+				from, end := []byte(rg.from), []byte(rg.end)
 
-			keys, err := r.akv.ClearRun(ctx, "runs/", from, end, 10)
-			require.ErrorIs(t, err, retention.ErrMalformedMarker)
-			assert.ErrorContains(t, err, fmt.Sprintf("%q", tt.key), "the error names the member")
-			assert.ErrorContains(t, err, tt.why)
-			assert.Nil(t, keys)
-			assert.Len(t, members(t, r.rdb, r.set), 4, "markers left")
-			assert.Equal(t, 6, r.left(t, good...), "state keys left")
+				keys, err := r.akv.ClearRun(ctx, "runs/", from, end, 10)
+				require.ErrorIs(t, err, retention.ErrMalformedMarker)
+				assert.ErrorContains(t, err, fmt.Sprintf("%q", tt.key), "the error names the member")
+				assert.ErrorContains(t, err, tt.why)
+				assert.Nil(t, keys)
+				assert.Len(t, members(t, r.rdb, r.set), 4, "markers left")
+				assert.Equal(t, 6, r.left(t, good...), "state keys left")
 
-			require.NoError(t, r.rdb.ZRem(ctx, r.set, tt.key).Err())
-			keys, err = r.akv.ClearRun(ctx, "runs/", from, end, 10)
-			require.NoError(t, err)
-			assert.Len(t, keys, 3)
-			assert.Zero(t, r.left(t, good...), "state keys left")
-		})
+				require.NoError(t, r.rdb.ZRem(ctx, r.set, tt.key).Err())
+				keys, err = r.akv.ClearRun(ctx, "runs/", from, end, 10)
+				require.NoError(t, err)
+				assert.Len(t, keys, 3)
+				assert.Zero(t, r.left(t, good...), "state keys left")
+			})
+		}
 	}
 }
 
@@ -676,4 +685,41 @@ func TestFenceRefusesATemplateNamingTheLeaseKey(t *testing.T) {
 	err = view.(retention.Mover).Move(context.Background(), nil, nil)
 	require.ErrorContains(t, err, "names the lease key")
 	assert.Len(t, members(t, r.rdb, r.set), 1, "markers left")
+}
+
+// TestRunTakesMarkersAtTheEdges: markers at the edges of what ValidateID
+// and MarkerKey allow (the longest id, every byte an id may hold, the
+// latest time and the epoch) are cleared by a run.
+func TestRunTakesMarkersAtTheEdges(t *testing.T) {
+	r := newRunSet(t)
+	ctx := context.Background()
+	edge := []string{strings.Repeat("L", 128), "azAZ09_-", "latest", "epoch"}
+	var want []string
+	for _, id := range edge {
+		at := r.at
+		switch id {
+		case "latest":
+			at = retention.MaxMarkerTime
+		case "epoch":
+			at = time.UnixMilli(0)
+		}
+		key, err := retention.MarkerKey("runs/", at, id)
+		require.NoError(t, err)
+		require.NoError(t, r.rdb.ZAdd(ctx, r.set, redis.Z{Member: string(key)}).Err())
+		for _, k := range r.stateKeys(id) {
+			require.NoError(t, r.rdb.Set(ctx, k, "done", 0).Err())
+			r.keys = append(r.keys, k)
+		}
+		want = append(want, string(key))
+	}
+	keys, err := r.akv.ClearRun(ctx, "runs/", []byte("runs/"), []byte("runs0"), 10)
+	require.NoError(t, err)
+	got := make([]string, len(keys))
+	for i, k := range keys {
+		got[i] = string(k)
+	}
+	assert.ElementsMatch(t, want, got)
+	assert.True(t, slices.IsSorted(got), "ClearRun's keys ascending: %q", got)
+	assert.Zero(t, r.left(t, edge...), "state keys left")
+	assert.Empty(t, members(t, r.rdb, r.set), "markers left")
 }
