@@ -35,6 +35,7 @@ import (
 const (
 	crashEnvFile = "RETENTION_SQLITECRASH_FILE"
 	crashEnvSeed = "RETENTION_SQLITECRASH_SEED"
+	crashEnvConc = "RETENTION_SQLITECRASH_CONCURRENCY"
 
 	crashPrefix = "crash/"
 	// 24 kills cleared 2,300 ids of 20,000, whatever the backlog beyond
@@ -44,7 +45,12 @@ const (
 	crashUnexpired = 800
 	crashPoison    = 120 // expired ids whose delete fails half the time
 	crashKills     = 24
-	crashTimeout   = 20 * time.Millisecond // the child's ClearTimeout
+	crashTimeout   = 20 * time.Millisecond // the child's ClearTimeout, with Concurrency 2
+	// With Concurrency 1, the ClearTimeout and the batches of the runs: a
+	// run that fails stops the runs until its ids are cleared, and a run
+	// of 5 took up to 25ms under the race detector.
+	crashRunTimeout = 100 * time.Millisecond
+	crashRunBatch   = 10
 )
 
 // TestCrashAtomicSQLite: a child process sweeps 8,000 expired and 800
@@ -56,9 +62,12 @@ const (
 // they return, so timeouts fire while the batch may still commit. The
 // child is killed with SIGKILL at random moments of its sweep, right
 // after a reschedule, a cleared batch or a timed-out batch, crashKills
-// times. After every kill the file must show: every job present has exactly one marker and every
-// marker a job, no id cleared by two committed transactions, and no
-// unexpired job touched. A final clean sweep must leave no expired job.
+// times. Every other child sweeps with Concurrency 1, in runs
+// (AtomicKV.ClearRun) while no id waits for a retry, the others with 2,
+// in batches of the pages they read. After every kill the file must show:
+// every job present has exactly one marker and every marker a job, no id
+// cleared by two committed transactions, and no unexpired job touched. A
+// final clean sweep, in runs, must leave no expired job.
 func TestCrashAtomicSQLite(t *testing.T) {
 	if file := os.Getenv(crashEnvFile); file != "" {
 		crashChild(t, file)
@@ -105,6 +114,7 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 	start := time.Now()
 	modes := map[string]int{}
 	var worst crashState
+	runs := 0 // the children's runs that cleared
 	for kill := 1; kill <= crashKills; kill++ {
 		// Where to kill: at a random moment, after the k-th batch cleared,
 		// right after the k-th reschedule, or right after the k-th batch
@@ -114,8 +124,10 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 		delay := time.Duration(rng.Int64N(int64(400 * time.Millisecond)))
 		modes[mode]++
 
+		conc := 1 + kill%2
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashAtomicSQLite$", "-test.count=1")
-		cmd.Env = append(os.Environ(), crashEnvFile+"="+file, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10))
+		cmd.Env = append(os.Environ(), crashEnvFile+"="+file, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
+			crashEnvConc+"="+strconv.Itoa(conc))
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr strings.Builder
@@ -168,15 +180,16 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 		require.ErrorAs(t, err, &exitErr, "kill %d:\n%s", kill, stderr.String())
 
 		st := crashCheck(t, admin)
-		t.Logf("kill %2d (%s %d; child saw %v): %s", kill, mode, k, seen, st)
+		t.Logf("kill %2d (concurrency %d, %s %d; child saw %v): %s", kill, conc, mode, k, seen, st)
 		worst = worst.max(st)
+		runs += seen["run"]
 	}
 	t.Logf("%d kills in %v (%v)", crashKills, time.Since(start).Round(time.Millisecond), modes)
 
 	// A clean sweep: no poison, no sleep, every retry due.
 	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
 	require.NoError(t, err)
-	s := crashSweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), nil, nil)
+	s := crashSweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), 1, nil, nil)
 	for range 10 {
 		st, err := s.Pass(ctx)
 		require.NoError(t, err)
@@ -194,6 +207,7 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 	assert.Zero(t, worst.dupMarkers, "an id with two markers")
 	assert.Zero(t, worst.doubleCleared, "an id cleared by two committed transactions")
 	assert.Zero(t, worst.unexpiredTouched, "an unexpired job touched")
+	assert.Positive(t, runs, "no child cleared a run")
 }
 
 // crashState is what the file shows after a kill.
@@ -287,10 +301,10 @@ func crashCheck(t testing.TB, db *sql.DB) crashState {
 }
 
 // crashSweep makes the sweep of the crash test over a wrapper of its
-// AtomicKV. sleep, when not nil, gives how long a batch sleeps before it
-// returns (0: none); say, when not nil, is told of each reschedule,
-// cleared batch and timed-out batch.
-func crashSweep(t testing.TB, db *sql.DB, clock retention.Clock, sleep func() time.Duration, say func(string)) *retention.Sweep {
+// AtomicKV, with Concurrency conc. sleep, when not nil, gives how long a
+// batch sleeps before it returns (0: none); say, when not nil, is told of
+// each reschedule, cleared batch or run and timed-out batch or run.
+func crashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep func() time.Duration, say func(string)) *retention.Sweep {
 	t.Helper()
 	kv, err := sqlkv.New(db, sqlkv.SQLite, "markers")
 	require.NoError(t, err)
@@ -316,13 +330,17 @@ func crashSweep(t testing.TB, db *sql.DB, clock retention.Clock, sleep func() ti
 	if say == nil {
 		say = func(string) {}
 	}
+	batch, timeout := 100, crashTimeout
+	if conc == 1 {
+		batch, timeout = crashRunBatch, crashRunTimeout
+	}
 	cfg := retention.Config{
 		Prefix: crashPrefix, Retention: time.Hour, Clock: clock,
-		PageSize: 1000, BatchSize: 100, Concurrency: 2,
+		PageSize: 1000, BatchSize: batch, Concurrency: conc,
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	if sleep != nil {
-		cfg.ClearTimeout, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.Interval = crashTimeout, 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+		cfg.ClearTimeout, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.Interval = timeout, 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
 	}
 	s, err := retention.New(&crashKV{akv: akv, say: say}, cfg)
 	require.NoError(t, err)
@@ -372,21 +390,41 @@ func (c *crashKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byt
 	return err
 }
 
+func (c *crashKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	keys, err := c.akv.ClearRun(ctx, prefix, from, end, limit)
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		c.say(fmt.Sprintf("timeout run err=%v", err != nil))
+	case err == nil && len(keys) > 0:
+		c.say(fmt.Sprintf("run %d", len(keys)))
+		c.say(fmt.Sprintf("cleared %d", len(keys)))
+	}
+	return keys, err
+}
+
 // crashChild sweeps until it is killed.
 func crashChild(t *testing.T, file string) {
 	seed, err := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
 	require.NoError(t, err)
 	rng := mrand.New(mrand.NewPCG(seed, seed))
+	conc, err := strconv.Atoi(os.Getenv(crashEnvConc))
+	require.NoError(t, err)
+	// One batch in 8 sleeps; one run in 32, since a run that fails stops
+	// the runs until its ids are cleared.
+	odds, timeout := 8, crashTimeout
+	if conc == 1 {
+		odds, timeout = 32, crashRunTimeout
+	}
 	var mu sync.Mutex
 	sleep := func() time.Duration {
 		mu.Lock()
 		defer mu.Unlock()
-		if rng.IntN(8) != 0 {
+		if rng.IntN(odds) != 0 {
 			return 0
 		}
 		// About the ClearTimeout: some commit before it fires, some after,
 		// some are cancelled.
-		return time.Duration((0.5 + rng.Float64()) * float64(crashTimeout))
+		return time.Duration((0.5 + rng.Float64()) * float64(timeout))
 	}
 	var out sync.Mutex
 	say := func(line string) {
@@ -395,7 +433,10 @@ func crashChild(t *testing.T, file string) {
 		fmt.Fprintln(os.Stdout, line)
 	}
 	db := openSQLite(t, file)
-	s := crashSweep(t, db, nil, sleep, say)
+	// A connection open before the first clear, whose ClearTimeout opening
+	// one under the race detector would take up.
+	require.NoError(t, db.PingContext(context.Background()))
+	s := crashSweep(t, db, nil, conc, sleep, say)
 	say("start")
 	err = s.Run(context.Background())
 	t.Fatalf("Run returned: %v", err)
