@@ -17,6 +17,7 @@ type retries struct {
 	first, most time.Duration
 	byID        map[string]retry
 	passes      int
+	latest      time.Time // no id waits past it (see clearRun); never lowered
 }
 
 type retry struct {
@@ -67,6 +68,7 @@ func (r *retries) failed(id string, now time.Time, before int, own bool) (int, t
 	}
 	e.notBefore, e.held = now.Add(r.delay(e.failures+e.putOffs)), false
 	r.byID[id] = e
+	r.waits(e.notBefore)
 	return e.failures, e.notBefore
 }
 
@@ -78,6 +80,14 @@ func (r *retries) hold(id string, until time.Time) {
 	e := r.byID[id]
 	e.notBefore, e.held = until, true
 	r.byID[id] = e
+	r.waits(until)
+}
+
+// waits notes that an id waits until t.
+func (r *retries) waits(t time.Time) {
+	if t.After(r.latest) {
+		r.latest = t
+	}
 }
 
 // failures returns how often in a row id failed, as far as memory knows.

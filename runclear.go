@@ -1,8 +1,10 @@
 package retention
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 )
 
 // RunClearer is a ClearDeleter that can also choose its batches: the store
@@ -48,7 +50,7 @@ type RunClearer interface {
 // calls of their own.
 func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (keys [][]byte, limit int, err error) {
 	rc, ok := p.kv.(RunClearer)
-	if !ok || !s.runs || s.noRuns || p.inRetry || len(s.retries.byID) > 0 {
+	if !ok || !s.runs || s.noRuns || p.inRetry || s.clock.Now().Before(s.retries.latest) {
 		return nil, 0, nil
 	}
 	limit = int(s.curBatch.Load())
@@ -56,25 +58,29 @@ func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (k
 	start := s.clock.Now()
 	keys, err = s.callRun(wctx, rc, from, end, limit)
 	s.adapt(len(keys), s.clock.Now().Sub(start), err)
+	if errors.Is(err, errors.ErrUnsupported) {
+		s.noRuns = true
+		return nil, 0, nil
+	}
+	p.st.ClearCalls++
+	if errors.Is(err, ErrMalformedMarker) {
+		return nil, 0, nil // refused, changing nothing: the page sorts the keys out
+	}
+	if bad := badRun(keys, from, end, limit); bad != "" {
+		// Nothing the store said can be trusted, nor what it did.
+		s.noRuns = true
+		return nil, limit, fmt.Errorf("retention: ClearRun of a %T broke its contract: %s; the sweep reads pages from now on", rc, bad)
+	}
 	ferr := checkFenced(mark, p.kv, "ClearRun")
-	if len(keys) == 0 || errors.Is(err, ErrMalformedMarker) || errors.Is(err, errors.ErrUnsupported) {
+	if len(keys) == 0 {
 		switch {
 		case ferr != nil:
 			return nil, limit, ferr
 		case err == nil: // the range is empty
 			return nil, limit, nil
-		case errors.Is(err, errors.ErrUnsupported):
-			s.noRuns = true
-			return nil, 0, nil
-		case errors.Is(err, ErrMalformedMarker): // the page sorts the keys out
-			p.st.ClearCalls++
-			return nil, 0, nil
-		}
-		p.st.ClearCalls++
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return nil, limit, ctx.Err()
-		}
-		if errors.Is(err, ErrLeaseLost) {
+		case errors.Is(err, ErrLeaseLost):
 			return nil, limit, err
 		}
 		p.callFailed(err)
@@ -84,10 +90,25 @@ func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (k
 	items := s.preparePage(p, keys)
 	b := s.batching(ctx, p, keys, items, rc)
 	idx := append(b.todo, b.alone...)
-	b.calls.Add(1)
 	b.failed(idx, b.answer(idx, b.keysOf(idx), err, ferr))
 	calls, err := b.end()
 	return keys, limit, s.afterClears(ctx, p, keys, items, calls, err)
+}
+
+// badRun says how the keys a ClearRun returned break its contract, or "".
+func badRun(keys [][]byte, from, end []byte, limit int) string {
+	if len(keys) > limit {
+		return fmt.Sprintf("%d keys returned for a limit of %d", len(keys), limit)
+	}
+	for i, key := range keys {
+		switch {
+		case bytes.Compare(key, from) < 0 || bytes.Compare(key, end) >= 0:
+			return fmt.Sprintf("key %q returned outside [%q, %q)", key, from, end)
+		case i > 0 && bytes.Compare(keys[i-1], key) >= 0:
+			return fmt.Sprintf("keys returned out of order: %q after %q", key, keys[i-1])
+		}
+	}
+	return ""
 }
 
 // callRun is ClearRun under guarded, in a function of its own: in

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -262,4 +263,91 @@ func TestRunAnswersAreActedOn(t *testing.T) {
 	bl, err := s.Backlog(context.Background(), 100)
 	require.NoError(t, err)
 	assert.Equal(t, 1, bl.Held)
+}
+
+// replyKV answers ClearRun with the keys reshape makes of the run it
+// read, having committed nothing, and the error lost.
+type replyKV struct {
+	*runKV
+	reshape func(keys [][]byte) [][]byte
+}
+
+func (z replyKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	z.runs.Add(1)
+	keys, _ := z.MemKV.Scan(ctx, from, end, limit)
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	return z.reshape(keys), errLostReply
+}
+
+// TestRunReplyBreakingTheContractFailsThePass: keys returned out of
+// order, outside the range or beyond the limit are not acted on: the pass
+// fails naming the store's fault, nothing is deleted, and the sweep reads
+// pages from then on.
+func TestRunReplyBreakingTheContractFailsThePass(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		reshape func(keys [][]byte) [][]byte
+		want    string
+	}{
+		{"descending", func(keys [][]byte) [][]byte {
+			out := slices.Clone(keys)
+			slices.Reverse(out)
+			return out
+		}, "out of order"},
+		{"past the range", func([][]byte) [][]byte { return [][]byte{[]byte("runs/99999999999999999999/late")} }, "outside"},
+		{"twice the same", func(keys [][]byte) [][]byte { return [][]byte{keys[0], keys[0]} }, "out of order"},
+		{"beyond the limit", func(keys [][]byte) [][]byte { return append(keys, keys...) }, "for a limit of 4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kv, ids := newRunKV(t, 4)
+			s, clock := newSweep(t, replyKV{kv, tc.reshape}, Config{BatchSize: 4})
+			clock.Advance(2 * time.Hour)
+			_, err := s.Pass(context.Background())
+			require.ErrorContains(t, err, "broke its contract")
+			assert.ErrorContains(t, err, tc.want)
+			assert.Len(t, keysUnder(t, kv, "runs/"), 4, "nothing deleted on the word of a broken store")
+
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), kv.runs.Load())
+			assert.Equal(t, 4, st.Cleared)
+			for _, id := range ids {
+				assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+			}
+		})
+	}
+}
+
+// TestRunsResumeOnceNoIDWaits: runs stop while an id waits for its retry,
+// and come back once its delay is over, though its failures are still
+// remembered.
+func TestRunsResumeOnceNoIDWaits(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 3)
+	kv.poison[ids[1]] = true
+	s, clock := newSweep(t, kv, Config{RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
+	clock.Advance(2 * time.Hour)
+	_, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), kv.runs.Load())
+
+	more := mark(t, kv.MemKV, "runs/", "more", t0)
+	kv.entities["more"] = true
+	_, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), kv.runs.Load(), "no run while %s waits", ids[1])
+	assert.False(t, has(t, kv.MemKV, more))
+
+	clock.Advance(2 * time.Minute)
+	late := mark(t, kv.MemKV, "runs/", "late", t0)
+	kv.entities["late"] = true
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), kv.runs.Load(), "a run once no delay is left")
+	assert.False(t, has(t, kv.MemKV, late))
+	assert.Equal(t, 1, st.Failed, "%s tried again from the retry range", ids[1])
 }

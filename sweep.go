@@ -133,8 +133,8 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 // A marker whose Clear failed stays, put off until its retry delay is over;
 // malformed markers are deleted without Clear; foreign keys are left alone
 // (docs/clearing.md). A pass with nothing expired costs three Scan calls
-// however many markers wait, and two after a pass that found nothing
-// expired either. It returns an error when the KV fails or does not answer
+// however many markers wait (over a RunClearer, two and an empty run),
+// and two after a pass that found nothing expired either. It returns an error when the KV fails or does not answer
 // within StoreTimeout, and ctx.Err() when ctx is done; in every case no
 // marker whose Clear did not succeed has been deleted.
 func (s *Sweep) Pass(ctx context.Context) (st Stats, err error) {
