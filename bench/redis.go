@@ -216,6 +216,19 @@ func (r *Redis) Atomic(name string, cfg retention.Config) Contender {
 	return r.retention(name, kv, cfg)
 }
 
+// Runs sweeps the backlog with one retention Pass over a
+// rediskv.AtomicKV made by WithStateKeys with the state keys' template:
+// the sweep asks the store for runs of limit markers, each read, checked
+// and cleared by one script call, with no Scan of the expired range.
+func (r *Redis) Runs(limit int) Contender {
+	name := fmt.Sprintf("rediskv.AtomicKV runs of %d", limit)
+	kv, err := r.kv.WithStateKeys(r.ns + "state:<id>")
+	if err != nil {
+		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
+	}
+	return r.retention(name, kv, retention.Config{BatchSize: limit, PageSize: limit})
+}
+
 func (r *Redis) retention(name string, kv retention.KV, cfg retention.Config) Contender {
 	return Contender{
 		Name:  name,
@@ -271,5 +284,6 @@ func (r *Redis) Contenders(n int) []Contender {
 		r.AtomicBatches(1000, 1), r.AtomicBatches(100, 4),
 		r.Atomic("retention batched+atomic 1000, page 4000, concurrency 2", retention.Config{BatchSize: 1000, PageSize: 4000, Concurrency: 2}),
 		r.Atomic("retention batched+atomic 4000, page 4000, concurrency 1", retention.Config{BatchSize: 4000, PageSize: 4000, Concurrency: 1}),
+		r.Runs(JanitorBatch), r.Runs(1000), r.Runs(4000),
 	}
 }
