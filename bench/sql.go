@@ -330,7 +330,9 @@ func (s *SQL) Batched() Contender {
 }
 
 // Atomic sweeps the backlog with one Pass over a sqlkv.AtomicKV: each
-// batch's markers and jobs go in one transaction (KV.WithClear).
+// batch's markers and jobs go in one transaction (KV.WithClear), which
+// reads the batch's markers too, as the floor's does: with Concurrency 1
+// the sweep clears in runs (AtomicKV.ClearRun) and scans none of them.
 func (s *SQL) Atomic() Contender {
 	name := fmt.Sprintf("retention batched+atomic %d, page %d, concurrency 1 (WithClear)", s.batch, s.batch)
 	kv, err := s.kv.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error { return s.deleteJobs(ctx, tx, ids) })
@@ -342,15 +344,54 @@ func (s *SQL) Atomic() Contender {
 	return s.retention(name, kv, retention.Config{BatchSize: s.batch, PageSize: s.batch, Concurrency: 1})
 }
 
+// AtomicPages is Atomic with the AtomicKV's runs hidden from the sweep,
+// which then reads each page with a Scan and hands its keys to
+// ClearAndDelete: what Atomic was before AtomicKV.ClearRun, to measure
+// what the runs buy.
+func (s *SQL) AtomicPages() Contender {
+	name := fmt.Sprintf("retention batched+atomic %d, page %d, concurrency 1 (WithClear, pages: no runs)", s.batch, s.batch)
+	kv, err := s.kv.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error { return s.deleteJobs(ctx, tx, ids) })
+	if err != nil {
+		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
+	}
+	return s.retention(name, pagesOnly{kv}, retention.Config{BatchSize: s.batch, PageSize: s.batch, Concurrency: 1})
+}
+
+// pagesOnly is a ClearDeleter that hides whether it is a RunClearer.
+type pagesOnly struct{ retention.ClearDeleter }
+
 func (s *SQL) retention(name string, kv retention.KV, cfg retention.Config) Contender {
 	return Contender{
 		Name:  name,
 		Setup: s.Setup,
 		Clear: func(ctx context.Context) (int, error) {
-			return sweep(ctx, s.Timing.kv(kv), cfg, s.Timing)
+			return sweep(ctx, s.timed(kv), cfg, s.Timing)
 		},
 		Check: s.Check,
 	}
+}
+
+// timed returns kv under s.Timing (kv itself when nil), still a
+// retention.RunClearer when kv is one, whose runs count as clears.
+func (s *SQL) timed(kv retention.KV) retention.KV {
+	tk := s.Timing.kv(kv)
+	rc, ok := kv.(retention.RunClearer)
+	if s.Timing == nil || !ok {
+		return tk
+	}
+	return timedRuns{ClearDeleter: tk.(retention.ClearDeleter), rc: rc, t: s.Timing}
+}
+
+// timedRuns is a timed ClearDeleter whose runs are timed too.
+type timedRuns struct {
+	retention.ClearDeleter
+	rc retention.RunClearer
+	t  *Timing
+}
+
+func (k timedRuns) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	defer k.t.add(&k.t.clear, &k.t.clearCalls, time.Now())
+	return k.rc.ClearRun(ctx, prefix, from, end, limit)
 }
 
 // Contenders returns the floor first (the baseline of the table), then

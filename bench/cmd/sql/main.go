@@ -7,6 +7,10 @@
 //
 //	./scripts/test --exec ./scripts/bench sql
 //
+// With -pages it adds the atomic sweep with the AtomicKV's runs hidden,
+// which reads each page and clears it by ClearAndDelete: what the runs
+// (AtomicKV.ClearRun) buy.
+//
 // It reads RETENTION_MYSQL_DSN (github.com/go-sql-driver/mysql) and
 // RETENTION_POSTGRES_DSN (pgx's database/sql driver); SQLite is a file in
 // a temporary directory (modernc.org/sqlite, WAL).
@@ -22,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -34,6 +39,8 @@ import (
 	"github.com/marksweep/retention/sqlkv"
 )
 
+var pages = flag.Bool("pages", false, "add the atomic sweep with its runs hidden, which reads pages and clears them by ClearAndDelete (what runs buy)")
+
 func main() {
 	n := flag.Int("n", 100_000, "expired entities per run on MariaDB and PostgreSQL")
 	sqliteN := flag.Int("sqlite-n", 100_000, "expired entities per run on SQLite")
@@ -41,8 +48,22 @@ func main() {
 	batch := flag.Int("batch", 1000, "the floor's rows per transaction, and the sweeps' BatchSize and PageSize")
 	only := flag.String("only", "mysql,mysql-interpolate,sqlite,pg", "comma-separated suites to run: mysql, mysql-interpolate (the driver's interpolateParams=true), sqlite, pg")
 	timing := flag.Bool("timing", false, "after the rounds, run each sweep once more and break its time down by call (scan, marker delete, clear)")
+	cpuprofile := flag.String("cpuprofile", "", "write this process's CPU profile of the whole run to the file (SQLite runs in it)")
 	flag.Parse()
 	log.SetFlags(0)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
+	}
 	fmt.Printf("contenders alternated (order rotated every round), %d rounds, batches of %d; %d CPUs, %s\n\n",
 		*rounds, *batch, runtime.NumCPU(), runtime.Version())
 	ctx := context.Background()
@@ -164,6 +185,9 @@ func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, ro
 		}
 	}()
 	cs := s.Contenders()
+	if *pages {
+		cs = append(cs, s.AtomicPages())
+	}
 	start := time.Now()
 	res, err := bench.Run(ctx, cs, n, rounds, func(round int, name string, rate float64) {
 		log.Printf("%s: round %d: %s: %s entities/s", d, round, name, bench.Rate(rate))
