@@ -25,8 +25,8 @@ type KeysFunc func(ids []string) []string
 // retention.New with neither Config.Clear nor Config.ClearBatch set.
 //
 // One made by WithStateKeys is also a retention.RunClearer: a sweep with
-// Concurrency 1 and no Config.ValidateID, Limiter nor DryRun then clears
-// its expired markers by runs, each one script call that reads the next
+// Concurrency 1 (the default) and no Config.ValidateID, Limiter nor DryRun
+// then clears its expired markers by runs, each one script call that reads the next
 // markers from the set, checks them, deletes their entities' state keys
 // and removes them, with no Scan of the range: see ClearRun. One made by
 // WithClear names the state keys in Go, which a script cannot call, so
@@ -396,7 +396,8 @@ func (a *AtomicKV) run(ctx context.Context, lease, token string, ids []string, k
 // first checks the lease key's token.
 //
 // Redis runs nothing else while the script runs, so Config.BatchSize, a
-// run's limit, bounds that pause too. The script names the state keys
+// run's limit, sets both how much a call clears and how long Redis pauses
+// for it (BENCHMARKS.md says what runs of 100 to 4,000 cost). The script names the state keys
 // itself, from the ids it read, which Redis allows of keys in the slot of
 // those it is given: hence the templates' hash tag on Redis Cluster.
 func (a *AtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {

@@ -45,14 +45,16 @@ const (
 	rcrashChild     = "rcrash-child" // the children's client name, in CLIENT LIST
 	rcrashTimeout   = 100 * time.Millisecond
 
-	// Held entities: one in rcrashHeldEvery of the older half of the
-	// expired ids (2% of them all), each held until a moment of its own
-	// between rcrashHoldFrom and rcrashHoldFrom+rcrashHoldSpan after the
-	// parent's start: most children meet holds, and every hold is over
-	// before the final pass. The newer half holds none, so that children
-	// with Concurrency 1 clear it by runs: a sweep that keeps a hold in
-	// memory asks for no run.
+	// Held entities: one in rcrashHeldEvery of the expired ids in one
+	// band of rcrashBand in three (280 ids), each held until a moment of
+	// its own between rcrashHoldFrom and rcrashHoldFrom+rcrashHoldSpan
+	// after the parent's start: most children meet holds, and every hold
+	// is over before the final pass. The other bands, the oldest first,
+	// hold none, so that a child with Concurrency 1 that starts in one
+	// clears it by runs: a sweep that keeps a hold in memory asks for no
+	// run, and one that meets a held id keeps it.
 	rcrashHeldEvery = 25
+	rcrashBand      = 1000
 	rcrashHoldFrom  = 10 * time.Second
 	rcrashHoldSpan  = 20 * time.Second
 )
@@ -78,7 +80,7 @@ func rcrashPoison(id string) bool {
 // (rcrashClock), and whether id is held at all.
 func rcrashHold(id string) (time.Time, bool) {
 	i, err := strconv.Atoi(id[1:])
-	if err != nil || id[0] != 'x' || i >= rcrashExpired/2 || i%rcrashHeldEvery != 7 {
+	if err != nil || id[0] != 'x' || i/rcrashBand%3 != 1 || i%rcrashHeldEvery != 7 {
 		return time.Time{}, false
 	}
 	spread := time.Duration(i*7919%int(rcrashHoldSpan/time.Millisecond)) * time.Millisecond
@@ -131,12 +133,12 @@ func (c rcrashClock) Now() time.Time { return rcrashBase.Add(time.Since(c.start)
 // one clear (batch or run) in twelve commit and then wait past
 // ClearTimeout before it returns, as a reply lost after the commit. A run
 // has no failure of its own id by id: a script deletes every key or none.
-// One expired id in 25 of the older half is held (rcrashHold): until its
-// hold ends the wrapper refuses a batch that holds one, changing nothing,
-// with a retention.BatchError naming the held ids (one Hold for the whole
-// call when all its ids are held until the same moment), and the sweep
-// moves their markers to held keys; it refuses a run that would take one
-// (a run cannot hold an id), and the sweep reads the page instead. The
+// One expired id in 25 of one band of 1,000 in three is held (rcrashHold):
+// until its hold ends the wrapper refuses a batch that holds one, changing
+// nothing, with a retention.BatchError naming the held ids (one Hold for
+// the whole call when all its ids are held until the same moment), and the
+// sweep moves their markers to held keys; it refuses a run that would take
+// one (a run cannot hold an id), and the sweep reads the page instead. The
 // parent kills a child at a random moment: early, after some commits
 // (batches or runs), right after a reschedule (Put or Move), right after
 // a clear whose ClearTimeout fired, or right after a batch refused for a
@@ -144,11 +146,10 @@ func (c rcrashClock) Now() time.Time { return rcrashBase.Add(time.Since(c.start)
 //
 // The parent counts every committed clear of every id: MONITOR, on a
 // connection of its own, shows each command a script runs, and the clear
-// and run scripts run their UNLINK of the state keys only once every
-// check passed,
-// so an UNLINK naming an id's state key is one commit of a clear of that
-// id. State keys are never written again, so a second commit for an id is
-// a second clear, even though its UNLINK finds nothing to delete.
+// and run scripts run their UNLINK of the state keys only once every check
+// passed, so an UNLINK naming an id's state key is one commit of a clear
+// of that id. State keys are never written again, so a second commit for
+// an id is a second clear, even though its UNLINK finds nothing to delete.
 //
 // After every kill, once the server has no connection of the child left:
 // no id was committed twice; an expired entity's state exists exactly when
@@ -210,7 +211,7 @@ func TestCrashAtomic(t *testing.T) {
 			rcrashEnvSet+"="+set,
 			rcrashEnvStart+"="+strconv.FormatInt(start.UnixNano(), 10),
 			rcrashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
-			rcrashEnvConc+"="+strconv.Itoa([]int{1, 4}[n%2]),
+			rcrashEnvConc+"="+strconv.Itoa([]int{4, 1}[n%2]), // the first by runs, from the oldest band
 		)
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)

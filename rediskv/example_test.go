@@ -133,6 +133,31 @@ func ExampleKV_WithClear() {
 	log.Fatal(sweep.Run(context.Background()))
 }
 
+// Runs' state lives in keys named by the run's id, so templates can name
+// them: the store then reads, checks and clears each run of expired
+// markers in one script call, and the sweep reads no page of them.
+func ExampleKV_WithStateKeys() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	kv, err := rediskv.New(rdb, "{runs}:done")
+	if err != nil {
+		log.Fatal(err)
+	}
+	akv, err := kv.WithStateKeys("{runs}:state:<id>", "{runs}:log:<id>")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sweep, err := retention.New(akv, retention.Config{
+		Prefix:    "runs/done/",
+		Retention: 7 * 24 * time.Hour,
+		BatchSize: 1000, // a run's size: what Redis does in one script call
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(sweep.Run(context.Background()))
+}
+
 // Replicas of a service share one marker set; the lease lets one of them
 // sweep at a time, and fences its marker deletes. The lease key carries the
 // set's hash tag.
