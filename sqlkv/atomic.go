@@ -233,17 +233,17 @@ func (a *AtomicKV) readRun(ctx context.Context, tx *sql.Tx, from, end []byte, li
 	if d != SQLite {
 		q += " FOR UPDATE"
 	}
-	return readKeys(ctx, d, tx, q, []any{nonNil(from), nonNil(end), int64(limit)})
+	return readKeys(ctx, d, tx, q, []any{nonNil(from), nonNil(end), int64(limit)}, limit)
 }
 
 // runIDs returns the distinct ids of a run's keys, in key order, or an
 // error matching retention.ErrMalformedMarker for a key that is not a
 // marker of prefix (a retry or parked key neither) whose id
-// retention.ValidateID accepts.
+// retention.ValidateID accepts. The ids are cut out of one string.
 func runIDs(prefix string, keys [][]byte) ([]string, error) {
-	ids := make([]string, 0, len(keys))
-	seen := make(map[string]struct{}, len(keys))
-	for _, key := range keys {
+	var buf []byte // the ids, one after another
+	ends := make([]int, len(keys))
+	for i, key := range keys {
 		_, id, err := retention.ParseMarkerKey(prefix, key)
 		if err != nil {
 			return nil, err
@@ -251,10 +251,22 @@ func runIDs(prefix string, keys [][]byte) ([]string, error) {
 		if c := key[len(prefix)]; c < '0' || c > '9' {
 			return nil, fmt.Errorf("%w: %q is no marker key: no timestamp after the prefix %q", retention.ErrMalformedMarker, key, prefix)
 		}
-		if _, dup := seen[string(id)]; !dup {
-			s := string(id)
-			seen[s] = struct{}{}
-			ids = append(ids, s)
+		if buf == nil {
+			buf = make([]byte, 0, len(id)*len(keys)+len(id))
+		}
+		buf = append(buf, id...)
+		ends[i] = len(buf)
+	}
+	all := string(buf)
+	ids := make([]string, 0, len(keys))
+	seen := make(map[string]struct{}, len(keys))
+	start := 0
+	for _, end := range ends {
+		id := all[start:end]
+		start = end
+		if _, dup := seen[id]; !dup {
+			seen[id] = struct{}{}
+			ids = append(ids, id)
 		}
 	}
 	return ids, nil

@@ -112,9 +112,9 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 	var keys [][]byte
 	var err error
 	if d == SQLite {
-		keys, err = k.scanSQLite(ctx, q, args)
+		keys, err = k.scanSQLite(ctx, q, args, limit)
 	} else {
-		keys, err = readKeys(ctx, d, k.db, q, args)
+		keys, err = readKeys(ctx, d, k.db, q, args, limit)
 	}
 	if err != nil {
 		return nil, wrap(ctx, "scan "+k.table, err)
@@ -126,7 +126,7 @@ func (k *KV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, 
 // remembers the page read there (lastScan) with the state of the database
 // just before: another commit in between moves the state the clear reads
 // after, so an earlier read can only make the clear read the range again.
-func (k *KV) scanSQLite(ctx context.Context, q string, args []any) ([][]byte, error) {
+func (k *KV) scanSQLite(ctx context.Context, q string, args []any, limit int) ([][]byte, error) {
 	conn, err := k.db.Conn(ctx)
 	if err != nil {
 		return nil, err
@@ -136,7 +136,7 @@ func (k *KV) scanSQLite(ctx context.Context, q string, args []any) ([][]byte, er
 	if err != nil {
 		return nil, err
 	}
-	keys, err := readKeys(ctx, SQLite, conn, q, args)
+	keys, err := readKeys(ctx, SQLite, conn, q, args, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -144,23 +144,37 @@ func (k *KV) scanSQLite(ctx context.Context, q string, args []any) ([][]byte, er
 	return keys, nil
 }
 
-// readKeys runs q, a SELECT of the column marker, and returns its keys.
-func readKeys(ctx context.Context, d Dialect, db execer, q string, args []any) ([][]byte, error) {
+// readKeys runs q, a SELECT of the column marker that returns at most
+// limit rows, and returns its keys. They share a few buffers instead of
+// one allocation each, every key capped at its end, so that an append to
+// one copies it: the caller owns them.
+func readKeys(ctx context.Context, d Dialect, db execer, q string, args []any, limit int) ([][]byte, error) {
 	rows, err := query(ctx, d, db, q, args)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var keys [][]byte
+	var (
+		keys  [][]byte
+		arena []byte
+		raw   sql.RawBytes // the driver's buffer, valid until Next
+	)
 	for rows.Next() {
-		var key []byte // Scan into a *[]byte copies: the caller owns it
-		if err := rows.Scan(&key); err != nil {
+		if err := rows.Scan(&raw); err != nil {
 			return nil, err
 		}
-		if key == nil {
-			key = []byte{}
+		if keys == nil {
+			keys = make([][]byte, 0, min(limit, 1024))
 		}
-		keys = append(keys, key)
+		if arena == nil || cap(arena)-len(arena) < len(raw) {
+			// Room for the rows left if they are as long as this one, up
+			// to 64 KiB: a page of markers takes one or two.
+			left := max(limit-len(keys), 1)
+			arena = make([]byte, 0, max(len(raw), min(len(raw)*left, 64<<10)))
+		}
+		start := len(arena)
+		arena = append(arena, raw...)
+		keys = append(keys, arena[start:len(arena):len(arena)])
 	}
 	return keys, rows.Err()
 }
