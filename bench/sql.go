@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -90,6 +92,45 @@ func NewSQL(ctx context.Context, db *sql.DB, d sqlkv.Dialect, name string, batch
 	}
 	s.kv = kv
 	return s, nil
+}
+
+// ServerCPU returns a CPUMeter of the database server of s, which must
+// run on this machine: every thread of the MariaDB or MySQL process
+// (@@pid_file). For SQLite, which runs in this process, it reads 0:
+// RunMetered's client CPU time then holds all of it. For PostgreSQL use
+// PGServerCPU.
+func (s *SQL) ServerCPU(ctx context.Context) (CPUMeter, error) {
+	switch s.d {
+	case sqlkv.SQLite:
+		return func() (time.Duration, error) { return 0, nil }, nil
+	case sqlkv.MySQL:
+		var file string
+		if err := s.db.QueryRowContext(ctx, `SELECT @@pid_file`).Scan(&file); err != nil {
+			return nil, err
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("the server is not on this machine, or its pid file cannot be read: %w", err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return nil, fmt.Errorf("pid file %s: %w", file, err)
+		}
+		return func() (time.Duration, error) {
+			tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+			if err != nil || len(tasks) == 0 {
+				return 0, fmt.Errorf("server process %d: no threads to read (%v)", pid, err)
+			}
+			var total time.Duration
+			for _, t := range tasks {
+				if d, err := readSchedstat(t); err == nil {
+					total += d // a thread that ended meanwhile takes its time with it
+				}
+			}
+			return total, nil
+		}, nil
+	}
+	return nil, fmt.Errorf("ServerCPU of %v: use PGServerCPU", s.d)
 }
 
 // Close drops the tables.

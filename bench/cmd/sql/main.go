@@ -9,7 +9,10 @@
 //
 // With -pages it adds the atomic sweep with the AtomicKV's runs hidden,
 // which reads each page and clears it by ClearAndDelete: what the runs
-// (AtomicKV.ClearRun) buy.
+// (AtomicKV.ClearRun) buy. With -cpu it reports the CPU time per entity
+// of the server and of this process too, and the ratios by CPU, which
+// swing less than rates on a loaded machine; -cpuprofile writes this
+// process's profile, each contender's clears labelled.
 //
 // It reads RETENTION_MYSQL_DSN (github.com/go-sql-driver/mysql) and
 // RETENTION_POSTGRES_DSN (pgx's database/sql driver); SQLite is a file in
@@ -32,6 +35,7 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
@@ -39,7 +43,11 @@ import (
 	"github.com/marksweep/retention/sqlkv"
 )
 
-var pages = flag.Bool("pages", false, "add the atomic sweep with its runs hidden, which reads pages and clears them by ClearAndDelete (what runs buy)")
+var (
+	pages      = flag.Bool("pages", false, "add the atomic sweep with its runs hidden, which reads pages and clears them by ClearAndDelete (what runs buy)")
+	cpuprofile = flag.String("cpuprofile", "", "write this process's CPU profile of the whole run to the file (SQLite runs in it), each contender's clears labelled contender=<its name> (pprof -tagfocus)")
+	cpu        = flag.Bool("cpu", false, "also measure the CPU time per entity of the server (on this machine) and of this process, and the ratios by CPU, which swing less with the load than rates (SQLite's is all this process's)")
+)
 
 func main() {
 	n := flag.Int("n", 100_000, "expired entities per run on MariaDB and PostgreSQL")
@@ -48,7 +56,6 @@ func main() {
 	batch := flag.Int("batch", 1000, "the floor's rows per transaction, and the sweeps' BatchSize and PageSize")
 	only := flag.String("only", "mysql,mysql-interpolate,sqlite,pg", "comma-separated suites to run: mysql, mysql-interpolate (the driver's interpolateParams=true), sqlite, pg")
 	timing := flag.Bool("timing", false, "after the rounds, run each sweep once more and break its time down by call (scan, marker delete, clear)")
-	cpuprofile := flag.String("cpuprofile", "", "write this process's CPU profile of the whole run to the file (SQLite runs in it)")
 	flag.Parse()
 	log.SetFlags(0)
 	if *cpuprofile != "" {
@@ -154,6 +161,28 @@ func runSQLite(ctx context.Context, n, rounds, batch int, timing bool) error {
 	return suite(ctx, title, db, sqlkv.SQLite, n, rounds, batch, timing)
 }
 
+// labelled returns clear, which runs under the pprof label
+// contender=name, as do the goroutines it starts.
+func labelled(name string, clear func(context.Context) (int, error)) func(context.Context) (int, error) {
+	return func(ctx context.Context) (n int, err error) {
+		pprof.Do(ctx, pprof.Labels("contender", name), func(ctx context.Context) { n, err = clear(ctx) })
+		return n, err
+	}
+}
+
+// serverCPU returns the CPUMeter of the server of s, whose dialect is d.
+func serverCPU(ctx context.Context, s *bench.SQL, d sqlkv.Dialect) (bench.CPUMeter, error) {
+	if d != sqlkv.PostgreSQL {
+		return s.ServerCPU(ctx)
+	}
+	pool, err := pgxpool.New(ctx, os.Getenv("RETENTION_POSTGRES_DSN"))
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close() // the meter reads /proc once it has the server's pid
+	return bench.PGServerCPU(ctx, pool)
+}
+
 // fsType names the file system of dir when it is one whose speed differs
 // a lot, else its magic number.
 func fsType(dir string) string {
@@ -188,8 +217,19 @@ func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, ro
 	if *pages {
 		cs = append(cs, s.AtomicPages())
 	}
+	if *cpuprofile != "" {
+		for i := range cs {
+			cs[i].Clear = labelled(cs[i].Name, cs[i].Clear)
+		}
+	}
+	var meter bench.CPUMeter
+	if *cpu {
+		if meter, err = serverCPU(ctx, s, d); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
-	res, err := bench.Run(ctx, cs, n, rounds, func(round int, name string, rate float64) {
+	res, err := bench.RunMetered(ctx, cs, n, rounds, meter, func(round int, name string, rate float64) {
 		log.Printf("%s: round %d: %s: %s entities/s", d, round, name, bench.Rate(rate))
 	})
 	if err != nil {
