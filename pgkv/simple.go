@@ -67,63 +67,84 @@ func joinBatch(ctx context.Context, b *pgx.Batch) (string, []any, error) {
 
 // renumber writes sql to w with each placeholder $n shifted by offset, and
 // refuses one beyond the statement's nargs arguments. It finds placeholders
-// by the rules pgx's own interpolation follows, so that both agree on
-// which $n are placeholders: outside quoted strings ('...', E'...',
-// "...", $tag$...$tag$) and comments (--, nested /* */), a $ followed by
-// a digit.
+// by the rules pgx's own interpolation follows (see pgxScan), so that both
+// agree on which $n are placeholders.
 func renumber(w *strings.Builder, sql string, offset, nargs int) error {
 	if !utf8.ValidString(sql) {
 		return fmt.Errorf("SQL is not valid UTF-8")
 	}
+	last := 0
+	err := pgxScan(sql, func(start, end int) error {
+		n, err := strconv.Atoi(sql[start+1 : end])
+		if err != nil || n < 1 || n > nargs {
+			return fmt.Errorf("placeholder %s with %d arguments", sql[start:end], nargs)
+		}
+		w.WriteString(sql[last:start])
+		w.WriteString("$" + strconv.Itoa(n+offset))
+		last = end
+		return nil
+	})
+	w.WriteString(sql[last:])
+	return err
+}
+
+// pgxPlaceholders returns the byte offsets of the placeholders pgx finds
+// in sql (see pgxScan).
+func pgxPlaceholders(sql string) []int {
+	var at []int
+	_ = pgxScan(sql, func(start, _ int) error {
+		at = append(at, start)
+		return nil
+	})
+	return at
+}
+
+// pgxScan calls placeholder with the start and end of each placeholder of
+// sql, and stops at the first error it returns. It finds them by
+// the rules of pgx's interpolation: outside quoted strings ('...',
+// E'...', "...", $tag$...$tag$) and comments (--, nested /* */), a $
+// followed by a digit. Unlike PostgreSQL, pgx takes an e or E before a
+// quote for E'...' wherever it is, and a $ in an identifier (a$1) for a
+// placeholder.
+func pgxScan(sql string, placeholder func(start, end int) error) error {
 	i := 0
 	for i < len(sql) {
 		c := sql[i]
 		switch {
 		case (c == 'e' || c == 'E') && i+1 < len(sql) && sql[i+1] == '\'':
-			end := quotedEnd(sql, i+2, '\'', true)
-			w.WriteString(sql[i:end])
-			i = end
+			i = quotedEnd(sql, i+2, '\'', true)
 		case c == '\'' || c == '"':
-			end := quotedEnd(sql, i+1, c, false)
-			w.WriteString(sql[i:end])
-			i = end
+			i = quotedEnd(sql, i+1, c, false)
 		case c == '-' && strings.HasPrefix(sql[i:], "--"):
 			end := len(sql)
 			if j := strings.IndexAny(sql[i:], "\r\n"); j >= 0 {
 				end = i + j + 1
 			}
-			w.WriteString(sql[i:end])
 			i = end
 		case c == '/' && strings.HasPrefix(sql[i:], "/*"):
-			end := commentEnd(sql, i+2)
-			w.WriteString(sql[i:end])
-			i = end
+			i = commentEnd(sql, i+2)
 		case c == '$' && i+1 < len(sql) && isDigit(sql[i+1]):
 			j := i + 1
 			for j < len(sql) && isDigit(sql[j]) {
 				j++
 			}
-			n, err := strconv.Atoi(sql[i+1 : j])
-			if err != nil || n < 1 || n > nargs {
-				return fmt.Errorf("placeholder %s with %d arguments", sql[i:j], nargs)
+			if err := placeholder(i, j); err != nil {
+				return err
 			}
-			w.WriteString("$" + strconv.Itoa(n+offset))
 			i = j
 		case c == '$':
-			if tag, ok := dollarTag(sql[i+1:]); ok {
-				closer := "$" + tag + "$"
-				end := len(sql)
-				if j := strings.Index(sql[i+len(closer):], closer); j >= 0 {
-					end = i + len(closer) + j + len(closer)
-				}
-				w.WriteString(sql[i:end])
-				i = end
-				continue
+			tag, ok := dollarTag(sql[i+1:])
+			if !ok {
+				i++
+				break
 			}
-			w.WriteByte(c)
-			i++
+			closer := "$" + tag + "$"
+			end := len(sql)
+			if j := strings.Index(sql[i+len(closer):], closer); j >= 0 {
+				end = i + len(closer) + j + len(closer)
+			}
+			i = end
 		default:
-			w.WriteByte(c)
 			i++
 		}
 	}
