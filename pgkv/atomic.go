@@ -45,8 +45,11 @@ type ClearFunc func(b *pgx.Batch, ids []string) error
 
 // AtomicKV is a KV that clears entities itself, in the transaction that
 // deletes their markers: a retention.ClearDeleter. Create one with
-// KV.WithClear, and give it to retention.New with neither Config.Clear nor
-// Config.ClearBatch set.
+// KV.WithClearSQL, whose clear is one SQL statement, or with KV.WithClear,
+// whose clear is Go (a ClearFunc), and give it to retention.New with
+// neither Config.Clear nor Config.ClearBatch set. One of WithClearSQL is
+// also a retention.RunClearer (see ClearRun), which spares the sweep the
+// Scan of each batch: prefer it wherever the clear fits in a statement.
 //
 // It applies when the entities' state lives in the same PostgreSQL database
 // as the markers: then a crash can no longer leave an entity cleared with
@@ -63,16 +66,22 @@ type ClearFunc func(b *pgx.Batch, ids []string) error
 // Execute and its Sync would leave its rows, and under a lease the lease
 // row, locked until TCP gives up.) The arguments are therefore written into
 // the statements' text (see ClearFunc); the markers of a batch that is a
-// run of the table take two keys and a digest, whatever its size.
+// run of the table take two keys and a digest, whatever its size, and a
+// run of ClearRun takes a few keys and numbers.
 type AtomicKV struct {
 	*KV
 	clear ClearFunc
 	// setSQL starts every call's query (SET LOCAL lock_timeout), or is
-	// empty.
-	setSQL string
+	// empty; lockTimeout is its value, in milliseconds, or "".
+	setSQL, lockTimeout string
+	// runClear is the statement of WithClearSQL bound to a run's ids, and
+	// runSQL the whole message of a run: the statement that picks and
+	// deletes it, then runClear (see ClearRun). Both are empty for an
+	// AtomicKV made by WithClear.
+	runClear, runSQL string
 }
 
-// AtomicOption tunes an AtomicKV made by KV.WithClear.
+// AtomicOption tunes an AtomicKV made by KV.WithClear or KV.WithClearSQL.
 type AtomicOption func(*atomicOptions) error
 
 type atomicOptions struct {
@@ -81,8 +90,10 @@ type atomicOptions struct {
 
 // LockTimeout bounds how long one call of the AtomicKV waits for a row
 // lock: a SET LOCAL lock_timeout starts its transaction, so it applies to
-// the marker deletion and to every statement of the ClearFunc, and to
-// nothing outside the call. Without it (or with 0) a call waits as the
+// the marker deletion and to every statement of the ClearFunc (or the
+// statement of WithClearSQL), and to nothing outside the call; a run of
+// ClearRun sets it in its first statement, before any lock, to the same
+// effect. Without it (or with 0) a call waits as the
 // session's lock_timeout says, by default until its context ends, which
 // for a sweep is Config.ClearTimeout (1 min by default).
 //
@@ -117,15 +128,22 @@ var (
 )
 
 // WithClear returns an AtomicKV over k's table whose clear is clear,
-// tuned by opts (LockTimeout).
+// tuned by opts (LockTimeout). Where the clear is one SQL statement,
+// WithClearSQL makes a faster AtomicKV.
 func (k *KV) WithClear(clear ClearFunc, opts ...AtomicOption) (*AtomicKV, error) {
 	if clear == nil {
 		return nil, errors.New("pgkv: WithClear: clear must not be nil")
 	}
+	return k.atomicKV("WithClear", clear, opts)
+}
+
+// atomicKV returns an AtomicKV whose clear is clear, tuned by opts; fn
+// names the function that makes it.
+func (k *KV) atomicKV(fn string, clear ClearFunc, opts []AtomicOption) (*AtomicKV, error) {
 	var o atomicOptions
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, errors.New("pgkv: WithClear: nil AtomicOption")
+			return nil, fmt.Errorf("pgkv: %s: nil AtomicOption", fn)
 		}
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -134,10 +152,11 @@ func (k *KV) WithClear(clear ClearFunc, opts ...AtomicOption) (*AtomicKV, error)
 	a := &AtomicKV{KV: k, clear: clear}
 	if o.lockTimeout > 0 {
 		ms := (o.lockTimeout + time.Millisecond - 1) / time.Millisecond
+		a.lockTimeout = strconv.FormatInt(int64(ms), 10)
 		// In an implicit transaction (one Query message) SET LOCAL lasts
 		// to its end, as in BEGIN ... COMMIT; a plain SET would outlive
 		// the call on the pooled connection.
-		a.setSQL = "SET LOCAL lock_timeout = " + strconv.FormatInt(int64(ms), 10)
+		a.setSQL = "SET LOCAL lock_timeout = " + a.lockTimeout
 	}
 	return a, nil
 }
@@ -187,14 +206,20 @@ FROM (SELECT (SELECT count(*) FROM a) AS deleted) AS n`
 // integer cast of a text that is not constant, so that the planner cannot
 // raise it while folding constants.
 func outcome(leaseHeld, ok, failure string) string {
+	return outcomeOf(leaseHeld, ok, "0", failure, "")
+}
+
+// outcomeOf is outcome with result in place of 0, and each failure
+// followed by as, a cast to result's type (such as "::text").
+func outcomeOf(leaseHeld, ok, result, failure, as string) string {
 	lease := ""
 	if leaseHeld != "" {
 		lease = `
-	WHEN NOT ` + leaseHeld + ` THEN ('` + leaseLostToken + ` ' || ` + leaseHeld + `)::int`
+	WHEN NOT ` + leaseHeld + ` THEN ('` + leaseLostToken + ` ' || ` + leaseHeld + `)::int` + as
 	}
 	return `CASE` + lease + `
-	WHEN ` + ok + ` THEN 0
-	ELSE ` + failure + ` END`
+	WHEN ` + ok + ` THEN ` + result + `
+	ELSE ` + failure + as + ` END`
 }
 
 // markerGone is the failure of a statement that deleted fewer markers
@@ -307,6 +332,7 @@ type fencedAtomicKV struct {
 	*fencedKV
 	atomic     *AtomicKV
 	statements markerStatements
+	runSQL     string // the run's message (see ClearRun), or ""
 }
 
 var (
@@ -323,7 +349,7 @@ func (p *pgLease) fenceAtomic(a *AtomicKV) *fencedAtomicKV {
 	with := `WITH l AS MATERIALIZED (` + p.l.fenceSQL + `),
 `
 	held := `EXISTS (SELECT 1 FROM l)`
-	return &fencedAtomicKV{fencedKV: f, atomic: a, statements: markerStatements{
+	v := &fencedAtomicKV{fencedKV: f, atomic: a, statements: markerStatements{
 		rangeSQL: with + rangeCTEs(a.table, "$4", "$5", "$6", "$7", held) + `
 SELECT ` + outcome("held", "exact", notRange) + `
 FROM (SELECT ` + held + ` AS held, exact, deleted FROM n) AS o`,
@@ -332,6 +358,10 @@ SELECT ` + outcome("held", "deleted = $5::bigint", markerGone("$5")) + `
 FROM (SELECT ` + held + ` AS held, (SELECT count(*) FROM a) AS deleted) AS n`,
 		lead: []any{p.l.name, p.holder, p.fence},
 	}}
+	if a.runSQL != "" {
+		v.runSQL = a.runStatement(p.l.table, len(v.statements.lead))
+	}
+	return v
 }
 
 func (f *fencedAtomicKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {

@@ -2,12 +2,15 @@ package pgkv_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -269,4 +272,426 @@ func TestAtomicIDsOfACustomRule(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, len(ids), st.Cleared, "stats %+v", st)
 	assert.Equal(t, 0, count(t, pool, jobs), "every job deleted")
+}
+
+// deleteJobsSQL is the WithClearSQL statement of a jobs table of
+// jobsTable.
+func deleteJobsSQL(jobs string) string {
+	return "DELETE FROM " + jobs + " WHERE id = ANY($1)"
+}
+
+// newRunKV returns a KV over a fresh marker table, its jobs table (see
+// jobsTable) and an AtomicKV whose clear is deleteJobsSQL.
+func newRunKV(t testing.TB, pool *pgxpool.Pool) (kv *pgkv.KV, akv *pgkv.AtomicKV, markers, jobs, pins string) {
+	t.Helper()
+	markers = freshTable(t, pool)
+	jobs, pins = jobsTable(t, pool, markers)
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err = kv.WithClearSQL(deleteJobsSQL(jobs))
+	require.NoError(t, err)
+	return kv, akv, markers, jobs, pins
+}
+
+// expiredEnd is the end of the range of markers of "jobs/done/" expired an
+// hour before now.
+func expiredEnd(now time.Time) []byte {
+	return fmt.Appendf([]byte("jobs/done/"), "%0*d", retention.TimestampWidth, now.Add(-time.Hour).UnixMilli())
+}
+
+// TestRunsClearTheBacklog: over an AtomicKV of WithClearSQL the sweep
+// clears the expired range in runs the database picks, one call each,
+// and never scans it: its Scans are the key past the range and the retry
+// range's. The unexpired markers and their jobs stay.
+func TestRunsClearTheBacklog(t *testing.T) {
+	pool := connect(t)
+	kv, akv, markers, jobs, _ := newRunKV(t, pool)
+	ctx := context.Background()
+	now := time.Now()
+	finishJobs(t, pool, kv, jobs, 2500, now.Add(-2*time.Hour))
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" VALUES ('late')")
+	require.NoError(t, err)
+	require.NoError(t, kv.MarkTx(ctx, pool, "jobs/done/", "late", now))
+
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, BatchSize: 1000, PageSize: 1000,
+		Clock: retention.NewManualClock(now)})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2500, st.Cleared)
+	assert.Equal(t, 3, st.ClearCalls, "runs of 1000, 1000 and 500")
+	assert.Equal(t, 2, st.ScanCalls, "the key past the expired range and the retry range")
+	assert.Zero(t, st.DeleteCalls)
+	assert.Equal(t, 1, count(t, pool, jobs), "only the unexpired job is left")
+	assert.Equal(t, 1, count(t, pool, markers), "and its marker")
+}
+
+// TestRunReturnsItsKeys: ClearRun takes the first limit keys of the
+// range, and returns them as they were, ascending, whatever bytes they
+// share: markers at the edges of the rule (an id of 128 bytes, the epoch,
+// MaxMarkerTime) included, and a prefix that is no text.
+func TestRunReturnsItsKeys(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	for _, prefix := range []string{"jobs/done/", "\xff,'\x00/"} {
+		kv, akv, markers, jobs, _ := newRunKV(t, pool)
+		var want [][]byte
+		for i, tc := range []struct {
+			at time.Time
+			id string
+		}{
+			{time.UnixMilli(0), "epoch"},
+			{time.UnixMilli(1), strings.Repeat("x", retention.MaxIDLen)},
+			{time.UnixMilli(1_700_000_000_000), "a"},
+			{time.UnixMilli(1_700_000_000_000), "b"},
+			{time.UnixMilli(1_700_000_000_001), "A-z_09"},
+			{time.UnixMilli(1_700_000_000_999), "c"},
+			{retention.MaxMarkerTime, "last"},
+		} {
+			key, err := retention.MarkerKey(prefix, tc.at, tc.id)
+			require.NoError(t, err, "marker %d", i)
+			require.NoError(t, kv.Put(ctx, key, nil))
+			_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" VALUES ($1) ON CONFLICT DO NOTHING", tc.id)
+			require.NoError(t, err)
+			want = append(want, key)
+		}
+		end := []byte(prefix + ":")
+		for _, limit := range []int{1, 2, 3} {
+			keys, err := akv.ClearRun(ctx, prefix, []byte(prefix), end, limit)
+			require.NoError(t, err, "prefix %q, limit %d", prefix, limit)
+			assert.Equal(t, want[:limit], keys, "prefix %q, limit %d", prefix, limit)
+			want = want[limit:]
+		}
+		keys, err := akv.ClearRun(ctx, prefix, []byte(prefix), end, 100)
+		require.NoError(t, err)
+		assert.Equal(t, want, keys, "prefix %q, the rest", prefix)
+		keys, err = akv.ClearRun(ctx, prefix, []byte(prefix), end, 100)
+		require.NoError(t, err)
+		assert.Empty(t, keys, "prefix %q, an empty range", prefix)
+		assert.Zero(t, count(t, pool, markers))
+		assert.Zero(t, count(t, pool, jobs))
+	}
+}
+
+// TestRunRefusedForAKeyNotAMarker: a key of the run that is no marker of
+// the prefix with an id of the default rule makes ClearRun change nothing
+// and say so (retention.ErrMalformedMarker), wherever the key is in the
+// run; a sweep then reads that page and clears the markers around it.
+func TestRunRefusedForAKeyNotAMarker(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	at := time.Now().Add(-2 * time.Hour)
+	stamp := fmt.Sprintf("%0*d", retention.TimestampWidth, at.UnixMilli())
+	for _, tc := range []struct {
+		name, suffix string
+		malformed    bool // a marker the page path deletes, not a foreign key it leaves
+	}{
+		{"foreign shape", "0000000/not-a-marker", false},
+		{"a colon in the timestamp", stamp[:retention.TimestampWidth-1] + ":/x", false},
+		{"no slash", stamp + "0x", false},
+		{"empty id", stamp + "/", false},
+		{"a space in the id", stamp + "/a b", true},
+		{"a NUL in the id", stamp + "/a\x00b", true},
+		{"a backslash in the id", stamp + "/a\\b", true},
+		{"a comma in the id", stamp + "/a," + stamp + "/b", true},
+		{"a byte outside ASCII", stamp + "/\xe9", true},
+		{"an id of 129 bytes", stamp + "/" + strings.Repeat("x", retention.MaxIDLen+1), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kv, akv, markers, jobs, _ := newRunKV(t, pool)
+			now := time.Now()
+			// Markers a millisecond apart, around the key.
+			finishJobs(t, pool, kv, jobs, 9, at.Add(-4*time.Millisecond))
+			_, err := pool.Exec(ctx, "INSERT INTO "+markers+" VALUES ($1)", []byte("jobs/done/"+tc.suffix))
+			require.NoError(t, err)
+
+			keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), expiredEnd(now), 100)
+			require.ErrorIs(t, err, retention.ErrMalformedMarker)
+			assert.Nil(t, keys)
+			assert.Equal(t, 10, count(t, pool, markers), "nothing changed")
+			assert.Equal(t, 9, count(t, pool, jobs), "nothing changed")
+
+			s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, Clock: retention.NewManualClock(now)})
+			require.NoError(t, err)
+			st, err := s.Pass(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, 9, st.Cleared, "stats %+v", st)
+			assert.Zero(t, count(t, pool, jobs))
+			if tc.malformed {
+				assert.Equal(t, 1, st.Malformed, "stats %+v", st)
+				assert.Zero(t, count(t, pool, markers))
+			} else {
+				assert.Equal(t, 1, st.Foreign, "stats %+v", st)
+				assert.Equal(t, 1, count(t, pool, markers), "the foreign key stays")
+			}
+		})
+	}
+}
+
+// TestRunOfARangeBeyondThePrefix: keys of [from, end) outside the
+// prefix's markers are not markers: a run that would take one is refused,
+// and one that stops short of them clears.
+func TestRunOfARangeBeyondThePrefix(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	kv, akv, markers, jobs, _ := newRunKV(t, pool)
+	finishJobs(t, pool, kv, jobs, 3, time.Now().Add(-2*time.Hour))
+	for _, key := range []string{"jobs/a", "jobs/done/" + strings.Repeat("9", retention.TimestampWidth) + "/late", "jobs/z"} {
+		_, err := pool.Exec(ctx, "INSERT INTO "+markers+" VALUES ($1)", []byte(key))
+		require.NoError(t, err)
+	}
+	for _, tc := range []struct {
+		name     string
+		from, to string
+		limit    int
+	}{
+		{"a key before the prefix", "jobs/", "jobs/done:", 100},
+		{"a key past MaxMarkerTime", "jobs/done/", "jobs/done:", 100},
+		{"a key past the prefix", "jobs/done/", "jobs/zz", 4},
+	} {
+		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte(tc.from), []byte(tc.to), tc.limit)
+		assert.ErrorIs(t, err, retention.ErrMalformedMarker, tc.name)
+		assert.Nil(t, keys, tc.name)
+		assert.Equal(t, 6, count(t, pool, markers), "%s: nothing changed", tc.name)
+	}
+	keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/"), []byte("jobs/zz"), 2)
+	require.NoError(t, err, "the run stops short of what is past the prefix")
+	assert.Len(t, keys, 2)
+	assert.Equal(t, 1, count(t, pool, jobs))
+	assert.Equal(t, 4, count(t, pool, markers))
+}
+
+// TestRunRefusedWhenTheClearFails: a run whose clear statement fails
+// (a job pinned by a foreign key) changes nothing and returns the
+// statement's error; the sweep then bisects the page down to that job and
+// clears the others in the same pass.
+func TestRunRefusedWhenTheClearFails(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	kv, akv, markers, jobs, pins := newRunKV(t, pool)
+	now := time.Now()
+	finishJobs(t, pool, kv, jobs, 50, now.Add(-2*time.Hour))
+	_, err := pool.Exec(ctx, "INSERT INTO "+pins+" (job) VALUES ('j00021')")
+	require.NoError(t, err)
+
+	keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), expiredEnd(now), 100)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "23503", pgErr.Code, "foreign_key_violation")
+	assert.NotErrorIs(t, err, retention.ErrMalformedMarker)
+	assert.Nil(t, keys)
+	assert.Equal(t, 50, count(t, pool, markers), "nothing changed")
+	assert.Equal(t, 50, count(t, pool, jobs), "nothing changed")
+
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, Clock: retention.NewManualClock(now)})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 49, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, 1, count(t, pool, jobs), "only the pinned job is left")
+	assert.Equal(t, 1, count(t, pool, markers), "and its marker, rescheduled")
+}
+
+// TestRunDuplicatesClearOnce: a run that holds two markers of one id
+// deletes both and clears the entity once; the sweep counts the second a
+// duplicate.
+func TestRunDuplicatesClearOnce(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	_, err := pool.Exec(ctx, "CREATE TABLE "+jobs+"_log (id text, txid bigint)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+"_log") })
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClearSQL("WITH d AS (DELETE FROM " + jobs + " WHERE id = ANY($1) RETURNING id) INSERT INTO " + jobs + "_log SELECT id, txid_current() FROM d")
+	require.NoError(t, err)
+	now := time.Now()
+	ids := finishJobs(t, pool, kv, jobs, 5, now.Add(-2*time.Hour))
+	require.NoError(t, kv.MarkTx(ctx, pool, "jobs/done/", ids[2], now.Add(-90*time.Minute)))
+
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, Clock: retention.NewManualClock(now)})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 5, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 1, st.Duplicates)
+	assert.Equal(t, 1, st.ClearCalls, "one run")
+	assert.Zero(t, count(t, pool, markers))
+	assert.Zero(t, count(t, pool, jobs))
+	assert.Equal(t, 5, count(t, pool, jobs+"_log"), "each job cleared once")
+}
+
+// TestTwoSweepsRunNoEntityTwice: two sweeps without a lease, each on a
+// pool of its own, pass over one backlog at once in runs: every job is
+// cleared by exactly one committed transaction, and every marker goes.
+func TestTwoSweepsRunNoEntityTwice(t *testing.T) {
+	admin := connect(t)
+	ctx := context.Background()
+	markers := freshTable(t, admin)
+	jobs, _ := jobsTable(t, admin, markers)
+	_, err := admin.Exec(ctx, "CREATE TABLE "+jobs+"_log (id text, txid bigint)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+"_log") })
+	writer, err := pgkv.New(admin, markers)
+	require.NoError(t, err)
+	now := time.Now()
+	const n = 3000
+	finishJobs(t, admin, writer, jobs, n, now.Add(-2*time.Hour))
+
+	var wg sync.WaitGroup
+	stats := make([]retention.Stats, 2)
+	for i := range stats {
+		pool := connect(t)
+		kv, err := pgkv.New(pool, markers)
+		require.NoError(t, err)
+		akv, err := kv.WithClearSQL("WITH d AS (DELETE FROM " + jobs + " WHERE id = ANY($1) RETURNING id) INSERT INTO " + jobs + "_log SELECT id, txid_current() FROM d")
+		require.NoError(t, err)
+		s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, BatchSize: 100, PageSize: 100,
+			Clock: retention.NewManualClock(now)})
+		require.NoError(t, err)
+		wg.Go(func() {
+			for range 3 {
+				st, err := s.Pass(ctx)
+				assert.NoError(t, err)
+				stats[i].Cleared += st.Cleared
+				stats[i].ClearCalls += st.ClearCalls
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("sweeps' stats: %+v", stats)
+	assert.Zero(t, count(t, admin, jobs))
+	assert.Zero(t, count(t, admin, markers))
+	var logged, distinct, twice int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*), count(DISTINCT id), (SELECT count(*) FROM (SELECT id FROM "+jobs+"_log GROUP BY id HAVING count(*) > 1) d) FROM "+jobs+"_log").Scan(&logged, &distinct, &twice))
+	assert.Equal(t, n, logged, "one clear per job")
+	assert.Equal(t, n, distinct)
+	assert.Zero(t, twice)
+	assert.LessOrEqual(t, stats[0].Cleared+stats[1].Cleared, n, "no job counted twice")
+}
+
+// TestFencedRunAfterTheLeaseIsLost: under a lease, a run checks the lease
+// in the statement that deletes its markers; once the lease is taken from
+// outside, a run by the old holder changes nothing and reports the loss.
+// A sweep under a Locker clears in runs.
+func TestFencedRunAfterTheLeaseIsLost(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	kv, akv, markers, jobs, _ := newRunKV(t, pool)
+	leases := freshLeaseTable(t, pool)
+	now := time.Now()
+	finishJobs(t, pool, kv, jobs, 30, now.Add(-2*time.Hour))
+	locker, err := pgkv.NewLocker(pool, "runs", &pgkv.LockerOptions{TTL: 5 * time.Second, Table: leases})
+	require.NoError(t, err)
+
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, BatchSize: 10, PageSize: 10,
+		Clock: retention.NewManualClock(now), Lease: locker})
+	require.NoError(t, err)
+	st, err := s.LeasedPass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 30, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 2, st.ScanCalls, "runs, no scan of the expired range")
+	finishJobs(t, pool, kv, jobs, 20, now.Add(-2*time.Hour))
+
+	lease, err := locker.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	view, ok := lease.(retention.Fencer).Fence(akv)
+	require.True(t, ok)
+	fenced, ok := view.(retention.RunClearer)
+	require.True(t, ok, "the fenced view of an AtomicKV still clears runs")
+	keys, err := fenced.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), expiredEnd(now), 10)
+	require.NoError(t, err, "while the lease is held")
+	assert.Len(t, keys, 10)
+	assert.Equal(t, 10, count(t, pool, jobs))
+
+	_, err = pool.Exec(ctx, "UPDATE "+leases+" SET holder = 'thief', fence = fence + 1 WHERE name = 'runs'")
+	require.NoError(t, err)
+	keys, err = fenced.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), expiredEnd(now), 10)
+	require.ErrorIs(t, err, retention.ErrLeaseLost)
+	assert.Nil(t, keys)
+	assert.Equal(t, 10, count(t, pool, jobs), "the entities stay")
+	assert.Equal(t, 10, count(t, pool, markers), "and their markers")
+	select {
+	case <-lease.Lost():
+	default:
+		t.Error("Lost is open after a refused run")
+	}
+	_, err = fenced.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), expiredEnd(now), 10)
+	require.ErrorIs(t, err, retention.ErrLeaseLost, "and from then on, with no round trip")
+}
+
+// TestWithClearSQLRefuses: WithClearSQL checks its statement before any
+// round trip and says what is wrong with it; an AtomicKV of WithClear
+// cannot clear runs, and says so without a round trip.
+func TestWithClearSQLRefuses(t *testing.T) {
+	t.Parallel()
+	// No server: neither talks to it, and pgxpool connects lazily.
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	require.NoError(t, err)
+	defer pool.Close()
+	kv, err := pgkv.New(pool, "markers")
+	require.NoError(t, err)
+	for _, tc := range []struct{ stmt, want string }{
+		{"", "empty"},
+		{"DELETE FROM jobs", "does not refer to $1"},
+		{"DELETE FROM jobs WHERE id = ANY($1) AND kind = $2", "refers to $2"},
+		{"DELETE FROM jobs WHERE id = ANY($1); DELETE FROM kids WHERE job = ANY($1)", "second statement"},
+		{"DELETE FROM jobs WHERE id = ANY($1) AND note = 'open", "not closed"},
+		{"DELETE FROM jobs WHERE id = ANY($1) AND a$1 = 0", "pgx would read"},
+	} {
+		_, err := kv.WithClearSQL(tc.stmt)
+		if assert.Error(t, err, "WithClearSQL(%q)", tc.stmt) {
+			assert.Contains(t, err.Error(), "pgkv: WithClearSQL: ")
+			assert.Contains(t, err.Error(), tc.want, "WithClearSQL(%q)", tc.stmt)
+		}
+	}
+	_, err = kv.WithClearSQL("DELETE FROM jobs WHERE id = ANY($1)", pgkv.LockTimeout(-time.Second))
+	assert.Error(t, err, "a bad option")
+	_, err = kv.WithClearSQL("DELETE FROM jobs WHERE id = ANY($1)", nil)
+	assert.ErrorContains(t, err, "pgkv: WithClearSQL: nil AtomicOption")
+
+	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error { return nil })
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
+	assert.Nil(t, keys)
+	assert.NoError(t, ctx.Err(), "no round trip")
+}
+
+// TestWithClearSQLClearsPages: the statement of WithClearSQL clears the
+// batches of pages too (Concurrency 2, no runs), with the batch's ids as
+// $1: a chain of CTEs that deletes the rows pinning a job first, with
+// quotes and comments holding $1 and $2, clears each job once.
+func TestWithClearSQLClearsPages(t *testing.T) {
+	pool := connect(t)
+	ctx := context.Background()
+	markers := freshTable(t, pool)
+	jobs, pins := jobsTable(t, pool, markers)
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClearSQL(`/* the ids: $1, not $2 */ WITH p AS (DELETE FROM ` + pins + ` WHERE job = ANY($1) RETURNING 1) -- $2
+DELETE FROM ` + jobs + ` WHERE id = ANY($1::text[]) AND 'it''s $2' <> $$ $2 $$ AND (SELECT count(*) FROM p) >= 0;`)
+	require.NoError(t, err)
+	now := time.Now()
+	ids := finishJobs(t, pool, kv, jobs, 300, now.Add(-2*time.Hour))
+	for _, id := range ids[:50] {
+		_, err := pool.Exec(ctx, "INSERT INTO "+pins+" VALUES ($1)", id)
+		require.NoError(t, err)
+	}
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, BatchSize: 40, PageSize: 100, Concurrency: 2,
+		Clock: retention.NewManualClock(now)})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 300, st.Cleared, "stats %+v", st)
+	assert.Equal(t, 4, st.ScanCalls-2, "the expired range read page by page: three of 100 and the empty one after")
+	assert.Zero(t, count(t, pool, jobs))
+	assert.Zero(t, count(t, pool, pins))
+	assert.Zero(t, count(t, pool, markers))
 }

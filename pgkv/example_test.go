@@ -187,6 +187,38 @@ func ExampleKV_WithClear() {
 	log.Fatal(sweep.Run(ctx))
 }
 
+// newRunSweep clears jobs as newAtomicSweep does, with one statement the
+// database binds to each batch's ids: the database then picks each batch
+// too (a run of up to 10,000 markers), in one round trip.
+func newRunSweep(kv *pgkv.KV) (*retention.Sweep, error) {
+	akv, err := kv.WithClearSQL("DELETE FROM jobs WHERE id = ANY($1)")
+	if err != nil {
+		return nil, err
+	}
+	return retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: 24 * time.Hour, BatchSize: 10_000, PageSize: 10_000})
+}
+
+// Jobs and their markers live in one database, and one statement clears
+// the jobs: the database picks each batch of expired markers, deletes
+// them and their jobs, in one transaction and one round trip.
+func ExampleKV_WithClearSQL() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	kv, err := openMarkers(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sweep, err := newRunSweep(kv)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(sweep.Run(ctx))
+}
+
 // newFleetSweep makes a sweep that one replica of the fleet runs at a time.
 func newFleetSweep(ctx context.Context, pool *pgxpool.Pool, kv *pgkv.KV, clearRun func(context.Context, string) error) (*retention.Sweep, error) {
 	if err := pgkv.MigrateLeases(ctx, pool, pgkv.DefaultLeaseTable); err != nil { // once, like Migrate

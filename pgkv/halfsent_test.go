@@ -434,3 +434,82 @@ func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
 	assert.Zero(t, count(t, admin, markers), "every marker is deleted: none is stranded")
 	assert.Equal(t, map[string]int{"j00000": 1, "j00001": 1, "j00002": 1, "j00003": 1}, clears)
 }
+
+// TestHalfSentRunFreesLease: the same for a fenced run of an AtomicKV
+// made by WithClearSQL, whose message holds the lease check, the run and
+// the clear: cut off after the lease check, it runs nothing and holds no
+// lock, so another replica takes the lease within the TTL and a margin.
+func TestHalfSentRunFreesLease(t *testing.T) {
+	admin := connect(t)
+	markers := freshTable(t, admin)
+	jobs, _ := jobsTable(t, admin, markers)
+	leases := freshLeaseTable(t, admin)
+	ctx := context.Background()
+
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "FOR SHARE")
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	p, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.MaxConns = 4
+	holderPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+
+	const ttl = time.Second
+	opts := &pgkv.LockerOptions{TTL: ttl, Table: leases}
+	holderLocker, err := pgkv.NewLocker(holderPool, "halfsent", opts)
+	require.NoError(t, err)
+	lease, err := holderLocker.TryAcquire(ctx)
+	require.NoError(t, err)
+
+	writer, err := pgkv.New(admin, markers)
+	require.NoError(t, err)
+	finishJobs(t, admin, writer, jobs, 10, time.Now().Add(-2*time.Hour))
+	holderKV, err := pgkv.New(holderPool, markers)
+	require.NoError(t, err)
+	akv, err := holderKV.WithClearSQL(deleteJobsSQL(jobs))
+	require.NoError(t, err)
+	view, ok := lease.(retention.Fencer).Fence(akv)
+	require.True(t, ok)
+
+	proxy.arm()
+	runDone := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_, err := view.(retention.RunClearer).ClearRun(cctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+		runDone <- err
+	}()
+	select {
+	case <-proxy.cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run never reached the lease check")
+	}
+	cutAt := time.Now()
+
+	other, err := pgkv.NewLocker(admin, "halfsent", opts)
+	require.NoError(t, err)
+	deadline := cutAt.Add(ttl + time.Second)
+	var taken retention.Lease
+	for taken == nil && time.Now().Before(deadline) {
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		taken, err = other.TryAcquire(actx)
+		cancel()
+		if err != nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Logf("takeover after %v (TTL %v); last error: %v", time.Since(cutAt).Round(time.Millisecond), ttl, err)
+	require.NotNil(t, taken, "no takeover within TTL + 1s of the cut: the half-sent run holds the lease row")
+	assert.Equal(t, 10, count(t, admin, jobs), "the half-sent run cleared nothing")
+	assert.Equal(t, 10, count(t, admin, markers), "nor deleted a marker")
+	require.NoError(t, taken.Release(ctx))
+
+	proxy.close()
+	<-runDone
+	_ = lease.Release(ctx)
+	holderPool.Close()
+}

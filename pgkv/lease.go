@@ -62,8 +62,9 @@ type LockerOptions struct {
 // Its leases are retention.Fencers for a *KV or an *AtomicKV in the same
 // database: a fenced Delete, Put or Move is one statement that locks the
 // lease row FOR SHARE, checks that it still names this holder and is
-// unexpired, and writes only then; a fenced ClearAndDelete does the same in
-// the statement that deletes the markers, the first of its transaction. A
+// unexpired, and writes only then; a fenced ClearAndDelete or ClearRun does
+// the same in the statement that deletes the markers, the first of its
+// transaction. A
 // takeover updates that row, so it waits for the fenced transaction to
 // commit: no marker write of an old holder can commit after a new holder's
 // TryAcquire returned, whatever the old holder's clock or scheduling did.
@@ -133,10 +134,20 @@ RETURNING fence`,
 		renewSQL: `UPDATE ` + table + ` SET expires_at = ` + expiry + `
 WHERE name = $1 AND holder = $2 AND fence = $4 AND expires_at > clock_timestamp()`,
 		releaseSQL: `UPDATE ` + table + ` SET expires_at = clock_timestamp() WHERE name = $1 AND holder = $2 AND fence = $3`,
-		// FOR SHARE, not FOR KEY SHARE: a takeover changes no key column,
-		// so it would not wait for a KEY SHARE lock.
-		fenceSQL: `SELECT 1 FROM ` + table + ` WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() FOR SHARE`,
+		fenceSQL:   fenceQuery(table, ""),
 	}, nil
+}
+
+// fenceQuery is the query that finds the lease row of the holder $2 with
+// the fence $3 in table, when it is unexpired and when (if not "") the
+// condition first holds, and locks it. FOR SHARE, not FOR KEY SHARE: a
+// takeover changes no key column, so it would not wait for a KEY SHARE
+// lock.
+func fenceQuery(table, first string) string {
+	if first != "" {
+		first += " AND "
+	}
+	return `SELECT 1 FROM ` + table + ` WHERE ` + first + `name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() FOR SHARE`
 }
 
 // MigrateLeases creates the lease table of Lockers if it does not exist. It

@@ -165,3 +165,75 @@ func TestAtomicLockTimeout(t *testing.T) {
 	assert.Zero(t, count(t, pool, jobs))
 	assert.Zero(t, count(t, pool, markers))
 }
+
+// TestRunLockTimeout: with LockTimeout, a run that meets a row locked by
+// another transaction, whether a job's, a marker's or, under a lease, the
+// lease row, fails within about the lock timeout (SQLSTATE 55P03) and
+// changes nothing; the setting ends with the run.
+func TestRunLockTimeout(t *testing.T) {
+	pool := connect(t)
+	markers := freshTable(t, pool)
+	jobs, _ := jobsTable(t, pool, markers)
+	leases := freshLeaseTable(t, pool)
+	ctx := context.Background()
+
+	// One connection, so that a setting left behind would show on it.
+	pcfg := pool.Config().Copy()
+	pcfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(one.Close)
+	kv, err := pgkv.New(one, markers)
+	require.NoError(t, err)
+	const lockTimeout = 100 * time.Millisecond
+	akv, err := kv.WithClearSQL(deleteJobsSQL(jobs), pgkv.LockTimeout(lockTimeout))
+	require.NoError(t, err)
+	locker, err := pgkv.NewLocker(pool, "runs", &pgkv.LockerOptions{Table: leases})
+	require.NoError(t, err)
+	lease, err := locker.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lease.Release(ctx) }()
+	view, ok := lease.(retention.Fencer).Fence(akv)
+	require.True(t, ok)
+
+	now := time.Now()
+	ids := finishJobs(t, pool, kv, jobs, 50, now.Add(-2*time.Hour))
+	end := expiredEnd(now)
+	for _, tc := range []struct {
+		name string
+		kv   retention.RunClearer
+		lock string // a query that locks a row, with its argument
+		arg  any
+	}{
+		{"a job's row", akv, "SELECT 1 FROM " + jobs + " WHERE id = $1 FOR UPDATE", ids[7]},
+		{"a marker's row", akv, "SELECT 1 FROM " + markers + " WHERE key > $1 LIMIT 1 FOR UPDATE", []byte("jobs/done/0")},
+		{"the lease row", view.(retention.RunClearer), "SELECT 1 FROM " + leases + " WHERE name = $1 FOR UPDATE", "runs"},
+	} {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, tc.lock, tc.arg)
+		require.NoError(t, err, tc.name)
+
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start := time.Now()
+		keys, err := tc.kv.ClearRun(cctx, "jobs/done/", []byte("jobs/done/0"), end, 100)
+		took := time.Since(start)
+		cancel()
+		require.NoError(t, tx.Rollback(ctx))
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: ClearRun() = %v, want a PostgreSQL error", tc.name, err)
+		assert.Equal(t, "55P03", pgErr.Code, "%s: ClearRun() = %v, want lock_not_available", tc.name, err)
+		assert.Nil(t, keys)
+		assert.GreaterOrEqual(t, took, lockTimeout, tc.name)
+		assert.Less(t, took, 2*time.Second, "%s: the run failed at the lock timeout", tc.name)
+		assert.Equal(t, 50, count(t, pool, jobs), "%s: the failed run changed nothing", tc.name)
+		assert.Equal(t, 50, count(t, pool, markers), tc.name)
+		var setting string
+		require.NoError(t, one.QueryRow(ctx, "SHOW lock_timeout").Scan(&setting))
+		assert.Equal(t, "0", setting, "%s: the setting ended with the run", tc.name)
+	}
+	keys, err := view.(retention.RunClearer).ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), end, 100)
+	require.NoError(t, err, "no lock left")
+	assert.Len(t, keys, 50)
+	assert.Zero(t, count(t, pool, jobs))
+}

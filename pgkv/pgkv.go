@@ -15,7 +15,11 @@
 // AtomicKV, which clears them in the transaction that deletes their
 // markers, and only while every one of those markers still exists: a
 // batch sent twice (after a timeout whose commit went unheard) changes
-// nothing the second time and reports retention.ErrMarkerGone.
+// nothing the second time and reports retention.ErrMarkerGone. Where one
+// SQL statement clears them, KV.WithClearSQL makes one that is also a
+// retention.RunClearer: the database then picks each batch of the expired
+// range itself, checks that it holds only markers, and clears it, in one
+// round trip (AtomicKV.ClearRun).
 //
 // Replicas that share the table take turns with a Locker: a lease row with
 // a TTL in a table created by MigrateLeases. Its leases fence the KV and

@@ -13,7 +13,8 @@ import (
 )
 
 // TestExampleCode runs the example functions that the docs show
-// (openMarkers, finishRun, newFleetSweep, newAtomicSweep, newBatchSweep)
+// (openMarkers, finishRun, newFleetSweep, newAtomicSweep, newRunSweep,
+// newBatchSweep)
 // against PostgreSQL, on the tables they name.
 func TestExampleCode(t *testing.T) {
 	pool := connect(t)
@@ -57,12 +58,15 @@ CREATE TABLE jobs (id text PRIMARY KEY)`)
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 
-	// The atomic and the batch sweep each clear a job with its marker.
+	// The atomic, the run and the batch sweep each clear a job with its
+	// marker.
 	atomicSweep, err := newAtomicSweep(kv)
+	require.NoError(t, err)
+	runSweep, err := newRunSweep(kv)
 	require.NoError(t, err)
 	batch, err := newBatchSweep(pool, kv)
 	require.NoError(t, err)
-	for _, s := range []*retention.Sweep{atomicSweep, batch} {
+	for _, s := range []*retention.Sweep{atomicSweep, runSweep, batch} {
 		_, err = pool.Exec(ctx, "INSERT INTO jobs VALUES ('job-1')")
 		require.NoError(t, err)
 		require.NoError(t, kv.MarkTx(ctx, pool, "jobs/done/", "job-1", longAgo))
