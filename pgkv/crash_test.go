@@ -33,6 +33,7 @@ const (
 	crashEnvTables = "RETENTION_PGCRASH_TABLES" // markers,jobs,cleared
 	crashEnvSeed   = "RETENTION_PGCRASH_SEED"   // the child's seed
 	crashEnvHold   = "RETENTION_PGCRASH_HOLD"   // the holds' base, Unix milliseconds
+	crashEnvRuns   = "RETENTION_PGCRASH_RUNS"   // "1": the child clears in runs
 
 	pgCrashPrefix    = "crash/"
 	pgCrashExpired   = 20000
@@ -40,17 +41,23 @@ const (
 	pgCrashPoison    = 300 // expired ids whose delete fails half the time
 	pgCrashKills     = 24
 	pgCrashTimeout   = 20 * time.Millisecond // the child's ClearTimeout
+	// A child that clears in runs: its ClearTimeout and batches. A run
+	// that fails (a poisoned id, a held one) stops the runs until its ids
+	// are cleared: small runs meet fewer of them.
+	pgCrashRunTimeout = 50 * time.Millisecond
+	pgCrashRunBatch   = 20
 
 	// Held jobs: one in pgCrashHeldEvery of the first pgCrashHeldAmong
 	// expired ids (2% of the jobs, among the first ids, which are the
 	// ones the children reach), each held until a moment of its own
 	// between pgCrashHoldFrom and pgCrashHoldFrom+pgCrashHoldSpan after
-	// the kills start: most children meet holds, and every hold is over
-	// before the final sweep.
+	// the kills start: the children of about the first half of the kills
+	// meet holds, those after them clear in runs, which no hold stops,
+	// and every hold is over before the final sweep.
 	pgCrashHeldEvery = 10
 	pgCrashHeldAmong = 4000
-	pgCrashHoldFrom  = 10 * time.Second
-	pgCrashHoldSpan  = 20 * time.Second
+	pgCrashHoldFrom  = 5 * time.Second
+	pgCrashHoldSpan  = 10 * time.Second
 )
 
 // pgCrashHold returns the end of the hold on the job id, held from the
@@ -105,15 +112,22 @@ func pgCrashHolds(base time.Time, now func() time.Time) func(ids []string) error
 // call that holds one, and the sweep moves their markers to held keys.
 // The child is killed with SIGKILL at random moments, right after a
 // reschedule, right after a timed-out batch, right after a refused call,
-// pgCrashKills times. After every kill one REPEATABLE READ snapshot must
+// pgCrashKills times. Every other child, and every child once the holds
+// are over, clears in runs instead (AtomicKV.ClearRun, Concurrency 1)
+// through an AtomicKV of WithClearSQL, whose statement fails, changing
+// nothing, for a job held at the moment and sleeps in one call of eight;
+// it reads pages and clears them by ClearAndDelete with that statement
+// when a run fails. After every kill
+// one REPEATABLE READ snapshot must
 // show: every job present, held ones included, has exactly one marker and
 // every marker a job, no id cleared by two committed transactions, no
 // unexpired job touched, no held job cleared before its hold's end, and a
 // held key only for a held job, at its hold's end (or just after the
 // check, where the hold ended before the sweep moved the marker: it is
-// then put off by the RetryDelay). A final clean sweep,
+// then put off by the RetryDelay). A final clean sweep in runs,
 // once every hold is over, must leave no expired job: every job, held ones
-// included, is cleared exactly once.
+// included, is cleared exactly once; and some children must have cleared
+// runs.
 func TestCrashAtomic(t *testing.T) {
 	if tables := os.Getenv(crashEnvTables); tables != "" {
 		crashAtomicChild(t, tables)
@@ -189,7 +203,12 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	modes := map[string]int{}
 	holds := pgCrashHoldCount{ids: map[string]bool{}}
 	var worst pgCrashState
+	runs := 0 // the runs children cleared
 	for kill := 1; kill <= pgCrashKills; kill++ {
+		// A child that meets a hold clears no run while it lasts (an id
+		// that waits stops the runs): once the holds are over, every
+		// child clears in runs.
+		inRuns := kill%2 == 0 || time.Now().After(lastHold)
 		// Where to kill: at a random moment, after the k-th batch cleared,
 		// right after the k-th reschedule, right after the k-th batch
 		// whose timeout fired, or right after the k-th call refused for a
@@ -204,7 +223,7 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashAtomic$", "-test.count=1")
 		cmd.Env = append(os.Environ(), crashEnvTables+"="+tables, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
-			crashEnvHold+"="+strconv.FormatInt(holdBase.UnixMilli(), 10))
+			crashEnvHold+"="+strconv.FormatInt(holdBase.UnixMilli(), 10), crashEnvRuns+"="+strconv.FormatBool(inRuns))
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr strings.Builder
@@ -252,8 +271,9 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 		holds.merge(childHolds)
 
 		st := pgCrashCheck(t, admin, tb, time.Now())
-		t.Logf("kill %2d (%s %d; child saw %v; %s): %s", kill, mode, k, seen, childHolds, st)
+		t.Logf("kill %2d (runs %t, %s %d; child saw %v; %s): %s", kill, inRuns, mode, k, seen, childHolds, st)
 		worst = worst.max(st)
+		runs += seen["run"]
 	}
 	t.Logf("%d kills in %v (%v); children's holds: %s", pgCrashKills, time.Since(start).Round(time.Millisecond), modes, holds)
 
@@ -266,7 +286,7 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	}
 	_, err = admin.Exec(ctx, "DROP TRIGGER poison ON "+jobs)
 	require.NoError(t, err)
-	s := pgCrashSweep(t, admin, markers, jobs, cleared, retention.NewManualClock(now.Add(10*time.Minute)), nil, nil, pgCrashHolds(holdBase, time.Now))
+	s := pgCrashSweep(t, admin, markers, jobs, cleared, retention.NewManualClock(now.Add(10*time.Minute)), true, nil, nil, pgCrashHolds(holdBase, time.Now))
 	for range 10 {
 		st, err := s.Pass(ctx)
 		require.NoError(t, err)
@@ -281,6 +301,7 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	assert.Equal(t, pgCrashExpired, final.clearedIDs, "every expired id was cleared")
 	assert.Equal(t, len(heldIDs), final.heldCleared, "every held id was cleared")
 	assert.NotEmpty(t, holds.ids, "no child refused a call for a hold: the test did not exercise holds")
+	assert.Positive(t, runs, "no child cleared a run: the test did not exercise runs")
 	assert.Zero(t, worst.lost, "a job without a marker: it is never cleared")
 	assert.Zero(t, worst.orphans, "a marker without its job: cleared again")
 	assert.Zero(t, worst.dupMarkers, "an id with two markers")
@@ -391,30 +412,17 @@ SELECT
 }
 
 // pgCrashSweep makes the sweep of the crash test over a wrapper of its
-// AtomicKV. sleep, when not nil, gives the seconds a batch sleeps before it
-// commits (0: none); say, when not nil, is told of each reschedule, cleared
-// batch, timed-out batch and call refused for a hold; hold, when not nil,
-// runs last in each call of the ClearFunc, which returns its error.
-func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared string, clock retention.Clock, sleep func() float64, say func(string), hold func([]string) error) *retention.Sweep {
+// AtomicKV. sleep, when not nil, gives how long a batch sleeps before it
+// commits, as a fraction of the ClearTimeout (0: not at all); say, when not nil, is told of each reschedule, cleared
+// batch or run, timed-out batch or run and call refused for a hold; hold,
+// when not nil, runs last in each call of the ClearFunc, which returns its
+// error. With runs, the AtomicKV is one of WithClearSQL, whose statement
+// fails for a job held at the moment (the held table says until when), and
+// the sweep clears in runs (Concurrency 1); a call sleeps when sleep says
+// so, for one of three spans around the ClearTimeout.
+func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared string, clock retention.Clock, runs bool, sleep func() float64, say func(string), hold func([]string) error) *retention.Sweep {
 	t.Helper()
 	kv, err := pgkv.New(pool, markers)
-	require.NoError(t, err)
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
-		b.Queue("INSERT INTO "+cleared+" (id, txid) SELECT unnest($1::text[]), txid_current()", ids)
-		if sleep != nil {
-			if s := sleep(); s > 0 {
-				b.Queue("SELECT pg_sleep($1::float8)", s)
-			}
-		}
-		// Refused after the statements are queued: a ClearFunc's error
-		// sends nothing of what it queued, and a held job deleted early
-		// would show it did.
-		if hold != nil {
-			return hold(ids)
-		}
-		return nil
-	})
 	require.NoError(t, err)
 	if say == nil {
 		say = func(string) {}
@@ -424,22 +432,89 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 		PageSize: 1000, BatchSize: 100, Concurrency: 2,
 		Logger: slog.New(slog.DiscardHandler),
 	}
+	timeout := pgCrashTimeout
+	if runs {
+		cfg.BatchSize, cfg.Concurrency, timeout = pgCrashRunBatch, 1, pgCrashRunTimeout
+	}
 	if sleep != nil {
-		cfg.ClearTimeout, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.Interval = pgCrashTimeout, 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+		cfg.ClearTimeout, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.Interval = timeout, 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
 		// Pages a child settles several of before its kill: the markers
 		// of failed and held ids move when their page is settled, and the
 		// kills are to land after those moves too.
 		cfg.PageSize = 200
 	}
-	s, err := retention.New(&crashKV{akv: akv, say: say}, cfg)
+	c := &crashKV{say: say}
+	if runs {
+		// One AtomicKV per span of sleep: its statement is fixed.
+		sleeps := []float64{0, 0.6 * timeout.Seconds(), timeout.Seconds(), 1.4 * timeout.Seconds()}
+		akvs := make([]*pgkv.AtomicKV, len(sleeps))
+		for i, s := range sleeps {
+			akvs[i], err = kv.WithClearSQL(pgCrashClearSQL(markers, jobs, cleared, s))
+			require.NoError(t, err)
+		}
+		c.akv, c.pick = akvs[0], func() *pgkv.AtomicKV {
+			if sleep == nil {
+				return akvs[0]
+			}
+			f := sleep() // 0, or in [0.5, 1.5)
+			if f == 0 {
+				return akvs[0]
+			}
+			return akvs[1+min(int((f-0.5)*3), 2)]
+		}
+	} else {
+		c.akv, err = kv.WithClear(func(b *pgx.Batch, ids []string) error {
+			b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
+			b.Queue("INSERT INTO "+cleared+" (id, txid) SELECT unnest($1::text[]), txid_current()", ids)
+			if sleep != nil {
+				if f := sleep(); f > 0 {
+					b.Queue("SELECT pg_sleep($1::float8)", f*timeout.Seconds())
+				}
+			}
+			// Refused after the statements are queued: a ClearFunc's error
+			// sends nothing of what it queued, and a held job deleted early
+			// would show it did.
+			if hold != nil {
+				return hold(ids)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	s, err := retention.New(c, cfg)
 	require.NoError(t, err)
 	return s
 }
 
-// crashKV forwards to an AtomicKV and tells of what it did.
+// pgCrashClearSQL is the statement of WithClearSQL of a child that clears
+// in runs: it fails for a job held at the moment, deletes the jobs of $1,
+// records each with its transaction, and sleeps for the seconds sleep
+// first, when not 0.
+func pgCrashClearSQL(markers, jobs, cleared string, sleep float64) string {
+	nap := ""
+	if sleep > 0 {
+		nap = " AND EXISTS (SELECT 1 FROM pg_sleep(" + strconv.FormatFloat(sleep, 'f', 3, 64) + "))"
+	}
+	return `WITH h AS (SELECT ('pgkv crash test: job ' || id || ' is held')::int FROM ` + markers + `_held
+	WHERE id = ANY($1) AND until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint),
+d AS (DELETE FROM ` + jobs + ` WHERE id = ANY($1) AND NOT EXISTS (SELECT 1 FROM h)` + nap + ` RETURNING id)
+INSERT INTO ` + cleared + ` (id, txid) SELECT id, txid_current() FROM d`
+}
+
+// crashKV forwards to an AtomicKV and tells of what it did. Its clears
+// go to the AtomicKV pick returns, or akv.
 type crashKV struct {
-	akv *pgkv.AtomicKV
-	say func(string)
+	akv  *pgkv.AtomicKV
+	pick func() *pgkv.AtomicKV
+	say  func(string)
+}
+
+// clearer is the AtomicKV of a clear.
+func (c *crashKV) clearer() *pgkv.AtomicKV {
+	if c.pick == nil {
+		return c.akv
+	}
+	return c.pick()
 }
 
 func (c *crashKV) Unwrap() retention.KV { return c.akv }
@@ -469,7 +544,7 @@ func (c *crashKV) Move(ctx context.Context, from, to [][]byte) error {
 }
 
 func (c *crashKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	err := c.akv.ClearAndDelete(ctx, ids, keys)
+	err := c.clearer().ClearAndDelete(ctx, ids, keys)
 	var perID retention.BatchError
 	switch {
 	case errors.As(err, &perID):
@@ -490,6 +565,18 @@ func (c *crashKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byt
 	return err
 }
 
+func (c *crashKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	keys, err := c.clearer().ClearRun(ctx, prefix, from, end, limit)
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		c.say(fmt.Sprintf("timeout run err=%v", err != nil))
+	case err == nil && len(keys) > 0:
+		c.say(fmt.Sprintf("run %d", len(keys)))
+		c.say(fmt.Sprintf("cleared %d", len(keys)))
+	}
+	return keys, err
+}
+
 // crashAtomicChild sweeps until it is killed.
 func crashAtomicChild(t *testing.T, tables string) {
 	parts := strings.Split(tables, ",")
@@ -507,7 +594,7 @@ func crashAtomicChild(t *testing.T, tables string) {
 		}
 		// About the ClearTimeout: some commit before it fires, some
 		// after, some are cancelled.
-		return (0.5 + rng.Float64()) * pgCrashTimeout.Seconds()
+		return 0.5 + rng.Float64()
 	}
 	var out sync.Mutex
 	say := func(line string) {
@@ -520,7 +607,8 @@ func crashAtomicChild(t *testing.T, tables string) {
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
-	s := pgCrashSweep(t, pool, parts[0], parts[1], parts[2], nil, sleep, say, pgCrashHolds(time.UnixMilli(holdMs), time.Now))
+	runs := os.Getenv(crashEnvRuns) == "true"
+	s := pgCrashSweep(t, pool, parts[0], parts[1], parts[2], nil, runs, sleep, say, pgCrashHolds(time.UnixMilli(holdMs), time.Now))
 	err = s.Run(context.Background())
 	t.Fatalf("Run returned: %v", err)
 }
