@@ -277,6 +277,28 @@ func (p *PG) AtomicText(name string, cfg retention.Config) Contender {
 	}, cfg)
 }
 
+// AtomicSQL sweeps the backlog with one retention Pass over a
+// pgkv.AtomicKV made by WithClearSQL, whose clear is one statement the
+// server binds to each batch's ids: with Concurrency 1 the database picks
+// each batch (a run of up to Config.BatchSize keys) itself, as River's
+// JobDeleteBefore does, and no key of the expired range is scanned. cfg
+// is as for Atomic.
+func (p *PG) AtomicSQL(name string, cfg retention.Config) Contender {
+	kv, err := p.kv.WithClearSQL(`DELETE FROM ` + p.jobs + ` WHERE id = ANY($1::bigint[])`)
+	if err != nil {
+		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
+	}
+	return p.retention(name, p.SetupJobs, kv, cfg)
+}
+
+// AtomicRuns is the AtomicSQL contender with runs (batches and pages) of
+// size, concurrency 1.
+func (p *PG) AtomicRuns(size int) Contender {
+	return p.AtomicSQL(fmt.Sprintf("retention runs+atomic %d (WithClearSQL), concurrency 1", size), retention.Config{
+		BatchSize: size, PageSize: size, Concurrency: 1,
+	})
+}
+
 func (p *PG) atomic(name string, setup func(context.Context, int) error, clear func(*pgx.Batch, []string) error, cfg retention.Config) Contender {
 	kv, err := p.kv.WithClear(clear)
 	if err != nil {
@@ -292,10 +314,21 @@ func (p *PG) retention(name string, setup func(context.Context, int) error, kv r
 		Name:  name,
 		Setup: setup,
 		Clear: func(ctx context.Context) (int, error) {
-			return sweep(ctx, p.Timing.kv(kv), cfg, p.Timing)
+			return sweep(ctx, p.timed(kv), cfg, p.Timing)
 		},
 		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.jobsText, p.markers()) },
 	}
+}
+
+// timed returns kv under p.Timing (kv itself when nil), still a
+// retention.RunClearer when kv is one, whose runs count as clears.
+func (p *PG) timed(kv retention.KV) retention.KV {
+	tk := p.Timing.kv(kv)
+	rc, ok := kv.(retention.RunClearer)
+	if p.Timing == nil || !ok {
+		return tk
+	}
+	return timedRuns{ClearDeleter: tk.(retention.ClearDeleter), rc: rc, t: p.Timing}
 }
 
 // bigints parses the ids of the jobs table.
@@ -422,6 +455,7 @@ func (p *PG) Contenders() []Contender {
 		p.AtomicBatches(1000, 1), p.AtomicBatches(1000, 4), p.AtomicBatches(10_000, 1),
 		p.AtomicBatches(10_000, 2), p.AtomicBatches(retention.MaxPageSize, 1),
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
+		p.AtomicRuns(1000), p.AtomicRuns(10_000), p.AtomicRuns(retention.MaxPageSize),
 		p.DatabasePicks(10_000),
 	}
 }
