@@ -196,7 +196,7 @@ func (a *AtomicKV) clearRun(ctx context.Context, prefix string, from, end []byte
 		return nil, fmt.Errorf("sqlkv: ClearRun limit must be at least 1, got %d", limit)
 	}
 	op := "clear a run of " + a.table
-	var keys [][]byte
+	var keys, checked [][]byte
 	err := a.clearTx(ctx, op, lease, false, func(tx *sql.Tx, _ [][]byte) ([]string, error) {
 		var err error
 		if keys, err = a.readRun(ctx, tx, from, end, limit); err != nil || len(keys) == 0 {
@@ -206,6 +206,7 @@ func (a *AtomicKV) clearRun(ctx context.Context, prefix string, from, end []byte
 		if err != nil {
 			return nil, fmt.Errorf("sqlkv: %s: %w", op, err)
 		}
+		checked = keys
 		// Read in tx, locked: they are every row from the first to the
 		// last, and the range delete checks that none slipped in since.
 		deleted, _, err := a.deleteRangeTx(ctx, tx, keys, keys, nil)
@@ -218,7 +219,9 @@ func (a *AtomicKV) clearRun(ctx context.Context, prefix string, from, end []byte
 		return ids, nil
 	})
 	if err != nil {
-		return nil, err
+		// The keys of a run read and checked go with the error, so that
+		// the sweep acts on a BatchError's answers (retention.RunClearer).
+		return checked, err
 	}
 	return keys, nil
 }

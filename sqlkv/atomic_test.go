@@ -507,7 +507,8 @@ func TestClearRunRefusesAKeyNotAMarker(t *testing.T) {
 
 // TestClearRunRefusedWholeByItsClearFunc: a ClearFunc that fails, or
 // names ids at fault in a BatchError, refuses the whole run: ClearRun
-// returns its error and nothing changes; the run clears once it succeeds.
+// returns its error with the run's keys and nothing changes; the run
+// clears once it succeeds.
 func TestClearRunRefusedWholeByItsClearFunc(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -533,7 +534,7 @@ func TestClearRunRefusedWholeByItsClearFunc(t *testing.T) {
 				} else {
 					require.ErrorIs(t, err, tc.err, "ClearRun() = %q, %v", got, err)
 				}
-				assert.Nil(t, got)
+				assert.Equal(t, keys, got, "the run's keys come with its clear's refusal")
 				assert.Equal(t, before, f.tables(t), "the tables after a refused run")
 
 				f.fail = nil
