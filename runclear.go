@@ -11,7 +11,8 @@ import (
 // reads the markers, clears their entities and deletes them in one
 // transaction, where a ClearDeleter is sent the keys a Scan read. Nothing
 // crosses to the client but the keys deleted, so a pass costs one round
-// trip a batch. pgkv.KV.WithClearSQL makes one.
+// trip a batch. pgkv.KV.WithClearSQL, rediskv.KV.WithStateKeys and
+// sqlkv.KV.WithClear make one.
 //
 // A Sweep over a RunClearer, with Concurrency 1, no Config.ValidateID,
 // Limiter nor DryRun, calls ClearRun for its expired range while no id
@@ -24,8 +25,9 @@ type RunClearer interface {
 	// ClearRun takes the first limit keys k with from <= k < end, or all
 	// of them when fewer, and in one transaction clears the entities they
 	// name and deletes them; it returns the keys it deleted, ascending. A
-	// key's id follows prefix, TimestampWidth digits and a '/' (see
-	// ParseMarkerKey).
+	// key's id follows prefix, TimestampWidth digits and a '/', as
+	// MarkerKey writes it (a retry or parked key, which ParseMarkerKey
+	// reads too, is no marker here).
 	//
 	// When a key of the run is not a marker whose id ValidateID accepts,
 	// ClearRun changes nothing and returns an error matching
