@@ -76,9 +76,11 @@ type AtomicKV struct {
 	setSQL, lockTimeout string
 	// runClear is the statement of WithClearSQL bound to a run's ids, and
 	// runSQL the whole message of a run: the statement that picks and
-	// deletes it, then runClear (see ClearRun). Both are empty for an
-	// AtomicKV made by WithClear.
+	// deletes it, with runClear as one of its CTEs when runInline, else
+	// after it (see ClearRun). Both are empty for an AtomicKV made by
+	// WithClear.
 	runClear, runSQL string
+	runInline        bool
 }
 
 // AtomicOption tunes an AtomicKV made by KV.WithClear or KV.WithClearSQL.

@@ -284,14 +284,41 @@ func deleteJobsSQL(jobs string) string {
 // jobsTable) and an AtomicKV whose clear is deleteJobsSQL.
 func newRunKV(t testing.TB, pool *pgxpool.Pool) (kv *pgkv.KV, akv *pgkv.AtomicKV, markers, jobs, pins string) {
 	t.Helper()
+	return newRunKVOf(t, pool, deleteJobsSQL)
+}
+
+// newRunKVOf is newRunKV with the clear statement stmt(jobs).
+func newRunKVOf(t testing.TB, pool *pgxpool.Pool, stmt func(jobs string) string) (kv *pgkv.KV, akv *pgkv.AtomicKV, markers, jobs, pins string) {
+	t.Helper()
 	markers = freshTable(t, pool)
 	jobs, pins = jobsTable(t, pool, markers)
 	kv, err := pgkv.New(pool, markers)
 	require.NoError(t, err)
-	akv, err = kv.WithClearSQL(deleteJobsSQL(jobs))
+	akv, err = kv.WithClearSQL(stmt(jobs))
 	require.NoError(t, err)
 	return kv, akv, markers, jobs, pins
 }
+
+// runForms are clear statements of the two forms a run takes (see
+// WithClearSQL), each deleting the jobs of $1 of a jobs table of
+// jobsTable, and failing should $1 hold an id the default rule refuses:
+// a DELETE, a CTE of the run statement, and a chain of CTEs, a statement
+// after it.
+var runForms = []struct {
+	name string
+	stmt func(jobs string) string
+}{
+	{"inline", func(jobs string) string {
+		return "DELETE FROM " + jobs + " WHERE id = ANY($1) AND " + noBadID
+	}},
+	{"after", func(jobs string) string {
+		return "WITH g AS (SELECT unnest($1) AS id WHERE " + noBadID + ") DELETE FROM " + jobs + " j USING g WHERE j.id = g.id"
+	}},
+}
+
+// noBadID is a condition that holds unless $1 holds an id the default
+// rule refuses, which fails the statement.
+const noBadID = `(SELECT count(*) FROM unnest($1) AS x WHERE CASE WHEN x ~ '^[-0-9A-Za-z_]{1,128}$' THEN false ELSE ('a bad id reached the clear: ' || x)::int > 0 END) = 0`
 
 // expiredEnd is the end of the range of markers of "jobs/done/" expired an
 // hour before now.
@@ -304,8 +331,14 @@ func expiredEnd(now time.Time) []byte {
 // and never scans it: its Scans are the key past the range and the retry
 // range's. The unexpired markers and their jobs stay.
 func TestRunsClearTheBacklog(t *testing.T) {
+	for _, form := range runForms {
+		t.Run(form.name, func(t *testing.T) { testRunsClearTheBacklog(t, form.stmt) })
+	}
+}
+
+func testRunsClearTheBacklog(t *testing.T, stmt func(string) string) {
 	pool := connect(t)
-	kv, akv, markers, jobs, _ := newRunKV(t, pool)
+	kv, akv, markers, jobs, _ := newRunKVOf(t, pool, stmt)
 	ctx := context.Background()
 	now := time.Now()
 	finishJobs(t, pool, kv, jobs, 2500, now.Add(-2*time.Hour))
@@ -379,7 +412,6 @@ func TestRunReturnsItsKeys(t *testing.T) {
 // run; a sweep then reads that page and clears the markers around it.
 func TestRunRefusedForAKeyNotAMarker(t *testing.T) {
 	pool := connect(t)
-	ctx := context.Background()
 	at := time.Now().Add(-2 * time.Hour)
 	stamp := fmt.Sprintf("%0*d", retention.TimestampWidth, at.UnixMilli())
 	for _, tc := range []struct {
@@ -397,34 +429,45 @@ func TestRunRefusedForAKeyNotAMarker(t *testing.T) {
 		{"a byte outside ASCII", stamp + "/\xe9", true},
 		{"an id of 129 bytes", stamp + "/" + strings.Repeat("x", retention.MaxIDLen+1), true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			kv, akv, markers, jobs, _ := newRunKV(t, pool)
-			now := time.Now()
-			// Markers a millisecond apart, around the key.
-			finishJobs(t, pool, kv, jobs, 9, at.Add(-4*time.Millisecond))
-			_, err := pool.Exec(ctx, "INSERT INTO "+markers+" VALUES ($1)", []byte("jobs/done/"+tc.suffix))
-			require.NoError(t, err)
+		for _, form := range runForms {
+			t.Run(tc.name+"/"+form.name, func(t *testing.T) {
+				testRunRefused(t, pool, form.stmt, []byte("jobs/done/"+tc.suffix), at, tc.malformed)
+			})
+		}
+	}
+}
 
-			keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), expiredEnd(now), 100)
-			require.ErrorIs(t, err, retention.ErrMalformedMarker)
-			assert.Nil(t, keys)
-			assert.Equal(t, 10, count(t, pool, markers), "nothing changed")
-			assert.Equal(t, 9, count(t, pool, jobs), "nothing changed")
+// testRunRefused checks that a run refuses bad, a key of the range among
+// 9 markers finished a millisecond apart around at, changing nothing (the
+// clear statement fails should it see a bad id), and that the sweep then
+// clears the markers by pages, deleting bad when it is a malformed marker,
+// or leaving it.
+func testRunRefused(t *testing.T, pool *pgxpool.Pool, stmt func(string) string, bad []byte, at time.Time, malformed bool) {
+	ctx := context.Background()
+	kv, akv, markers, jobs, _ := newRunKVOf(t, pool, stmt)
+	now := time.Now()
+	finishJobs(t, pool, kv, jobs, 9, at.Add(-4*time.Millisecond))
+	_, err := pool.Exec(ctx, "INSERT INTO "+markers+" VALUES ($1)", bad)
+	require.NoError(t, err)
 
-			s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, Clock: retention.NewManualClock(now)})
-			require.NoError(t, err)
-			st, err := s.Pass(ctx)
-			require.NoError(t, err)
-			assert.Equal(t, 9, st.Cleared, "stats %+v", st)
-			assert.Zero(t, count(t, pool, jobs))
-			if tc.malformed {
-				assert.Equal(t, 1, st.Malformed, "stats %+v", st)
-				assert.Zero(t, count(t, pool, markers))
-			} else {
-				assert.Equal(t, 1, st.Foreign, "stats %+v", st)
-				assert.Equal(t, 1, count(t, pool, markers), "the foreign key stays")
-			}
-		})
+	keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), expiredEnd(now), 100)
+	require.ErrorIs(t, err, retention.ErrMalformedMarker)
+	assert.Nil(t, keys)
+	assert.Equal(t, 10, count(t, pool, markers), "nothing changed")
+	assert.Equal(t, 9, count(t, pool, jobs), "nothing changed")
+
+	s, err := retention.New(akv, retention.Config{Prefix: "jobs/done/", Retention: time.Hour, Clock: retention.NewManualClock(now)})
+	require.NoError(t, err)
+	st, err := s.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 9, st.Cleared, "stats %+v", st)
+	assert.Zero(t, count(t, pool, jobs))
+	if malformed {
+		assert.Equal(t, 1, st.Malformed, "stats %+v", st)
+		assert.Zero(t, count(t, pool, markers))
+	} else {
+		assert.Equal(t, 1, st.Foreign, "stats %+v", st)
+		assert.Equal(t, 1, count(t, pool, markers), "the foreign key stays")
 	}
 }
 
@@ -466,9 +509,15 @@ func TestRunOfARangeBeyondThePrefix(t *testing.T) {
 // statement's error; the sweep then bisects the page down to that job and
 // clears the others in the same pass.
 func TestRunRefusedWhenTheClearFails(t *testing.T) {
+	for _, form := range runForms {
+		t.Run(form.name, func(t *testing.T) { testRunRefusedWhenTheClearFails(t, form.stmt) })
+	}
+}
+
+func testRunRefusedWhenTheClearFails(t *testing.T, stmt func(string) string) {
 	pool := connect(t)
 	ctx := context.Background()
-	kv, akv, markers, jobs, pins := newRunKV(t, pool)
+	kv, akv, markers, jobs, pins := newRunKVOf(t, pool, stmt)
 	now := time.Now()
 	finishJobs(t, pool, kv, jobs, 50, now.Add(-2*time.Hour))
 	_, err := pool.Exec(ctx, "INSERT INTO "+pins+" (job) VALUES ('j00021')")

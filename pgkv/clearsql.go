@@ -39,6 +39,18 @@ import (
 // id = ANY($1) does not mind: write a statement that inserts a row per id
 // with SELECT DISTINCT.
 //
+// The markers go whatever stmt does, unless it fails: a statement that
+// clears nothing for a reason of its own (a condition that holds for none
+// of the rows) must fail instead, or the entities it left keep no marker.
+//
+// In a run, a statement that starts with DELETE, UPDATE or INSERT is a
+// data-modifying CTE of the statement that deletes the run's markers, and
+// runs once that statement has checked them; any other (a chain of CTEs, a
+// SELECT of a function) runs after it, as a statement of its own that
+// reads the ids from a setting of the transaction, which costs the server
+// more (BENCHMARKS.md). Either way it sees the database as of the start
+// of the statement it runs in.
+//
 // stmt must be one statement (a trailing semicolon is dropped) that refers
 // to $1 and to no other placeholder; its text is checked as PostgreSQL
 // reads it, with standard_conforming_strings on: strings ('...', E'...',
@@ -58,32 +70,39 @@ func (k *KV) WithClearSQL(stmt string, opts ...AtomicOption) (*AtomicKV, error) 
 	if err != nil {
 		return nil, err
 	}
-	a.runClear = c.run
+	a.runClear, a.runInline = c.run, c.inline
 	a.runSQL = a.runStatement("", 0)
 	return a, nil
 }
 
 // runIDsSetting is the transaction-local setting through which a run
-// statement hands its ids, joined by commas, to the clear statement that
+// statement hands its ids, joined by commas, to a clear statement that
 // follows it in the same message (see AtomicKV.ClearRun).
 const runIDsSetting = "pgkv.run_ids"
 
 // The expressions that stand for $1 in a clear statement: in a run, the
-// ids the run statement set; in a page's batch, the batch's array
-// literal, itself a placeholder that joinBatch numbers and pgx fills. A
-// subquery is evaluated once, and planned as an unknown array: a constant
-// of 10,000 ids costs the planner more than the clear (it estimates each
-// element, and then may scan the whole table). The cast after it keeps
-// ANY(...) from reading the subquery as a set of rows, and the outer
-// parentheses keep a subscript or a cast that follows $1 on the array.
+// ids of the markers the run statement deleted (inlineIDsExpr, in a
+// data-modifying CTE of that statement; see runStatement), or that it set
+// (settingIDsExpr, in a statement after it); in a page's batch, the
+// batch's array literal, itself a placeholder that joinBatch numbers and
+// pgx fills. A subquery is evaluated once, and planned as an unknown
+// array: a constant of 10,000 ids costs the planner more than the clear
+// (it estimates each element, and then may scan the whole table). The
+// cast after it keeps ANY(...) from reading the subquery as a set of
+// rows, and the outer parentheses keep a subscript or a cast that follows
+// $1 on the array.
 const (
-	runIDsExpr  = `((SELECT string_to_array(current_setting('` + runIDsSetting + `'), ','))::text[])`
-	pageIDsExpr = `((SELECT $1::text[])::text[])`
+	inlineIDsExpr  = `((SELECT ARRAY(SELECT convert_from(substr(key, (SELECT id_at FROM pgkv_c)), 'UTF8') FROM pgkv_m) FROM pgkv_o WHERE ok)::text[])`
+	settingIDsExpr = `((SELECT string_to_array(current_setting('` + runIDsSetting + `'), ','))::text[])`
+	pageIDsExpr    = `((SELECT $1::text[])::text[])`
 )
 
-// clearSQL is a clear statement bound both ways.
+// clearSQL is a clear statement bound for a run and for a page's batch;
+// inline tells whether the run's form is a data-modifying CTE of the run
+// statement, or a statement of its own.
 type clearSQL struct {
 	run, page string
+	inline    bool
 }
 
 // parseClearSQL checks stmt (see WithClearSQL) and binds its $1 for a run
@@ -92,7 +111,15 @@ type clearSQL struct {
 // placeholder, and in the page form exactly the ones put there.
 func parseClearSQL(stmt string) (clearSQL, error) {
 	var c clearSQL
-	run, runAt, err := bindIDs(stmt, runIDsExpr)
+	switch strings.ToLower(leadingWord(stmt)) {
+	case "delete", "update", "insert":
+		c.inline = true
+	}
+	expr := settingIDsExpr
+	if c.inline {
+		expr = inlineIDsExpr
+	}
+	run, runAt, err := bindIDs(stmt, expr)
 	if err != nil {
 		return c, err
 	}
@@ -101,7 +128,7 @@ func parseClearSQL(stmt string) (clearSQL, error) {
 		return c, err
 	}
 	if at := pgxPlaceholders(run); len(at) > 0 {
-		return c, fmt.Errorf("pgx would read %q at byte %d of the statement as a placeholder (PostgreSQL does not): rewrite it", pgxPlaceholderAt(run, at[0]), origin(at[0], runAt, len(runIDsExpr)))
+		return c, fmt.Errorf("pgx would read %q at byte %d of the statement as a placeholder (PostgreSQL does not): rewrite it", pgxPlaceholderAt(run, at[0]), origin(at[0], runAt, len(expr)))
 	}
 	want := make([]int, len(pageAt))
 	for i, at := range pageAt {
@@ -112,6 +139,34 @@ func parseClearSQL(stmt string) (clearSQL, error) {
 	}
 	c.run, c.page = run, page
 	return c, nil
+}
+
+// leadingWord returns the first word of sql, after blanks and comments,
+// or "" when it starts otherwise.
+func leadingWord(sql string) string {
+	for i := 0; i < len(sql); {
+		switch {
+		case strings.IndexByte(" \t\n\r\f\v", sql[i]) >= 0:
+			i++
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexAny(sql[i:], "\r\n")
+			if j < 0 {
+				return ""
+			}
+			i += j + 1
+		case strings.HasPrefix(sql[i:], "/*"):
+			i, _ = commentClose(sql, i+2)
+		case identStart(sql[i]):
+			j := i + 1
+			for j < len(sql) && (identStart(sql[j]) || isDigit(sql[j]) || sql[j] == '$') {
+				j++
+			}
+			return sql[i:j]
+		default:
+			return ""
+		}
+	}
+	return ""
 }
 
 // origin maps a byte offset of a bound statement back to stmt's, where

@@ -92,10 +92,40 @@ func TestParseClearSQLRefusesWhatPgxReadsOtherwise(t *testing.T) {
 		_, err := parseClearSQL(stmt)
 		assert.Error(t, err, "parseClearSQL(%q)", stmt)
 	}
-	c, err := parseClearSQL("DELETE FROM jobs WHERE id = ANY($1::bigint[]) -- $2")
-	require.NoError(t, err)
-	assert.Equal(t, "DELETE FROM jobs WHERE id = ANY("+runIDsExpr+"::bigint[]) -- $2", c.run)
-	assert.Equal(t, "DELETE FROM jobs WHERE id = ANY("+pageIDsExpr+"::bigint[]) -- $2", c.page)
+}
+
+// TestParseClearSQLRunsADataModifyingStatementInline: in a run, a
+// statement that starts with DELETE, UPDATE or INSERT, after blanks and
+// comments, takes the ids of the run statement's deletion, as its CTE;
+// any other reads them from the setting, after it.
+func TestParseClearSQLRunsADataModifyingStatementInline(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		stmt   string
+		inline bool
+	}{
+		{"DELETE FROM jobs WHERE id = ANY($1::bigint[]) -- $2", true},
+		{" /* a /* nested */ comment */ -- and a line\n\tupdate jobs SET state = 'gone' WHERE id = ANY($1)", true},
+		{"Insert INTO gone SELECT unnest($1)", true},
+		{"WITH k AS (DELETE FROM kids WHERE job = ANY($1)) DELETE FROM jobs WHERE id = ANY($1)", false},
+		{"SELECT clear_jobs($1)", false},
+		{"MERGE INTO jobs USING unnest($1) AS g(id) ON jobs.id = g.id WHEN MATCHED THEN DELETE", false},
+		{"deleted($1)", false},
+	} {
+		c, err := parseClearSQL(tc.stmt)
+		require.NoError(t, err, tc.stmt)
+		assert.Equal(t, tc.inline, c.inline, "parseClearSQL(%q).inline", tc.stmt)
+		expr := settingIDsExpr
+		if tc.inline {
+			expr = inlineIDsExpr
+		}
+		run, _, err := bindIDs(tc.stmt, expr)
+		require.NoError(t, err)
+		assert.Equal(t, run, c.run, tc.stmt)
+		page, _, err := bindIDs(tc.stmt, pageIDsExpr)
+		require.NoError(t, err)
+		assert.Equal(t, page, c.page, tc.stmt)
+	}
 }
 
 // FuzzBindIDs: binding never panics; what it accepts it binds again to

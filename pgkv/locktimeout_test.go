@@ -167,9 +167,10 @@ func TestAtomicLockTimeout(t *testing.T) {
 }
 
 // TestRunLockTimeout: with LockTimeout, a run that meets a row locked by
-// another transaction, whether a job's, a marker's or, under a lease, the
-// lease row, fails within about the lock timeout (SQLSTATE 55P03) and
-// changes nothing; the setting ends with the run.
+// another transaction, whether a job's (with the clear inline or after the
+// run statement), a marker's or, under a lease, the lease row, fails
+// within about the lock timeout (SQLSTATE 55P03) and changes nothing; the
+// setting ends with the run.
 func TestRunLockTimeout(t *testing.T) {
 	pool := connect(t)
 	markers := freshTable(t, pool)
@@ -187,6 +188,8 @@ func TestRunLockTimeout(t *testing.T) {
 	require.NoError(t, err)
 	const lockTimeout = 100 * time.Millisecond
 	akv, err := kv.WithClearSQL(deleteJobsSQL(jobs), pgkv.LockTimeout(lockTimeout))
+	require.NoError(t, err)
+	after, err := kv.WithClearSQL(runForms[1].stmt(jobs), pgkv.LockTimeout(lockTimeout))
 	require.NoError(t, err)
 	locker, err := pgkv.NewLocker(pool, "runs", &pgkv.LockerOptions{Table: leases})
 	require.NoError(t, err)
@@ -206,6 +209,7 @@ func TestRunLockTimeout(t *testing.T) {
 		arg  any
 	}{
 		{"a job's row", akv, "SELECT 1 FROM " + jobs + " WHERE id = $1 FOR UPDATE", ids[7]},
+		{"a job's row, cleared after the run", after, "SELECT 1 FROM " + jobs + " WHERE id = $1 FOR UPDATE", ids[7]},
 		{"a marker's row", akv, "SELECT 1 FROM " + markers + " WHERE key > $1 LIMIT 1 FOR UPDATE", []byte("jobs/done/0")},
 		{"the lease row", view.(retention.RunClearer), "SELECT 1 FROM " + leases + " WHERE name = $1 FOR UPDATE", "runs"},
 	} {

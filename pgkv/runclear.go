@@ -86,8 +86,8 @@ func markerRange(prefix string) (lo, hi []byte) {
 //
 // The run is every key from lo up to its limit-th (found by an
 // index-only scan), deleted as one range. Its keys go back to the client
-// joined by commas in one text, and its ids to the clear statement, which
-// reads them from a setting of the transaction. Each key goes without the
+// joined by commas in one text, and its ids to the clear statement (see
+// WithClearSQL). Each key goes without the
 // bytes it shares with the others, which go once, first: those of the
 // first and last keys of the run in the statement's snapshot, up to the
 // end of the timestamp, which every key between them shares (markers are
@@ -119,6 +119,20 @@ func (a *AtomicKV) runStatement(leases string, lead int) string {
 		held = "EXISTS (SELECT 1 FROM pgkv_l)"
 		guard += " AND " + held
 	}
+	// The clear statement: a CTE of this one, whose ids come from the
+	// outcome (pgkv_o), so that it sees none before the run is checked
+	// (PostgreSQL runs a CTE no query refers to once the query is done, a
+	// way the documentation does not promise); or a statement after this
+	// one, which reads the ids from a setting this one makes.
+	var ids, clear, set, after string
+	if a.runInline {
+		clear = ",\npgkv_clear AS (" + a.runClear + ")"
+	} else {
+		ids = `,
+	coalesce(encode(string_agg(substr(key, (SELECT id_at FROM pgkv_c)), ','::bytea), 'escape'), '') AS ids`
+		set = ` AND set_config('` + runIDsSetting + `', ids, true) IS NOT NULL`
+		after = "\n;\n" + a.runClear
+	}
 	inRange := `key >= ` + lo + ` AND key < ` + hi
 	id := `[-0-9A-Za-z_]{1,` + strconv.Itoa(retention.MaxIDLen) + `}`
 	suffix := `'[0-9]{' || (` + stampEnd + ` - cp) || '}/` + id + `'`
@@ -132,19 +146,19 @@ func (a *AtomicKV) runStatement(leases string, lead int) string {
 	coalesce((SELECT key FROM ` + a.table + ` WHERE ` + inRange + ` ORDER BY key OFFSET ` + limit + ` - 1 LIMIT 1),
 		(SELECT key FROM ` + a.table + ` WHERE ` + inRange + ` ORDER BY key DESC LIMIT 1)) AS last),
 pgkv_c AS MATERIALIZED (SELECT first, last, least(` + stampEnd + `, (SELECT coalesce(max(i), 0)
-	FROM generate_series(1, least(length(first), length(last))) AS i WHERE substr(first, 1, i) = substr(last, 1, i))) AS cp
+	FROM generate_series(1, least(length(first), length(last))) AS i WHERE substr(first, 1, i) = substr(last, 1, i))) AS cp,
+	` + stampEnd + ` + 2 AS id_at
 	FROM pgkv_b),
 pgkv_m AS (DELETE FROM ` + a.table + ` WHERE ` + inRange + ` AND key <= (SELECT last FROM pgkv_c)` + guard + `
 	RETURNING key),
 pgkv_r AS (SELECT count(*) AS n, (SELECT cp FROM pgkv_c) AS cp,
 	(SELECT encode(substr(first, ` + at + `, greatest(cp - ` + at + ` + 1, 0)), 'escape') FROM pgkv_c) AS common,
-	coalesce(encode(string_agg(substr(key, (SELECT cp FROM pgkv_c) + 1), ','::bytea), 'escape'), '') AS keys,
-	coalesce(encode(string_agg(substr(key, ` + stampEnd + ` + 2), ','::bytea), 'escape'), '') AS ids
-	FROM pgkv_m)
-SELECT ` + outcomeOf(held, ok, `CASE WHEN n = 0 THEN '' ELSE common || ',' || keys END`, `('`+notRunToken+` ' || n || ' keys from ' || `+lo+`)::int`, "::text") + `
-FROM pgkv_r WHERE set_config('` + runIDsSetting + `', ids, true) IS NOT NULL
-;
-` + a.runClear
+	coalesce(encode(string_agg(substr(key, (SELECT cp FROM pgkv_c) + 1), ','::bytea), 'escape'), '') AS keys` + ids + `
+	FROM pgkv_m),
+pgkv_o AS MATERIALIZED (SELECT ` + outcomeOf(held, ok, "true", `('`+notRunToken+` ' || n || ' keys from ' || `+lo+`)::int`, "::bool") + ` AS ok
+	FROM pgkv_r)` + clear + `
+SELECT CASE WHEN n = 0 THEN '' ELSE common || ',' || keys END
+FROM pgkv_r, pgkv_o WHERE ok` + set + after
 }
 
 // clearRun sends the run's message sql (see runStatement), with the lead
@@ -212,15 +226,20 @@ func splitRun(prefix string, text []byte) [][]byte {
 		return nil
 	}
 	n := bytes.Count(rest, []byte{','}) + 1
-	head := len(prefix) + len(common)
-	buf := make([]byte, 0, n*head+len(rest)-(n-1))
-	keys := make([][]byte, 0, n)
-	for len(rest) > 0 {
-		s, tail, _ := bytes.Cut(rest, []byte{','})
-		at := len(buf)
-		buf = append(append(append(buf, prefix...), common...), s...)
-		keys = append(keys, buf[at:len(buf):len(buf)])
-		rest = tail
+	head := append([]byte(prefix), common...)
+	buf := make([]byte, n*len(head)+len(rest)-(n-1))
+	keys := make([][]byte, n)
+	at := 0
+	for i := range keys {
+		end := bytes.IndexByte(rest, ',')
+		if end < 0 {
+			end = len(rest)
+		}
+		k := copy(buf[at:], head)
+		k += copy(buf[at+k:], rest[:end])
+		keys[i] = buf[at : at+k : at+k]
+		at += k
+		rest = rest[min(end+1, len(rest)):]
 	}
 	if !slices.IsSortedFunc(keys, bytes.Compare) {
 		slices.SortFunc(keys, bytes.Compare)
