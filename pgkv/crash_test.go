@@ -33,7 +33,7 @@ const (
 	crashEnvTables = "RETENTION_PGCRASH_TABLES" // markers,jobs,cleared
 	crashEnvSeed   = "RETENTION_PGCRASH_SEED"   // the child's seed
 	crashEnvHold   = "RETENTION_PGCRASH_HOLD"   // the holds' base, Unix milliseconds
-	crashEnvRuns   = "RETENTION_PGCRASH_RUNS"   // "1": the child clears in runs
+	crashEnvRuns   = "RETENTION_PGCRASH_RUNS"   // the form of the clear of a child that clears in runs, or ""
 
 	pgCrashPrefix    = "crash/"
 	pgCrashExpired   = 20000
@@ -150,10 +150,13 @@ BEGIN
 	END IF;
 	RETURN OLD;
 END $$;
-CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s_poison()`, jobs, cleared, held))
+CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s_poison();
+CREATE FUNCTION %[1]s_cleared(id text) RETURNS bool LANGUAGE sql AS $$
+	INSERT INTO %[2]s (id, txid) VALUES (id, txid_current()) RETURNING true
+$$`, jobs, cleared, held))
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+", "+cleared+", "+held+"; DROP FUNCTION IF EXISTS "+jobs+"_poison()")
+		_, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+", "+cleared+", "+held+"; DROP FUNCTION IF EXISTS "+jobs+"_poison(), "+jobs+"_cleared(text)")
 	})
 
 	seed := rand.Uint64()
@@ -209,6 +212,10 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 		// that waits stops the runs): once the holds are over, every
 		// child clears in runs.
 		inRuns := kill%2 == 0 || time.Now().After(lastHold)
+		runForm := ""
+		if inRuns {
+			runForm = []string{"inline", "after"}[kill/2%2]
+		}
 		// Where to kill: at a random moment, after the k-th batch cleared,
 		// right after the k-th reschedule, right after the k-th batch
 		// whose timeout fired, or right after the k-th call refused for a
@@ -223,7 +230,7 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashAtomic$", "-test.count=1")
 		cmd.Env = append(os.Environ(), crashEnvTables+"="+tables, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
-			crashEnvHold+"="+strconv.FormatInt(holdBase.UnixMilli(), 10), crashEnvRuns+"="+strconv.FormatBool(inRuns))
+			crashEnvHold+"="+strconv.FormatInt(holdBase.UnixMilli(), 10), crashEnvRuns+"="+runForm)
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr strings.Builder
@@ -271,7 +278,7 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 		holds.merge(childHolds)
 
 		st := pgCrashCheck(t, admin, tb, time.Now())
-		t.Logf("kill %2d (runs %t, %s %d; child saw %v; %s): %s", kill, inRuns, mode, k, seen, childHolds, st)
+		t.Logf("kill %2d (runs %q, %s %d; child saw %v; %s): %s", kill, runForm, mode, k, seen, childHolds, st)
 		worst = worst.max(st)
 		runs += seen["run"]
 	}
@@ -286,7 +293,7 @@ CREATE TRIGGER poison BEFORE DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	}
 	_, err = admin.Exec(ctx, "DROP TRIGGER poison ON "+jobs)
 	require.NoError(t, err)
-	s := pgCrashSweep(t, admin, markers, jobs, cleared, retention.NewManualClock(now.Add(10*time.Minute)), true, nil, nil, pgCrashHolds(holdBase, time.Now))
+	s := pgCrashSweep(t, admin, markers, jobs, cleared, retention.NewManualClock(now.Add(10*time.Minute)), "inline", nil, nil, pgCrashHolds(holdBase, time.Now))
 	for range 10 {
 		st, err := s.Pass(ctx)
 		require.NoError(t, err)
@@ -416,11 +423,12 @@ SELECT
 // commits, as a fraction of the ClearTimeout (0: not at all); say, when not nil, is told of each reschedule, cleared
 // batch or run, timed-out batch or run and call refused for a hold; hold,
 // when not nil, runs last in each call of the ClearFunc, which returns its
-// error. With runs, the AtomicKV is one of WithClearSQL, whose statement
+// error. With runs ("inline" or "after", the form of its statement; see
+// pgCrashClearSQL), the AtomicKV is one of WithClearSQL, whose statement
 // fails for a job held at the moment (the held table says until when), and
 // the sweep clears in runs (Concurrency 1); a call sleeps when sleep says
 // so, for one of three spans around the ClearTimeout.
-func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared string, clock retention.Clock, runs bool, sleep func() float64, say func(string), hold func([]string) error) *retention.Sweep {
+func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared string, clock retention.Clock, runs string, sleep func() float64, say func(string), hold func([]string) error) *retention.Sweep {
 	t.Helper()
 	kv, err := pgkv.New(pool, markers)
 	require.NoError(t, err)
@@ -433,7 +441,7 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	timeout := pgCrashTimeout
-	if runs {
+	if runs != "" {
 		cfg.BatchSize, cfg.Concurrency, timeout = pgCrashRunBatch, 1, pgCrashRunTimeout
 	}
 	if sleep != nil {
@@ -444,12 +452,12 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 		cfg.PageSize = 200
 	}
 	c := &crashKV{say: say}
-	if runs {
+	if runs != "" {
 		// One AtomicKV per span of sleep: its statement is fixed.
 		sleeps := []float64{0, 0.6 * timeout.Seconds(), timeout.Seconds(), 1.4 * timeout.Seconds()}
 		akvs := make([]*pgkv.AtomicKV, len(sleeps))
 		for i, s := range sleeps {
-			akvs[i], err = kv.WithClearSQL(pgCrashClearSQL(markers, jobs, cleared, s))
+			akvs[i], err = kv.WithClearSQL(pgCrashClearSQL(runs, markers, jobs, cleared, s))
 			require.NoError(t, err)
 		}
 		c.akv, c.pick = akvs[0], func() *pgkv.AtomicKV {
@@ -489,15 +497,24 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 // pgCrashClearSQL is the statement of WithClearSQL of a child that clears
 // in runs: it fails for a job held at the moment, deletes the jobs of $1,
 // records each with its transaction, and sleeps for the seconds sleep
-// first, when not 0.
-func pgCrashClearSQL(markers, jobs, cleared string, sleep float64) string {
+// first, when not 0. Of the form "inline" it is a DELETE, which a run
+// makes a CTE of its statement (recording each job through a function of
+// its WHERE); of the form "after", a chain of CTEs, which a run sends
+// after its statement.
+func pgCrashClearSQL(form, markers, jobs, cleared string, sleep float64) string {
 	nap := ""
 	if sleep > 0 {
 		nap = " AND EXISTS (SELECT 1 FROM pg_sleep(" + strconv.FormatFloat(sleep, 'f', 3, 64) + "))"
 	}
-	return `WITH h AS (SELECT ('pgkv crash test: job ' || id || ' is held')::int FROM ` + markers + `_held
-	WHERE id = ANY($1) AND until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint),
-d AS (DELETE FROM ` + jobs + ` WHERE id = ANY($1) AND NOT EXISTS (SELECT 1 FROM h)` + nap + ` RETURNING id)
+	// A count, not EXISTS, whose select list PostgreSQL never computes: a
+	// statement that deleted no job would still commit the deletion of
+	// their markers.
+	notHeld := `(SELECT CASE WHEN count(*) = 0 THEN true ELSE ('pgkv crash test: ' || count(*) || ' jobs held')::int > 0 END
+	FROM ` + markers + `_held WHERE id = ANY($1) AND until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)`
+	if form == "inline" {
+		return `DELETE FROM ` + jobs + ` WHERE id = ANY($1) AND ` + notHeld + nap + ` AND ` + jobs + `_cleared(id)`
+	}
+	return `WITH d AS (DELETE FROM ` + jobs + ` WHERE id = ANY($1) AND ` + notHeld + nap + ` RETURNING id)
 INSERT INTO ` + cleared + ` (id, txid) SELECT id, txid_current() FROM d`
 }
 
@@ -607,8 +624,7 @@ func crashAtomicChild(t *testing.T, tables string) {
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
-	runs := os.Getenv(crashEnvRuns) == "true"
-	s := pgCrashSweep(t, pool, parts[0], parts[1], parts[2], nil, runs, sleep, say, pgCrashHolds(time.UnixMilli(holdMs), time.Now))
+	s := pgCrashSweep(t, pool, parts[0], parts[1], parts[2], nil, os.Getenv(crashEnvRuns), sleep, say, pgCrashHolds(time.UnixMilli(holdMs), time.Now))
 	err = s.Run(context.Background())
 	t.Fatalf("Run returned: %v", err)
 }
