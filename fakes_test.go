@@ -325,3 +325,6 @@ func (r *runKV) ClearRun(ctx context.Context, prefix string, from, end []byte, l
 	}
 	return keys, err
 }
+
+// RunStore implements RunClearer.
+func (r *runKV) RunStore() RunClearer { return r }

@@ -38,12 +38,21 @@ type (
 func (k modelRORun) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	return k.clearRun(ctx, prefix, from, end, limit)
 }
+
+// RunStore implements RunClearer.
+func (k modelRORun) RunStore() RunClearer { return k }
 func (k modelPutRun) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	return k.clearRun(ctx, prefix, from, end, limit)
 }
+
+// RunStore implements RunClearer.
+func (k modelPutRun) RunStore() RunClearer { return k }
 func (k modelMoveRun) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	return k.clearRun(ctx, prefix, from, end, limit)
 }
+
+// RunStore implements RunClearer.
+func (k modelMoveRun) RunStore() RunClearer { return k }
 
 func (k modelPut) Put(ctx context.Context, key, value []byte) error { return k.put(ctx, key, value) }
 func (k modelMove) Move(ctx context.Context, from, to [][]byte) error {

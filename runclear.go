@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 )
 
 // RunClearer is a ClearDeleter that can also choose its batches: the store
@@ -41,6 +42,14 @@ type RunClearer interface {
 	// BatchError's ids get their answers, the others go again). With no
 	// keys, the sweep reads the range itself.
 	ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error)
+
+	// RunStore returns the RunClearer itself. A wrapper that embeds one
+	// inherits its ClearRun and RunStore, and RunStore then returns the
+	// embedded store: the sweep takes runs only from a KV whose RunStore
+	// returns a value of its own type, so that a wrapper (one that
+	// rewrites keys, or checks what its ClearAndDelete is given) is read
+	// page by page unless it declares both methods itself.
+	RunStore() RunClearer
 }
 
 // clearRun lets the store clear the next run of [from, end) when it is a
@@ -52,7 +61,8 @@ type RunClearer interface {
 // calls of their own.
 func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (keys [][]byte, limit int, err error) {
 	rc, ok := p.kv.(RunClearer)
-	if !ok || !s.runs || s.noRuns || p.inRetry || s.clock.Now().Before(s.retries.latest) {
+	if !ok || !s.runs || s.noRuns || p.inRetry || s.clock.Now().Before(s.retries.latest) ||
+		reflect.TypeOf(rc.RunStore()) != reflect.TypeOf(p.kv) {
 		return nil, 0, nil
 	}
 	limit = int(s.curBatch.Load())

@@ -281,6 +281,9 @@ func (z replyKV) ClearRun(ctx context.Context, prefix string, from, end []byte, 
 	return z.reshape(keys), errLostReply
 }
 
+// RunStore implements RunClearer.
+func (z replyKV) RunStore() RunClearer { return z }
+
 // TestRunReplyBreakingTheContractFailsThePass: keys returned out of
 // order, outside the range or beyond the limit are not acted on: the pass
 // fails naming the store's fault, nothing is deleted, and the sweep reads

@@ -618,6 +618,9 @@ func (r soakRunKV) ClearRun(ctx context.Context, prefix string, from, end []byte
 	return keys, nil
 }
 
+// RunStore implements RunClearer.
+func (r soakRunKV) RunStore() RunClearer { return r }
+
 // TestSoakFaults runs Run over a store and clears that fail in every way
 // faultKV, faultClear and faultAtomic know, while a writer keeps finishing
 // entities, and checks the invariants all along: (a) no id loses its last

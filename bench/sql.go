@@ -435,6 +435,9 @@ func (k timedRuns) ClearRun(ctx context.Context, prefix string, from, end []byte
 	return k.rc.ClearRun(ctx, prefix, from, end, limit)
 }
 
+// RunStore implements retention.RunClearer.
+func (k timedRuns) RunStore() retention.RunClearer { return k }
+
 // Contenders returns the floor first (the baseline of the table), then
 // the atomic and the batched sweep.
 func (s *SQL) Contenders() []Contender {

@@ -594,6 +594,9 @@ func (c *crashKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 	return keys, err
 }
 
+// RunStore implements retention.RunClearer.
+func (c *crashKV) RunStore() retention.RunClearer { return c }
+
 // crashAtomicChild sweeps until it is killed.
 func crashAtomicChild(t *testing.T, tables string) {
 	parts := strings.Split(tables, ",")

@@ -48,6 +48,9 @@ func (a *AtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte
 	return a.clearRun(ctx, a.runSQL, nil, nil, prefix, from, end, limit)
 }
 
+// RunStore implements retention.RunClearer.
+func (a *AtomicKV) RunStore() retention.RunClearer { return a }
+
 func (f *fencedAtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	a := f.atomic
 	if a.runClear == "" {
@@ -59,6 +62,9 @@ func (f *fencedAtomicKV) ClearRun(ctx context.Context, prefix string, from, end 
 	}
 	return a.clearRun(ctx, f.runSQL, f.statements.lead, p, prefix, from, end, limit)
 }
+
+// RunStore implements retention.RunClearer.
+func (f *fencedAtomicKV) RunStore() retention.RunClearer { return f }
 
 // notRunToken starts the text whose failed cast aborts a run statement
 // that met a key that is no marker.

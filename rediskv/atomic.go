@@ -415,6 +415,9 @@ func (a *AtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte
 	return a.clearRun(ctx, "", "", prefix, from, end, limit)
 }
 
+// RunStore implements retention.RunClearer.
+func (a *AtomicKV) RunStore() retention.RunClearer { return a }
+
 // errNoRuns is ClearRun's error for an AtomicKV made by WithClear.
 var errNoRuns = fmt.Errorf("rediskv: clear run: this AtomicKV names state keys with a KeysFunc, Go code that a script "+
 	"cannot call; make it with KV.WithStateKeys to clear runs: %w", errors.ErrUnsupported)
@@ -592,3 +595,6 @@ func (f *fencedAtomicKV) ClearRun(ctx context.Context, prefix string, from, end 
 	}
 	return keys, err
 }
+
+// RunStore implements retention.RunClearer.
+func (f *fencedAtomicKV) RunStore() retention.RunClearer { return f }

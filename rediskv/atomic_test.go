@@ -308,6 +308,9 @@ func (c *countingKV) ClearRun(ctx context.Context, prefix string, from, end []by
 	return c.AtomicKV.ClearRun(ctx, prefix, from, end, limit)
 }
 
+// RunStore implements retention.RunClearer.
+func (c *countingKV) RunStore() retention.RunClearer { return c }
+
 func (c *countingKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
 	c.mu.Lock()
 	c.batches++

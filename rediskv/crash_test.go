@@ -813,6 +813,9 @@ func (f *faultyKV) ClearRun(ctx context.Context, prefix string, from, end []byte
 	return keys, nil
 }
 
+// RunStore implements retention.RunClearer.
+func (f *faultyKV) RunStore() retention.RunClearer { return f }
+
 // Put and Move widen the window after a reschedule a little, so that a
 // kill on its line lands there more often.
 func (f *faultyKV) Put(ctx context.Context, key, value []byte) error {

@@ -190,6 +190,9 @@ func (a *AtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte
 	return a.clearRun(ctx, prefix, from, end, limit, nil)
 }
 
+// RunStore implements retention.RunClearer.
+func (a *AtomicKV) RunStore() retention.RunClearer { return a }
+
 // clearRun runs one ClearRun, checking lease when not nil.
 func (a *AtomicKV) clearRun(ctx context.Context, prefix string, from, end []byte, limit int, lease *sqlLease) ([][]byte, error) {
 	if limit < 1 {
@@ -314,3 +317,6 @@ func (f *fencedAtomicKV) ClearRun(ctx context.Context, prefix string, from, end 
 	}
 	return f.atomic.clearRun(ctx, prefix, from, end, limit, p)
 }
+
+// RunStore implements retention.RunClearer.
+func (f *fencedAtomicKV) RunStore() retention.RunClearer { return f }

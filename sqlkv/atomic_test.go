@@ -401,6 +401,9 @@ func (c *runCounter) ClearRun(ctx context.Context, prefix string, from, end []by
 	return c.AtomicKV.ClearRun(ctx, prefix, from, end, limit)
 }
 
+// RunStore implements retention.RunClearer.
+func (c *runCounter) RunStore() retention.RunClearer { return c }
+
 // TestClearRun: a run takes the first limit markers of its range and no
 // key outside it, clears their jobs and deletes them in one transaction,
 // and returns them ascending; an empty range calls no ClearFunc; a limit

@@ -402,6 +402,9 @@ func (c *crashKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 	return keys, err
 }
 
+// RunStore implements retention.RunClearer.
+func (c *crashKV) RunStore() retention.RunClearer { return c }
+
 // crashChild sweeps until it is killed.
 func crashChild(t *testing.T, file string) {
 	seed, err := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)

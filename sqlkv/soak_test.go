@@ -251,6 +251,9 @@ func (f *faultKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 	return keys, nil
 }
 
+// RunStore implements retention.RunClearer.
+func (f *faultKV) RunStore() retention.RunClearer { return f }
+
 // soakState is what the tables show after a pass.
 type soakState struct {
 	expiredLeft, clearedIDs                  int
