@@ -354,3 +354,108 @@ func TestRunsResumeOnceNoIDWaits(t *testing.T) {
 	assert.False(t, has(t, kv.MemKV, late))
 	assert.Equal(t, 1, st.Failed, "%s tried again from the retry range", ids[1])
 }
+
+// holdingKV checks holds in its ClearAndDelete, and embeds a RunClearer
+// whose ClearRun knows nothing of them.
+type holdingKV struct {
+	*runKV
+	held map[string]time.Time
+}
+
+func (h holdingKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	be := BatchError{}
+	for _, id := range ids {
+		if until, ok := h.held[id]; ok {
+			be[id] = Hold(until)
+		}
+	}
+	if len(be) > 0 {
+		return be
+	}
+	return h.runKV.ClearAndDelete(ctx, ids, keys)
+}
+
+// fencedRunView is a lease's view that fences Delete and ClearAndDelete
+// and embeds the store, so inherits its ClearRun.
+type fencedRunView struct {
+	*runKV
+	lease *fakeLease
+}
+
+func (f fencedRunView) guard() error {
+	f.lease.l.mu.Lock()
+	defer f.lease.l.mu.Unlock()
+	if f.lease.l.holder != f.lease {
+		f.lease.once.Do(func() { close(f.lease.lost) })
+		return fmt.Errorf("fake fence: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+func (f fencedRunView) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := f.guard(); err != nil {
+		return err
+	}
+	return f.runKV.Delete(ctx, keys...)
+}
+
+func (f fencedRunView) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	if err := f.guard(); err != nil {
+		return err
+	}
+	return f.runKV.ClearAndDelete(ctx, ids, keys)
+}
+
+type runFencingLocker struct{ fencingLocker }
+
+type runFencingLease struct{ *fakeLease }
+
+func (f *runFencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fakeLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return runFencingLease{l.(*fakeLease)}, nil
+}
+
+func (l runFencingLease) Fence(kv KV) (KV, bool) {
+	r, ok := kv.(*runKV)
+	return fencedRunView{runKV: r, lease: l.fakeLease}, ok
+}
+
+// TestWrapperEmbeddingARunClearerTakesNoRuns: a wrapper or a fenced view
+// that embeds a RunClearer inherits its ClearRun, which would go past
+// what the wrapper checks; the sweep reads its pages instead, so a held
+// entity stays held and nothing is deleted once the lease is gone.
+func TestWrapperEmbeddingARunClearerTakesNoRuns(t *testing.T) {
+	t.Parallel()
+	t.Run("holds", func(t *testing.T) {
+		t.Parallel()
+		kv, ids := newRunKV(t, 4)
+		s, clock := newSweep(t, holdingKV{kv, map[string]time.Time{ids[2]: t0.Add(90 * 24 * time.Hour)}}, Config{})
+		clock.Advance(2 * time.Hour)
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, kv.cleared[ids[2]], "a held entity cleared")
+		assert.Equal(t, 1, st.Held)
+		assert.Equal(t, 3, st.Cleared)
+		assert.Zero(t, kv.runs.Load())
+	})
+	t.Run("fence", func(t *testing.T) {
+		t.Parallel()
+		kv, _ := newRunKV(t, 6)
+		locker := &runFencingLocker{}
+		kv.after = func(call int, err error) error {
+			if call == 1 {
+				locker.stealSilently()
+			}
+			return err
+		}
+		s, clock := newSweep(t, kv, Config{BatchSize: 2, Lease: locker})
+		clock.Advance(2 * time.Hour)
+		_, err := s.LeasedPass(context.Background())
+		assert.ErrorIs(t, err, ErrLeaseLost)
+		assert.Len(t, keysUnder(t, kv, "runs/"), 4, "only the batch before the loss committed")
+		assert.Zero(t, kv.runs.Load())
+	})
+}
