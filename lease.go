@@ -39,8 +39,10 @@ type Lease interface {
 // cannot delete a marker after another replica took the lease. Run routes
 // the marker writes of a pass through it. See docs/fleet.md.
 type Fencer interface {
-	// Fence returns a view of kv whose writes (Delete, Put, Move and
-	// ClearAndDelete, as far as kv has them) take effect only while this
+	// Fence returns a view of kv whose writes (Delete, Put, Move,
+	// ClearAndDelete and ClearRun, as far as kv has them; a view that
+	// embeds a RunClearer declares RunStore, see RunClearer) take effect
+	// only while this
 	// lease is held, checked by the store in the same operation. A write
 	// the fence refuses changes nothing and returns an error matching
 	// ErrLeaseLost, and Lost is closed by then. Scan reads kv unchanged.
