@@ -19,17 +19,22 @@ var (
 )
 
 // ClearRun implements retention.RunClearer for an AtomicKV made by
-// WithClearSQL: one simple-protocol Query message, so one round trip and
-// one transaction, holds two statements. The first takes the first limit
-// keys of [from, end) in the table's order, deletes them, and fails,
-// changing nothing, unless every one is a marker of prefix whose id
-// retention.ValidateID accepts; it returns the keys and hands their ids
-// to the second, the statement of WithClearSQL. A message cut off on its
-// way runs nothing. ClearRun returns an error matching
-// retention.ErrMalformedMarker for a run that holds a key that is no such
-// marker, and one matching errors.ErrUnsupported, before any round trip,
-// for an AtomicKV made by WithClear. When ctx carries a lease's fence
-// (retention.Fenced), the first statement checks the lease too.
+// WithClearSQL, in one simple-protocol Query message, so one round trip
+// and one transaction: a statement takes the first limit keys of
+// [from, end) in the table's order, deletes them, and fails, changing
+// nothing, unless every one is a marker of prefix whose id
+// retention.ValidateID accepts; it returns the keys and hands their ids to
+// the statement of WithClearSQL (one of its CTEs, or the statement after
+// it). A message cut off on its way runs nothing. ClearRun returns an
+// error matching retention.ErrMalformedMarker for a run that holds a key
+// that is no such marker, and one matching errors.ErrUnsupported, before
+// any round trip, for an AtomicKV made by WithClear. When ctx carries a
+// lease's fence (retention.Fenced), the run's statement checks the lease
+// too.
+//
+// The sweep sets limit to its Config.BatchSize (or less, while
+// Config.BatchTarget halves it): 10,000 costs the server least per entity
+// (BENCHMARKS.md).
 func (a *AtomicKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	if a.runClear == "" {
 		return nil, fmt.Errorf("pgkv: clear run in %s: an AtomicKV made by WithClear clears in Go, page by page (WithClearSQL clears runs): %w", a.table, errors.ErrUnsupported)
