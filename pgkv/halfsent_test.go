@@ -234,6 +234,23 @@ func readMessage(r *bufio.Reader, typed bool) ([]byte, error) {
 // gives up: another replica takes the lease within the TTL and a margin,
 // and the half-sent clear changed nothing.
 func TestHalfSentClearFreesLease(t *testing.T) {
+	halfSentFreesLease(t, "clear", func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
+		return kv.WithClear(func(b *pgx.Batch, ids []string) error {
+			b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
+			return nil
+		})
+	}, func(ctx context.Context, view retention.KV, ids []string, keys [][]byte) error {
+		return view.(retention.ClearDeleter).ClearAndDelete(ctx, ids, keys)
+	})
+}
+
+// halfSentFreesLease cuts a fenced call of what (a clear or a run) off
+// after the server got the lease check, and checks that another replica
+// takes the lease within the TTL and a margin and that the call changed
+// nothing. send makes the call through the fenced view of the AtomicKV
+// that atomic makes of the holder's KV over the jobs table.
+func halfSentFreesLease(t *testing.T, what string, atomic func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error),
+	send func(ctx context.Context, view retention.KV, ids []string, keys [][]byte) error) {
 	admin := connect(t)
 	markers := freshTable(t, admin)
 	jobs, _ := jobsTable(t, admin, markers)
@@ -266,10 +283,7 @@ func TestHalfSentClearFreesLease(t *testing.T) {
 	require.NoError(t, err)
 	holderKV, err := pgkv.New(holderPool, markers)
 	require.NoError(t, err)
-	akv, err := holderKV.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
-		return nil
-	})
+	akv, err := atomic(holderKV, jobs)
 	require.NoError(t, err)
 	view, ok := lease.(retention.Fencer).Fence(akv)
 	require.True(t, ok)
@@ -279,12 +293,12 @@ func TestHalfSentClearFreesLease(t *testing.T) {
 	go func() {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		clearDone <- view.(retention.ClearDeleter).ClearAndDelete(cctx, ids, keys)
+		clearDone <- send(cctx, view, ids, keys)
 	}()
 	select {
 	case <-proxy.cut:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the clear never reached the lease check")
+		t.Fatalf("the %s never reached the lease check", what)
 	}
 	cutAt := time.Now()
 
@@ -304,8 +318,8 @@ func TestHalfSentClearFreesLease(t *testing.T) {
 	}
 	took := time.Since(cutAt)
 	t.Logf("takeover after %v (%d attempts, TTL %v); last error: %v", took.Round(time.Millisecond), attempts, ttl, err)
-	require.NotNil(t, taken, "no takeover within TTL + 1s of the cut: the half-sent clear holds the lease row")
-	assert.Equal(t, 10, count(t, admin, jobs), "the half-sent clear cleared nothing")
+	require.NotNil(t, taken, "no takeover within TTL + 1s of the cut: the half-sent %s holds the lease row", what)
+	assert.Equal(t, 10, count(t, admin, jobs), "the half-sent %s cleared nothing", what)
 	assert.Equal(t, 10, count(t, admin, markers), "nor deleted a marker")
 	require.NoError(t, taken.Release(ctx))
 
@@ -440,76 +454,10 @@ func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
 // the clear: cut off after the lease check, it runs nothing and holds no
 // lock, so another replica takes the lease within the TTL and a margin.
 func TestHalfSentRunFreesLease(t *testing.T) {
-	admin := connect(t)
-	markers := freshTable(t, admin)
-	jobs, _ := jobsTable(t, admin, markers)
-	leases := freshLeaseTable(t, admin)
-	ctx := context.Background()
-
-	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
-	require.NoError(t, err)
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "FOR SHARE")
-	host, port, err := net.SplitHostPort(proxy.addr())
-	require.NoError(t, err)
-	p, err := strconv.ParseUint(port, 10, 16)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.MaxConns = 4
-	holderPool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-
-	const ttl = time.Second
-	opts := &pgkv.LockerOptions{TTL: ttl, Table: leases}
-	holderLocker, err := pgkv.NewLocker(holderPool, "halfsent", opts)
-	require.NoError(t, err)
-	lease, err := holderLocker.TryAcquire(ctx)
-	require.NoError(t, err)
-
-	writer, err := pgkv.New(admin, markers)
-	require.NoError(t, err)
-	finishJobs(t, admin, writer, jobs, 10, time.Now().Add(-2*time.Hour))
-	holderKV, err := pgkv.New(holderPool, markers)
-	require.NoError(t, err)
-	akv, err := holderKV.WithClearSQL(deleteJobsSQL(jobs))
-	require.NoError(t, err)
-	view, ok := lease.(retention.Fencer).Fence(akv)
-	require.True(t, ok)
-
-	proxy.arm()
-	runDone := make(chan error, 1)
-	go func() {
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		_, err := view.(retention.RunClearer).ClearRun(cctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 100)
-		runDone <- err
-	}()
-	select {
-	case <-proxy.cut:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the run never reached the lease check")
-	}
-	cutAt := time.Now()
-
-	other, err := pgkv.NewLocker(admin, "halfsent", opts)
-	require.NoError(t, err)
-	deadline := cutAt.Add(ttl + time.Second)
-	var taken retention.Lease
-	for taken == nil && time.Now().Before(deadline) {
-		actx, cancel := context.WithDeadline(ctx, deadline)
-		taken, err = other.TryAcquire(actx)
-		cancel()
-		if err != nil {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	t.Logf("takeover after %v (TTL %v); last error: %v", time.Since(cutAt).Round(time.Millisecond), ttl, err)
-	require.NotNil(t, taken, "no takeover within TTL + 1s of the cut: the half-sent run holds the lease row")
-	assert.Equal(t, 10, count(t, admin, jobs), "the half-sent run cleared nothing")
-	assert.Equal(t, 10, count(t, admin, markers), "nor deleted a marker")
-	require.NoError(t, taken.Release(ctx))
-
-	proxy.close()
-	<-runDone
-	_ = lease.Release(ctx)
-	holderPool.Close()
+	halfSentFreesLease(t, "run", func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
+		return kv.WithClearSQL(deleteJobsSQL(jobs))
+	}, func(ctx context.Context, view retention.KV, _ []string, _ [][]byte) error {
+		_, err := view.(retention.RunClearer).ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+		return err
+	})
 }
