@@ -101,7 +101,12 @@ func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (k
 	}
 	items := s.preparePage(p, keys)
 	b := s.batching(ctx, p, keys, items, rc)
-	idx := append(b.todo, b.alone...)
+	var idx []int // in key order, as a ClearAndDelete's keys must be: not todo then alone
+	for i := range items {
+		if items[i].out == pending {
+			idx = append(idx, i)
+		}
+	}
 	b.failed(idx, b.answer(idx, b.keysOf(idx), err, ferr))
 	calls, err := b.end()
 	return keys, limit, s.afterClears(ctx, p, keys, items, calls, err)
