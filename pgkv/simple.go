@@ -112,9 +112,9 @@ func pgxScan(sql string, placeholder func(start, end int) error) error {
 		c := sql[i]
 		switch {
 		case (c == 'e' || c == 'E') && i+1 < len(sql) && sql[i+1] == '\'':
-			i = quotedEnd(sql, i+2, '\'', true)
+			i, _ = quotedClose(sql, i+2, '\'', true)
 		case c == '\'' || c == '"':
-			i = quotedEnd(sql, i+1, c, false)
+			i, _ = quotedClose(sql, i+1, c, false)
 		case c == '-' && strings.HasPrefix(sql[i:], "--"):
 			end := len(sql)
 			if j := strings.IndexAny(sql[i:], "\r\n"); j >= 0 {
@@ -122,7 +122,7 @@ func pgxScan(sql string, placeholder func(start, end int) error) error {
 			}
 			i = end
 		case c == '/' && strings.HasPrefix(sql[i:], "/*"):
-			i = commentEnd(sql, i+2)
+			i, _ = commentClose(sql, i+2)
 		case c == '$' && i+1 < len(sql) && isDigit(sql[i+1]):
 			j := i + 1
 			for j < len(sql) && isDigit(sql[j]) {
@@ -152,52 +152,6 @@ func pgxScan(sql string, placeholder func(start, end int) error) error {
 }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-
-// quotedEnd returns the index just past the quote that closes a string
-// (or identifier) opened by quote, whose body starts at i. A doubled quote
-// is part of the body, and so is the byte after a backslash when escapes
-// is set (E'...'). An unterminated body runs to the end.
-func quotedEnd(sql string, i int, quote byte, escapes bool) int {
-	for i < len(sql) {
-		switch sql[i] {
-		case '\\':
-			if escapes {
-				i++
-			}
-		case quote:
-			if i+1 < len(sql) && sql[i+1] == quote {
-				i++
-				break
-			}
-			return i + 1
-		}
-		i++
-	}
-	return len(sql)
-}
-
-// commentEnd returns the index just past the */ that closes a block
-// comment whose body starts at i; block comments nest.
-func commentEnd(sql string, i int) int {
-	depth := 0
-	for i+1 < len(sql) {
-		switch sql[i : i+2] {
-		case "/*":
-			depth++
-			i += 2
-			continue
-		case "*/":
-			if depth == 0 {
-				return i + 2
-			}
-			depth--
-			i += 2
-			continue
-		}
-		i++
-	}
-	return len(sql)
-}
 
 // dollarTag reports whether s (the text after a $) starts with the rest of
 // a dollar-quote opener, tag$, and returns tag, which may be empty. A tag
