@@ -259,8 +259,19 @@ func (s *Sweep) callAtomic(ctx context.Context, kv ClearDeleter, ids []string, k
 // guarded runs call under ClearTimeout on a goroutine of its own, turning
 // a panic or a runtime.Goexit into an error.
 func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) error {
+	return s.await(ctx, s.goGuarded(ctx, call))
+}
+
+// guardedCall is a call of guarded in flight.
+type guardedCall struct {
+	cctx   context.Context
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// goGuarded starts call as guarded does; await waits for its error.
+func (s *Sweep) goGuarded(ctx context.Context, call func(context.Context) error) guardedCall {
 	cctx, cancel := withTimeout(ctx, s.clearTimeout)
-	defer cancel()
 	done := make(chan error, 1)
 	go func() {
 		returned := false
@@ -278,13 +289,18 @@ func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) e
 		returned = true
 		done <- err
 	}()
-	err := <-done
+	return guardedCall{cctx: cctx, cancel: cancel, done: done}
+}
+
+func (s *Sweep) await(ctx context.Context, g guardedCall) error {
+	defer g.cancel()
+	err := <-g.done
 	if err != nil {
 		if _, perr := errorPanics(err); perr != nil {
 			err = perr
 		}
 	}
-	if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && !errors.As(err, new(BatchError)) {
+	if err != nil && ctx.Err() == nil && errors.Is(g.cctx.Err(), context.DeadlineExceeded) && !errors.As(err, new(BatchError)) {
 		err = fmt.Errorf("%w after ClearTimeout (%v): %w", errClearTimedOut, s.clearTimeout, err)
 	}
 	return err

@@ -14,8 +14,22 @@ import (
 // the clears did not pay (BENCHMARKS.md).
 func (s *Sweep) walk(ctx context.Context, p *passState, from, end []byte) (empty bool, err error) {
 	empty = true
+	var next *run // started before the last one was settled
+	defer func() {
+		if next != nil { // a panic: not settled, not counted, but waited for
+			_ = s.await(ctx, next.call)
+		}
+	}()
 	for {
-		keys, limit, err := s.clearRun(ctx, p, from, end)
+		var keys [][]byte
+		var limit int
+		r := next
+		if r == nil {
+			r = s.startRun(ctx, p, from, end)
+		}
+		if r != nil {
+			keys, limit, next, err = s.settleRun(ctx, p, r, end, true)
+		}
 		if limit == 0 && err == nil {
 			limit = s.pageSize
 			keys, err = s.scan(ctx, p, from, end, limit)
@@ -25,6 +39,10 @@ func (s *Sweep) walk(ctx context.Context, p *passState, from, end []byte) (empty
 		}
 		empty = empty && len(keys) == 0
 		if err != nil || len(keys) < limit {
+			if next != nil { // it may have cleared: settled, no other started
+				r, next = next, nil
+				_, _, _, _ = s.settleRun(ctx, p, r, end, false)
+			}
 			return empty, err
 		}
 		p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
 )
 
 // RunClearer is a ClearDeleter that can also choose its batches: the store
@@ -52,55 +53,84 @@ type RunClearer interface {
 	RunStore() RunClearer
 }
 
-// clearRun lets the store clear the next run of [from, end) when it is a
-// RunClearer and nothing needs the run's ids in memory first. It returns
-// the run's keys and the limit it asked for, or a limit of 0 when the
-// sweep reads the page itself. A run is then settled as a page whose
-// keys went in one ClearAndDelete: what a failed run answered for its ids
-// is acted on as that call's answer would be, and the rest go again in
-// calls of their own.
-func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (keys [][]byte, limit int, err error) {
+// run is a ClearRun in flight.
+type run struct {
+	rc    RunClearer
+	from  []byte
+	limit int
+	mark  *fenceMark
+	call  guardedCall
+	keys  [][]byte      // the reply, once call is done
+	took  time.Duration // how long the store took, for adapt
+}
+
+// startRun asks the store for the next run of [from, end) when it is a
+// RunClearer and nothing needs the run's ids in memory first, or returns
+// nil: the sweep then reads the page itself.
+func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *run {
 	rc, ok := p.kv.(RunClearer)
-	if !ok || !s.runs || s.noRuns || p.inRetry || s.clock.Now().Before(s.retries.latest) ||
+	if !ok || !s.runs || s.noRuns || p.inRetry || ctx.Err() != nil || s.clock.Now().Before(s.retries.latest) ||
 		reflect.TypeOf(rc.RunStore()) != reflect.TypeOf(p.kv) {
-		return nil, 0, nil
+		return nil
 	}
-	limit = int(s.curBatch.Load())
+	r := &run{rc: rc, from: from, limit: int(s.curBatch.Load())}
 	wctx, mark := p.writeCtx(ctx)
+	r.mark = mark
 	start := s.clock.Now()
-	keys, err = s.callRun(wctx, rc, from, end, limit)
-	s.adapt(len(keys), s.clock.Now().Sub(start), err)
+	r.call = s.goGuarded(wctx, func(ctx context.Context) (err error) {
+		r.keys, err = rc.ClearRun(ctx, s.prefix, from, end, r.limit)
+		r.took = s.clock.Now().Sub(start)
+		return err
+	})
+	return r
+}
+
+// settleRun waits for r, a run of [.., end), and settles it as a page
+// whose keys went in one ClearAndDelete: what a failed run answered for
+// its ids is acted on as that call's answer would be, and the rest go
+// again in calls of their own. It returns the run's keys and limit, or a
+// limit of 0 when the sweep is to read the page itself. When the run took
+// all it was asked for and ahead is set, the next run is started before
+// this one is settled, and returned: the store works while the sweep
+// counts (BENCHMARKS.md, "Runs").
+func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte, ahead bool) (keys [][]byte, limit int, next *run, err error) {
+	err = s.await(ctx, r.call)
+	keys, limit = r.keys, r.limit
 	if errors.Is(err, errors.ErrUnsupported) {
 		s.noRuns = true
-		return nil, 0, nil
+		return nil, 0, nil, nil
 	}
+	s.adapt(len(keys), r.took, err)
 	p.st.ClearCalls++
 	if errors.Is(err, ErrMalformedMarker) {
-		return nil, 0, nil // refused, changing nothing: the page sorts the keys out
+		return nil, 0, nil, nil // refused, changing nothing: the page sorts the keys out
 	}
-	if bad := badRun(keys, from, end, limit); bad != "" {
+	if bad := badRun(keys, r.from, end, limit); bad != "" {
 		// Nothing the store said can be trusted, nor what it did.
 		s.noRuns = true
-		return nil, limit, fmt.Errorf("retention: ClearRun of a %T broke its contract: %s; the sweep reads pages from now on", rc, bad)
+		return nil, limit, nil, fmt.Errorf("retention: ClearRun of a %T broke its contract: %s; the sweep reads pages from now on", r.rc, bad)
 	}
-	ferr := checkFenced(mark, p.kv, "ClearRun")
+	ferr := checkFenced(r.mark, p.kv, "ClearRun")
 	if len(keys) == 0 {
 		switch {
 		case ferr != nil:
-			return nil, limit, ferr
+			return nil, limit, nil, ferr
 		case err == nil: // the range is empty
-			return nil, limit, nil
+			return nil, limit, nil, nil
 		case ctx.Err() != nil:
-			return nil, limit, ctx.Err()
+			return nil, limit, nil, ctx.Err()
 		case errors.Is(err, ErrLeaseLost):
-			return nil, limit, err
+			return nil, limit, nil, err
 		}
 		p.callFailed(err)
 		p.foldCalls()
-		return nil, 0, nil
+		return nil, 0, nil, nil
+	}
+	if ahead && err == nil && ferr == nil && len(keys) == limit {
+		next = s.startRun(ctx, p, keyAfter(keys[len(keys)-1]), end)
 	}
 	items := s.preparePage(p, keys)
-	b := s.batching(ctx, p, keys, items, rc)
+	b := s.batching(ctx, p, keys, items, r.rc)
 	var idx []int // in key order, as a ClearAndDelete's keys must be: not todo then alone
 	for i := range items {
 		if items[i].out == pending {
@@ -109,7 +139,7 @@ func (s *Sweep) clearRun(ctx context.Context, p *passState, from, end []byte) (k
 	}
 	b.failed(idx, b.answer(idx, b.keysOf(idx), err, ferr))
 	calls, err := b.end()
-	return keys, limit, s.afterClears(ctx, p, keys, items, calls, err)
+	return keys, limit, next, s.afterClears(ctx, p, keys, items, calls, err)
 }
 
 // badRun says how the keys a ClearRun returned break its contract, or "".
@@ -128,13 +158,3 @@ func badRun(keys [][]byte, from, end []byte, limit int) string {
 	return ""
 }
 
-// callRun is ClearRun under guarded, in a function of its own: in
-// clearRun the closure would move clearRun's results to the heap on every
-// page, runs or not.
-func (s *Sweep) callRun(ctx context.Context, rc RunClearer, from, end []byte, limit int) (keys [][]byte, err error) {
-	err = s.guarded(ctx, func(ctx context.Context) (err error) {
-		keys, err = rc.ClearRun(ctx, s.prefix, from, end, limit)
-		return err
-	})
-	return keys, err
-}

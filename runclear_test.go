@@ -265,6 +265,131 @@ func TestRunAnswersAreActedOn(t *testing.T) {
 	assert.Equal(t, 1, bl.Held)
 }
 
+// pageObserver is a recorder that calls onPage after each ObservePage,
+// with the page's number from 1.
+type pageObserver struct {
+	recorder
+	onPage func(n int32)
+	n      atomic.Int32
+}
+
+func (o *pageObserver) ObservePage(prefix string, page Stats) {
+	o.recorder.ObservePage(prefix, page)
+	o.onPage(o.n.Add(1))
+}
+
+// runsInFlight returns a runKV of n markers whose run number call (from
+// 1) closes started as it begins to commit and done once it has.
+func runsInFlight(t *testing.T, n, call int) (kv *runKV, started, done chan struct{}) {
+	kv, _ = newRunKV(t, n)
+	started, done = make(chan struct{}), make(chan struct{})
+	kv.before = func(_ context.Context, c int, _ []string, _ [][]byte) error {
+		if c == call {
+			close(started)
+		}
+		return nil
+	}
+	kv.after = func(c int, err error) error {
+		if c == call {
+			close(done)
+		}
+		return err
+	}
+	return kv, started, done
+}
+
+// TestNextRunGoesWhileARunIsSettled: a run that took all it was asked for
+// is followed at once by the next, which the store clears while the sweep
+// settles and observes the first.
+func TestNextRunGoesWhileARunIsSettled(t *testing.T) {
+	t.Parallel()
+	kv, started, _ := runsInFlight(t, 25, 2)
+	obs := &pageObserver{onPage: func(n int32) {
+		if n == 1 {
+			waitFor(t, started, "the second run, while the first is settled")
+		}
+	}}
+	s, clock := newSweep(t, kv, Config{BatchSize: 10, Observer: obs})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 25, st.Cleared)
+	assert.Equal(t, int64(3), kv.runs.Load(), "runs of 10, 10 and 5")
+	assert.Equal(t, []int{10, 10, 5}, clearedPerPage(obs.pages))
+	for id, n := range kv.cleared {
+		assert.Equal(t, 1, n, "id %s", id)
+	}
+}
+
+// waitFor waits for ch to close, or fails the test after a minute.
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	select {
+	case <-ch:
+	case <-time.After(time.Minute):
+		t.Errorf("waited a minute for %s", what)
+	}
+}
+
+func clearedPerPage(pages []Stats) []int {
+	var n []int
+	for _, p := range pages {
+		if p.Cleared > 0 {
+			n = append(n, p.Cleared)
+		}
+	}
+	return n
+}
+
+// TestPassCutShortCountsTheRunInFlight: a pass cancelled while its next
+// run is in flight counts what that run cleared, and starts none after it.
+func TestPassCutShortCountsTheRunInFlight(t *testing.T) {
+	t.Parallel()
+	kv, _, done := runsInFlight(t, 30, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	obs := &pageObserver{onPage: func(n int32) {
+		if n == 1 {
+			waitFor(t, done, "the second run, while the first is settled")
+			cancel()
+		}
+	}}
+	s, clock := newSweep(t, kv, Config{BatchSize: 10, Observer: obs})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, 20, st.Cleared)
+	assert.Equal(t, int64(2), kv.runs.Load())
+	assert.Len(t, keysUnder(t, kv, "runs/"), 10)
+	assert.Len(t, kv.cleared, 20)
+}
+
+// TestObserverPanicWaitsForTheRunInFlight: a panic while a run is in
+// flight reaches the caller once that run is done, so that nothing of
+// the pass writes after Pass returned.
+func TestObserverPanicWaitsForTheRunInFlight(t *testing.T) {
+	t.Parallel()
+	kv, started, done := runsInFlight(t, 30, 2)
+	obs := &pageObserver{onPage: func(n int32) {
+		if n == 1 {
+			waitFor(t, started, "the second run, while the first is settled")
+			panic("observer")
+		}
+	}}
+	s, clock := newSweep(t, kv, Config{BatchSize: 10, Observer: obs})
+	clock.Advance(2 * time.Hour)
+
+	returned, panicked, _ := passOnGoroutine(s)
+	assert.False(t, returned)
+	assert.Equal(t, "observer", panicked)
+	select {
+	case <-done:
+	default:
+		t.Error("Pass panicked before the run in flight was done")
+	}
+	assert.Equal(t, int64(2), kv.runs.Load())
+}
+
 // replyKV answers ClearRun with the keys reshape makes of the run it
 // read, having committed nothing, and the error lost.
 type replyKV struct {
