@@ -157,4 +157,3 @@ func badRun(keys [][]byte, from, end []byte, limit int) string {
 	}
 	return ""
 }
-
