@@ -314,21 +314,10 @@ func (p *PG) retention(name string, setup func(context.Context, int) error, kv r
 		Name:  name,
 		Setup: setup,
 		Clear: func(ctx context.Context) (int, error) {
-			return sweep(ctx, p.timed(kv), cfg, p.Timing)
+			return sweep(ctx, p.Timing.kv(kv), cfg, p.Timing)
 		},
 		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.jobsText, p.markers()) },
 	}
-}
-
-// timed returns kv under p.Timing (kv itself when nil), still a
-// retention.RunClearer when kv is one, whose runs count as clears.
-func (p *PG) timed(kv retention.KV) retention.KV {
-	tk := p.Timing.kv(kv)
-	rc, ok := kv.(retention.RunClearer)
-	if p.Timing == nil || !ok {
-		return tk
-	}
-	return timedRuns{ClearDeleter: tk.(retention.ClearDeleter), rc: rc, t: p.Timing}
 }
 
 // bigints parses the ids of the jobs table.

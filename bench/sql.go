@@ -406,37 +406,11 @@ func (s *SQL) retention(name string, kv retention.KV, cfg retention.Config) Cont
 		Name:  name,
 		Setup: s.Setup,
 		Clear: func(ctx context.Context) (int, error) {
-			return sweep(ctx, s.timed(kv), cfg, s.Timing)
+			return sweep(ctx, s.Timing.kv(kv), cfg, s.Timing)
 		},
 		Check: s.Check,
 	}
 }
-
-// timed returns kv under s.Timing (kv itself when nil), still a
-// retention.RunClearer when kv is one, whose runs count as clears.
-func (s *SQL) timed(kv retention.KV) retention.KV {
-	tk := s.Timing.kv(kv)
-	rc, ok := kv.(retention.RunClearer)
-	if s.Timing == nil || !ok {
-		return tk
-	}
-	return timedRuns{ClearDeleter: tk.(retention.ClearDeleter), rc: rc, t: s.Timing}
-}
-
-// timedRuns is a timed ClearDeleter whose runs are timed too.
-type timedRuns struct {
-	retention.ClearDeleter
-	rc retention.RunClearer
-	t  *Timing
-}
-
-func (k timedRuns) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
-	defer k.t.add(&k.t.clear, &k.t.clearCalls, time.Now())
-	return k.rc.ClearRun(ctx, prefix, from, end, limit)
-}
-
-// RunStore implements retention.RunClearer.
-func (k timedRuns) RunStore() retention.RunClearer { return k }
 
 // Contenders returns the floor first (the baseline of the table), then
 // the atomic and the batched sweep.

@@ -32,16 +32,21 @@ func (t *Timing) String() string {
 }
 
 // kv wraps kv so that its Scan and Delete calls are timed, and its
-// ClearAndDelete calls, counted as clears, when it is a
-// retention.ClearDeleter; a nil t returns kv unchanged.
+// ClearAndDelete and ClearRun calls, counted as clears, when it is a
+// retention.ClearDeleter or RunClearer; a nil t returns kv unchanged.
 func (t *Timing) kv(kv retention.KV) retention.KV {
 	if t == nil {
 		return kv
 	}
-	if cd, ok := kv.(retention.ClearDeleter); ok {
-		return timedClearDeleter{timedKV{kv, t}, cd}
+	cd, ok := kv.(retention.ClearDeleter)
+	if !ok {
+		return timedKV{kv, t}
 	}
-	return timedKV{kv, t}
+	tcd := timedClearDeleter{timedKV{kv, t}, cd}
+	if rc, ok := kv.(retention.RunClearer); ok {
+		return timedRuns{tcd, rc}
+	}
+	return tcd
 }
 
 // clearFn wraps a Clear function; a nil t returns it unchanged.
@@ -90,6 +95,20 @@ type timedClearDeleter struct {
 	timedKV
 	cd retention.ClearDeleter
 }
+
+// timedRuns is a timedClearDeleter whose runs are timed too.
+type timedRuns struct {
+	timedClearDeleter
+	rc retention.RunClearer
+}
+
+func (k timedRuns) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	defer k.t.add(&k.t.clear, &k.t.clearCalls, time.Now())
+	return k.rc.ClearRun(ctx, prefix, from, end, limit)
+}
+
+// RunStore implements retention.RunClearer.
+func (k timedRuns) RunStore() retention.RunClearer { return k }
 
 func (k timedClearDeleter) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
 	defer k.t.add(&k.t.clear, &k.t.clearCalls, time.Now())
