@@ -53,7 +53,7 @@ type settings struct {
 	minInterval  time.Duration // <= 0: none
 	dryRun       bool
 	maxAttempts  int
-	runs         bool // the expired range may be cleared by a RunClearer's runs (see clearRun)
+	runs         bool // the expired range may be cleared by a RunClearer's runs (see startRun)
 
 	lower, upper           []byte // the marker range: the prefix and a digit
 	retryLower, retryUpper []byte // the retry range (see infixRange)
@@ -65,7 +65,7 @@ type memory struct {
 	foreignSeen   int       // foreign keys of the last pass that had any
 	foreignWarned time.Time // when they were last logged at Warn
 	idle          bool      // the last pass found nothing expired (see stillIdle)
-	noRuns        bool      // the KV said it cannot clear runs (see clearRun)
+	noRuns        bool      // the KV said it cannot clear runs (see startRun)
 }
 
 // scratch is one pass's state and buffers, which the next pass reuses: an
