@@ -17,7 +17,10 @@ type retries struct {
 	first, most time.Duration
 	byID        map[string]retry
 	passes      int
-	latest      time.Time // no id waits past it (see clearRun); never lowered
+	// latest is when the last id waits until whose marker may still be in
+	// the markers' range (held, or failed and not moved): runs wait for it
+	// (see startRun). Never lowered.
+	latest time.Time
 }
 
 type retry struct {
@@ -68,7 +71,6 @@ func (r *retries) failed(id string, now time.Time, before int, own bool) (int, t
 	}
 	e.notBefore, e.held = now.Add(r.delay(e.failures+e.putOffs)), false
 	r.byID[id] = e
-	r.waits(e.notBefore)
 	return e.failures, e.notBefore
 }
 
@@ -83,10 +85,18 @@ func (r *retries) hold(id string, until time.Time) {
 	r.waits(until)
 }
 
-// waits notes that an id waits until t.
+// waits notes that an id whose marker stays where it is waits until t.
 func (r *retries) waits(t time.Time) {
 	if t.After(r.latest) {
 		r.latest = t
+	}
+}
+
+// allWait notes that every id in memory may have its marker where it was:
+// a Move failed.
+func (r *retries) allWait() {
+	for _, e := range r.byID {
+		r.waits(e.notBefore)
 	}
 }
 
@@ -137,6 +147,7 @@ func (s *Sweep) retry(p *passState, it *item, old []byte) (key []byte, park bool
 	p.st.Retried++
 	dueMs, err := markerMillis(due)
 	if !p.writes() || err != nil {
+		s.retries.waits(due)
 		s.noteRetry(p, due)
 		return nil, false
 	}

@@ -18,10 +18,12 @@ import (
 //
 // A Sweep over a RunClearer, with Concurrency 1, no Config.ValidateID,
 // Limiter nor DryRun, calls ClearRun for its expired range while no id
-// waits in its memory for a retry or a hold, one call at a time: the next
-// as soon as one returns all it asked for, which the sweep then settles
-// while the store clears the next. In every other case, and for the rest
-// of a range a run refused, it reads the page and calls ClearAndDelete. A run whose reply is lost is not counted in Stats: the
+// whose marker may be in that range waits in its memory (one held, or one
+// whose failed clear left its marker in place), one call at a time: the
+// next as soon as one returns all it asked for, which the sweep then
+// settles while the store clears the next. In every other case, and for
+// the rest of a range a run refused, it reads the page and calls
+// ClearAndDelete. A run whose reply is lost is not counted in Stats: the
 // sweep cannot know which markers it took.
 type RunClearer interface {
 	ClearDeleter

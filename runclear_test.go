@@ -111,8 +111,8 @@ func TestRunClearerThatCannotRunIsAskedOnce(t *testing.T) {
 
 // TestFailedRunFallsBackToPages: a run that fails changes nothing; the
 // sweep reads the page and clears it by ClearAndDelete, bisecting around
-// the id at fault, which then waits for its retry: no run is asked while
-// it waits in memory.
+// the id at fault, whose marker then waits in the retry range: the next
+// pass clears in runs again.
 func TestFailedRunFallsBackToPages(t *testing.T) {
 	t.Parallel()
 	kv, ids := newRunKV(t, 8)
@@ -132,7 +132,7 @@ func TestFailedRunFallsBackToPages(t *testing.T) {
 	st, err = s.Pass(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Cleared)
-	assert.Equal(t, int64(1), kv.runs.Load(), "no run while %s waits for its retry", ids[3])
+	assert.Equal(t, int64(2), kv.runs.Load(), "a run while %s waits in the retry range", ids[3])
 	assert.False(t, has(t, kv.MemKV, more))
 }
 
@@ -450,34 +450,51 @@ func TestRunReplyBreakingTheContractFailsThePass(t *testing.T) {
 	}
 }
 
-// TestRunsResumeOnceNoIDWaits: runs stop while an id waits for its retry,
-// and come back once its delay is over, though its failures are still
-// remembered.
-func TestRunsResumeOnceNoIDWaits(t *testing.T) {
+// TestRunsWaitOnlyForIDsLeftInTheRange: after a failed clear whose marker
+// was moved to the retry range, runs go on; when the Move failed, the
+// marker stays in the range and runs stop until its delay is over (its
+// failures still remembered), so that each run does not meet it again.
+func TestRunsWaitOnlyForIDsLeftInTheRange(t *testing.T) {
 	t.Parallel()
-	kv, ids := newRunKV(t, 3)
-	kv.poison[ids[1]] = true
-	s, clock := newSweep(t, kv, Config{RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
-	clock.Advance(2 * time.Hour)
-	_, err := s.Pass(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, int64(1), kv.runs.Load())
+	for _, tc := range []struct {
+		name       string
+		moveFails  bool
+		runsDuring bool
+	}{
+		{"marker moved", false, true},
+		{"move failed", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kv, ids := newRunKV(t, 3)
+			kv.poison[ids[1]] = true
+			if tc.moveFails {
+				kv.onMove = func(context.Context, int64) error { return errBoom }
+			}
+			s, clock := newSweep(t, kv, Config{RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
+			clock.Advance(2 * time.Hour)
+			_, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, int64(1), kv.runs.Load())
 
-	more := mark(t, kv.MemKV, "runs/", "more", t0)
-	kv.entities["more"] = true
-	_, err = s.Pass(context.Background())
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), kv.runs.Load(), "no run while %s waits", ids[1])
-	assert.False(t, has(t, kv.MemKV, more))
+			more := mark(t, kv.MemKV, "runs/", "more", t0)
+			kv.entities["more"] = true
+			_, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tc.runsDuring, kv.runs.Load() > 1, "runs while %s waits", ids[1])
+			assert.False(t, has(t, kv.MemKV, more))
 
-	clock.Advance(2 * time.Minute)
-	late := mark(t, kv.MemKV, "runs/", "late", t0)
-	kv.entities["late"] = true
-	st, err := s.Pass(context.Background())
-	require.NoError(t, err)
-	assert.Equal(t, int64(2), kv.runs.Load(), "a run once no delay is left")
-	assert.False(t, has(t, kv.MemKV, late))
-	assert.Equal(t, 1, st.Failed, "%s tried again from the retry range", ids[1])
+			clock.Advance(2 * time.Minute)
+			before := kv.runs.Load()
+			late := mark(t, kv.MemKV, "runs/", "late", t0)
+			kv.entities["late"] = true
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Greater(t, kv.runs.Load(), before, "a run once no delay is left")
+			assert.False(t, has(t, kv.MemKV, late))
+			assert.Equal(t, 1, st.Failed, "%s tried again", ids[1])
+		})
+	}
 }
 
 // holdingKV checks holds in its ClearAndDelete, and embeds a RunClearer

@@ -106,6 +106,7 @@ func (s *Sweep) decide(p *passState, pl *pagePlan, keys [][]byte, items []item, 
 		st.Retried++
 		p.notes.noteFailed(it.id, it.err)
 		_, due := s.retries.failed(it.id, s.clock.Now(), int(it.attempts), true)
+		s.retries.waits(due)
 		s.noteRetry(p, due)
 	case wouldClear:
 		st.WouldClear++
@@ -171,6 +172,7 @@ func (s *Sweep) reschedule(ctx context.Context, p *passState, pl *pagePlan, item
 	if err != nil {
 		p.noMove = true
 		p.notes.rescheduleErr = err
+		s.retries.allWait()
 	}
 	for _, i := range pl.parking {
 		if err == nil {
