@@ -503,6 +503,9 @@ func (b *batching) keysOf(idx []int) [][]byte {
 // left returns those of keys (ascending) still in the store.
 func (b *batching) left(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	var found [][]byte
+	if len(keys) == 0 {
+		return nil, nil
+	}
 	count := func(page [][]byte) { b.scans.Add(1); b.scanned.Add(int64(len(page))) }
 	for page, err := range b.s.pages(ctx, b.kv, keys[0], keyAfter(keys[len(keys)-1]), b.s.pageSize, count) {
 		if err != nil {

@@ -132,7 +132,9 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	if ahead && err == nil && ferr == nil && len(keys) == limit {
 		next = s.startRun(ctx, p, keyAfter(keys[len(keys)-1]), end)
 	}
-	items := s.preparePage(p, keys)
+	// Not preparePage: what waits in memory does not stop a run the store
+	// took (see startRun), and its ids are cleared with it.
+	items := s.parsePage(p, keys)
 	b := s.batching(ctx, p, keys, items, r.rc)
 	var idx []int // in key order, as a ClearAndDelete's keys must be: not todo then alone
 	for i := range items {

@@ -497,6 +497,32 @@ func TestRunsWaitOnlyForIDsLeftInTheRange(t *testing.T) {
 	}
 }
 
+// TestRunClearsAnotherMarkerOfAWaitingID: a run the store took while a
+// failed id waits in the retry range clears that id's other marker in the
+// expired range, and counts it cleared, not deferred.
+func TestRunClearsAnotherMarkerOfAWaitingID(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 3)
+	kv.poison[ids[1]] = true
+	s, clock := newSweep(t, kv, Config{RetryDelay: time.Minute})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Failed)
+
+	kv.mu.Lock()
+	delete(kv.poison, ids[1])
+	kv.mu.Unlock()
+	again := mark(t, kv.MemKV, "runs/", ids[1], t0.Add(time.Second))
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared)
+	assert.Zero(t, st.Deferred)
+	assert.Equal(t, int64(2), kv.runs.Load())
+	assert.False(t, has(t, kv.MemKV, again))
+	assert.Equal(t, 1, kv.cleared[ids[1]])
+}
+
 // holdingKV checks holds in its ClearAndDelete, and embeds a RunClearer
 // whose ClearRun knows nothing of them.
 type holdingKV struct {
