@@ -49,6 +49,7 @@ var modelSeeds = []struct {
 	// order of the batches (todo, then the ids that failed before), so the
 	// ClearAndDelete of the rest got its keys out of order.
 	{5835200222994872095, "eb7bace: ClearDeleter+runs, read-only: the rest of a refused run sent as [e004 e014 e006], keys not ascending"},
+	{18173288759257935128, "215d6eb: ClearDeleter+runs: a run's keys deferred by a failed id waiting in memory; a cut-short run with no pending item panicked reading no keys"},
 }
 
 // TestModelSeeds replays the seeds of modelSeeds.
