@@ -59,7 +59,7 @@ func testSweepDryRun(t *testing.T, s Store) {
 	put(t, s, prefix+"0000000000/foreign", "dry0/00000000000000000001/other")
 	before := scanAll(t, s, "dry", "drz", 100)
 
-	dry, err := retention.New(s.KV, retention.Config{
+	dry, err := retention.New(sweepKV(s.KV), retention.Config{
 		Prefix: prefix, Retention: time.Hour, PageSize: 8, Clock: retention.NewManualClock(now), DryRun: true,
 		Logger: slog.New(slog.DiscardHandler), // the foreign key is meant
 		Clear: func(_ context.Context, id string) error {
@@ -81,7 +81,7 @@ func testSweepDryRun(t *testing.T, s Store) {
 
 	var mu sync.Mutex
 	var cleared []string
-	real, err := retention.New(s.KV, retention.Config{
+	real, err := retention.New(sweepKV(s.KV), retention.Config{
 		Prefix: prefix, Retention: time.Hour, PageSize: 8, Clock: retention.NewManualClock(now),
 		Logger: slog.New(slog.DiscardHandler),
 		Clear: func(_ context.Context, id string) error {

@@ -7,6 +7,11 @@
 // with a sweep that has its own id rule; its adapter supplies an
 // IDRuleHarness, as ExampleCustomIDRule shows.
 //
+// Optional abilities are checked when the KV has them: a retention.Mover's
+// Move, and a retention.RunClearer's ClearRun (see Run). An adapter with
+// several kinds of store (a plain KV, and a RunClearer that clears
+// entities) runs the suite with a factory for each.
+//
 // Each behaviour runs as its own subtest on a fresh store from the factory,
 // so a failure names the part of the contract that is broken. Run the suite
 // with -race: one behaviour drives the store from several goroutines.
@@ -52,6 +57,23 @@ type Factory func(t testing.TB) Store
 // keys are where Scan reads, a missing from key writes nothing, racing
 // Moves of one key move it once, and from and to of different lengths are
 // refused.
+//
+// A KV that is a retention.RunClearer has its ClearRun checked too (the
+// ClearRun behaviours skip a KV that is not one, and one that says
+// errors.ErrUnsupported, which must then have changed nothing): a run is
+// the first limit keys of [from, end), ascending, returned exactly, and
+// deletes them and no other key; an empty range returns no key and no
+// error; a run holding a key that is no marker of the prefix whose id
+// retention.ValidateID accepts (a foreign key, a key of the retry or
+// parked range, a marker of another prefix, or with a bad id or time) is
+// refused with an error matching retention.ErrMalformedMarker and changes
+// nothing, while a run that ends before such a key is not refused; a
+// cancelled context changes nothing; and RunStore returns a value of the
+// store's own type, as a sweep requires before it takes runs. What a run
+// clears besides its markers the suite cannot see, any more than a
+// retention.ClearDeleter's ClearAndDelete: the adapter's own tests check
+// its entities. The Sweep behaviours clear through Config.Clear, so they
+// give the sweep a ClearDeleter's Scan, Delete and Move without its clear.
 func Run(t *testing.T, newStore Factory) {
 	t.Helper()
 	for _, b := range behaviours {
@@ -89,6 +111,13 @@ var behaviours = []struct {
 	{"MoveSkipsMissingFrom", testMoveMissing},
 	{"MovePairsWhole", testMoveWhole},
 	{"MoveLengthsAndContext", testMoveLengths},
+	// A KV that is a retention.RunClearer; skipped for one that is not,
+	// or that says errors.ErrUnsupported.
+	{"ClearRunStore", testClearRunStore},
+	{"ClearRunLimitAndOrder", testClearRunLimit},
+	{"ClearRunStartInclusiveEndExclusive", testClearRunBounds},
+	{"ClearRunRefusesNonMarkers", testClearRunRefused},
+	{"ClearRunCancelledContext", testClearRunCancelled},
 }
 
 // opTimeout bounds each store call so a hung store fails instead of stalling.
@@ -422,7 +451,7 @@ func testSweep(t *testing.T, s Store) {
 	put(t, s, "sweep2/00000000000000000001/other", "swee")
 	var mu sync.Mutex
 	var cleared []string
-	sw, err := retention.New(s.KV, retention.Config{
+	sw, err := retention.New(sweepKV(s.KV), retention.Config{
 		Prefix:    prefix,
 		Retention: time.Hour,
 		PageSize:  16,
@@ -478,7 +507,7 @@ func testSweepRetries(t *testing.T, s Store) {
 	clock := retention.NewManualClock(now)
 	var mu sync.Mutex
 	calls := map[string]int{}
-	sw, err := retention.New(s.KV, retention.Config{
+	sw, err := retention.New(sweepKV(s.KV), retention.Config{
 		Prefix: prefix, Retention: time.Hour, PageSize: 8, Clock: clock, RetryDelay: time.Minute, MaxRetryDelay: time.Hour,
 		Logger: slog.New(slog.DiscardHandler),
 		Clear: func(_ context.Context, id string) error {
@@ -542,6 +571,24 @@ func testSweepRetries(t *testing.T, s Store) {
 	want(t, "keys left at the end", scanAll(t, s, prefix, "retry0", 100), sortedCopy(foreign))
 }
 
+// sweepKV returns the KV the Sweep behaviours give retention.New: the
+// store's own, but for a retention.ClearDeleter, whose clear (and runs)
+// it hides. Those behaviours clear through Config.Clear, which New refuses
+// beside a ClearDeleter, to see which ids were cleared: the suite cannot
+// see a store's entities. Scan, Delete and Move are still the store's.
+func sweepKV(kv retention.KV) retention.KV {
+	if _, ok := kv.(retention.ClearDeleter); !ok {
+		return kv
+	}
+	if m, ok := kv.(retention.Mover); ok {
+		return struct {
+			retention.KV
+			retention.Mover
+		}{kv, m}
+	}
+	return struct{ retention.KV }{kv}
+}
+
 func sortedCopy(keys []string) []string {
 	keys = slices.Clone(keys)
 	sort.Strings(keys)
@@ -588,7 +635,7 @@ func testSweepBacklog(t *testing.T, s Store) {
 	}
 	// A foreign key in front of the markers, and keys of other prefixes.
 	put(t, s, prefix+"0000000000/foreign", "backlog0/00000000000000000001/other", "backlo")
-	sw, err := retention.New(s.KV, retention.Config{
+	sw, err := retention.New(sweepKV(s.KV), retention.Config{
 		Prefix:    prefix,
 		Retention: time.Hour,
 		Clock:     retention.NewManualClock(now),

@@ -2,7 +2,10 @@ package kvtest_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -43,6 +46,66 @@ var broken = map[string]struct {
 	"moves in steps":    {func(m *retention.MemKV) retention.KV { return movesInSteps{m} }, []string{"MovePairsWhole"}},
 	"moves any lengths": {func(m *retention.MemKV) retention.KV { return movesAnyLengths{m} }, []string{"MoveLengthsAndContext"}},
 	"hides deadlines":   {func(m *retention.MemKV) retention.KV { return hidesDeadlines{m} }, []string{"SweepDryRun"}},
+	// RunClearers, each a runMem with one rule broken.
+	"run unsorted":         {func(m *retention.MemKV) retention.KV { return runUnsorted{newRunMem(m)} }, []string{"ClearRunLimitAndOrder", "ClearRunStartInclusiveEndExclusive"}},
+	"run limit ignored":    {func(m *retention.MemKV) retention.KV { return runLimitIgnored{newRunMem(m)} }, []string{"ClearRunLimitAndOrder", "ClearRunStartInclusiveEndExclusive"}},
+	"run end inclusive":    {func(m *retention.MemKV) retention.KV { return runEndInclusive{newRunMem(m)} }, []string{"ClearRunStartInclusiveEndExclusive"}},
+	"run unchecked":        {func(m *retention.MemKV) retention.KV { return runUnchecked{newRunMem(m)} }, []string{"ClearRunRefusesNonMarkers"}},
+	"run refused partway":  {func(m *retention.MemKV) retention.KV { return runPartway{newRunMem(m)} }, []string{"ClearRunRefusesNonMarkers"}},
+	"run store embedded":   {func(m *retention.MemKV) retention.KV { return runStoreEmbedded{newRunMem(m)} }, []string{"ClearRunStore"}},
+	"run unsupported late": {func(m *retention.MemKV) retention.KV { return runUnsupportedLate{newRunMem(m)} }, []string{"ClearRunLimitAndOrder", "ClearRunStartInclusiveEndExclusive"}},
+	"run ignores context":  {func(m *retention.MemKV) retention.KV { return runIgnoresCtx{newRunMem(m)} }, []string{"ClearRunCancelledContext"}},
+}
+
+// runBehaviours are the behaviours of Run that check a RunClearer.
+var runBehaviours = []string{
+	"ClearRunStore", "ClearRunLimitAndOrder", "ClearRunStartInclusiveEndExclusive",
+	"ClearRunRefusesNonMarkers", "ClearRunCancelledContext",
+}
+
+// TestRunClearers runs the suite over RunClearers that keep the contract,
+// in a child process to read which behaviours ran: a runMem passes every
+// ClearRun behaviour, and one that cannot clear runs, and says so before
+// changing anything, has them skipped (but ClearRunStore).
+func TestRunClearers(t *testing.T) {
+	if os.Getenv("KVTEST_GOOD") != "" {
+		t.Skip("in the child process")
+	}
+	for _, tt := range []struct {
+		name string
+		want string // of every ClearRun behaviour but ClearRunStore
+	}{
+		{"run", "PASS"},
+		{"unsupported", "SKIP"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			out, err := runChild("TestGoodChild", "KVTEST_GOOD", tt.name)
+			require.NoError(t, err, "the suite failed a %s RunClearer:\n%s", tt.name, out)
+			for _, behaviour := range runBehaviours {
+				state := tt.want
+				if behaviour == "ClearRunStore" {
+					state = "PASS"
+				}
+				require.Contains(t, string(out), "--- "+state+": TestGoodChild/"+behaviour, "output:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestGoodChild(t *testing.T) {
+	good := map[string]func(*retention.MemKV) retention.KV{
+		"run":         func(m *retention.MemKV) retention.KV { return newRunMem(m) },
+		"unsupported": func(m *retention.MemKV) retention.KV { return runUnsupported{newRunMem(m)} },
+	}
+	wrap, ok := good[os.Getenv("KVTEST_GOOD")]
+	if !ok {
+		t.Skip("run by TestRunClearers")
+	}
+	kvtest.Run(t, func(testing.TB) kvtest.Store {
+		mem := retention.NewMemKV()
+		return kvtest.Store{KV: wrap(mem), Put: func(ctx context.Context, key []byte) error { return mem.Put(ctx, key, nil) }}
+	})
 }
 
 func TestBrokenKVsAreCaught(t *testing.T) {
@@ -222,6 +285,159 @@ func (k hidesDeadlines) Scan(ctx context.Context, start, end []byte, limit int) 
 	keys, err := k.MemKV.Scan(ctx, start, end, limit)
 	return slices.DeleteFunc(keys, func(key []byte) bool { return bytes.Contains(key, []byte("/d0/")) }), err
 }
+
+// runMem is a RunClearer over a MemKV that keeps the contract: a run, and
+// a ClearAndDelete, is read, checked and deleted under one lock. It
+// clears no entities: there are none.
+type runMem struct {
+	*retention.MemKV
+	mu *sync.Mutex
+}
+
+func newRunMem(m *retention.MemKV) runMem { return runMem{m, new(sync.Mutex)} }
+
+func (k runMem) ClearAndDelete(ctx context.Context, _ []string, keys [][]byte) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, key := range keys {
+		if _, ok, err := k.Get(ctx, key); err != nil || !ok {
+			return cmp.Or(err, retention.ErrMarkerGone)
+		}
+	}
+	return k.Delete(ctx, keys...)
+}
+
+func (k runMem) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	keys, err := k.Scan(ctx, from, end, limit)
+	if err != nil {
+		return nil, err
+	}
+	for _, key := range keys {
+		if err := runMarker(prefix, key); err != nil {
+			return nil, err
+		}
+	}
+	return keys, k.Delete(ctx, keys...)
+}
+
+func (k runMem) RunStore() retention.RunClearer { return k }
+
+// runMarker returns an error matching retention.ErrMalformedMarker unless
+// key is a marker of prefix whose id retention.ValidateID accepts; a key
+// of the retry or parked range, which ParseMarkerKey reads too, is none.
+func runMarker(prefix string, key []byte) error {
+	if _, _, err := retention.ParseMarkerKey(prefix, key); err != nil {
+		return err
+	}
+	if c := key[len(prefix)]; c < '0' || c > '9' {
+		return fmt.Errorf("%w: %q is a key of the retry or parked range", retention.ErrMalformedMarker, key)
+	}
+	return nil
+}
+
+// runUnsupported cannot clear runs, and says so before it changes anything.
+type runUnsupported struct{ runMem }
+
+func (k runUnsupported) ClearRun(context.Context, string, []byte, []byte, int) ([][]byte, error) {
+	return nil, fmt.Errorf("kvtest: no runs here: %w", errors.ErrUnsupported)
+}
+
+func (k runUnsupported) RunStore() retention.RunClearer { return k }
+
+// runUnsorted returns a run's keys in descending order.
+type runUnsorted struct{ runMem }
+
+func (k runUnsorted) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	keys, err := k.runMem.ClearRun(ctx, prefix, from, end, limit)
+	slices.Reverse(keys)
+	return keys, err
+}
+
+func (k runUnsorted) RunStore() retention.RunClearer { return k }
+
+// runLimitIgnored takes every key of the range.
+type runLimitIgnored struct{ runMem }
+
+func (k runLimitIgnored) ClearRun(ctx context.Context, prefix string, from, end []byte, _ int) ([][]byte, error) {
+	return k.runMem.ClearRun(ctx, prefix, from, end, 1<<20)
+}
+
+func (k runLimitIgnored) RunStore() retention.RunClearer { return k }
+
+// runEndInclusive takes the key at end too.
+type runEndInclusive struct{ runMem }
+
+func (k runEndInclusive) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return k.runMem.ClearRun(ctx, prefix, from, append(slices.Clone(end), 0), limit)
+}
+
+func (k runEndInclusive) RunStore() retention.RunClearer { return k }
+
+// runUnchecked deletes the run whatever its keys are.
+type runUnchecked struct{ runMem }
+
+func (k runUnchecked) ClearRun(ctx context.Context, _ string, from, end []byte, limit int) ([][]byte, error) {
+	keys, err := k.Scan(ctx, from, end, limit)
+	if err != nil {
+		return nil, err
+	}
+	return keys, k.Delete(ctx, keys...)
+}
+
+func (k runUnchecked) RunStore() retention.RunClearer { return k }
+
+// runPartway checks and deletes a run's keys one at a time, so that a
+// refused run has lost the markers before the key it refuses.
+type runPartway struct{ runMem }
+
+func (k runPartway) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	keys, err := k.Scan(ctx, from, end, limit)
+	if err != nil {
+		return nil, err
+	}
+	for _, key := range keys {
+		if err := runMarker(prefix, key); err != nil {
+			return nil, err
+		}
+		if err := k.Delete(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+	return keys, nil
+}
+
+func (k runPartway) RunStore() retention.RunClearer { return k }
+
+// runStoreEmbedded inherits the RunStore of the runMem it embeds, as a
+// wrapper that declares only ClearRun would.
+type runStoreEmbedded struct{ runMem }
+
+func (k runStoreEmbedded) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return k.runMem.ClearRun(ctx, prefix, from, end, limit)
+}
+
+// runUnsupportedLate says it cannot clear runs after it cleared one.
+type runUnsupportedLate struct{ runMem }
+
+func (k runUnsupportedLate) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	if _, err := k.runMem.ClearRun(ctx, prefix, from, end, limit); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("kvtest: no runs here: %w", errors.ErrUnsupported)
+}
+
+func (k runUnsupportedLate) RunStore() retention.RunClearer { return k }
+
+// runIgnoresCtx clears a run whatever its context says.
+type runIgnoresCtx struct{ runMem }
+
+func (k runIgnoresCtx) ClearRun(_ context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return k.runMem.ClearRun(context.Background(), prefix, from, end, limit)
+}
+
+func (k runIgnoresCtx) RunStore() retention.RunClearer { return k }
 
 func BenchmarkMemKV(b *testing.B) {
 	kvtest.Benchmark(b, memStore)

@@ -76,6 +76,20 @@ func TestConformance(t *testing.T) {
 	kvtest.Run(t, newStore)
 }
 
+// TestConformanceAtomicKV runs the suite over an AtomicKV of WithClearSQL,
+// a retention.RunClearer, in both forms a run takes (see runForms): it
+// checks ClearRun's keys; the tests of atomic_test.go check its jobs.
+func TestConformanceAtomicKV(t *testing.T) {
+	for _, form := range runForms {
+		t.Run(form.name, func(t *testing.T) {
+			kvtest.Run(t, func(t testing.TB) kvtest.Store {
+				kv, akv, _, _, _ := newRunKVOf(t, connect(t), form.stmt)
+				return kvtest.Store{KV: akv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
+			})
+		})
+	}
+}
+
 func BenchmarkSweep(b *testing.B) {
 	kvtest.Benchmark(b, newStore)
 }

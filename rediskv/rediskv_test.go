@@ -65,6 +65,16 @@ func TestConformance(t *testing.T) {
 	kvtest.Run(t, newStore)
 }
 
+// TestConformanceAtomicKV runs the suite over an AtomicKV of
+// WithStateKeys, a retention.RunClearer: it checks ClearRun's members;
+// the tests of atomic_test.go check its state keys.
+func TestConformanceAtomicKV(t *testing.T) {
+	kvtest.Run(t, func(t testing.TB) kvtest.Store {
+		r := newRunSet(t)
+		return kvtest.Store{KV: r.akv, Put: func(ctx context.Context, k []byte) error { return r.kv.Put(ctx, k, nil) }}
+	})
+}
+
 func BenchmarkSweep(b *testing.B) {
 	kvtest.Benchmark(b, newStore)
 }

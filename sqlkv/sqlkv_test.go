@@ -222,6 +222,23 @@ func TestConformance(t *testing.T) {
 	forEach(t, func(t *testing.T, dl dialect) { kvtest.Run(t, dl.store) })
 }
 
+// TestConformanceAtomicKV runs the suite over an AtomicKV, a
+// retention.RunClearer, on each dialect: it checks ClearRun's keys, so
+// its ClearFunc clears nothing; the tests of atomic_test.go check what a
+// ClearFunc clears.
+func TestConformanceAtomicKV(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, dl dialect) {
+		kvtest.Run(t, func(t testing.TB) kvtest.Store {
+			s := dl.store(t)
+			akv, err := s.KV.(*sqlkv.KV).WithClear(func(context.Context, *sql.Tx, []string) error { return nil })
+			require.NoError(t, err)
+			s.KV = akv
+			return s
+		})
+	})
+}
+
 func BenchmarkSweep(b *testing.B) {
 	for _, dl := range dialects {
 		b.Run(dl.name, func(b *testing.B) { kvtest.Benchmark(b, dl.store) })
