@@ -63,7 +63,7 @@ const (
 // child is killed with SIGKILL at random moments of its sweep, right
 // after a reschedule, a cleared batch or a timed-out batch, crashKills
 // times. Every other child sweeps with Concurrency 1, in runs
-// (AtomicKV.ClearRun) while no id waits for a retry, the others with 2,
+// (AtomicKV.ClearRun) while no id in the range waits, the others with 2,
 // in batches of the pages they read. After every kill the file must show:
 // every job present has exactly one marker and every marker a job, no id
 // cleared by two committed transactions, and no unexpired job touched. A

@@ -51,8 +51,8 @@ func TestFaultSoak(t *testing.T) {
 				soak(t, dl, seed, 3)
 			})
 		}
-		// Concurrency 1: the sweep clears in runs while no id waits for a
-		// retry in its memory, and reads pages while one does.
+		// Concurrency 1: the sweep clears in runs while no id whose marker
+		// is in the range waits in its memory, and reads pages while one does.
 		for _, seed := range []uint64{4, 5, 6, 7} {
 			t.Run(fmt.Sprint("runs/seed", seed), func(t *testing.T) {
 				t.Parallel()
