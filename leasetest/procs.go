@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +58,14 @@ type Engine struct {
 	// a retention.ClearDeleter under a fencing lease: the proofs then
 	// require none, even when the lease is taken away mid-pass.
 	Duplicates func(ctx context.Context, store string) (int, error)
+
+	// Runs, when set, says that the replicas' KV is a retention.RunClearer
+	// the sweep takes runs from (ClearRun; the replicas sweep with
+	// Concurrency 1 and no ValidateID, Limiter nor DryRun): each proof then
+	// requires that the replicas cleared markers by runs, and Frozen that
+	// the holder froze in one, so that the proofs cannot pass over pages
+	// while runs, and their fence, go unchecked.
+	Runs bool
 }
 
 // ConnectFunc connects a replica process to a store; see Engine.Connect.
@@ -80,7 +89,7 @@ const (
 	procClear    = 2 * time.Millisecond
 	procInterval = 250 * time.Millisecond
 	procMarkers  = 20_000
-	freezeAfter  = 5 // successful Deletes before a replica of Frozen stops itself
+	freezeAfter  = 5 // deletions a replica of Frozen makes before it stops itself in the next
 )
 
 // ReplicaMain runs this process as a replica of the process proofs when the
@@ -222,12 +231,11 @@ type fencingLoggingLease struct {
 	f retention.Fencer
 }
 
+// Fence fences the store inside logKV's wrapper and wraps the view the
+// same way, so that the pass's writes are logged under this lease.
 func (l fencingLoggingLease) Fence(kv retention.KV) (retention.KV, bool) {
-	if cd, ok := kv.(*loggingClearDeleter); ok {
-		kv = cd.loggingKV
-	}
-	lkv, ok := kv.(*loggingKV)
-	if !ok {
+	lkv := loggedKV(kv)
+	if lkv == nil {
 		return l.f.Fence(kv)
 	}
 	fenced, ok := l.f.Fence(lkv.KV)
@@ -237,13 +245,35 @@ func (l fencingLoggingLease) Fence(kv retention.KV) (retention.KV, bool) {
 	return logKV(fenced, lkv.locker, l.n), true
 }
 
-// logKV wraps kv in a loggingKV, keeping it a ClearDeleter if it is one.
+// logKV wraps kv in a loggingKV, keeping it a ClearDeleter if it is one,
+// and a RunClearer if the sweep would take runs from it.
 func logKV(kv retention.KV, l *loggingLocker, lease int64) retention.KV {
 	lkv := &loggingKV{KV: kv, locker: l, lease: lease}
-	if cd, ok := kv.(retention.ClearDeleter); ok {
-		return &loggingClearDeleter{loggingKV: lkv, cd: cd}
+	cd, ok := kv.(retention.ClearDeleter)
+	if !ok {
+		return lkv
 	}
-	return lkv
+	lcd := &loggingClearDeleter{loggingKV: lkv, cd: cd}
+	// A RunClearer whose RunStore is of another type, such as a wrapper
+	// that embeds one, is read page by page (see retention.RunClearer):
+	// declaring its runs here would prove a sweep that never happens.
+	if rc, ok := kv.(retention.RunClearer); ok && reflect.TypeOf(rc.RunStore()) == reflect.TypeOf(kv) {
+		return &loggingRunClearer{loggingClearDeleter: lcd, rc: rc}
+	}
+	return lcd
+}
+
+// loggedKV returns the loggingKV of one of logKV's wrappers, or nil.
+func loggedKV(kv retention.KV) *loggingKV {
+	switch k := kv.(type) {
+	case *loggingKV:
+		return k
+	case *loggingClearDeleter:
+		return k.loggingKV
+	case *loggingRunClearer:
+		return k.loggingKV
+	}
+	return nil
 }
 
 // loggingClearDeleter logs a ClearAndDelete as the Delete of its markers.
@@ -253,8 +283,30 @@ type loggingClearDeleter struct {
 }
 
 func (k *loggingClearDeleter) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	return k.logged(ctx, len(keys), func(ctx context.Context) error { return k.cd.ClearAndDelete(ctx, ids, keys) })
+	return k.logged(ctx, opClear, len(keys), func(ctx context.Context) (int, error) {
+		return len(keys), k.cd.ClearAndDelete(ctx, ids, keys)
+	})
 }
+
+// loggingRunClearer logs a ClearRun as the Delete of up to limit markers,
+// and declares RunStore so that the sweep takes runs through it. A store
+// that cannot clear runs after all (errors.ErrUnsupported, as pgkv's
+// AtomicKV of WithClear) logs its one run as a delete-err, before the
+// sweep reads pages.
+type loggingRunClearer struct {
+	*loggingClearDeleter
+	rc retention.RunClearer
+}
+
+func (k *loggingRunClearer) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) (keys [][]byte, err error) {
+	err = k.logged(ctx, opRun, limit, func(ctx context.Context) (int, error) {
+		keys, err = k.rc.ClearRun(ctx, prefix, from, end, limit)
+		return len(keys), err
+	})
+	return keys, err
+}
+
+func (k *loggingRunClearer) RunStore() retention.RunClearer { return k }
 
 // loggingKV logs every Delete: its start, and its outcome when it returns.
 type loggingKV struct {
@@ -265,28 +317,41 @@ type loggingKV struct {
 
 var deleteSeq atomic.Int64
 
+// The kinds of deletion, the last field of a delete-start line.
+const (
+	opDelete = "delete" // Delete
+	opClear  = "clear"  // ClearAndDelete
+	opRun    = "run"    // ClearRun
+)
+
 func (k *loggingKV) Delete(ctx context.Context, keys ...[]byte) error {
-	return k.logged(ctx, len(keys), func(ctx context.Context) error { return k.KV.Delete(ctx, keys...) })
+	return k.logged(ctx, opDelete, len(keys), func(ctx context.Context) (int, error) {
+		return len(keys), k.KV.Delete(ctx, keys...)
+	})
 }
 
-// logged runs del, a deletion of n markers, between its log lines.
-func (k *loggingKV) logged(ctx context.Context, n int, del func(context.Context) error) error {
+// logged runs del, a deletion of kind of up to n markers that returns how
+// many it deleted, between its log lines: "delete-start op lease n kind",
+// then "delete-ok op lease deleted" or the error. A run's n is its limit,
+// the most it may delete, and only its delete-ok says how many it did: an
+// empty run deletes nothing.
+func (k *loggingKV) logged(ctx context.Context, kind string, n int, del func(context.Context) (int, error)) error {
 	lease := k.lease
 	if lease == 0 {
 		lease = k.locker.seq.Load()
 	}
 	op := deleteSeq.Add(1)
-	k.locker.log.add("delete-start", op, lease, n)
-	if k.locker.maybeFreeze() {
+	k.locker.log.add("delete-start", op, lease, n, kind)
+	if k.locker.maybeFreeze(op, kind) {
 		// Stopped as if past every client-side look at the lease, the
 		// adapter's own ctx check included, with the request about to go
 		// out: only the store can refuse it now.
 		ctx = context.WithoutCancel(ctx)
 	}
-	err := del(ctx)
+	deleted, err := del(ctx)
 	switch {
 	case err == nil:
-		k.locker.log.add("delete-ok", op, lease)
+		k.locker.log.add("delete-ok", op, lease, deleted)
 	case errors.Is(err, retention.ErrLeaseLost):
 		k.locker.log.add("delete-refused", op, lease)
 	default:
@@ -299,7 +364,7 @@ func (k *loggingKV) logged(ctx context.Context, n int, del func(context.Context)
 // Deletes, and reports whether it did: between the pass's last look at Lost
 // and the store's write, where only a fence can stop a write of a holder
 // that has been replaced.
-func (l *loggingLocker) maybeFreeze() bool {
+func (l *loggingLocker) maybeFreeze(op int64, kind string) bool {
 	if l.freeze == "" || l.deletes.Add(1) <= freezeAfter {
 		return false
 	}
@@ -308,7 +373,7 @@ func (l *loggingLocker) maybeFreeze() bool {
 		return false // another replica froze, or will
 	}
 	f.Close()
-	l.log.add("freeze")
+	l.log.add("freeze", op, kind)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	// The stop lands on all threads a moment later, not necessarily before
 	// Kill returns: wait for the test's word that it resumed us, so that the
@@ -325,8 +390,11 @@ func (l *loggingLocker) maybeFreeze() bool {
 
 // RunProcesses runs the proofs with replicas as separate processes against
 // the engine's real server, each as a subtest. Each replica logs, with
-// timestamps, when it tried for the lease and got it, and when each Delete
-// started and returned, and how.
+// timestamps, when it tried for the lease and got it, and when each
+// deletion started and returned, and how: a Delete, a ClearAndDelete, or
+// a run (ClearRun) of a RunClearer, which the replicas sweep by runs as a
+// sweep of their configuration does (see Engine.Runs). Any of them is a
+// "Delete" below.
 //
 //   - TakenAwayWhileBusy: two replicas; while the holder deletes a page
 //     every ~20ms, its lease is taken away from outside (Engine.TakeAway)
@@ -460,6 +528,13 @@ func (e event) int(i int) int64 {
 	return n
 }
 
+func (e event) field(i int) string {
+	if i >= len(e.fields) {
+		return ""
+	}
+	return e.fields[i]
+}
+
 func (f *procFleet) events(i int) []event {
 	file, err := os.Open(f.procs[i].log)
 	if errors.Is(err, os.ErrNotExist) {
@@ -499,7 +574,7 @@ func (f *procFleet) holder(limit time.Duration) (int, int64) {
 				case "acquire-ok":
 					lease, oks = e.int(0), 0
 				case "delete-ok":
-					if e.int(1) == lease {
+					if e.int(1) == lease && e.int(2) > 0 {
 						oks++
 					}
 				case "lost":
@@ -545,27 +620,37 @@ func (f *procFleet) takeover(old int, oldLease int64, since time.Time, limit tim
 	}
 }
 
-// overlap reads the old holder's log: its Deletes under the given lease
-// that started after the new holder's TryAcquire returned, by outcome, and
-// when it first learned of the loss.
+// overlap reads the old holder's log: its deletions under the given lease
+// that started after the new holder's TryAcquire returned, by outcome, how
+// many of them were runs, and when it first learned of the loss. A
+// deletion that succeeded counts even if it deleted nothing (an empty
+// run): a fenced write must be refused whatever it holds.
 type overlap struct {
 	succeeded, refused, failed int
+	runs                       int
 	lost                       time.Time
 }
 
 func (f *procFleet) overlap(i int, lease int64, after time.Time) overlap {
 	var o overlap
-	started := map[int64]time.Time{}
+	type start struct {
+		at  time.Time
+		run bool
+	}
+	started := map[int64]start{}
 	for _, e := range f.events(i) {
 		switch {
 		case e.name == "lost" && e.int(0) == lease:
 			o.lost = e.at
 		case e.name == "delete-start" && e.int(1) == lease:
-			started[e.int(0)] = e.at
+			started[e.int(0)] = start{e.at, e.field(3) == opRun}
 		case strings.HasPrefix(e.name, "delete-") && e.int(1) == lease:
-			at, ok := started[e.int(0)]
-			if !ok || !at.After(after) {
+			st, ok := started[e.int(0)]
+			if !ok || !st.at.After(after) {
 				continue
+			}
+			if st.run {
+				o.runs++
 			}
 			switch e.name {
 			case "delete-ok":
@@ -580,7 +665,8 @@ func (f *procFleet) overlap(i int, lease int64, after time.Time) overlap {
 	return o
 }
 
-// deletedAfter counts replica i's successful Deletes that started after t.
+// deletedAfter counts replica i's deletions that started after t and
+// deleted markers: a run that found none is no progress.
 func (f *procFleet) deletedAfter(i int, t time.Time) int {
 	started := map[int64]time.Time{}
 	n := 0
@@ -589,7 +675,7 @@ func (f *procFleet) deletedAfter(i int, t time.Time) int {
 		case "delete-start":
 			started[e.int(0)] = e.at
 		case "delete-ok":
-			if at, ok := started[e.int(0)]; ok && at.After(t) {
+			if at, ok := started[e.int(0)]; ok && at.After(t) && e.int(2) > 0 {
 				n++
 			}
 		}
@@ -684,15 +770,42 @@ func testTakenAway(t *testing.T, e Engine) {
 	o := f.overlap(old, lease, acquired)
 	t.Logf("lease taken away from replica %d and acquired by another holder %v later; the old holder noticed %v after that",
 		old, acquired.Sub(takenAt).Round(time.Millisecond), since(o.lost, acquired))
-	t.Logf("old holder's Deletes started after the new holder acquired the lease: %d succeeded, %d refused by the fence, %d failed otherwise",
-		o.succeeded, o.refused, o.failed)
+	t.Logf("old holder's Deletes started after the new holder acquired the lease: %d succeeded, %d refused by the fence, %d failed otherwise (%d of them runs)",
+		o.succeeded, o.refused, o.failed, o.runs)
 	if o.succeeded != 0 {
 		t.Errorf("%d Deletes of the old holder that started after the new holder acquired the lease succeeded, want 0", o.succeeded)
 	}
 	if left := f.remaining(); left >= procMarkers {
 		t.Errorf("%d markers left of %d: nobody deleted anything", left, procMarkers)
 	}
+	f.checkRuns()
 	f.checkDuplicates()
+}
+
+// checkRuns logs the runs the replicas took and, when the engine says they
+// take runs (Engine.Runs), requires some that cleared markers.
+func (f *procFleet) checkRuns() {
+	var started, cleared, markers int
+	for i := range f.procs {
+		runs := map[int64]bool{} // op numbers are the replica's own
+		for _, e := range f.events(i) {
+			switch {
+			case e.name == "delete-start" && e.field(3) == opRun:
+				started++
+				runs[e.int(0)] = true
+			case e.name == "delete-ok" && runs[e.int(0)] && e.int(2) > 0:
+				cleared++
+				markers += int(e.int(2))
+			}
+		}
+	}
+	if started == 0 && !f.e.Runs {
+		return
+	}
+	f.t.Logf("runs (ClearRun) the replicas started: %d; %d of them cleared %d markers", started, cleared, markers)
+	if f.e.Runs && cleared == 0 {
+		f.t.Errorf("the replicas cleared no marker by a run (ClearRun), want some: Engine.Runs says their sweeps take runs, yet they read pages")
+	}
 }
 
 // checkDuplicates requires, when the engine can count them, that no entity
@@ -735,6 +848,7 @@ func testHostCrash(t *testing.T, e Engine) {
 	f.stopAll()
 	t.Logf("holder's host crashed (replica %d); replica %d took over %v later (TTL %v, retry interval %v)",
 		old, next, took.Round(time.Millisecond), e.TTL, procInterval)
+	f.checkRuns()
 	f.checkDuplicates()
 }
 
@@ -747,6 +861,7 @@ func testFrozen(t *testing.T, e Engine) {
 		old      = -1
 		lease    int64
 		frozenAt time.Time
+		frozenIn string // the kind of deletion it froze in
 	)
 	deadline := time.Now().Add(startLimit)
 	for old < 0 {
@@ -760,7 +875,7 @@ func testFrozen(t *testing.T, e Engine) {
 				case "delete-start":
 					lease = ev.int(1)
 				case "freeze":
-					old, frozenAt = i, ev.at
+					old, frozenAt, frozenIn = i, ev.at, ev.field(1)
 				}
 			}
 			if old >= 0 {
@@ -805,10 +920,14 @@ func testFrozen(t *testing.T, e Engine) {
 		}
 	}
 	o := f.overlap(old, lease, acquired)
-	t.Logf("holder (replica %d) froze in a Delete for %v; replica %d took over %v after the freeze; the resumed holder noticed %v after resuming",
-		old, resumedAt.Sub(frozenAt).Round(time.Millisecond), next, acquired.Sub(frozenAt).Round(time.Millisecond), since(o.lost, resumedAt))
+	t.Logf("holder (replica %d) froze in a deletion (%s) for %v; replica %d took over %v after the freeze; the resumed holder noticed %v after resuming",
+		old, frozenIn, resumedAt.Sub(frozenAt).Round(time.Millisecond), next, acquired.Sub(frozenAt).Round(time.Millisecond), since(o.lost, resumedAt))
 	t.Logf("resumed holder's Deletes that returned after the takeover: %d succeeded, %d refused by the fence, %d failed otherwise %q",
 		succeeded, refused, failed, failures)
+	if e.Runs && frozenIn != opRun {
+		t.Errorf("the holder froze in a %q, want a run: Engine.Runs says the replicas' sweeps take runs", frozenIn)
+	}
+	f.checkRuns()
 	f.checkDuplicates()
 	if succeeded != 0 {
 		t.Errorf("%d Deletes of the resumed holder succeeded after another replica acquired the lease, want 0", succeeded)

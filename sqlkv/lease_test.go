@@ -375,9 +375,9 @@ const proofLease = "proof"
 // connectReplica connects a replica process of TestProcesses: store is
 // "dialect,file,markers,leases" (file: the SQLite database, else empty),
 // or for TestProcessesAtomic "dialect,file,markers,leases,jobs,cleared":
-// the replica then clears with an AtomicKV that deletes the jobs and
-// records each clear in the cleared table, in the transaction that deletes
-// their markers.
+// the replica then clears with an AtomicKV, a RunClearer, that deletes the
+// jobs and records each clear in the cleared table, in the transaction
+// that deletes their markers.
 func connectReplica(ctx context.Context, addr, store string, ttl time.Duration) (retention.KV, retention.Locker, func(), error) {
 	parts := strings.Split(store, ",")
 	name, target, markers, leases := parts[0], parts[1], parts[2], parts[3]
@@ -439,7 +439,7 @@ func connectReplica(ctx context.Context, addr, store string, ttl time.Duration) 
 }
 
 // processEngine is the leasetest.Engine of the dialect; with atomic, its
-// replicas clear through a fenced AtomicKV.
+// replicas clear through a fenced AtomicKV, by runs.
 func (dl dialect) processEngine(t *testing.T, atomic bool) leasetest.Engine {
 	ctx := context.Background()
 	addr := "127.0.0.1:1" // SQLite: the replicas open the file, not the proxy
@@ -524,6 +524,7 @@ func (dl dialect) processEngine(t *testing.T, atomic bool) leasetest.Engine {
 			}
 			return dups, nil
 		}
+		e.Runs = true
 	}
 	return e
 }
@@ -537,9 +538,10 @@ func TestProcesses(t *testing.T) {
 }
 
 // TestProcessesAtomic runs the process proofs with replicas that clear
-// through a fenced AtomicKV: each entity is cleared exactly once across the
-// fleet, even when the lease is taken away mid-pass, a holder's host
-// crashes, or a holder freezes past its TTL.
+// through a fenced AtomicKV, by runs (ClearRun): each entity is cleared
+// exactly once across the fleet, even when the lease is taken away
+// mid-pass, a holder's host crashes, or a holder freezes past its TTL in a
+// run.
 func TestProcessesAtomic(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
