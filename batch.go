@@ -415,7 +415,7 @@ func (b *batching) answer(idx []int, keys [][]byte, err, ferr error) error {
 	case errors.As(err, &perID):
 		// Nothing committed: the ids it does not name go again.
 		rest, err := b.byID(perID, idx)
-		if len(rest) > 0 {
+		if rest = b.notWaiting(rest); len(rest) > 0 {
 			b.run(rest)
 		}
 		return err
@@ -457,9 +457,27 @@ func (b *batching) unknown(idx []int, keys [][]byte, err error) error {
 		// Some committed (another replica's call, most likely): this one
 		// failed all the same.
 		b.p.callFailed(err)
-		b.run(rest)
+		if rest = b.notWaiting(rest); len(rest) > 0 {
+			b.run(rest)
+		}
 	}
 	return nil
+}
+
+// notWaiting defers the items of idx whose id waits in memory (see
+// waiting), which a failed run's ids may, and returns the others.
+func (b *batching) notWaiting(idx []int) []int {
+	if len(b.s.retries.byID) == 0 {
+		return idx
+	}
+	now, canWrite := b.s.clock.Now(), b.p.writes()
+	var out []int
+	for _, i := range idx {
+		if !b.s.waiting(&b.items[i], now, canWrite) {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // markGone records as found gone, not as this replica's clears, the items

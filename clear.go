@@ -279,6 +279,7 @@ func (s *Sweep) goGuarded(ctx context.Context, call func(context.Context) error)
 			if returned {
 				return
 			}
+			cancel() // cctx's deadline is read as of the call's end
 			if r := recover(); r != nil {
 				done <- panicked(r)
 				return
@@ -287,6 +288,7 @@ func (s *Sweep) goGuarded(ctx context.Context, call func(context.Context) error)
 		}()
 		err := call(cctx)
 		returned = true
+		cancel()
 		done <- err
 	}()
 	return guardedCall{cctx: cctx, cancel: cancel, done: done}

@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // outcome is what became of one key of a page. Every clear mode ends in
@@ -38,22 +39,27 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 
 // markWaiting defers the pending items whose id waits in memory.
 func (s *Sweep) markWaiting(p *passState, items []item) {
-	now := s.clock.Now()
-	canWrite := p.writes()
+	now, canWrite := s.clock.Now(), p.writes()
 	for i := range items {
-		it := &items[i]
-		if it.out != pending {
-			continue
-		}
-		if r, ok := s.retries.byID[it.id]; ok && now.Before(r.notBefore) {
-			it.out = deferred
-			if r.held && canWrite {
-				// Moved to the hold's end too (see decide), so that a
-				// restart keeps it.
-				it.err = Hold(r.notBefore)
-			}
+		if items[i].out == pending {
+			s.waiting(&items[i], now, canWrite)
 		}
 	}
+}
+
+// waiting defers it, and reports so, when its id waits in memory at now.
+func (s *Sweep) waiting(it *item, now time.Time, canWrite bool) bool {
+	r, ok := s.retries.byID[it.id]
+	if !ok || !now.Before(r.notBefore) {
+		return false
+	}
+	it.out = deferred
+	if r.held && canWrite {
+		// Moved to the hold's end too (see decide), so that a restart
+		// keeps it.
+		it.err = Hold(r.notBefore)
+	}
+	return true
 }
 
 // finishPage clears a prepared page and settles it.

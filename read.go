@@ -15,15 +15,11 @@ import (
 func (s *Sweep) walk(ctx context.Context, p *passState, from, end []byte) (empty bool, err error) {
 	empty = true
 	var next *run // started before the last one was settled
-	defer func() {
-		if next != nil { // a panic: not settled, not counted, but waited for
-			_ = s.await(ctx, next.call)
-		}
-	}()
 	for {
 		var keys [][]byte
 		var limit int
 		r := next
+		next = nil // settleRun settles it, and awaits the run it starts even on a panic
 		if r == nil {
 			r = s.startRun(ctx, p, from, end)
 		}

@@ -58,13 +58,14 @@ type RunClearer interface {
 
 // run is a ClearRun in flight.
 type run struct {
-	rc    RunClearer
-	from  []byte
-	limit int
-	mark  *fenceMark
-	call  guardedCall
-	keys  [][]byte      // the reply, once call is done
-	took  time.Duration // how long the store took, for adapt
+	rc         RunClearer
+	from       []byte
+	limit      int
+	mark       *fenceMark
+	call       guardedCall
+	keys       [][]byte      // the reply, once call is done
+	took       time.Duration // how long the store took, for adapt
+	clockPanic *caughtPanic  // the Clock's, read after the run
 }
 
 // startRun asks the store for the next run of [from, end) when it is a
@@ -82,7 +83,14 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 	start := s.clock.Now()
 	r.call = s.goGuarded(wctx, func(ctx context.Context) (err error) {
 		r.keys, err = rc.ClearRun(ctx, s.prefix, from, end, r.limit)
-		r.took = s.clock.Now().Sub(start)
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					r.clockPanic = &caughtPanic{value: v}
+				}
+			}()
+			r.took = s.clock.Now().Sub(start)
+		}()
 		return err
 	})
 	return r
@@ -98,6 +106,9 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 // counts (BENCHMARKS.md, "Runs").
 func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte, ahead bool) (keys [][]byte, limit int, next *run, err error) {
 	err = s.await(ctx, r.call)
+	if r.clockPanic != nil {
+		panic(r.clockPanic.value)
+	}
 	keys, limit = r.keys, r.limit
 	if errors.Is(err, errors.ErrUnsupported) {
 		s.noRuns = true
@@ -129,11 +140,19 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 		p.foldCalls()
 		return nil, 0, nil, nil
 	}
+	settled := false
 	if ahead && err == nil && ferr == nil && len(keys) == limit {
 		next = s.startRun(ctx, p, keyAfter(keys[len(keys)-1]), end)
+		if next != nil {
+			defer func() {
+				if !settled { // a panic or runtime.Goexit: waited for, not settled
+					_ = s.await(ctx, next.call)
+				}
+			}()
+		}
 	}
-	// Not preparePage: what waits in memory does not stop a run the store
-	// took (see startRun), and its ids are cleared with it.
+	// Not preparePage: the store took the run whatever waits in memory; a
+	// failed run's ids that wait are deferred before the rest go again.
 	items := s.parsePage(p, keys)
 	b := s.batching(ctx, p, keys, items, r.rc)
 	var idx []int // in key order, as a ClearAndDelete's keys must be: not todo then alone
@@ -142,9 +161,13 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 			idx = append(idx, i)
 		}
 	}
-	b.failed(idx, b.answer(idx, b.keysOf(idx), err, ferr))
+	if aerr := b.answer(idx, b.keysOf(idx), err, ferr); aerr != nil {
+		b.failed(b.notWaiting(b.pendingOf(idx)), aerr)
+	}
 	calls, err := b.end()
-	return keys, limit, next, s.afterClears(ctx, p, keys, items, calls, err)
+	err = s.afterClears(ctx, p, keys, items, calls, err)
+	settled = true
+	return keys, limit, next, err
 }
 
 // badRun says how the keys a ClearRun returned break its contract, or "".

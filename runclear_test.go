@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -364,30 +367,288 @@ func TestPassCutShortCountsTheRunInFlight(t *testing.T) {
 	assert.Len(t, kv.cleared, 20)
 }
 
-// TestObserverPanicWaitsForTheRunInFlight: a panic while a run is in
-// flight reaches the caller once that run is done, so that nothing of
-// the pass writes after Pass returned.
-func TestObserverPanicWaitsForTheRunInFlight(t *testing.T) {
+// TestPanicWithARunInFlightReachesTheCallerOnceTheRunIsDone: a panic or
+// runtime.Goexit under the pass while the next run is in flight (here an
+// Observer's, on the first page or a later one) reaches the caller once
+// that run is done, so that nothing of the pass writes after Pass ended.
+func TestPanicWithARunInFlightReachesTheCallerOnceTheRunIsDone(t *testing.T) {
 	t.Parallel()
-	kv, started, done := runsInFlight(t, 30, 2)
-	obs := &pageObserver{onPage: func(n int32) {
-		if n == 1 {
-			waitFor(t, started, "the second run, while the first is settled")
-			panic("observer")
-		}
-	}}
-	s, clock := newSweep(t, kv, Config{BatchSize: 10, Observer: obs})
-	clock.Advance(2 * time.Hour)
+	for _, tc := range []struct {
+		page int32
+		how  string
+	}{{1, "panic"}, {1, "Goexit"}, {2, "panic"}, {2, "Goexit"}} {
+		t.Run(fmt.Sprintf("page %d %s", tc.page, tc.how), func(t *testing.T) {
+			t.Parallel()
+			// The run in flight while page tc.page is observed waits a
+			// little for Pass to end before it commits.
+			kv, started, done := runsInFlight(t, 35, int(tc.page)+1)
+			passOver := make(chan struct{})
+			var committedAfter atomic.Bool
+			before := kv.before
+			kv.before = func(ctx context.Context, call int, ids []string, keys [][]byte) error {
+				err := before(ctx, call, ids, keys)
+				if call == int(tc.page)+1 {
+					select {
+					case <-passOver:
+						committedAfter.Store(true)
+					case <-time.After(200 * time.Millisecond):
+					}
+				}
+				return err
+			}
+			obs := &pageObserver{onPage: func(n int32) {
+				if n == tc.page {
+					waitFor(t, started, "the run in flight")
+					if tc.how == "panic" {
+						panic("observer")
+					}
+					runtime.Goexit()
+				}
+			}}
+			s, clock := newSweep(t, kv, Config{BatchSize: 10, Observer: obs})
+			clock.Advance(2 * time.Hour)
 
-	returned, panicked, _ := passOnGoroutine(s)
-	assert.False(t, returned)
-	assert.Equal(t, "observer", panicked)
+			hung, returned, panicked, _ := passWithin(s, 10*time.Second)
+			close(passOver)
+			require.False(t, hung, "Pass hung")
+			assert.False(t, returned)
+			if tc.how == "panic" {
+				assert.Equal(t, "observer", panicked)
+			}
+			waitFor(t, done, "the run in flight to end")
+			assert.False(t, committedAfter.Load(), "the run in flight committed after Pass ended")
+		})
+	}
+}
+
+// passWithin runs Pass on a goroutine of its own and reports how it ended,
+// or hung = true when it did not end within d (its goroutine then stays).
+func passWithin(s *Sweep, d time.Duration) (hung, returned bool, panicked any, err error) {
+	done := make(chan struct{})
+	var (
+		mu   sync.Mutex
+		ret  bool
+		pval any
+		perr error
+	)
+	go func() {
+		defer close(done)
+		defer func() {
+			r := recover()
+			mu.Lock()
+			pval = r
+			mu.Unlock()
+		}()
+		_, e := s.Pass(context.Background())
+		mu.Lock()
+		ret, perr = true, e
+		mu.Unlock()
+	}()
 	select {
 	case <-done:
-	default:
-		t.Error("Pass panicked before the run in flight was done")
+	case <-time.After(d):
+		return true, false, nil, nil
 	}
-	assert.Equal(t, int64(2), kv.runs.Load())
+	mu.Lock()
+	defer mu.Unlock()
+	return false, ret, pval, perr
+}
+
+// armedPanicClock is a ManualClock that panics on its first Now once armed.
+type armedPanicClock struct {
+	*ManualClock
+	armed atomic.Bool
+}
+
+func (c *armedPanicClock) Now() time.Time {
+	if c.armed.CompareAndSwap(true, false) {
+		panic("clock")
+	}
+	return c.ManualClock.Now()
+}
+
+// TestClockPanicAfterARunReachesTheCaller: a Clock that panics when read
+// just after a run committed must reach the caller of Pass (as a Clock's
+// panic anywhere else under the pass does). startRun reads the clock for
+// r.took on the run's guarded goroutine, which turns the Clock's panic
+// into a "ClearRun panicked" error: the pass returns nil, the run it
+// committed is counted Gone, not Cleared.
+func TestClockPanicAfterARunReachesTheCaller(t *testing.T) {
+	kv, _ := newRunKV(t, 5)
+	clock := &armedPanicClock{ManualClock: NewManualClock(t0)}
+	kv.after = func(call int, err error) error {
+		if call == 1 {
+			clock.armed.Store(true) // the next Now is r.took's, on the run's goroutine
+		}
+		return err
+	}
+	s, _ := newSweep(t, kv, Config{Clock: clock})
+	clock.Advance(2 * time.Hour)
+
+	var st Stats
+	var err error
+	panicked := func() (p any) {
+		defer func() { p = recover() }()
+		st, err = s.Pass(context.Background())
+		return nil
+	}()
+	assert.Equal(t, "clock", panicked, "the Clock's panic reaches the caller; got Stats %+v, err %v", st, err)
+	if panicked == nil {
+		assert.Equal(t, 5, st.Cleared, "the run this replica committed counts as cleared")
+		assert.Zero(t, st.PanickedCalls, "no ClearRun panicked")
+	}
+}
+
+// TestRunFailingFastIsNotCountedTimedOut: the run started ahead fails at
+// once while the sweep settles the last (a slow Observer, a slow Scan);
+// the run's ClearTimeout is only cancelled when the run is awaited, so by
+// then its deadline has passed and await calls the failure a timeout:
+// Stats.TimedOutCalls counts it, the error says "after ClearTimeout", and
+// adapt halves the batch.
+func TestRunFailingFastIsNotCountedTimedOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv, ids := newRunKV(t, 25)
+		kv.poison[ids[13]] = true // in the second run, which fails at once
+		obs := &pageObserver{onPage: func(n int32) {
+			if n == 1 {
+				time.Sleep(2 * time.Second) // the sweep is slow to settle the first
+			}
+		}}
+		s, clock := newSweep(t, kv, Config{BatchSize: 10, ClearTimeout: time.Second, Observer: obs})
+		clock.Advance(2 * time.Hour)
+
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 24, st.Cleared)
+		assert.Equal(t, 1, st.Failed)
+		assert.Zero(t, st.TimedOutCalls, "no call ran past ClearTimeout")
+		assert.Equal(t, 10, st.BatchSize, "no call was slow: the batch keeps its size")
+	})
+}
+
+// TestFailedIDWaitsForItsDelayWhenARunMeetsItsOtherMarker: an id whose
+// clear failed (its marker moved to the retry range) and that has another
+// marker further in the expired range is not sent again before its
+// RetryDelay when a run holds that marker and fails, as a whole or with a
+// BatchError for another id: the run's other ids go again without it, its
+// marker stays deferred, counted neither failed nor parked, and the next
+// passes read pages until its delay is over.
+func TestFailedIDWaitsForItsDelayWhenARunMeetsItsOtherMarker(t *testing.T) {
+	t.Parallel()
+	for _, refused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("BatchError %v", refused), func(t *testing.T) {
+			t.Parallel()
+			kv, ids := newRunKV(t, 20)
+			poison, heldID := ids[3], ids[17]
+			kv.poison[poison] = true
+			// Its other marker, in the second run of 10.
+			mark(t, kv.MemKV, "runs/", poison, t0.Add(15*time.Millisecond+500*time.Microsecond))
+			refuseHeld := refuse(map[string]error{heldID: Hold(t0.Add(3 * time.Hour))})
+			var asked atomic.Int32
+			kv.before = func(ctx context.Context, call int, batch []string, keys [][]byte) error {
+				if slices.Contains(batch, poison) {
+					asked.Add(1)
+				}
+				if refused {
+					return refuseHeld(ctx, call, batch, keys)
+				}
+				return nil
+			}
+			s, clock := newSweep(t, kv, Config{BatchSize: 10, PageSize: 10, RetryDelay: time.Minute, MaxAttempts: 2})
+			clock.Advance(2 * time.Hour)
+
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Failed, "%s failed once, then waits for its delay", poison)
+			assert.Equal(t, 1, st.Deferred, "its other marker")
+			assert.Zero(t, st.Parked)
+
+			clock.Advance(30 * time.Second)
+			before, runs := asked.Load(), kv.runs.Load()
+			st, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, st.Failed)
+			assert.Equal(t, before, asked.Load(), "%s asked again within its RetryDelay", poison)
+			assert.Equal(t, runs, kv.runs.Load(), "no run while its other marker waits in the range")
+		})
+	}
+}
+
+// TestAtMostOneRunInFlight: the run ahead is one call at a time (held).
+func TestAtMostOneRunInFlight(t *testing.T) {
+	kv, _ := newRunKV(t, 30)
+	var inFlight atomic.Int32
+	var most atomic.Int32
+	kv.before = func(_ context.Context, call int, _ []string, _ [][]byte) error {
+		n := inFlight.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+		inFlight.Add(-1)
+		return nil
+	}
+	s, clock := newSweep(t, kv, Config{BatchSize: 10})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 30, st.Cleared)
+	assert.LessOrEqual(t, most.Load(), int32(1), "at most one ClearRun at a time")
+}
+
+// fencedRunningView is a lease's view that fences its runs too, declaring
+// ClearRun and RunStore: the sweep takes runs through it.
+type fencedRunningView struct{ fencedRunView }
+
+func (f fencedRunningView) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	if err := f.guard(); err != nil {
+		return nil, err
+	}
+	return f.runKV.ClearRun(ctx, prefix, from, end, limit)
+}
+
+func (f fencedRunningView) RunStore() RunClearer { return f }
+
+type runningFencingLocker struct{ fencingLocker }
+
+type runningFencingLease struct{ *fakeLease }
+
+func (f *runningFencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	l, err := f.fakeLocker.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return runningFencingLease{l.(*fakeLease)}, nil
+}
+
+func (l runningFencingLease) Fence(kv KV) (KV, bool) {
+	r, ok := kv.(*runKV)
+	return fencedRunningView{fencedRunView{runKV: r, lease: l.fakeLease}}, ok
+}
+
+// TestRunAheadIsFencedWhenTheLeaseIsLostDuringTheSettle (held): the lease
+// passes to another replica while the sweep settles a run and the next is
+// already under way: that run's commit is refused by the fence, the pass
+// returns ErrLeaseLost, and Stats count only the first run.
+func TestRunAheadIsFencedWhenTheLeaseIsLostDuringTheSettle(t *testing.T) {
+	kv, _ := newRunKV(t, 30)
+	locker := &runningFencingLocker{}
+	obs := &pageObserver{onPage: func(n int32) {
+		if n == 1 {
+			locker.stealSilently() // the second run commits before or is refused
+		}
+	}}
+	s, clock := newSweep(t, kv, Config{BatchSize: 10, Lease: locker, Observer: obs})
+	clock.Advance(2 * time.Hour)
+	st, err := s.LeasedPass(context.Background())
+	t.Logf("Stats %+v, err %v, runs %d", st, err, kv.runs.Load())
+	assert.ErrorIs(t, err, ErrLeaseLost)
+	left := len(keysUnder(t, kv, "runs/"))
+	assert.Equal(t, 30-st.Cleared, left, "Stats.Cleared is what this replica deleted")
+	assert.GreaterOrEqual(t, left, 10, "no run after the one in flight at the loss")
 }
 
 // replyKV answers ClearRun with the keys reshape makes of the run it

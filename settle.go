@@ -114,6 +114,7 @@ func (s *Sweep) decide(p *passState, pl *pagePlan, keys [][]byte, items []item, 
 	case deferred:
 		st.Deferred++
 		s.noteRetry(p, s.retries.due(it.id))
+		s.retries.waits(s.retries.due(it.id)) // its marker stays in the range
 		if it.err != nil {
 			// A further marker of an id held in memory goes where the hold
 			// put the first (see markWaiting).
