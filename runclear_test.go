@@ -612,30 +612,13 @@ func (f fencedRunningView) ClearRun(ctx context.Context, prefix string, from, en
 
 func (f fencedRunningView) RunStore() RunClearer { return f }
 
-type runningFencingLocker struct{ fencingLocker }
-
-type runningFencingLease struct{ *fakeLease }
-
-func (f *runningFencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
-	l, err := f.fakeLocker.TryAcquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return runningFencingLease{l.(*fakeLease)}, nil
-}
-
-func (l runningFencingLease) Fence(kv KV) (KV, bool) {
-	r, ok := kv.(*runKV)
-	return fencedRunningView{fencedRunView{runKV: r, lease: l.fakeLease}}, ok
-}
-
 // TestRunAheadIsFencedWhenTheLeaseIsLostDuringTheSettle (held): the lease
 // passes to another replica while the sweep settles a run and the next is
 // already under way: that run's commit is refused by the fence, the pass
 // returns ErrLeaseLost, and Stats count only the first run.
 func TestRunAheadIsFencedWhenTheLeaseIsLostDuringTheSettle(t *testing.T) {
 	kv, _ := newRunKV(t, 30)
-	locker := &runningFencingLocker{}
+	locker := &runFencingLocker{runs: true}
 	obs := &pageObserver{onPage: func(n int32) {
 		if n == 1 {
 			locker.stealSilently() // the second run commits before or is refused
@@ -835,21 +818,33 @@ func (f fencedRunView) ClearAndDelete(ctx context.Context, ids []string, keys []
 	return f.runKV.ClearAndDelete(ctx, ids, keys)
 }
 
-type runFencingLocker struct{ fencingLocker }
+// runFencingLocker's leases fence a runKV: their view embeds it, and
+// declares ClearRun when runs is set.
+type runFencingLocker struct {
+	fencingLocker
+	runs bool
+}
 
-type runFencingLease struct{ *fakeLease }
+type runFencingLease struct {
+	*fakeLease
+	runs bool
+}
 
 func (f *runFencingLocker) TryAcquire(ctx context.Context) (Lease, error) {
 	l, err := f.fakeLocker.TryAcquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return runFencingLease{l.(*fakeLease)}, nil
+	return runFencingLease{l.(*fakeLease), f.runs}, nil
 }
 
 func (l runFencingLease) Fence(kv KV) (KV, bool) {
 	r, ok := kv.(*runKV)
-	return fencedRunView{runKV: r, lease: l.fakeLease}, ok
+	view := fencedRunView{runKV: r, lease: l.fakeLease}
+	if l.runs {
+		return fencedRunningView{view}, ok
+	}
+	return view, ok
 }
 
 // TestWrapperEmbeddingARunClearerTakesNoRuns: a wrapper or a fenced view
