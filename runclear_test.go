@@ -574,7 +574,7 @@ func TestFailedIDWaitsForItsDelayWhenARunMeetsItsOtherMarker(t *testing.T) {
 	}
 }
 
-// TestAtMostOneRunInFlight: the run ahead is one call at a time (held).
+// TestAtMostOneRunInFlight: the run ahead is one call at a time.
 func TestAtMostOneRunInFlight(t *testing.T) {
 	kv, _ := newRunKV(t, 30)
 	var inFlight atomic.Int32
@@ -612,7 +612,7 @@ func (f fencedRunningView) ClearRun(ctx context.Context, prefix string, from, en
 
 func (f fencedRunningView) RunStore() RunClearer { return f }
 
-// TestRunAheadIsFencedWhenTheLeaseIsLostDuringTheSettle (held): the lease
+// TestRunAheadIsFencedWhenTheLeaseIsLostDuringTheSettle: the lease
 // passes to another replica while the sweep settles a run and the next is
 // already under way: that run's commit is refused by the fence, the pass
 // returns ErrLeaseLost, and Stats count only the first run.
