@@ -79,6 +79,7 @@ const (
 	envTTL      = "LEASETEST_REPLICA_TTL"
 	envInterval = "LEASETEST_REPLICA_INTERVAL"
 	envFreeze   = "LEASETEST_REPLICA_FREEZE" // a flag file: the first replica to create it stops itself
+	envHold     = "LEASETEST_REPLICA_HOLD"   // a request file: the replica that removes it holds its next deletion
 )
 
 // Replica timing: a busy holder deletes a page of 10 markers about every
@@ -89,7 +90,8 @@ const (
 	procClear    = 2 * time.Millisecond
 	procInterval = 250 * time.Millisecond
 	procMarkers  = 20_000
-	freezeAfter  = 5 // deletions a replica of Frozen makes before it stops itself in the next
+	freezeAfter  = 5                // deletions a replica of Frozen makes before it stops itself in the next
+	holdLimit    = 30 * time.Second // the longest a replica holds a deletion for a test that went away
 )
 
 // ReplicaMain runs this process as a replica of the process proofs when the
@@ -130,7 +132,7 @@ func runReplica(connect ConnectFunc, logPath string) error {
 		return err
 	}
 	defer closeStore()
-	ll := &loggingLocker{Locker: locker, log: log, freeze: os.Getenv(envFreeze)}
+	ll := &loggingLocker{Locker: locker, log: log, freeze: os.Getenv(envFreeze), hold: os.Getenv(envHold)}
 	cfg := retention.Config{
 		Prefix:    procPrefix,
 		Retention: time.Millisecond, // every marker is long expired
@@ -194,6 +196,7 @@ type loggingLocker struct {
 
 	freeze  string // see envFreeze
 	deletes atomic.Int64
+	hold    string // see envHold
 }
 
 func (l *loggingLocker) TryAcquire(ctx context.Context) (retention.Lease, error) {
@@ -341,6 +344,12 @@ func (k *loggingKV) logged(ctx context.Context, kind string, n int, del func(con
 		lease = k.locker.seq.Load()
 	}
 	op := deleteSeq.Add(1)
+	if k.locker.maybeHold(lease) {
+		// Held where the pass has looked at its lease for the last time
+		// and is about to write: past the hold, only the store can refuse
+		// the write, as after maybeFreeze.
+		ctx = context.WithoutCancel(ctx)
+	}
 	k.locker.log.add("delete-start", op, lease, n, kind)
 	if k.locker.maybeFreeze(op, kind) {
 		// Stopped as if past every client-side look at the lease, the
@@ -388,6 +397,31 @@ func (l *loggingLocker) maybeFreeze(op int64, kind string) bool {
 	return true
 }
 
+// maybeHold, when the test asked for it and no other replica took the
+// request, holds a deletion before it starts until the test says go, and
+// reports whether it did: the test takes the lease away meanwhile, so that
+// the deletion starts after another holder took the lease while the pass
+// still believes it holds it. It says it holds with the file hold+".held"
+// (after logging "hold lease"), and waits for hold+".go", which it
+// removes.
+func (l *loggingLocker) maybeHold(lease int64) bool {
+	if l.hold == "" || os.Remove(l.hold) != nil {
+		return false
+	}
+	l.log.add("hold", lease)
+	if err := os.WriteFile(l.hold+".held", nil, 0o644); err != nil {
+		l.log.add("hold-err", err)
+		return false
+	}
+	for deadline := time.Now().Add(holdLimit); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if os.Remove(l.hold+".go") == nil {
+			break
+		}
+	}
+	l.log.add("go")
+	return true
+}
+
 // RunProcesses runs the proofs with replicas as separate processes against
 // the engine's real server, each as a subtest. Each replica logs, with
 // timestamps, when it tried for the lease and got it, and when each
@@ -399,8 +433,10 @@ func (l *loggingLocker) maybeFreeze(op int64, kind string) bool {
 //   - TakenAwayWhileBusy: two replicas; while the holder deletes a page
 //     every ~20ms, its lease is taken away from outside (Engine.TakeAway)
 //     and taken at once by a new holder in the test process, which keeps
-//     it for a TTL; no Delete of the old holder that started after the new
-//     holder's TryAcquire returned may succeed.
+//     it for a TTL. The holder's next Delete waits meanwhile, past its
+//     pass's last look at the lease, and starts once the new holder's
+//     TryAcquire returned: no Delete of the old holder that started after
+//     that may succeed, and there must be one.
 //   - HostCrash: three replicas, each through its own proxy; the holder's
 //     proxy turns into a black hole (connections stay open, nothing gets
 //     through) and the holder is then SIGKILLed; another replica must take
@@ -665,6 +701,58 @@ func (f *procFleet) overlap(i int, lease int64, after time.Time) overlap {
 	return o
 }
 
+// holdNext asks the replicas to hold their next deletion (see maybeHold)
+// and waits until one, the holder, does; it returns that replica and the
+// lease the deletion is made under. The hold ends with resume.
+func (f *procFleet) holdNext(hold string, limit time.Duration) (int, int64) {
+	f.t.Helper()
+	deadline := time.Now().Add(limit)
+	// The last hold's go must be taken before a new request, which would
+	// otherwise find it and not hold.
+	for exists(hold + ".go") {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("no replica took the word to end its hold within %v", limit)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := os.Remove(hold + ".held"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		f.t.Fatal(err)
+	}
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	for !exists(hold + ".held") {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("no replica held a deletion within %v", limit)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	who, lease, at := -1, int64(0), time.Time{}
+	for i := range f.procs {
+		for _, e := range f.events(i) {
+			if e.name == "hold" && e.at.After(at) {
+				who, lease, at = i, e.int(0), e.at
+			}
+		}
+	}
+	if who < 0 {
+		f.t.Fatal("a replica held a deletion but logged no hold")
+	}
+	return who, lease
+}
+
+// resume ends the hold of holdNext.
+func (f *procFleet) resume(hold string) {
+	if err := os.WriteFile(hold+".go", nil, 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 // deletedAfter counts replica i's deletions that started after t and
 // deleted markers: a run that found none is no progress.
 func (f *procFleet) deletedAfter(i int, t time.Time) int {
@@ -719,8 +807,9 @@ const startLimit = 30 * time.Second
 
 func testTakenAway(t *testing.T, e Engine) {
 	f := newProcFleet(t, e)
-	f.start()
-	f.start()
+	hold := filepath.Join(f.dir, "hold")
+	f.start(envHold + "=" + hold)
+	f.start(envHold + "=" + hold)
 	// The new holder is a thief in this process, so that it can take the
 	// lease the moment it is free, before the old holder could notice and
 	// take it back.
@@ -738,18 +827,25 @@ func testTakenAway(t *testing.T, e Engine) {
 		stolen   retention.Lease
 	)
 	for attempt := 1; ; attempt++ {
-		old, lease = f.holder(startLimit)
+		f.holder(startLimit)
+		// The holder's next deletion waits while the lease is taken away
+		// and taken, and then starts while its pass still believes it
+		// holds the lease: only the fence can refuse it. Left to run, the
+		// holder mostly learns of the loss from a write refused before the
+		// thief's TryAcquire returns, and the proof checks nothing.
+		old, lease = f.holdNext(hold, startLimit)
 		takenAt = time.Now()
 		e.TakeAway(t, f.store)
 		stolen, err = thief.TryAcquire(ctx)
 		acquired = time.Now()
+		f.resume(hold)
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, retention.ErrLeaseHeld) || attempt == 5 {
 			t.Fatalf("the thief's TryAcquire right after taking the lease away = %v (attempt %d)", err, attempt)
 		}
-		// The old holder noticed and took the lease back first; try again.
+		// The other replica took the lease first; try again.
 	}
 	released := false
 	defer func() {
@@ -770,8 +866,12 @@ func testTakenAway(t *testing.T, e Engine) {
 	o := f.overlap(old, lease, acquired)
 	t.Logf("lease taken away from replica %d and acquired by another holder %v later; the old holder noticed %v after that",
 		old, acquired.Sub(takenAt).Round(time.Millisecond), since(o.lost, acquired))
-	t.Logf("old holder's Deletes started after the new holder acquired the lease: %d succeeded, %d refused by the fence, %d failed otherwise (%d of them runs)",
-		o.succeeded, o.refused, o.failed, o.runs)
+	checked := o.succeeded + o.refused + o.failed
+	t.Logf("old holder's Deletes started after the new holder acquired the lease: %d checked, %d succeeded, %d refused by the fence, %d failed otherwise (%d of them runs)",
+		checked, o.succeeded, o.refused, o.failed, o.runs)
+	if checked == 0 {
+		t.Errorf("no Delete of the old holder started after the new holder acquired the lease, want the one it held: the proof checked nothing")
+	}
 	if o.succeeded != 0 {
 		t.Errorf("%d Deletes of the old holder that started after the new holder acquired the lease succeeded, want 0", o.succeeded)
 	}

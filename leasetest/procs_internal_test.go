@@ -184,3 +184,49 @@ func TestFencedViewOfLoggedRunClearerTakesRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldDeletionStartsAfterGo: a replica asked to hold (envHold) holds
+// its next deletion before it starts, says so, and starts it only on the
+// test's word, with a context the lease's loss no longer cancels; the
+// request is taken once.
+func TestHeldDeletionStartsAfterGo(t *testing.T) {
+	rc := newMemRuns(t, 20)
+	l, lines := newLogLocker(t)
+	l.hold = filepath.Join(t.TempDir(), "hold")
+	if err := os.WriteFile(l.hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kv := logKV(rc, l, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Delete(ctx, []byte("a")) }()
+	for !exists(l.hold + ".held") {
+		time.Sleep(time.Millisecond)
+	}
+	for _, line := range lines() {
+		if f := strings.Fields(line); f[1] == "delete-start" {
+			t.Errorf("log line %q before the word to go, want none", line)
+		}
+	}
+	cancel() // the pass learns of the loss during the hold
+	if err := os.WriteFile(l.hold+".go", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("held Delete = %v, want nil: past the hold only the store may refuse it", err)
+	}
+	if err := kv.Delete(context.Background(), []byte("b")); err != nil {
+		t.Errorf("next Delete = %v, want nil", err)
+	}
+	var got []string
+	for _, line := range lines() {
+		got = append(got, strings.Fields(line)[1])
+	}
+	want := "hold go delete-start delete-ok delete-start delete-ok"
+	if strings.Join(got, " ") != want {
+		t.Errorf("log events %q, want %q", got, want)
+	}
+	if exists(l.hold + ".go") {
+		t.Error("the word to go is left, want it taken")
+	}
+}
