@@ -262,11 +262,12 @@ func (s *Sweep) guarded(ctx context.Context, call func(context.Context) error) e
 	return s.await(ctx, s.goGuarded(ctx, call))
 }
 
-// guardedCall is a call of guarded in flight.
+// guardedCall is a call of guarded in flight. Its goroutine cancels cctx
+// once the call is over, so that cctx tells whether ClearTimeout ran out
+// during the call.
 type guardedCall struct {
-	cctx   context.Context
-	cancel context.CancelFunc
-	done   chan error
+	cctx context.Context
+	done chan error
 }
 
 // goGuarded starts call as guarded does; await waits for its error.
@@ -291,11 +292,10 @@ func (s *Sweep) goGuarded(ctx context.Context, call func(context.Context) error)
 		cancel()
 		done <- err
 	}()
-	return guardedCall{cctx: cctx, cancel: cancel, done: done}
+	return guardedCall{cctx: cctx, done: done}
 }
 
 func (s *Sweep) await(ctx context.Context, g guardedCall) error {
-	defer g.cancel()
 	err := <-g.done
 	if err != nil {
 		if _, perr := errorPanics(err); perr != nil {
