@@ -31,13 +31,10 @@ func testSweepDryRun(t *testing.T, s Store) {
 		if i%5 == 0 {
 			at = now.Add(-time.Hour + time.Duration(i+1)*time.Second) // within it
 		}
-		key, err := retention.MarkerKey(prefix, at, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		put(t, s, string(key))
+		key := markerKey(t, prefix, at, id)
+		put(t, s, key)
 		if i%5 != 0 {
-			due, dueKeys[string(key)] = append(due, id), true
+			due, dueKeys[key] = append(due, id), true
 		}
 	}
 	// Deadlines of their own, whatever the Retention: one passed a minute

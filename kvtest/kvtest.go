@@ -129,6 +129,16 @@ func ctxFor(t *testing.T) context.Context {
 	return ctx
 }
 
+// markerKey returns the marker key of id at at under prefix.
+func markerKey(t *testing.T, prefix string, at time.Time, id string) string {
+	t.Helper()
+	key, err := retention.MarkerKey(prefix, at, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(key)
+}
+
 func put(t *testing.T, s Store, keys ...string) {
 	t.Helper()
 	ctx := ctxFor(t)
@@ -442,11 +452,7 @@ func testSweep(t *testing.T, s Store) {
 		} else {
 			expired = append(expired, id)
 		}
-		key, err := retention.MarkerKey(prefix, at, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		put(t, s, string(key))
+		put(t, s, markerKey(t, prefix, at, id))
 	}
 	put(t, s, "sweep2/00000000000000000001/other", "swee")
 	var mu sync.Mutex
@@ -496,11 +502,7 @@ func testSweepRetries(t *testing.T, s Store) {
 		if i%4 == 0 {
 			failing[id] = true
 		}
-		key, err := retention.MarkerKey(prefix, now.Add(-2*time.Hour+time.Duration(i)*time.Millisecond), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		put(t, s, string(key))
+		put(t, s, markerKey(t, prefix, now.Add(-2*time.Hour+time.Duration(i)*time.Millisecond), id))
 	}
 	foreign := []string{"retry/0042/state", "retry/00000000000000000001/", "retry/99999999999999999999x"}
 	put(t, s, foreign...)
@@ -627,11 +629,7 @@ func testSweepBacklog(t *testing.T, s Store) {
 		if i >= 40 {
 			at = now.Add(-time.Hour + time.Duration(i)*time.Second) // not due yet
 		}
-		key, err := retention.MarkerKey(prefix, at, fmt.Sprintf("e%03d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		put(t, s, string(key))
+		put(t, s, markerKey(t, prefix, at, fmt.Sprintf("e%03d", i)))
 	}
 	// A foreign key in front of the markers, and keys of other prefixes.
 	put(t, s, prefix+"0000000000/foreign", "backlog0/00000000000000000001/other", "backlo")
