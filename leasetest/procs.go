@@ -387,10 +387,7 @@ func (l *loggingLocker) maybeFreeze(op int64, kind string) bool {
 	// The stop lands on all threads a moment later, not necessarily before
 	// Kill returns: wait for the test's word that it resumed us, so that the
 	// Delete cannot be on the wire while the process is stopped.
-	for {
-		if _, err := os.Stat(l.freeze + ".resumed"); err == nil {
-			break
-		}
+	for !exists(l.freeze + ".resumed") {
 		time.Sleep(time.Millisecond)
 	}
 	l.log.add("resume")
@@ -707,26 +704,24 @@ func (f *procFleet) overlap(i int, lease int64, after time.Time) overlap {
 func (f *procFleet) holdNext(hold string, limit time.Duration) (int, int64) {
 	f.t.Helper()
 	deadline := time.Now().Add(limit)
+	waitFor := func(path string, want bool, failure string) {
+		for exists(path) != want {
+			if time.Now().After(deadline) {
+				f.t.Fatalf("%s within %v", failure, limit)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 	// The last hold's go must be taken before a new request, which would
 	// otherwise find it and not hold.
-	for exists(hold + ".go") {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("no replica took the word to end its hold within %v", limit)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(hold+".go", false, "no replica took the word to end its hold")
 	if err := os.Remove(hold + ".held"); err != nil && !errors.Is(err, os.ErrNotExist) {
 		f.t.Fatal(err)
 	}
 	if err := os.WriteFile(hold, nil, 0o644); err != nil {
 		f.t.Fatal(err)
 	}
-	for !exists(hold + ".held") {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("no replica held a deletion within %v", limit)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(hold+".held", true, "no replica held a deletion")
 	who, lease, at := -1, int64(0), time.Time{}
 	for i := range f.procs {
 		for _, e := range f.events(i) {
