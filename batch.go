@@ -82,7 +82,7 @@ func (s *Sweep) clearBatches(ctx context.Context, p *passState, keys [][]byte, i
 // failed before, most likely a poison id, goes alone: in a batch it would
 // fail the batch and cost a bisection every time.
 func (s *Sweep) batching(ctx context.Context, p *passState, keys [][]byte, items []item, cd ClearDeleter) *batching {
-	var todo, alone []int
+	todo, alone := make([]int, 0, len(items)), []int(nil)
 	for i := range items {
 		if items[i].out == pending {
 			if items[i].attempts > 0 || s.retries.failures(items[i].id) > 0 {

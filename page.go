@@ -119,7 +119,6 @@ func (s *Sweep) parsePage(p *passState, keys [][]byte) []item {
 		it.lo = int32(len(ids))
 		if it.out == pending {
 			ids = append(ids, id...)
-			it.hash = s.seen.hash(id)
 		}
 		it.hi = int32(len(ids))
 	}
@@ -191,7 +190,10 @@ func (s *Sweep) retryLag(k retryKey) int64 {
 // checks it by Config.ValidateID, and marks each further marker of an id a
 // duplicate of the page's first.
 func (s *Sweep) nameIDs(keys [][]byte, items []item, all string) {
-	s.seen.startPage(len(items))
+	if s.seen == nil {
+		s.seen = seenIDs{}
+	}
+	clear(s.seen)
 	for i := range items {
 		it := &items[i]
 		if it.out != pending {
@@ -208,9 +210,7 @@ func (s *Sweep) nameIDs(keys [][]byte, items []item, all string) {
 				continue
 			}
 		}
-		if !s.seen.claim(it.hash, i) {
-			s.seen.probe(items, i)
-		}
+		s.seen.see(items, i)
 	}
 }
 
@@ -228,8 +228,7 @@ type item struct {
 	primary, next int32
 	attempts      int32 // failed attempts the key records (retry range)
 	out           outcome
-	withDups      bool   // cleared by a ClearDeleter's call that deleted its duplicates too
-	kind          byte   // a retry-range key's kind: keyDeadline and keyHeld flags
-	hash          uint32 // of the id, for the pass's seenIDs
-	doneAt        int64  // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
+	withDups      bool  // cleared by a ClearDeleter's call that deleted its duplicates too
+	kind          byte  // a retry-range key's kind: keyDeadline and keyHeld flags
+	doneAt        int64 // when a ClearDeleter's call cleared it, Unix ns by the sweep's Clock, or 0
 }

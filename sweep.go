@@ -165,7 +165,6 @@ func (s *Sweep) pass(ctx context.Context, kv KV, fence Fencer) (st Stats, err er
 	if !s.dryRun { // a dry run writes nothing: no Move (nor Delete, see delete)
 		p.mover, _ = kv.(Mover)
 	}
-	s.seen.reset()
 	p.cutoffMs = cutoffMillis(p.cutoff)
 	defer func() {
 		if p.clearing != nil {
