@@ -119,10 +119,8 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	if errors.Is(err, ErrMalformedMarker) {
 		return nil, 0, nil, nil // refused, changing nothing: the page sorts the keys out
 	}
-	if bad := badRun(keys, r.from, end, limit); bad != "" {
-		// Nothing the store said can be trusted, nor what it did.
-		s.noRuns = true
-		return nil, limit, nil, fmt.Errorf("retention: ClearRun of a %T broke its contract: %s; the sweep reads pages from now on", r.rc, bad)
+	if bad := badRun(keys, r.from, end, limit, false); bad != "" {
+		return nil, limit, nil, s.brokenRun(r, bad)
 	}
 	ferr := checkFenced(r.mark, p.kv, "ClearRun")
 	if len(keys) == 0 {
@@ -151,6 +149,12 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 			}()
 		}
 	}
+	// The keys between the first and the last are checked while the store
+	// clears the next run: 10,000 comparisons would keep it waiting.
+	if bad := badRun(keys, r.from, end, limit, true); bad != "" {
+		settled = true // the caller settles next
+		return nil, limit, next, s.brokenRun(r, bad)
+	}
 	// Not preparePage: the store took the run whatever waits in memory; a
 	// failed run's ids that wait are deferred before the rest go again.
 	items := s.parsePage(p, keys)
@@ -170,18 +174,31 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	return keys, limit, next, err
 }
 
-// badRun says how the keys a ClearRun returned break its contract, or "".
-func badRun(keys [][]byte, from, end []byte, limit int) string {
+// badRun says how the keys a ClearRun returned break its contract, or "":
+// too many, the first or the last outside [from, end), or, when all is
+// set, two out of order (ascending, all lie between the first and last).
+func badRun(keys [][]byte, from, end []byte, limit int, all bool) string {
 	if len(keys) > limit {
 		return fmt.Sprintf("%d keys returned for a limit of %d", len(keys), limit)
 	}
-	for i, key := range keys {
-		switch {
-		case bytes.Compare(key, from) < 0 || bytes.Compare(key, end) >= 0:
-			return fmt.Sprintf("key %q returned outside [%q, %q)", key, from, end)
-		case i > 0 && bytes.Compare(keys[i-1], key) >= 0:
-			return fmt.Sprintf("keys returned out of order: %q after %q", key, keys[i-1])
+	if n := len(keys); n > 0 {
+		for _, key := range [][]byte{keys[0], keys[n-1]} {
+			if bytes.Compare(key, from) < 0 || bytes.Compare(key, end) >= 0 {
+				return fmt.Sprintf("key %q returned outside [%q, %q)", key, from, end)
+			}
+		}
+	}
+	for i := 1; all && i < len(keys); i++ {
+		if bytes.Compare(keys[i-1], keys[i]) >= 0 {
+			return fmt.Sprintf("keys returned out of order: %q after %q", keys[i], keys[i-1])
 		}
 	}
 	return ""
+}
+
+// brokenRun stops runs after r broke the contract (bad says how): nothing
+// the store said can be trusted, nor what it did.
+func (s *Sweep) brokenRun(r *run, bad string) error {
+	s.noRuns = true
+	return fmt.Errorf("retention: ClearRun of a %T broke its contract: %s; the sweep reads pages from now on", r.rc, bad)
 }

@@ -694,6 +694,47 @@ func TestRunReplyBreakingTheContractFailsThePass(t *testing.T) {
 	}
 }
 
+// swappedKV is a runKV whose first run clears its markers but returns
+// their keys with the middle two swapped.
+type swappedKV struct{ *runKV }
+
+func (z swappedKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	keys, err := z.runKV.ClearRun(ctx, prefix, from, end, limit)
+	if z.runs.Load() == 1 && len(keys) == 4 {
+		keys[1], keys[2] = keys[2], keys[1]
+	}
+	return keys, err
+}
+
+// RunStore implements RunClearer.
+func (z swappedKV) RunStore() RunClearer { return z }
+
+// TestRunOutOfOrderFoundWhileTheNextRunIsInFlight: the keys of a run
+// that took all it was asked for are checked in order once the next run
+// has started; keys out of order fail the pass naming the store's fault,
+// the run in flight is settled (nothing of it is lost from Stats), and the
+// sweep reads pages from then on.
+func TestRunOutOfOrderFoundWhileTheNextRunIsInFlight(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 10)
+	s, clock := newSweep(t, swappedKV{kv}, Config{BatchSize: 4})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(context.Background())
+	require.ErrorContains(t, err, "broke its contract")
+	assert.ErrorContains(t, err, "out of order")
+	assert.Equal(t, int64(2), kv.runs.Load(), "runs: the bad one and the one in flight")
+	assert.Equal(t, 4, st.Cleared, "the run in flight, settled")
+	assert.Len(t, keysUnder(t, kv, "runs/"), 2, "markers left: neither run's")
+
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), kv.runs.Load(), "runs after the broken one")
+	assert.Equal(t, 2, st.Cleared)
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+}
+
 // TestRunsWaitOnlyForIDsLeftInTheRange: after a failed clear whose marker
 // was moved to the retry range, runs go on; when the Move failed, the
 // marker stays in the range and runs stop until its delay is over (its
