@@ -18,7 +18,10 @@ import (
 //     unexpired markers wait, reported per pass; with a store that scans a
 //     range in O(log n + page) the two cost the same.
 //
-// Each sub-benchmark gets a fresh store. Filling it is not timed.
+// A store whose KV is a retention.ClearDeleter clears as a Sweep over it
+// would: with its own clear (Config.Clear stays nil), and by runs when it
+// is a retention.RunClearer and the concurrency is 1. Each sub-benchmark
+// gets a fresh store. Filling it is not timed.
 func Benchmark(b *testing.B, newStore Factory) {
 	for _, page := range []int{256, 1024} {
 		for _, conc := range []int{1, 16} {
@@ -39,11 +42,7 @@ var benchNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
 func benchClear(b *testing.B, s Store, page, conc int) {
 	ctx := context.Background()
-	sw, err := retention.New(s.KV, retention.Config{
-		Prefix: "bench/", Retention: time.Hour, PageSize: page, Concurrency: conc,
-		Clock: retention.NewManualClock(benchNow),
-		Clear: func(context.Context, string) error { return nil },
-	})
+	sw, err := retention.New(s.KV, benchConfig(s, retention.Config{PageSize: page, Concurrency: conc}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -64,11 +63,7 @@ func benchClear(b *testing.B, s Store, page, conc int) {
 func benchIdle(b *testing.B, s Store, n int) {
 	ctx := context.Background()
 	fillMarkers(b, s, n, benchNow)
-	sw, err := retention.New(s.KV, retention.Config{
-		Prefix: "bench/", Retention: time.Hour,
-		Clock: retention.NewManualClock(benchNow),
-		Clear: func(context.Context, string) error { return nil },
-	})
+	sw, err := retention.New(s.KV, benchConfig(s, retention.Config{}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -82,6 +77,16 @@ func benchIdle(b *testing.B, s Store, n int) {
 		scanned += st.Scanned
 	}
 	b.ReportMetric(float64(scanned)/float64(b.N), "keys/op")
+}
+
+// benchConfig completes cfg for a Sweep of Benchmark over s: a no-op Clear,
+// unless s's KV clears itself (a ClearDeleter).
+func benchConfig(s Store, cfg retention.Config) retention.Config {
+	cfg.Prefix, cfg.Retention, cfg.Clock = "bench/", time.Hour, retention.NewManualClock(benchNow)
+	if _, ok := s.KV.(retention.ClearDeleter); !ok {
+		cfg.Clear = func(context.Context, string) error { return nil }
+	}
+	return cfg
 }
 
 // fillMarkers writes n markers a millisecond apart from start.

@@ -5,11 +5,13 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -441,4 +443,52 @@ func (k runIgnoresCtx) RunStore() retention.RunClearer { return k }
 
 func BenchmarkMemKV(b *testing.B) {
 	kvtest.Benchmark(b, memStore)
+}
+
+func BenchmarkRunMem(b *testing.B) {
+	kvtest.Benchmark(b, func(testing.TB) kvtest.Store { return runMemStore(&countedRuns{}) })
+}
+
+// countedRuns is a runMem that counts its calls.
+type countedRuns struct {
+	runMem
+	runs, clears *atomic.Int64
+}
+
+func (k countedRuns) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	k.clears.Add(1)
+	return k.runMem.ClearAndDelete(ctx, ids, keys)
+}
+
+func (k countedRuns) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	k.runs.Add(1)
+	return k.runMem.ClearRun(ctx, prefix, from, end, limit)
+}
+
+func (k countedRuns) RunStore() retention.RunClearer { return k }
+
+// runMemStore returns a Store over a new countedRuns that counts into c.
+func runMemStore(c *countedRuns) kvtest.Store {
+	if c.runs == nil {
+		c.runs, c.clears = new(atomic.Int64), new(atomic.Int64)
+	}
+	m := retention.NewMemKV()
+	c.runMem = newRunMem(m)
+	return kvtest.Store{KV: *c, Put: func(ctx context.Context, key []byte) error { return m.Put(ctx, key, nil) }}
+}
+
+// TestBenchmarkClearsThroughAClearDeleter: Benchmark over a store that
+// clears itself sets no Clear (which New refuses beside a ClearDeleter):
+// its passes clear by runs at concurrency 1, and by ClearAndDelete at 16.
+func TestBenchmarkClearsThroughAClearDeleter(t *testing.T) {
+	require.NoError(t, flag.Set("test.benchtime", "1x"))
+	t.Cleanup(func() { _ = flag.Set("test.benchtime", "1s") })
+	var c countedRuns
+	res := testing.Benchmark(func(b *testing.B) {
+		kvtest.Benchmark(b, func(testing.TB) kvtest.Store { return runMemStore(&c) })
+	})
+	require.NotZero(t, res.N, "the benchmark failed")
+	require.NotNil(t, c.runs)
+	require.Positive(t, c.runs.Load(), "ClearRun calls")
+	require.Positive(t, c.clears.Load(), "ClearAndDelete calls")
 }

@@ -82,16 +82,29 @@ func TestConformance(t *testing.T) {
 func TestConformanceAtomicKV(t *testing.T) {
 	for _, form := range runForms {
 		t.Run(form.name, func(t *testing.T) {
-			kvtest.Run(t, func(t testing.TB) kvtest.Store {
-				kv, akv, _, _, _ := newRunKVOf(t, connect(t), form.stmt)
-				return kvtest.Store{KV: akv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
-			})
+			kvtest.Run(t, atomicStore(form.stmt))
 		})
+	}
+}
+
+// atomicStore returns a kvtest.Factory of AtomicKVs of WithClearSQL(stmt).
+func atomicStore(stmt func(jobs string) string) kvtest.Factory {
+	return func(t testing.TB) kvtest.Store {
+		kv, akv, _, _, _ := newRunKVOf(t, connect(t), stmt)
+		return kvtest.Store{KV: akv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
 	}
 }
 
 func BenchmarkSweep(b *testing.B) {
 	kvtest.Benchmark(b, newStore)
+}
+
+// BenchmarkSweepAtomic is BenchmarkSweep over an AtomicKV of WithClearSQL
+// in each form of run: runs at concurrency 1, ClearAndDelete at 16.
+func BenchmarkSweepAtomic(b *testing.B) {
+	for _, form := range runForms {
+		b.Run(form.name, func(b *testing.B) { kvtest.Benchmark(b, atomicStore(form.stmt)) })
+	}
 }
 
 func TestTableNames(t *testing.T) {

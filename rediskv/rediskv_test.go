@@ -69,14 +69,23 @@ func TestConformance(t *testing.T) {
 // WithStateKeys, a retention.RunClearer: it checks ClearRun's members;
 // the tests of atomic_test.go check its state keys.
 func TestConformanceAtomicKV(t *testing.T) {
-	kvtest.Run(t, func(t testing.TB) kvtest.Store {
-		r := newRunSet(t)
-		return kvtest.Store{KV: r.akv, Put: func(ctx context.Context, k []byte) error { return r.kv.Put(ctx, k, nil) }}
-	})
+	kvtest.Run(t, newAtomicStore)
+}
+
+// newAtomicStore is a kvtest.Store over an AtomicKV of WithStateKeys.
+func newAtomicStore(t testing.TB) kvtest.Store {
+	r := newRunSet(t)
+	return kvtest.Store{KV: r.akv, Put: func(ctx context.Context, k []byte) error { return r.kv.Put(ctx, k, nil) }}
 }
 
 func BenchmarkSweep(b *testing.B) {
 	kvtest.Benchmark(b, newStore)
+}
+
+// BenchmarkSweepAtomic is BenchmarkSweep over an AtomicKV of WithStateKeys:
+// runs at concurrency 1, ClearAndDelete at 16.
+func BenchmarkSweepAtomic(b *testing.B) {
+	kvtest.Benchmark(b, newAtomicStore)
 }
 
 func TestNew(t *testing.T) {

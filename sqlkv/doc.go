@@ -24,6 +24,12 @@
 //
 // Each batch is a call and a transaction of its own: give a sweep over a
 // KV a Config.PageSize that Config.BatchSize divides (the defaults do).
+// Each call takes a connection of the *sql.DB, which keeps two idle ones
+// unless told otherwise: with Config.Concurrency above 2, call
+// SetMaxIdleConns with Concurrency plus one (plus one more for a Locker),
+// or every call beyond the second opens a connection of its own. On
+// PostgreSQL that made a pass over 10,000 markers with pages of 1,024 and
+// Concurrency 8 take 1.7 s instead of 0.2 s.
 //
 // When the entities live in the same database, KV.WithClear makes an
 // AtomicKV, which clears them in the *sql.Tx that deletes their markers,
