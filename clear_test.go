@@ -667,3 +667,46 @@ func TestLeasedPassWithGoexitingClear(t *testing.T) {
 		})
 	}
 }
+
+// TestClearGoexitOnAnIDWithDuplicates: a Clear of an id with duplicates
+// on its page that calls runtime.Goexit is settled as a failed clear (its
+// markers kept, one retry key), as one that returns an error is; the page
+// after it still finds its own duplicates.
+func TestClearGoexitOnAnIDWithDuplicates(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"error", "Goexit"} {
+		for _, conc := range []int{1, 3} {
+			t.Run(fmt.Sprint(how, conc), func(t *testing.T) {
+				t.Parallel()
+				mem := NewMemKV()
+				calls := newClears()
+				clear := func(ctx context.Context, id string) error {
+					_ = calls.clear(ctx, id)
+					if id == "x" && calls.count("x") == 1 {
+						if how == "Goexit" {
+							runtime.Goexit()
+						}
+						return errBoom
+					}
+					return nil
+				}
+				s, clock := newSweep(t, mem, Config{Clear: clear, PageSize: 6, Concurrency: conc})
+				for i, id := range []string{"x", "y", "x", "z", "x", "y", "y" /* page 2 from here */, "w", "y", "x"} {
+					mark(t, mem, "runs/", id, t0.Add(time.Duration(i)*time.Millisecond))
+				}
+				clock.Set(t0.Add(2 * time.Hour))
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				t.Logf("%+v; left %v", st, keysUnder(t, mem, "runs/"))
+				assert.Equal(t, 1, st.Failed)
+				assert.Equal(t, 2, calls.count("y"), "y once a page")
+				assert.Equal(t, 1, calls.count("z"))
+				assert.Equal(t, 1, calls.count("w"))
+				assert.Equal(t, 1+3, st.Duplicates, "page 1: y once and x's (with the failed first) twice; page 2: y once")
+				// x's marker on page 2 waits for x's retry delay.
+				assert.Equal(t, 1, calls.count("x"))
+				assert.Equal(t, 1, st.Deferred)
+			})
+		}
+	}
+}

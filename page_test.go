@@ -3,6 +3,7 @@ package retention
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -315,4 +316,138 @@ func TestDuplicateOfFailedIDKeepsOne(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Cleared)
 	assert.Zero(t, mem.Len())
+}
+
+// checkDedupe checks items against a plain model of a page's duplicates:
+// the first pending marker of an id is its primary, each later pending
+// marker of it a duplicate whose primary is that first, chained through
+// next in page order; no other item is linked.
+func checkDedupe(t *testing.T, keys [][]byte, items []item, pendingBefore []bool, ids []string) {
+	t.Helper()
+	first := map[string]int{}
+	last := map[string]int{}
+	for i := range items {
+		it := &items[i]
+		if !pendingBefore[i] {
+			assert.NotEqual(t, duplicate, it.out, "item %d (%q): not pending, made a duplicate", i, keys[i])
+			assert.Zero(t, it.next, "item %d (%q): not pending, chained", i, keys[i])
+			continue
+		}
+		id := ids[i]
+		require.Equal(t, id, it.id, "item %d id", i)
+		j, seen := first[id]
+		if !seen {
+			first[id], last[id] = i, i
+			assert.NotEqual(t, duplicate, it.out, "item %d (%q): the first of id %q made a duplicate", i, keys[i], id)
+			continue
+		}
+		assert.Equal(t, duplicate, it.out, "item %d (%q): a second marker of id %q not a duplicate", i, keys[i], id)
+		assert.Equal(t, int32(j), it.primary, "item %d: primary", i)
+		assert.Equal(t, int32(i)+1, items[last[id]].next, "item %d: chained after item %d", i, last[id])
+		last[id] = i
+	}
+	for id, l := range last {
+		assert.Zero(t, items[l].next, "the chain of %q ends at its last marker", id)
+	}
+}
+
+// TestDuplicatesOnRandomPagesMatchAPlainModel: random pages, parsed one after another
+// by one Sweep (so the map of ids is reused page to page), with many
+// duplicates of a few ids, ids that differ by a byte or by length, keys
+// that are no markers, and a Config.ValidateID that refuses some ids and
+// panics on others: the page's items are chained as the model says.
+func TestDuplicatesOnRandomPagesMatchAPlainModel(t *testing.T) {
+	t.Parallel()
+	alphabet := []string{"a", "A", "aa", "a\x00", "ab", "ba", "x", "x1", "1x", "\xff", "\xfe", "é", "e\u0301", "refuse-me", "panic-me", strings.Repeat("z", 200), strings.Repeat("z", 201)}
+	for _, validate := range []bool{false, true} {
+		cfg := Config{Clear: func(context.Context, string) error { return nil }}
+		if validate {
+			cfg.ValidateID = func(id string) error {
+				switch id {
+				case "refuse-me":
+					return errors.New("refused")
+				case "panic-me":
+					panic("validate")
+				}
+				return nil
+			}
+		}
+		s, _ := newSweep(t, NewMemKV(), cfg)
+		rng := rand.New(rand.NewPCG(1, uint64(len(alphabet))))
+		var dups, others [2]int // by range: duplicates, items not pending
+		for page := range 400 {
+			inRetry := page%2 == 1
+			p := &passState{cutoffMs: t0.UnixMilli() + 1, inRetry: inRetry, retryDueMs: t0.UnixMilli() + 1}
+			if inRetry {
+				p.cutoffMs = t0.UnixMilli() - 500 // retry keys finished since are not expired
+			}
+			n := 1 + rng.IntN(300)
+			if page%50 == 0 {
+				n = 2000
+			}
+			var keys [][]byte
+			for i := range n {
+				if rng.IntN(20) == 0 {
+					keys = append(keys, []byte(fmt.Sprintf("runs/x%d", i))) // foreign (not marker-shaped)
+					continue
+				}
+				id := alphabet[rng.IntN(len(alphabet))]
+				if rng.IntN(3) == 0 {
+					id = fmt.Sprintf("u%d", rng.IntN(n+1)) // mostly distinct
+				}
+				at := t0.UnixMilli() - int64(n-i)
+				if inRetry {
+					kind := byte(rng.IntN(4)) // keyDeadline and keyHeld
+					keys = append(keys, appendRetryKey(nil, "runs/", kind, at, at-int64(rng.IntN(1000)), 1+rng.IntN(3), id))
+					continue
+				}
+				k, err := MarkerKey("runs/", time.UnixMilli(at), "placeholder")
+				require.NoError(t, err)
+				keys = append(keys, append(k[:len(k)-len("placeholder")], id...))
+			}
+			slices.SortStableFunc(keys, func(a, b []byte) int { return strings.Compare(string(a), string(b)) })
+			items := s.parsePage(p, keys)
+			require.Len(t, items, len(keys))
+			pending := make([]bool, len(items))
+			ids := make([]string, len(items))
+			for i, k := range keys {
+				var id []byte
+				var foreign, notExpired bool
+				var err error
+				if inRetry {
+					var rk retryKey
+					rk, foreign, err = parseRetryKey("runs/", retryInfix, k)
+					id, notExpired = rk.id, rk.kind&keyDeadline == 0 && rk.finished >= p.cutoffMs
+				} else {
+					_, id, foreign, err = parseKey("runs/", k)
+				}
+				sid := string(id)
+				ids[i] = sid
+				switch {
+				case foreign || err != nil || notExpired:
+				case !validate && !validID(id):
+				case validate && (sid == "refuse-me" || sid == "panic-me"):
+				default:
+					pending[i] = true
+				}
+				if !pending[i] {
+					assert.NotEqual(t, pending, items[i].out, "page %d item %d (%q): pending", page, i, k)
+				}
+			}
+			checkDedupe(t, keys, items, pending, ids)
+			for i := range items {
+				switch {
+				case items[i].out == duplicate:
+					dups[page%2]++
+				case !pending[i]:
+					others[page%2]++
+				}
+			}
+			if t.Failed() {
+				t.Fatalf("page %d (validate %v, retry range %v)", page, validate, inRetry)
+			}
+		}
+		t.Logf("validate %v: duplicates %v, not pending %v (expired range, retry range)", validate, dups, others)
+		require.Positive(t, min(dups[0], dups[1], others[0], others[1]))
+	}
 }

@@ -694,44 +694,119 @@ func TestRunReplyBreakingTheContractFailsThePass(t *testing.T) {
 	}
 }
 
-// swappedKV is a runKV whose first run clears its markers but returns
-// their keys with the middle two swapped.
-type swappedKV struct{ *runKV }
+// aheadKV is a runKV whose run number broken (from 1) returns the keys
+// reshape makes of those it committed, and whose every run first calls
+// onRun.
+type aheadKV struct {
+	*runKV
+	n       *atomic.Int64
+	broken  int64
+	reshape func(keys [][]byte) [][]byte
+	onRun   func(ctx context.Context, n int64)
+}
 
-func (z swappedKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+func (z aheadKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	n := z.n.Add(1)
+	if z.onRun != nil {
+		z.onRun(ctx, n)
+	}
 	keys, err := z.runKV.ClearRun(ctx, prefix, from, end, limit)
-	if z.runs.Load() == 1 && len(keys) == 4 {
-		keys[1], keys[2] = keys[2], keys[1]
+	if n == z.broken && len(keys) > 0 {
+		keys = z.reshape(slices.Clone(keys))
 	}
 	return keys, err
 }
 
-// RunStore implements RunClearer.
-func (z swappedKV) RunStore() RunClearer { return z }
+func (z aheadKV) RunStore() RunClearer { return z }
 
-// TestRunOutOfOrderFoundWhileTheNextRunIsInFlight: the keys of a run
-// that took all it was asked for are checked in order once the next run
-// has started; keys out of order fail the pass naming the store's fault,
-// the run in flight is settled (nothing of it is lost from Stats), and the
-// sweep reads pages from then on.
-func TestRunOutOfOrderFoundWhileTheNextRunIsInFlight(t *testing.T) {
+// TestRunBreakingTheContractWithTheNextInFlight: a run that took all it asked for
+// but whose keys break the contract between the first and the last (two
+// swapped, one twice, one before from, one at or past end) fails the pass
+// naming the fault; the run started ahead of the check, however it ends
+// (returns, panics, calls runtime.Goexit, hangs until ClearTimeout, or
+// until the pass's context is cancelled), is over before Pass returns,
+// and no run is asked for after it, in this pass or the next.
+func TestRunBreakingTheContractWithTheNextInFlight(t *testing.T) {
 	t.Parallel()
-	kv, ids := newRunKV(t, 10)
-	s, clock := newSweep(t, swappedKV{kv}, Config{BatchSize: 4})
-	clock.Advance(2 * time.Hour)
-	st, err := s.Pass(context.Background())
-	require.ErrorContains(t, err, "broke its contract")
-	assert.ErrorContains(t, err, "out of order")
-	assert.Equal(t, int64(2), kv.runs.Load(), "runs: the bad one and the one in flight")
-	assert.Equal(t, 4, st.Cleared, "the run in flight, settled")
-	assert.Len(t, keysUnder(t, kv, "runs/"), 2, "markers left: neither run's")
+	late := []byte("runs/99999999999999999999/late")
+	early := []byte("runs/00000000000000000000/early")
+	shapes := map[string]func(keys [][]byte) [][]byte{
+		"swapped":      func(k [][]byte) [][]byte { k[1], k[2] = k[2], k[1]; return k },
+		"twice":        func(k [][]byte) [][]byte { k[2] = k[1]; return k },
+		"inner late":   func(k [][]byte) [][]byte { k[1] = late; return k },
+		"inner early":  func(k [][]byte) [][]byte { k[2] = early; return k },
+		"last largest": func(k [][]byte) [][]byte { k[3], k[0] = k[0], k[3]; return k[:4] }, // first is past last
+	}
+	ends := []string{"returns", "panics", "Goexit", "ClearTimeout", "cancel"}
+	for name, reshape := range shapes {
+		for _, how := range ends {
+			for _, broken := range []int64{1, 2} {
+				t.Run(fmt.Sprintf("%s/%s/run%d", name, how, broken), func(t *testing.T) {
+					t.Parallel()
+					kv, _ := newRunKV(t, 20)
+					var passOver, afterPass atomic.Bool
+					ctx, cancel := context.WithCancel(context.Background())
+					defer cancel()
+					z := aheadKV{runKV: kv, n: new(atomic.Int64), broken: broken, reshape: reshape}
+					z.onRun = func(rctx context.Context, n int64) {
+						if n != broken+1 {
+							return
+						}
+						time.Sleep(20 * time.Millisecond) // let the sweep find the broken run first
+						switch how {
+						case "panics":
+							panic("store")
+						case "Goexit":
+							runtime.Goexit()
+						case "ClearTimeout", "cancel":
+							if how == "cancel" {
+								cancel()
+							}
+							<-rctx.Done()
+						}
+						time.Sleep(50 * time.Millisecond)
+						if passOver.Load() {
+							afterPass.Store(true)
+						}
+					}
+					cfg := Config{BatchSize: 4}
+					if how == "ClearTimeout" {
+						cfg.ClearTimeout = 100 * time.Millisecond
+					}
+					s, clock := newSweep(t, z, cfg)
+					clock.Advance(2 * time.Hour)
+					done := make(chan struct{})
+					var st Stats
+					var err error
+					go func() {
+						defer close(done)
+						st, err = s.Pass(ctx)
+						passOver.Store(true)
+					}()
+					select {
+					case <-done:
+					case <-time.After(20 * time.Second):
+						t.Fatal("Pass hung")
+					}
+					t.Logf("%+v %v", st, err)
+					require.ErrorContains(t, err, "broke its contract")
+					assert.Equal(t, broken+1, z.n.Load(), "runs: up to the broken one and the one in flight")
+					time.Sleep(100 * time.Millisecond)
+					assert.False(t, afterPass.Load(), "the run in flight went on after Pass returned")
+					// Nothing lost: the broken run's markers are gone (the
+					// store took them); the others are all there or counted.
+					left := len(keysUnder(t, kv, "runs/"))
+					assert.Equal(t, 20-4, left+st.Cleared, "markers left + counted cleared (the good runs and the one in flight)")
 
-	st, err = s.Pass(context.Background())
-	require.NoError(t, err)
-	assert.Equal(t, int64(2), kv.runs.Load(), "runs after the broken one")
-	assert.Equal(t, 2, st.Cleared)
-	for _, id := range ids {
-		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+					cancel()
+					st2, err := s.Pass(context.Background())
+					require.NoError(t, err)
+					assert.Equal(t, broken+1, z.n.Load(), "no run after the broken one")
+					assert.Empty(t, keysUnder(t, kv, "runs/"))
+					assert.Equal(t, left, st2.Cleared)
+				})
+			}
+		}
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -467,7 +468,8 @@ func (k countedRuns) ClearRun(ctx context.Context, prefix string, from, end []by
 
 func (k countedRuns) RunStore() retention.RunClearer { return k }
 
-// runMemStore returns a Store over a new countedRuns that counts into c.
+// runMemStore returns a Store over a new countedRuns that counts into c
+// (into counters of its own when c has none).
 func runMemStore(c *countedRuns) kvtest.Store {
 	if c.runs == nil {
 		c.runs, c.clears = new(atomic.Int64), new(atomic.Int64)
@@ -477,18 +479,70 @@ func runMemStore(c *countedRuns) kvtest.Store {
 	return kvtest.Store{KV: *c, Put: func(ctx context.Context, key []byte) error { return m.Put(ctx, key, nil) }}
 }
 
-// TestBenchmarkClearsThroughAClearDeleter: Benchmark over a store that
-// clears itself sets no Clear (which New refuses beside a ClearDeleter):
-// its passes clear by runs at concurrency 1, and by ClearAndDelete at 16.
-func TestBenchmarkClearsThroughAClearDeleter(t *testing.T) {
+// clearDeleterOnly is a ClearDeleter that takes no runs, or fails every
+// call when down; it counts its calls.
+type clearDeleterOnly struct {
+	*retention.MemKV
+	calls *atomic.Int64
+	down  bool
+}
+
+func (k clearDeleterOnly) ClearAndDelete(ctx context.Context, _ []string, keys [][]byte) error {
+	k.calls.Add(1)
+	if k.down {
+		return errors.New("down")
+	}
+	return k.Delete(ctx, keys...)
+}
+
+// benchFailed runs kvtest.Benchmark over newStore once per sub-benchmark
+// and reports whether it failed: testing.Benchmark's result cannot say,
+// as with sub-benchmarks its N is 1 whether they failed or not.
+func benchFailed(t *testing.T, newStore kvtest.Factory) (failed bool) {
+	t.Helper()
 	require.NoError(t, flag.Set("test.benchtime", "1x"))
 	t.Cleanup(func() { _ = flag.Set("test.benchtime", "1s") })
-	var c countedRuns
-	res := testing.Benchmark(func(b *testing.B) {
-		kvtest.Benchmark(b, func(testing.TB) kvtest.Store { return runMemStore(&c) })
+	testing.Benchmark(func(b *testing.B) {
+		kvtest.Benchmark(b, newStore)
+		failed = b.Failed()
 	})
-	require.NotZero(t, res.N, "the benchmark failed")
-	require.NotNil(t, c.runs)
-	require.Positive(t, c.runs.Load(), "ClearRun calls")
-	require.Positive(t, c.clears.Load(), "ClearAndDelete calls")
+	return failed
+}
+
+// TestBenchmarkLetsAClearDeleterClearItself: Benchmark sets no Clear
+// (which New refuses beside a ClearDeleter) over a store that clears
+// itself: a RunClearer clears by runs at concurrency 1 and by
+// ClearAndDelete at 16, a ClearDeleter by ClearAndDelete; a plain KV gets
+// a no-op Clear; and a store whose clears fail fails the benchmark.
+func TestBenchmarkLetsAClearDeleterClearItself(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		store      func(calls, runs *atomic.Int64) kvtest.Factory
+		fails      bool
+		calls, run bool // ClearAndDelete and ClearRun called
+	}{
+		{"RunClearer", func(calls, runs *atomic.Int64) kvtest.Factory {
+			return func(testing.TB) kvtest.Store { return runMemStore(&countedRuns{runs: runs, clears: calls}) }
+		}, false, true, true},
+		{"ClearDeleter", func(calls, _ *atomic.Int64) kvtest.Factory {
+			return func(testing.TB) kvtest.Store { return deleterStore(clearDeleterOnly{calls: calls}) }
+		}, false, true, false},
+		{"MemKV", func(_, _ *atomic.Int64) kvtest.Factory { return memStore }, false, false, false},
+		{"failing ClearDeleter", func(calls, _ *atomic.Int64) kvtest.Factory {
+			return func(testing.TB) kvtest.Store { return deleterStore(clearDeleterOnly{calls: calls, down: true}) }
+		}, true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls, runs atomic.Int64
+			assert.Equal(t, tc.fails, benchFailed(t, tc.store(&calls, &runs)), "the benchmark failed")
+			assert.Equal(t, tc.calls, calls.Load() > 0, "ClearAndDelete calls: %d", calls.Load())
+			assert.Equal(t, tc.run, runs.Load() > 0, "ClearRun calls: %d", runs.Load())
+		})
+	}
+}
+
+// deleterStore returns a Store over k with a new MemKV.
+func deleterStore(k clearDeleterOnly) kvtest.Store {
+	k.MemKV = retention.NewMemKV()
+	return kvtest.Store{KV: k, Put: func(ctx context.Context, key []byte) error { return k.Put(ctx, key, nil) }}
 }
