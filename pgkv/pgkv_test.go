@@ -78,13 +78,30 @@ func TestConformance(t *testing.T) {
 
 // TestConformanceAtomicKV runs the suite over an AtomicKV of WithClearSQL,
 // a retention.RunClearer, in both forms a run takes (see runForms): it
-// checks ClearRun's keys; the tests of atomic_test.go check its jobs.
+// checks ClearRun's keys; the tests of atomic_test.go check its jobs. Over
+// one of WithClear, which cannot clear runs, it checks that ClearRun says
+// so (errors.ErrUnsupported) having changed nothing.
 func TestConformanceAtomicKV(t *testing.T) {
 	for _, form := range runForms {
 		t.Run(form.name, func(t *testing.T) {
 			kvtest.Run(t, atomicStore(form.stmt))
 		})
 	}
+	t.Run("WithClear", func(t *testing.T) {
+		kvtest.Run(t, func(t testing.TB) kvtest.Store {
+			pool := connect(t)
+			markers := freshTable(t, pool)
+			jobs, _ := jobsTable(t, pool, markers)
+			kv, err := pgkv.New(pool, markers)
+			require.NoError(t, err)
+			akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+				b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
+				return nil
+			})
+			require.NoError(t, err)
+			return kvtest.Store{KV: akv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
+		})
+	})
 }
 
 // atomicStore returns a kvtest.Factory of AtomicKVs of WithClearSQL(stmt).

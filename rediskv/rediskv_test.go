@@ -68,8 +68,25 @@ func TestConformance(t *testing.T) {
 // TestConformanceAtomicKV runs the suite over an AtomicKV of
 // WithStateKeys, a retention.RunClearer: it checks ClearRun's members;
 // the tests of atomic_test.go check its state keys.
+//
+// Over an AtomicKV of WithClear, which cannot clear runs, it checks that
+// ClearRun says so (errors.ErrUnsupported) having changed nothing.
 func TestConformanceAtomicKV(t *testing.T) {
-	kvtest.Run(t, newAtomicStore)
+	t.Run("WithStateKeys", func(t *testing.T) { kvtest.Run(t, newAtomicStore) })
+	t.Run("WithClear", func(t *testing.T) {
+		kvtest.Run(t, func(t testing.TB) kvtest.Store {
+			r := newRunSet(t)
+			akv, err := r.kv.WithClear(func(ids []string) []string {
+				var keys []string
+				for _, id := range ids {
+					keys = append(keys, r.stateKeys(id)...)
+				}
+				return keys
+			})
+			require.NoError(t, err)
+			return kvtest.Store{KV: akv, Put: func(ctx context.Context, k []byte) error { return r.kv.Put(ctx, k, nil) }}
+		})
+	})
 }
 
 // newAtomicStore is a kvtest.Store over an AtomicKV of WithStateKeys.
