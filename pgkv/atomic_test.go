@@ -19,6 +19,22 @@ import (
 	"github.com/marksweep/retention/pgkv"
 )
 
+// newJobsKV returns a KV over a fresh marker table beside a jobs table,
+// and an AtomicKV of WithClear that deletes a batch's jobs.
+func newJobsKV(t testing.TB, pool *pgxpool.Pool) (kv *pgkv.KV, akv *pgkv.AtomicKV, markers, jobs string) {
+	t.Helper()
+	markers = freshTable(t, pool)
+	jobs, _ = jobsTable(t, pool, markers)
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err = kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
+		return nil
+	})
+	require.NoError(t, err)
+	return kv, akv, markers, jobs
+}
+
 // jobsTable creates a table of entities next to the marker table, with a
 // child table whose rows pin a job (a foreign key without cascade).
 func jobsTable(t testing.TB, pool *pgxpool.Pool, markers string) (jobs, pins string) {
@@ -136,17 +152,9 @@ func TestAtomicClearRollsBack(t *testing.T) {
 // clear by the old holder changes nothing and reports the loss.
 func TestFencedAtomicClear(t *testing.T) {
 	pool := connect(t)
-	markers := freshTable(t, pool)
-	jobs, _ := jobsTable(t, pool, markers)
+	kv, akv, markers, jobs := newJobsKV(t, pool)
 	leases := freshLeaseTable(t, pool)
 	ctx := context.Background()
-	kv, err := pgkv.New(pool, markers)
-	require.NoError(t, err)
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
-		return nil
-	})
-	require.NoError(t, err)
 	ids := finishJobs(t, pool, kv, jobs, 10, time.Now().Add(-2*time.Hour))
 	keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
 	require.NoError(t, err)

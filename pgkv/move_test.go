@@ -73,16 +73,8 @@ func TestMove(t *testing.T) {
 // or not, and the entities a ClearFunc would clear stay.
 func TestAtomicClearMarkerGone(t *testing.T) {
 	pool := connect(t)
-	markers := freshTable(t, pool)
-	jobs, _ := jobsTable(t, pool, markers)
+	kv, akv, markers, jobs := newJobsKV(t, pool)
 	ctx := context.Background()
-	kv, err := pgkv.New(pool, markers)
-	require.NoError(t, err)
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
-		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
-		return nil
-	})
-	require.NoError(t, err)
 	ids := finishJobs(t, pool, kv, jobs, 6, time.Now().Add(-2*time.Hour))
 	keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
 	require.NoError(t, err)

@@ -89,16 +89,7 @@ func TestConformanceAtomicKV(t *testing.T) {
 	}
 	t.Run("WithClear", func(t *testing.T) {
 		kvtest.Run(t, func(t testing.TB) kvtest.Store {
-			pool := connect(t)
-			markers := freshTable(t, pool)
-			jobs, _ := jobsTable(t, pool, markers)
-			kv, err := pgkv.New(pool, markers)
-			require.NoError(t, err)
-			akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
-				b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
-				return nil
-			})
-			require.NoError(t, err)
+			kv, akv, _, _ := newJobsKV(t, connect(t))
 			return kvtest.Store{KV: akv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
 		})
 	})
