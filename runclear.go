@@ -119,7 +119,7 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	if errors.Is(err, ErrMalformedMarker) {
 		return nil, 0, nil, nil // refused, changing nothing: the page sorts the keys out
 	}
-	if bad := badRun(keys, r.from, end, limit, false); bad != "" {
+	if bad := badRun(keys, r.from, end, limit); bad != "" {
 		return nil, limit, nil, s.brokenRun(r, bad)
 	}
 	ferr := checkFenced(r.mark, p.kv, "ClearRun")
@@ -151,7 +151,7 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	}
 	// The keys between the first and the last are checked while the store
 	// clears the next run: 10,000 comparisons would keep it waiting.
-	if bad := badRun(keys, r.from, end, limit, true); bad != "" {
+	if bad := outOfOrder(keys); bad != "" {
 		settled = true // the caller settles next
 		return nil, limit, next, s.brokenRun(r, bad)
 	}
@@ -175,9 +175,9 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 }
 
 // badRun says how the keys a ClearRun returned break its contract, or "":
-// too many, the first or the last outside [from, end), or, when all is
-// set, two out of order (ascending, all lie between the first and last).
-func badRun(keys [][]byte, from, end []byte, limit int, all bool) string {
+// too many, or the first or the last outside [from, end). Keys in order
+// (see outOfOrder) all lie between those two.
+func badRun(keys [][]byte, from, end []byte, limit int) string {
 	if len(keys) > limit {
 		return fmt.Sprintf("%d keys returned for a limit of %d", len(keys), limit)
 	}
@@ -188,7 +188,13 @@ func badRun(keys [][]byte, from, end []byte, limit int, all bool) string {
 			}
 		}
 	}
-	for i := 1; all && i < len(keys); i++ {
+	return ""
+}
+
+// outOfOrder says which of the keys a ClearRun returned are not strictly
+// ascending, or "".
+func outOfOrder(keys [][]byte) string {
+	for i := 1; i < len(keys); i++ {
 		if bytes.Compare(keys[i-1], keys[i]) >= 0 {
 			return fmt.Sprintf("keys returned out of order: %q after %q", keys[i], keys[i-1])
 		}
