@@ -79,8 +79,9 @@ type AtomicKV struct {
 	// deletes it, with runClear as one of its CTEs when runInline, else
 	// after it (see ClearRun). Both are empty for an AtomicKV made by
 	// WithClear.
-	runClear, runSQL string
-	runInline        bool
+	runClear  string
+	runSQL    runMessage
+	runInline bool
 }
 
 // AtomicOption tunes an AtomicKV made by KV.WithClear or KV.WithClearSQL.
@@ -241,8 +242,8 @@ const (
 // with token.
 func castFailure(err error, token string) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && // invalid_text_representation
-		strings.Contains(pgErr.Message, `"`+token)
+	return hasCode(err, "22P02") && // invalid_text_representation
+		errors.As(err, &pgErr) && strings.Contains(pgErr.Message, `"`+token)
 }
 
 // distinct counts the distinct keys of an ascending list.
@@ -334,7 +335,7 @@ type fencedAtomicKV struct {
 	*fencedKV
 	atomic     *AtomicKV
 	statements markerStatements
-	runSQL     string // the run's message (see ClearRun), or ""
+	runSQL     runMessage // the run's message (see ClearRun), or none
 }
 
 var (
@@ -360,7 +361,7 @@ SELECT ` + outcome("held", "deleted = $5::bigint", markerGone("$5")) + `
 FROM (SELECT ` + held + ` AS held, (SELECT count(*) FROM a) AS deleted) AS n`,
 		lead: []any{p.l.name, p.holder, p.fence},
 	}}
-	if a.runSQL != "" {
+	if a.runClear != "" {
 		v.runSQL = a.runStatement(p.l.table, len(v.statements.lead))
 	}
 	return v

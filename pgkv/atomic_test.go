@@ -414,6 +414,123 @@ func TestRunReturnsItsKeys(t *testing.T) {
 	}
 }
 
+// TestRunIsPreparedOncePerPooledConnection: over a pool, a run's
+// statement is prepared on the connection the first time it runs there,
+// and executed from then on; a connection that lost it (DEALLOCATE,
+// DISCARD ALL) prepares it again. Over a connection or a transaction,
+// whose state the AtomicKV cannot know, runs go as text and prepare
+// nothing. Either way every run clears what it names.
+func TestRunIsPreparedOncePerPooledConnection(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		db   func(t *testing.T, pool *pgxpool.Pool) (rowDB, func())
+		want int // statements prepared for the table on the connection
+	}{
+		{"pool", func(t *testing.T, pool *pgxpool.Pool) (rowDB, func()) { return pool, func() {} }, 1},
+		{"conn", func(t *testing.T, pool *pgxpool.Pool) (rowDB, func()) {
+			conn, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			return conn.Conn(), conn.Release
+		}, 0},
+		{"tx", func(t *testing.T, pool *pgxpool.Pool) (rowDB, func()) {
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			return tx, func() { require.NoError(t, tx.Commit(ctx)) }
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := connect(t)
+			cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+			require.NoError(t, err)
+			cfg.MaxConns = 1 // every call on the one connection
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			writer, _, _, jobs, _ := newRunKV(t, admin)
+			markers := strings.TrimSuffix(jobs, "_jobs")
+			finishJobs(t, admin, writer, jobs, 25, time.Now().Add(-2*time.Hour))
+
+			db, done := tc.db(t, pool)
+			kv, err := pgkv.New(db, markers)
+			require.NoError(t, err)
+			akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
+			require.NoError(t, err)
+			prepared := func() (n int, at time.Time) {
+				t.Helper()
+				require.NoError(t, db.QueryRow(ctx, `SELECT count(*), coalesce(min(prepare_time), 'epoch') FROM pg_prepared_statements
+					WHERE name LIKE 'pgkv_run_%' AND statement LIKE '%' || $1 || '%'`, pgx.QueryExecModeSimpleProtocol, markers).Scan(&n, &at))
+				return n, at
+			}
+			run := func(limit int) int {
+				t.Helper()
+				keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), limit)
+				require.NoError(t, err)
+				return len(keys)
+			}
+
+			assert.Equal(t, 10, run(10))
+			n, first := prepared()
+			assert.Equal(t, tc.want, n, "prepared after one run")
+			assert.Equal(t, 10, run(10))
+			n, again := prepared()
+			assert.Equal(t, tc.want, n, "prepared after two runs")
+			assert.Equal(t, first, again, "prepared once")
+			if tc.want > 0 {
+				_, err := db.Exec(ctx, "DISCARD ALL", pgx.QueryExecModeSimpleProtocol)
+				require.NoError(t, err)
+				n, _ = prepared()
+				require.Zero(t, n, "DISCARD ALL drops it")
+			}
+			assert.Equal(t, 5, run(10))
+			n, _ = prepared()
+			assert.Equal(t, tc.want, n, "prepared again after it was lost")
+			done()
+			assert.Zero(t, count(t, admin, markers))
+			assert.Zero(t, count(t, admin, jobs))
+		})
+	}
+}
+
+// TestRunWithoutPreparedStatements: behind a pooler that gives each
+// transaction another server connection (PgBouncer in transaction mode),
+// a run's EXECUTE may find no prepared statement however often it is
+// prepared; the run then goes as text, and clears what it names.
+func TestRunWithoutPreparedStatements(t *testing.T) {
+	ctx := context.Background()
+	admin := connect(t)
+	writer, _, markers, jobs, _ := newRunKV(t, admin)
+	finishJobs(t, admin, writer, jobs, 25, time.Now().Add(-2*time.Hour))
+
+	cfg, proxy := proxied(t, "never cut")
+	proxy.forgetPrepared()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
+	require.NoError(t, err)
+
+	var cleared int
+	for _, want := range []int{10, 10, 5, 0} {
+		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+		require.NoError(t, err)
+		assert.Len(t, keys, want)
+		cleared += len(keys)
+	}
+	assert.Equal(t, 25, cleared)
+	assert.Zero(t, count(t, admin, markers))
+	assert.Zero(t, count(t, admin, jobs))
+}
+
+// rowDB is a pgkv.DB that also reads one row: a pool, a connection or a
+// transaction.
+type rowDB interface {
+	pgkv.DB
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // TestRunRefusedForAKeyNotAMarker: a key of the run that is no marker of
 // the prefix with an id of the default rule makes ClearRun change nothing
 // and say so (retention.ErrMalformedMarker), wherever the key is in the

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -36,6 +37,7 @@ type cutProxy struct {
 	mu     sync.Mutex
 	conns  []net.Conn
 	armed  bool
+	forget bool // see forgetPrepared
 	closed bool
 	cut    chan struct{}
 	wg     sync.WaitGroup
@@ -52,10 +54,40 @@ func newCutProxy(t testing.TB, target, needle string) *cutProxy {
 
 func (p *cutProxy) addr() string { return p.ln.Addr().String() }
 
+// proxied returns the configuration of a pool whose connections go
+// through a new cutProxy to the test server, and the proxy.
+func proxied(t testing.TB, needle string) (*pgxpool.Config, *cutProxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), needle)
+	host, port, err := net.SplitHostPort(proxy.addr())
+	require.NoError(t, err)
+	p, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	return cfg, proxy
+}
+
 func (p *cutProxy) arm() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.armed = true
+}
+
+// forgetPrepared makes the proxy drop every statement a connection has
+// prepared before each EXECUTE it passes on, as a pooler that gives each
+// transaction another server connection can.
+func (p *cutProxy) forgetPrepared() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.forget = true
+}
+
+func (p *cutProxy) forgets() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.forget
 }
 
 func (p *cutProxy) isArmed() bool {
@@ -193,6 +225,11 @@ func (p *cutProxy) frontend(client, server net.Conn) {
 			name, _, _ := bytes.Cut(rest, []byte{0})
 			fenced = bytes.Contains(statements[string(name)], p.needle)
 		case 'Q': // Query: the whole transaction in one message
+			if p.forgets() && bytes.HasPrefix(body, []byte("EXECUTE ")) {
+				body = append([]byte("DEALLOCATE ALL;\n"), body...)
+				msg = binary.BigEndian.AppendUint32([]byte{'Q'}, uint32(4+len(body)))
+				msg = append(msg, body...)
+			}
 			if i := bytes.Index(body, p.needle); armed && i >= 0 {
 				send(msg[:5+i+len(p.needle)])
 				p.cutNow()
@@ -234,7 +271,7 @@ func readMessage(r *bufio.Reader, typed bool) ([]byte, error) {
 // gives up: another replica takes the lease within the TTL and a margin,
 // and the half-sent clear changed nothing.
 func TestHalfSentClearFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "clear", func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
+	halfSentFreesLease(t, "clear", "FOR SHARE", nil, func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
 		return kv.WithClear(func(b *pgx.Batch, ids []string) error {
 			b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
 			return nil
@@ -245,11 +282,14 @@ func TestHalfSentClearFreesLease(t *testing.T) {
 }
 
 // halfSentFreesLease cuts a fenced call of what (a clear or a run) off
-// after the server got the lease check, and checks that another replica
-// takes the lease within the TTL and a margin and that the call changed
-// nothing. send makes the call through the fenced view of the AtomicKV
-// that atomic makes of the holder's KV over the jobs table.
-func halfSentFreesLease(t *testing.T, what string, atomic func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error),
+// after the server got needle (by default, the lease check), and checks
+// that another replica takes the lease within the TTL and a margin and
+// that the call changed nothing. send makes the call through the fenced
+// view of the AtomicKV that atomic makes of the holder's KV over the jobs
+// table; warm, when not nil, calls that view once before the proxy is
+// armed.
+func halfSentFreesLease(t *testing.T, what, needle string, warm func(ctx context.Context, view retention.KV) error,
+	atomic func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error),
 	send func(ctx context.Context, view retention.KV, ids []string, keys [][]byte) error) {
 	admin := connect(t)
 	markers := freshTable(t, admin)
@@ -257,14 +297,7 @@ func halfSentFreesLease(t *testing.T, what string, atomic func(kv *pgkv.KV, jobs
 	leases := freshLeaseTable(t, admin)
 	ctx := context.Background()
 
-	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
-	require.NoError(t, err)
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "FOR SHARE")
-	host, port, err := net.SplitHostPort(proxy.addr())
-	require.NoError(t, err)
-	p, err := strconv.ParseUint(port, 10, 16)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg, proxy := proxied(t, needle)
 	cfg.MaxConns = 4
 	holderPool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
@@ -287,6 +320,9 @@ func halfSentFreesLease(t *testing.T, what string, atomic func(kv *pgkv.KV, jobs
 	require.NoError(t, err)
 	view, ok := lease.(retention.Fencer).Fence(akv)
 	require.True(t, ok)
+	if warm != nil {
+		require.NoError(t, warm(ctx, view))
+	}
 
 	proxy.arm()
 	clearDone := make(chan error, 1)
@@ -341,14 +377,7 @@ func TestHalfSentUnfencedMoveStrandsNoMarker(t *testing.T) {
 	jobs, _ := jobsTable(t, admin, markers)
 	ctx := context.Background()
 
-	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
-	require.NoError(t, err)
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "unnest(")
-	host, port, err := net.SplitHostPort(proxy.addr())
-	require.NoError(t, err)
-	p, err := strconv.ParseUint(port, 10, 16)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg, proxy := proxied(t, "unnest(")
 	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer vanishing.Close()
@@ -402,14 +431,7 @@ func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
 	jobs, _ := jobsTable(t, admin, markers)
 	ctx := context.Background()
 
-	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
-	require.NoError(t, err)
-	proxy := newCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "DELETE FROM")
-	host, port, err := net.SplitHostPort(proxy.addr())
-	require.NoError(t, err)
-	p, err := strconv.ParseUint(port, 10, 16)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg, proxy := proxied(t, "DELETE FROM")
 	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer vanishing.Close()
@@ -454,10 +476,26 @@ func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
 // the clear: cut off after the lease check, it runs nothing and holds no
 // lock, so another replica takes the lease within the TTL and a margin.
 func TestHalfSentRunFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "run", func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
-		return kv.WithClearSQL(deleteJobsSQL(jobs))
-	}, func(ctx context.Context, view retention.KV, _ []string, _ [][]byte) error {
-		_, err := view.(retention.RunClearer).ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+	halfSentFreesLease(t, "run", "FOR SHARE", nil, runDeletingJobs, sendRun)
+}
+
+// TestHalfSentPreparedRunFreesLease: the same for a run whose statement
+// the holder's connection has prepared, cut in the EXECUTE of it.
+func TestHalfSentPreparedRunFreesLease(t *testing.T) {
+	halfSentFreesLease(t, "prepared run", "EXECUTE pgkv_run_", func(ctx context.Context, view retention.KV) error {
+		keys, err := view.(retention.RunClearer).ClearRun(ctx, "jobs/done/", []byte("jobs/done:"), []byte("jobs/done;"), 100)
+		if len(keys) != 0 {
+			return fmt.Errorf("the run of an empty range cleared %q", keys)
+		}
 		return err
-	})
+	}, runDeletingJobs, sendRun)
+}
+
+func runDeletingJobs(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
+	return kv.WithClearSQL(deleteJobsSQL(jobs))
+}
+
+func sendRun(ctx context.Context, view retention.KV, _ []string, _ [][]byte) error {
+	_, err := view.(retention.RunClearer).ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 100)
+	return err
 }

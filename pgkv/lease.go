@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/marksweep/retention"
@@ -190,8 +189,7 @@ func (l *Locker) TryAcquire(ctx context.Context) (retention.Lease, error) {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("pgkv: lease %q: %w", l.name, retention.ErrLeaseHeld)
 	case err != nil:
-		var pgErr *pgconn.PgError
-		if ctx.Err() == nil && errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		if ctx.Err() == nil && hasCode(err, "42P01") { // undefined_table
 			return nil, fmt.Errorf("%w: %s: %w", ErrNoLeaseTable, l.table, err)
 		}
 		return nil, wrap(ctx, "acquire lease "+l.name, err)

@@ -429,9 +429,14 @@ func wrap(ctx context.Context, op string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("pgkv: %s: %w", op, ctxErr)
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+	if hasCode(err, "42P01") { // undefined_table
 		return fmt.Errorf("%w: %s: %w", ErrNoTable, op, err)
 	}
 	return fmt.Errorf("pgkv: %s: %w", op, err)
+}
+
+// hasCode reports whether err is PostgreSQL's error of SQLSTATE code.
+func hasCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
 }

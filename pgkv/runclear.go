@@ -3,12 +3,16 @@ package pgkv
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/marksweep/retention"
 )
@@ -30,7 +34,11 @@ var (
 // that is no such marker, and one matching errors.ErrUnsupported, before
 // any round trip, for an AtomicKV made by WithClear. When ctx carries a
 // lease's fence (retention.Fenced), the run's statement checks the lease
-// too.
+// too. Over a *pgxpool.Pool the run's statement is prepared (SQL PREPARE,
+// in the same protocol) on a connection the first time it runs there, and
+// executed from then on, which spares the server parsing and planning it
+// every run; over a connection or a transaction, whose state the AtomicKV
+// cannot know, it goes as text.
 //
 // The sweep sets limit to its Config.BatchSize (or less, while
 // Config.BatchTarget halves it): 10,000 costs the server least per entity
@@ -111,7 +119,7 @@ func markerRange(prefix string) (lo, hi []byte) {
 // joined suffixes, and their count, check every key; escape encoding
 // turns a byte outside ASCII, a NUL or a backslash into text the
 // expression refuses.
-func (a *AtomicKV) runStatement(leases string, lead int) string {
+func (a *AtomicKV) runStatement(leases string, lead int) runMessage {
 	arg := func(i int) string { return "$" + strconv.Itoa(lead+i) }
 	lo, hi, limit, at, from, end := arg(1)+"::bytea", arg(2)+"::bytea", arg(3)+"::bigint", arg(4)+"::int", arg(5)+"::bytea", arg(6)+"::bytea"
 	stampEnd := at + " + " + strconv.Itoa(retention.TimestampWidth-1) // where the timestamp ends
@@ -152,7 +160,7 @@ func (a *AtomicKV) runStatement(leases string, lead int) string {
 	AND (n = 0 OR cp >= ` + at + ` - 1 AND common ~ '^[0-9]*$'
 		AND keys ~ ('^' || ` + suffix + ` || '(,' || ` + suffix + ` || ')*$')
 		AND octet_length(keys) - octet_length(replace(keys, ',', '')) = n - 1)`
-	return `WITH ` + with + `pgkv_b AS MATERIALIZED (SELECT
+	stmt := `WITH ` + with + `pgkv_b AS MATERIALIZED (SELECT
 	(SELECT key FROM ` + a.table + ` WHERE ` + inRange + ` ORDER BY key LIMIT 1) AS first,
 	coalesce((SELECT key FROM ` + a.table + ` WHERE ` + inRange + ` ORDER BY key OFFSET ` + limit + ` - 1 LIMIT 1),
 		(SELECT key FROM ` + a.table + ` WHERE ` + inRange + ` ORDER BY key DESC LIMIT 1)) AS last),
@@ -169,13 +177,43 @@ pgkv_r AS (SELECT count(*) AS n, (SELECT cp FROM pgkv_c) AS cp,
 pgkv_o AS MATERIALIZED (SELECT ` + outcomeOf(held, ok, "true", `('`+notRunToken+` ' || n || ' keys from ' || `+lo+`)::int`, "::bool") + ` AS ok
 	FROM pgkv_r)` + clear + `
 SELECT CASE WHEN n = 0 THEN '' ELSE common || ',' || keys END
-FROM pgkv_r, pgkv_o WHERE ok` + set + after
+FROM pgkv_r, pgkv_o WHERE ok` + set
+	return newRunMessage(stmt, after, lead+6)
 }
 
-// clearRun sends the run's message sql (see runStatement), with the lead
+// runMessage is the message of a run (see runStatement) in two forms:
+// plain, the statements' text, which the server parses and plans each
+// time; and execute, the same with the run's statement replaced by an
+// EXECUTE of it once prepare has prepared it on the connection. Both go
+// as one simple-protocol Query message, so a message cut off on its way
+// runs nothing either way; the prepared one saves the server parsing
+// and planning the run's statement (BENCHMARKS.md).
+type runMessage struct {
+	plain, prepare, execute string
+}
+
+// newRunMessage returns the message of the statement stmt, which takes
+// nargs arguments, followed by after ("" or the statements that follow
+// it). The prepared statement is named after stmt's text, so every
+// AtomicKV whose run reads the same gets the same, and no two others do.
+func newRunMessage(stmt, after string, nargs int) runMessage {
+	sum := sha256.Sum256([]byte(stmt))
+	name := "pgkv_run_" + hex.EncodeToString(sum[:12])
+	params := make([]string, nargs)
+	for i := range params {
+		params[i] = "$" + strconv.Itoa(i+1)
+	}
+	return runMessage{
+		plain:   stmt + after,
+		prepare: "PREPARE " + name + " AS " + stmt,
+		execute: "EXECUTE " + name + "(" + strings.Join(params, ", ") + ")" + after,
+	}
+}
+
+// clearRun sends the run's message m (see runStatement), with the lead
 // arguments lead, as one simple-protocol query, and returns the keys of
-// the run. lease, when not nil, is the lease sql checks.
-func (a *AtomicKV) clearRun(ctx context.Context, sql string, lead []any, lease *pgLease, prefix string, from, end []byte, limit int) ([][]byte, error) {
+// the run. lease, when not nil, is the lease m checks.
+func (a *AtomicKV) clearRun(ctx context.Context, m runMessage, lead []any, lease *pgLease, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -200,20 +238,7 @@ func (a *AtomicKV) clearRun(ctx context.Context, sql string, lead []any, lease *
 	}
 	args := append(append([]any{pgx.QueryExecModeSimpleProtocol}, lead...), lo, hi, limit, len(prefix)+1, from, end)
 	op := "clear run in " + a.table
-	rows, err := a.db.Query(ctx, sql, args...)
-	var keys [][]byte
-	if err == nil {
-		for rows.Next() {
-			vals := rows.RawValues()
-			if len(vals) != 1 || vals[0] == nil || rows.FieldDescriptions()[0].Format != pgx.TextFormatCode {
-				rows.Close()
-				return nil, fmt.Errorf("pgkv: %s: the run statement returned %d columns or a NULL or a binary value", op, len(vals))
-			}
-			keys = splitRun(prefix, vals[0])
-		}
-		rows.Close()
-		err = rows.Err()
-	}
+	keys, err := a.sendRun(ctx, m, args, prefix)
 	switch {
 	case err == nil:
 		return keys, nil
@@ -224,6 +249,60 @@ func (a *AtomicKV) clearRun(ctx context.Context, sql string, lead []any, lease *
 		return nil, fmt.Errorf("pgkv: %s: %w: a key of [%q, %q) is no marker of %q with an id of the default rule", op, retention.ErrMalformedMarker, from, end, prefix)
 	}
 	return nil, wrap(ctx, op, err)
+}
+
+// sendRun sends m with args and returns the keys of the run. Over a pool
+// it takes a connection and executes the statement prepared there,
+// preparing it first on a connection that has not (or no longer has) it;
+// over a connection or a transaction, whose state it cannot know, it sends
+// the plain text, as it does when a pooler between the pool and the
+// server (PgBouncer in transaction mode) loses what was prepared between
+// two messages.
+func (a *AtomicKV) sendRun(ctx context.Context, m runMessage, args []any, prefix string) ([][]byte, error) {
+	pool, ok := a.db.(*pgxpool.Pool)
+	if !ok {
+		return readRun(ctx, a.db, m.plain, args, prefix)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	// An EXECUTE of no prepared statement fails before anything runs.
+	keys, err := readRun(ctx, conn, m.execute, args, prefix)
+	if !hasCode(err, "26000") { // invalid_sql_statement_name
+		return keys, err
+	}
+	_, err = conn.Exec(ctx, m.prepare, pgx.QueryExecModeSimpleProtocol)
+	switch {
+	case err == nil:
+		if keys, err = readRun(ctx, conn, m.execute, args, prefix); !hasCode(err, "26000") {
+			return keys, err
+		}
+	case !hasCode(err, "42P05"): // duplicate_prepared_statement
+		return nil, err
+	}
+	return readRun(ctx, conn, m.plain, args, prefix)
+}
+
+// readRun sends sql with args over db and returns the keys of the run it
+// returns.
+func readRun(ctx context.Context, db DB, sql string, args []any, prefix string) ([][]byte, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys [][]byte
+	for rows.Next() {
+		vals := rows.RawValues()
+		if len(vals) != 1 || vals[0] == nil || rows.FieldDescriptions()[0].Format != pgx.TextFormatCode {
+			return nil, fmt.Errorf("the run statement returned %d columns or a NULL or a binary value", len(vals))
+		}
+		keys = splitRun(prefix, vals[0])
+	}
+	rows.Close()
+	return keys, rows.Err()
 }
 
 // splitRun returns the keys of a run from the text the run statement
