@@ -284,7 +284,11 @@ func (p *PG) AtomicText(name string, cfg retention.Config) Contender {
 // JobDeleteBefore does, and no key of the expired range is scanned. cfg
 // is as for Atomic.
 func (p *PG) AtomicSQL(name string, cfg retention.Config) Contender {
-	kv, err := p.kv.WithClearSQL(`DELETE FROM ` + p.jobs + ` WHERE id = ANY($1::bigint[])`)
+	return p.atomicSQL(name, p.kv, cfg)
+}
+
+func (p *PG) atomicSQL(name string, over *pgkv.KV, cfg retention.Config) Contender {
+	kv, err := over.WithClearSQL(`DELETE FROM ` + p.jobs + ` WHERE id = ANY($1::bigint[])`)
 	if err != nil {
 		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
 	}
@@ -294,9 +298,23 @@ func (p *PG) AtomicSQL(name string, cfg retention.Config) Contender {
 // AtomicRuns is the AtomicSQL contender with runs (batches and pages) of
 // size, concurrency 1.
 func (p *PG) AtomicRuns(size int) Contender {
-	return p.AtomicSQL(fmt.Sprintf("retention runs+atomic %d (WithClearSQL), concurrency 1", size), retention.Config{
-		BatchSize: size, PageSize: size, Concurrency: 1,
-	})
+	return p.AtomicSQL(fmt.Sprintf("retention runs+atomic %d (WithClearSQL), concurrency 1", size), runsOf(size))
+}
+
+// AtomicRunsText is AtomicRuns over a DB that is no *pgxpool.Pool, so
+// that each run goes as text, parsed and planned by the server every time,
+// where over the pool it is prepared once per connection.
+func (p *PG) AtomicRunsText(size int) Contender {
+	name := fmt.Sprintf("retention runs+atomic %d (WithClearSQL), concurrency 1, not prepared", size)
+	kv, err := pgkv.New(struct{ pgkv.DB }{p.pool}, p.schema+".markers")
+	if err != nil {
+		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
+	}
+	return p.atomicSQL(name, kv, runsOf(size))
+}
+
+func runsOf(size int) retention.Config {
+	return retention.Config{BatchSize: size, PageSize: size, Concurrency: 1}
 }
 
 func (p *PG) atomic(name string, setup func(context.Context, int) error, clear func(*pgx.Batch, []string) error, cfg retention.Config) Contender {
@@ -444,7 +462,7 @@ func (p *PG) Contenders() []Contender {
 		p.AtomicBatches(1000, 1), p.AtomicBatches(1000, 4), p.AtomicBatches(10_000, 1),
 		p.AtomicBatches(10_000, 2), p.AtomicBatches(retention.MaxPageSize, 1),
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
-		p.AtomicRuns(1000), p.AtomicRuns(10_000), p.AtomicRuns(retention.MaxPageSize),
+		p.AtomicRuns(1000), p.AtomicRuns(10_000), p.AtomicRunsText(10_000), p.AtomicRuns(retention.MaxPageSize),
 		p.DatabasePicks(10_000),
 	}
 }
