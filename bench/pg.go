@@ -40,6 +40,7 @@ type PG struct {
 	jobs     string // quoted and schema-qualified
 	jobsText string // the same with text ids
 	kv       *pgkv.KV
+	textKV   *pgkv.KV // kv over a DB that is no pool: statements go as text
 	river    riverdriver.Executor
 
 	// Timing, when not nil, adds up the calls of the retention contenders.
@@ -80,6 +81,9 @@ func NewPG(ctx context.Context, pool *pgxpool.Pool, schema string) (*PG, error) 
 		return nil, err
 	}
 	p.kv = kv
+	if p.textKV, err = pgkv.New(struct{ pgkv.DB }{pool}, schema+".markers"); err != nil {
+		return nil, err
+	}
 	if p.river, err = MigrateRiver(ctx, pool, schema); err != nil {
 		return nil, err
 	}
@@ -258,7 +262,11 @@ func (p *PG) Retention(name string, cfg retention.Config) Contender {
 // and one transaction, so each job is cleared exactly once. cfg is as for
 // Retention, with neither Clear nor ClearBatch.
 func (p *PG) Atomic(name string, cfg retention.Config) Contender {
-	return p.atomic(name, p.SetupJobs, func(b *pgx.Batch, ids []string) error {
+	return p.atomicOver(p.kv, name, cfg)
+}
+
+func (p *PG) atomicOver(over *pgkv.KV, name string, cfg retention.Config) Contender {
+	return p.atomic(over, name, p.SetupJobs, func(b *pgx.Batch, ids []string) error {
 		n, err := bigints(ids)
 		if err != nil {
 			return err
@@ -271,7 +279,7 @@ func (p *PG) Atomic(name string, cfg retention.Config) Contender {
 // AtomicText is Atomic over the jobs_text table, whose ids are text
 // compared under the database's collation.
 func (p *PG) AtomicText(name string, cfg retention.Config) Contender {
-	return p.atomic(name, p.SetupTextJobs, func(b *pgx.Batch, ids []string) error {
+	return p.atomic(p.kv, name, p.SetupTextJobs, func(b *pgx.Batch, ids []string) error {
 		b.Queue(`DELETE FROM `+p.jobsText+` WHERE id = ANY($1)`, ids)
 		return nil
 	}, cfg)
@@ -305,20 +313,15 @@ func (p *PG) AtomicRuns(size int) Contender {
 // that each run goes as text, parsed and planned by the server every time,
 // where over the pool it is prepared once per connection.
 func (p *PG) AtomicRunsText(size int) Contender {
-	name := fmt.Sprintf("retention runs+atomic %d (WithClearSQL), concurrency 1, not prepared", size)
-	kv, err := pgkv.New(struct{ pgkv.DB }{p.pool}, p.schema+".markers")
-	if err != nil {
-		return Contender{Name: name, Setup: func(context.Context, int) error { return err }}
-	}
-	return p.atomicSQL(name, kv, runsOf(size))
+	return p.atomicSQL(fmt.Sprintf("retention runs+atomic %d (WithClearSQL), concurrency 1, not prepared", size), p.textKV, runsOf(size))
 }
 
 func runsOf(size int) retention.Config {
 	return retention.Config{BatchSize: size, PageSize: size, Concurrency: 1}
 }
 
-func (p *PG) atomic(name string, setup func(context.Context, int) error, clear func(*pgx.Batch, []string) error, cfg retention.Config) Contender {
-	kv, err := p.kv.WithClear(clear)
+func (p *PG) atomic(over *pgkv.KV, name string, setup func(context.Context, int) error, clear func(*pgx.Batch, []string) error, cfg retention.Config) Contender {
+	kv, err := over.WithClear(clear)
 	if err != nil {
 		// The pool can always send a batch: only a programming error
 		// gets here, and the contender reports it when run.
@@ -409,6 +412,15 @@ func (p *PG) AtomicBatches(size, conc int) Contender {
 	})
 }
 
+// AtomicBatchesText is AtomicBatches over a DB that is no
+// *pgxpool.Pool, whose marker statements go as text, parsed and planned
+// by the server every time.
+func (p *PG) AtomicBatchesText(size, conc int) Contender {
+	return p.atomicOver(p.textKV, fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d, not prepared", size, size, conc), retention.Config{
+		BatchSize: size, PageSize: size, Concurrency: conc,
+	})
+}
+
 // DatabasePicks is no sweep but a bound on one: statements that each let
 // the database pick the next size markers of the expired range, delete
 // them and, in the same statement, the jobs their ids name, returning only
@@ -459,7 +471,7 @@ func (p *PG) Contenders() []Contender {
 		p.Floor(), p.River(),
 		perID(1), perID(16), perID(64),
 		batched(1000, 1), batched(1000, 4), batched(10_000, 1),
-		p.AtomicBatches(1000, 1), p.AtomicBatches(1000, 4), p.AtomicBatches(10_000, 1),
+		p.AtomicBatches(1000, 1), p.AtomicBatchesText(1000, 1), p.AtomicBatches(1000, 4), p.AtomicBatches(10_000, 1),
 		p.AtomicBatches(10_000, 2), p.AtomicBatches(retention.MaxPageSize, 1),
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
 		p.AtomicRuns(1000), p.AtomicRuns(10_000), p.AtomicRunsText(10_000), p.AtomicRuns(retention.MaxPageSize),

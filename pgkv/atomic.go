@@ -261,7 +261,7 @@ func distinct(keys [][]byte) int {
 // call's markers: by range and key by key. Each takes lead (the lease's
 // arguments, or none) before its own.
 type markerStatements struct {
-	rangeSQL, keysSQL string
+	rangeSQL, keysSQL prepared
 	lead              []any
 }
 
@@ -278,11 +278,13 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 	b := &pgx.Batch{}
 	r, isRange := rangeOf(keys)
 	// The markers go first: when one is gone, the ClearFunc's statements
-	// never run.
+	// never run. send fills in the statement's form.
+	first := st.keysSQL
 	if isRange {
-		b.Queue(st.rangeSQL, append(slices.Clip(st.lead), r.args()...)...)
+		first = st.rangeSQL
+		b.Queue("", append(slices.Clip(st.lead), r.args()...)...)
 	} else {
-		b.Queue(st.keysSQL, append(slices.Clip(st.lead), keys, distinct(keys))...)
+		b.Queue("", append(slices.Clip(st.lead), keys, distinct(keys))...)
 	}
 	if err := a.clear(b, ids); err != nil {
 		return err
@@ -290,31 +292,40 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 	if b.Len() == 1 {
 		return errors.New("pgkv: the ClearFunc queued no statement")
 	}
-	err := a.send(ctx, b, lease)
+	err := a.send(ctx, b, first, lease)
 	if isRange && castFailure(err, notRangeToken) {
-		b.QueuedQueries[0].SQL = st.keysSQL
 		b.QueuedQueries[0].Arguments = append(slices.Clip(st.lead), keys, distinct(keys))
-		err = a.send(ctx, b, lease)
+		err = a.send(ctx, b, st.keysSQL, lease)
 	}
 	return err
 }
 
-// send runs the statements of b in one simple-protocol query and turns the
-// failures of the marker statement into their errors.
-func (a *AtomicKV) send(ctx context.Context, b *pgx.Batch, lease *pgLease) error {
-	text, args, err := joinBatch(ctx, b)
-	if err != nil {
+// send runs first, the marker statement, then the rest of the statements
+// of b in one simple-protocol query (prepared where it can be, see
+// onPrepared), and turns the failures of the marker statement into their
+// errors.
+func (a *AtomicKV) send(ctx context.Context, b *pgx.Batch, first prepared, lease *pgLease) error {
+	var joinErr error
+	err := a.onPrepared(ctx, first, func(db DB, stmt string) error {
+		b.QueuedQueries[0].SQL = stmt
+		text, args, err := joinBatch(ctx, b)
+		if err != nil {
+			joinErr = err
+			return err
+		}
+		if a.setSQL != "" {
+			// First, so that it covers the lease row and the markers too.
+			text = a.setSQL + ";\n" + text
+		}
+		_, err = db.Exec(ctx, text, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
 		return err
-	}
-	if a.setSQL != "" {
-		// First, so that it covers the lease row and the markers too.
-		text = a.setSQL + ";\n" + text
-	}
+	})
 	op := "clear and delete from " + a.table
-	_, err = a.db.Exec(ctx, text, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
 	switch {
 	case err == nil:
 		return nil
+	case joinErr != nil:
+		return joinErr
 	case lease != nil && castFailure(err, leaseLostToken):
 		lease.markLost()
 		return lease.refused(op)
@@ -353,12 +364,12 @@ func (p *pgLease) fenceAtomic(a *AtomicKV) *fencedAtomicKV {
 `
 	held := `EXISTS (SELECT 1 FROM l)`
 	v := &fencedAtomicKV{fencedKV: f, atomic: a, statements: markerStatements{
-		rangeSQL: with + rangeCTEs(a.table, "$4", "$5", "$6", "$7", held) + `
-SELECT ` + outcome("held", "exact", notRange) + `
-FROM (SELECT ` + held + ` AS held, exact, deleted FROM n) AS o`,
-		keysSQL: with + keysCTE(a.table, "$4", held) + `
-SELECT ` + outcome("held", "deleted = $5::bigint", markerGone("$5")) + `
-FROM (SELECT ` + held + ` AS held, (SELECT count(*) FROM a) AS deleted) AS n`,
+		rangeSQL: newPrepared(with+rangeCTEs(a.table, "$4", "$5", "$6", "$7", held)+`
+SELECT `+outcome("held", "exact", notRange)+`
+FROM (SELECT `+held+` AS held, exact, deleted FROM n) AS o`, 7),
+		keysSQL: newPrepared(with+keysCTE(a.table, "$4", held)+`
+SELECT `+outcome("held", "deleted = $5::bigint", markerGone("$5"))+`
+FROM (SELECT `+held+` AS held, (SELECT count(*) FROM a) AS deleted) AS n`, 5),
 		lead: []any{p.l.name, p.holder, p.fence},
 	}}
 	if a.runClear != "" {

@@ -1,6 +1,7 @@
 package pgkv_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -414,18 +415,19 @@ func TestRunReturnsItsKeys(t *testing.T) {
 	}
 }
 
-// TestRunIsPreparedOncePerPooledConnection: over a pool, a run's
-// statement is prepared on the connection the first time it runs there,
-// and executed from then on; a connection that lost it (DEALLOCATE,
-// DISCARD ALL) prepares it again. Over a connection or a transaction,
-// whose state the AtomicKV cannot know, runs go as text and prepare
-// nothing. Either way every run clears what it names.
-func TestRunIsPreparedOncePerPooledConnection(t *testing.T) {
+// TestStatementsArePreparedOncePerPooledConnection: over a pool, the
+// statement of a run, and those that delete a batch's markers (by range,
+// key by key), are each prepared on a connection the first time they run
+// there, and executed from then on; a connection that lost them
+// (DEALLOCATE, DISCARD ALL) prepares them again. Over a connection or a
+// transaction, whose state the AtomicKV cannot know, they go as text and
+// prepare nothing. Either way every call clears what it names.
+func TestStatementsArePreparedOncePerPooledConnection(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
 		db   func(t *testing.T, pool *pgxpool.Pool) (rowDB, func())
-		want int // statements prepared for the table on the connection
+		want int // of the statements a kind prepares on the connection, 0 or 1
 	}{
 		{"pool", func(t *testing.T, pool *pgxpool.Pool) (rowDB, func()) { return pool, func() {} }, 1},
 		{"conn", func(t *testing.T, pool *pgxpool.Pool) (rowDB, func()) {
@@ -449,7 +451,7 @@ func TestRunIsPreparedOncePerPooledConnection(t *testing.T) {
 			defer pool.Close()
 			writer, _, _, jobs, _ := newRunKV(t, admin)
 			markers := strings.TrimSuffix(jobs, "_jobs")
-			finishJobs(t, admin, writer, jobs, 25, time.Now().Add(-2*time.Hour))
+			finishJobs(t, admin, writer, jobs, 29, time.Now().Add(-2*time.Hour))
 
 			db, done := tc.db(t, pool)
 			kv, err := pgkv.New(db, markers)
@@ -459,7 +461,7 @@ func TestRunIsPreparedOncePerPooledConnection(t *testing.T) {
 			prepared := func() (n int, at time.Time) {
 				t.Helper()
 				require.NoError(t, db.QueryRow(ctx, `SELECT count(*), coalesce(min(prepare_time), 'epoch') FROM pg_prepared_statements
-					WHERE name LIKE 'pgkv_run_%' AND statement LIKE '%' || $1 || '%'`, pgx.QueryExecModeSimpleProtocol, markers).Scan(&n, &at))
+					WHERE name LIKE 'pgkv_%' AND statement LIKE '%' || $1 || '%'`, pgx.QueryExecModeSimpleProtocol, markers).Scan(&n, &at))
 				return n, at
 			}
 			run := func(limit int) int {
@@ -482,9 +484,23 @@ func TestRunIsPreparedOncePerPooledConnection(t *testing.T) {
 				n, _ = prepared()
 				require.Zero(t, n, "DISCARD ALL drops it")
 			}
-			assert.Equal(t, 5, run(10))
+			assert.Equal(t, 5, run(5))
 			n, _ = prepared()
 			assert.Equal(t, tc.want, n, "prepared again after it was lost")
+
+			keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+			require.NoError(t, err)
+			require.Len(t, keys, 4)
+			ids := make([]string, len(keys))
+			for i, k := range keys {
+				ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
+			}
+			require.NoError(t, akv.ClearAndDelete(ctx, ids[:2], keys[:2]), "a range")
+			n, _ = prepared()
+			assert.Equal(t, 2*tc.want, n, "prepared after a batch's range")
+			require.NoError(t, akv.ClearAndDelete(ctx, ids[2:], [][]byte{keys[3], keys[2]}), "keys out of order")
+			n, _ = prepared()
+			assert.Equal(t, 3*tc.want, n, "prepared after a batch key by key")
 			done()
 			assert.Zero(t, count(t, admin, markers))
 			assert.Zero(t, count(t, admin, jobs))
@@ -492,15 +508,16 @@ func TestRunIsPreparedOncePerPooledConnection(t *testing.T) {
 	}
 }
 
-// TestRunWithoutPreparedStatements: behind a pooler that gives each
-// transaction another server connection (PgBouncer in transaction mode),
-// a run's EXECUTE may find no prepared statement however often it is
-// prepared; the run then goes as text, and clears what it names.
-func TestRunWithoutPreparedStatements(t *testing.T) {
+// TestCallsBehindAPoolerThatForgetsPreparedStatements: behind a pooler
+// that gives each transaction another server connection (PgBouncer in
+// transaction mode), an EXECUTE may find no prepared statement however
+// often it is prepared; runs and batches then go as text, and clear what
+// they name.
+func TestCallsBehindAPoolerThatForgetsPreparedStatements(t *testing.T) {
 	ctx := context.Background()
 	admin := connect(t)
 	writer, _, markers, jobs, _ := newRunKV(t, admin)
-	finishJobs(t, admin, writer, jobs, 25, time.Now().Add(-2*time.Hour))
+	finishJobs(t, admin, writer, jobs, 27, time.Now().Add(-2*time.Hour))
 
 	cfg, proxy := proxied(t, "never cut")
 	proxy.forgetPrepared()
@@ -512,14 +529,23 @@ func TestRunWithoutPreparedStatements(t *testing.T) {
 	akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
 	require.NoError(t, err)
 
-	var cleared int
-	for _, want := range []int{10, 10, 5, 0} {
+	for _, want := range []int{10, 10} {
 		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
 		require.NoError(t, err)
 		assert.Len(t, keys, want)
-		cleared += len(keys)
 	}
-	assert.Equal(t, 25, cleared)
+	keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+	require.NoError(t, err)
+	require.Len(t, keys, 7)
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
+	}
+	require.NoError(t, akv.ClearAndDelete(ctx, ids[:4], keys[:4]), "a range")
+	require.NoError(t, akv.ClearAndDelete(ctx, ids[4:], [][]byte{keys[6], keys[5], keys[4]}), "keys out of order")
+	keys, err = akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+	require.NoError(t, err)
+	assert.Empty(t, keys)
 	assert.Zero(t, count(t, admin, markers))
 	assert.Zero(t, count(t, admin, jobs))
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -271,14 +272,31 @@ func readMessage(r *bufio.Reader, typed bool) ([]byte, error) {
 // gives up: another replica takes the lease within the TTL and a margin,
 // and the half-sent clear changed nothing.
 func TestHalfSentClearFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "clear", "FOR SHARE", nil, func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
-		return kv.WithClear(func(b *pgx.Batch, ids []string) error {
-			b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
-			return nil
-		})
-	}, func(ctx context.Context, view retention.KV, ids []string, keys [][]byte) error {
-		return view.(retention.ClearDeleter).ClearAndDelete(ctx, ids, keys)
+	halfSentFreesLease(t, "clear", "FOR SHARE", nil, clearDeletingJobs, sendClear)
+}
+
+// TestHalfSentPreparedClearFreesLease: the same for a clear whose marker
+// statement the holder's connection has prepared, cut in the EXECUTE of
+// it.
+func TestHalfSentPreparedClearFreesLease(t *testing.T) {
+	halfSentFreesLease(t, "prepared clear", "EXECUTE pgkv_", func(ctx context.Context, view retention.KV) error {
+		err := view.(retention.ClearDeleter).ClearAndDelete(ctx, []string{"none"}, [][]byte{[]byte("jobs/done/none")})
+		if !errors.Is(err, retention.ErrMarkerGone) {
+			return fmt.Errorf("the clear of a marker that is not there: %w, want ErrMarkerGone", err)
+		}
+		return nil
+	}, clearDeletingJobs, sendClear)
+}
+
+func clearDeletingJobs(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
+	return kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
+		return nil
 	})
+}
+
+func sendClear(ctx context.Context, view retention.KV, ids []string, keys [][]byte) error {
+	return view.(retention.ClearDeleter).ClearAndDelete(ctx, ids, keys)
 }
 
 // halfSentFreesLease cuts a fenced call of what (a clear or a run) off
@@ -482,7 +500,7 @@ func TestHalfSentRunFreesLease(t *testing.T) {
 // TestHalfSentPreparedRunFreesLease: the same for a run whose statement
 // the holder's connection has prepared, cut in the EXECUTE of it.
 func TestHalfSentPreparedRunFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "prepared run", "EXECUTE pgkv_run_", func(ctx context.Context, view retention.KV) error {
+	halfSentFreesLease(t, "prepared run", "EXECUTE pgkv_", func(ctx context.Context, view retention.KV) error {
 		keys, err := view.(retention.RunClearer).ClearRun(ctx, "jobs/done/", []byte("jobs/done:"), []byte("jobs/done;"), 100)
 		if len(keys) != 0 {
 			return fmt.Errorf("the run of an empty range cleared %q", keys)

@@ -86,7 +86,7 @@ type KV struct {
 	// A batch's markers go by range when they are a run of the table
 	// (see keyRange), else one by one.
 	rangeDeleteSQL, keysDeleteSQL   string
-	rangeMarkersSQL, keysMarkersSQL string // AtomicKV's
+	rangeMarkersSQL, keysMarkersSQL prepared // AtomicKV's
 }
 
 var (
@@ -214,8 +214,8 @@ func New(db DB, table string) (*KV, error) {
 		rangeDeleteSQL: `WITH ` + rangeCTEs(quoted, "$1", "$2", "$3", "$4", "") + `
 SELECT CASE WHEN exact THEN 0 ELSE ` + notRange + ` END FROM n`,
 		keysDeleteSQL:   `DELETE FROM ` + quoted + ` WHERE key = ANY($1::bytea[])`,
-		rangeMarkersSQL: rangeMarkersSQL(quoted),
-		keysMarkersSQL:  keysMarkersSQL(quoted),
+		rangeMarkersSQL: newPrepared(rangeMarkersSQL(quoted), 4),
+		keysMarkersSQL:  newPrepared(keysMarkersSQL(quoted), 2),
 	}, nil
 }
 

@@ -3,16 +3,12 @@ package pgkv
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/marksweep/retention"
 )
@@ -178,36 +174,14 @@ pgkv_o AS MATERIALIZED (SELECT ` + outcomeOf(held, ok, "true", `('`+notRunToken+
 	FROM pgkv_r)` + clear + `
 SELECT CASE WHEN n = 0 THEN '' ELSE common || ',' || keys END
 FROM pgkv_r, pgkv_o WHERE ok` + set
-	return newRunMessage(stmt, after, lead+6)
+	return runMessage{newPrepared(stmt, lead+6), after}
 }
 
-// runMessage is the message of a run (see runStatement) in two forms:
-// plain, the statements' text, which the server parses and plans each
-// time; and execute, the same with the run's statement replaced by an
-// EXECUTE of it once prepare has prepared it on the connection. Both go
-// as one simple-protocol Query message, so a message cut off on its way
-// runs nothing either way; the prepared one saves the server parsing
-// and planning the run's statement (BENCHMARKS.md).
+// runMessage is the message of a run (see runStatement): its statement,
+// then what follows it, "" or the clear statement.
 type runMessage struct {
-	plain, prepare, execute string
-}
-
-// newRunMessage returns the message of the statement stmt, which takes
-// nargs arguments, followed by after ("" or the statements that follow
-// it). The prepared statement is named after stmt's text, so every
-// AtomicKV whose run reads the same gets the same, and no two others do.
-func newRunMessage(stmt, after string, nargs int) runMessage {
-	sum := sha256.Sum256([]byte(stmt))
-	name := "pgkv_run_" + hex.EncodeToString(sum[:12])
-	params := make([]string, nargs)
-	for i := range params {
-		params[i] = "$" + strconv.Itoa(i+1)
-	}
-	return runMessage{
-		plain:   stmt + after,
-		prepare: "PREPARE " + name + " AS " + stmt,
-		execute: "EXECUTE " + name + "(" + strings.Join(params, ", ") + ")" + after,
-	}
+	stmt  prepared
+	after string
 }
 
 // clearRun sends the run's message m (see runStatement), with the lead
@@ -238,7 +212,11 @@ func (a *AtomicKV) clearRun(ctx context.Context, m runMessage, lead []any, lease
 	}
 	args := append(append([]any{pgx.QueryExecModeSimpleProtocol}, lead...), lo, hi, limit, len(prefix)+1, from, end)
 	op := "clear run in " + a.table
-	keys, err := a.sendRun(ctx, m, args, prefix)
+	var keys [][]byte
+	err := a.onPrepared(ctx, m.stmt, func(db DB, stmt string) (err error) {
+		keys, err = readRun(ctx, db, stmt+m.after, args, prefix)
+		return err
+	})
 	switch {
 	case err == nil:
 		return keys, nil
@@ -249,40 +227,6 @@ func (a *AtomicKV) clearRun(ctx context.Context, m runMessage, lead []any, lease
 		return nil, fmt.Errorf("pgkv: %s: %w: a key of [%q, %q) is no marker of %q with an id of the default rule", op, retention.ErrMalformedMarker, from, end, prefix)
 	}
 	return nil, wrap(ctx, op, err)
-}
-
-// sendRun sends m with args and returns the keys of the run. Over a pool
-// it takes a connection and executes the statement prepared there,
-// preparing it first on a connection that has not (or no longer has) it;
-// over a connection or a transaction, whose state it cannot know, it sends
-// the plain text, as it does when a pooler between the pool and the
-// server (PgBouncer in transaction mode) loses what was prepared between
-// two messages.
-func (a *AtomicKV) sendRun(ctx context.Context, m runMessage, args []any, prefix string) ([][]byte, error) {
-	pool, ok := a.db.(*pgxpool.Pool)
-	if !ok {
-		return readRun(ctx, a.db, m.plain, args, prefix)
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Release()
-	// An EXECUTE of no prepared statement fails before anything runs.
-	keys, err := readRun(ctx, conn, m.execute, args, prefix)
-	if !hasCode(err, "26000") { // invalid_sql_statement_name
-		return keys, err
-	}
-	_, err = conn.Exec(ctx, m.prepare, pgx.QueryExecModeSimpleProtocol)
-	switch {
-	case err == nil:
-		if keys, err = readRun(ctx, conn, m.execute, args, prefix); !hasCode(err, "26000") {
-			return keys, err
-		}
-	case !hasCode(err, "42P05"): // duplicate_prepared_statement
-		return nil, err
-	}
-	return readRun(ctx, conn, m.plain, args, prefix)
 }
 
 // readRun sends sql with args over db and returns the keys of the run it

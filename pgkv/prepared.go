@@ -1,0 +1,71 @@
+package pgkv
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// prepared is a statement in the forms it goes in (see KV.onPrepared): its
+// text, which the server parses and plans every time; the PREPARE that
+// has the server keep it parsed and planned for a connection; and the
+// EXECUTE of it.
+type prepared struct {
+	text, prepare, execute string
+}
+
+// newPrepared returns the forms of stmt, which takes nargs arguments. The
+// prepared statement is named after stmt's text, so every statement that
+// reads the same gets the same name, and no two others do.
+func newPrepared(stmt string, nargs int) prepared {
+	sum := sha256.Sum256([]byte(stmt))
+	name := "pgkv_" + hex.EncodeToString(sum[:12])
+	params := make([]string, nargs)
+	for i := range params {
+		params[i] = "$" + strconv.Itoa(i+1)
+	}
+	return prepared{
+		text:    stmt,
+		prepare: "PREPARE " + name + " AS " + stmt,
+		execute: "EXECUTE " + name + "(" + strings.Join(params, ", ") + ")",
+	}
+}
+
+// onPrepared calls send with a DB and the form of p to send over it. Over
+// a pool: one of its connections and p's EXECUTE, after preparing p there
+// when that connection has not (or no longer has) it. Over a connection
+// or a transaction, whose state it cannot know: p's text, as when a
+// pooler between the pool and the server (PgBouncer in transaction mode)
+// loses what a connection prepared between two messages. send must send
+// its statement in the simple protocol, where PREPARE goes too: a message
+// cut off on its way runs nothing, and one whose EXECUTE names no
+// prepared statement fails before anything in it ran.
+func (k *KV) onPrepared(ctx context.Context, p prepared, send func(db DB, stmt string) error) error {
+	pool, ok := k.db.(*pgxpool.Pool)
+	if !ok {
+		return send(k.db, p.text)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if err = send(conn, p.execute); !hasCode(err, "26000") { // invalid_sql_statement_name
+		return err
+	}
+	_, err = conn.Exec(ctx, p.prepare, pgx.QueryExecModeSimpleProtocol)
+	switch {
+	case err == nil:
+		if err = send(conn, p.execute); !hasCode(err, "26000") {
+			return err
+		}
+	case !hasCode(err, "42P05"): // duplicate_prepared_statement
+		return err
+	}
+	return send(conn, p.text)
+}
