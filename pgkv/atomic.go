@@ -68,6 +68,14 @@ type ClearFunc func(b *pgx.Batch, ids []string) error
 // the statements' text (see ClearFunc); the markers of a batch that is a
 // run of the table take two keys and a digest, whatever its size, and a
 // run of ClearRun takes a few keys and numbers.
+//
+// Over a *pgxpool.Pool, the statement that deletes the markers (or picks
+// and deletes a run) is prepared with SQL PREPARE, in the same protocol,
+// on a connection the first time it runs there, and EXECUTEd from then
+// on: the server no longer parses and plans it every call (BENCHMARKS.md).
+// The first call on a connection is then two round trips. Each prepared
+// statement holds up to a few hundred KB of the connection's backend
+// memory until it closes: some per AtomicKV, and per table of a KV.
 type AtomicKV struct {
 	*KV
 	clear ClearFunc

@@ -546,6 +546,63 @@ func TestCallsBehindAPoolerThatForgetsPreparedStatements(t *testing.T) {
 	keys, err = akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
 	require.NoError(t, err)
 	assert.Empty(t, keys)
+	assert.Equal(t, []string{"PREPARE", "EXECUTE", "WITH"}, proxy.queries()[:3],
+		"the first call prepares, finds nothing prepared, and sends the text")
+	assert.NotContains(t, proxy.queries()[3:], "PREPARE", "and no call prepares again")
+	assert.Zero(t, count(t, admin, markers))
+	assert.Zero(t, count(t, admin, jobs))
+}
+
+// TestAConnectionPreparesBeforeItsFirstExecute: a pooled connection
+// remembers what it prepared, so its first call prepares first rather
+// than send an EXECUTE the server refuses (an ERROR in its log); when the
+// server forgot (DISCARD ALL), the refused EXECUTE makes it prepare again.
+// Another session's statement of the same name and text is used as is.
+func TestAConnectionPreparesBeforeItsFirstExecute(t *testing.T) {
+	ctx := context.Background()
+	admin := connect(t)
+	writer, _, markers, jobs, _ := newRunKV(t, admin)
+	finishJobs(t, admin, writer, jobs, 40, time.Now().Add(-2*time.Hour))
+	cfg, proxy := proxied(t, "never cut")
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	kv, err := pgkv.New(pool, markers)
+	require.NoError(t, err)
+	akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
+	require.NoError(t, err)
+	run := func() {
+		t.Helper()
+		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+		require.NoError(t, err)
+		require.Len(t, keys, 10)
+	}
+
+	run()
+	run()
+	assert.Equal(t, []string{"PREPARE", "EXECUTE", "EXECUTE"}, proxy.queries())
+	_, err = pool.Exec(ctx, "DISCARD ALL", pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	run()
+	assert.Equal(t, []string{"PREPARE", "EXECUTE", "EXECUTE", "DISCARD", "EXECUTE", "PREPARE", "EXECUTE"}, proxy.queries())
+
+	// A new connection on which the statement is already prepared, as a
+	// pooler can give one: its PREPARE fails, and the EXECUTE goes.
+	var prepare string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'pgkv_%'",
+		pgx.QueryExecModeSimpleProtocol).Scan(&prepare))
+	other, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = other.Exec(ctx, prepare, pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	kv, err = pgkv.New(other, markers)
+	require.NoError(t, err)
+	akv, err = kv.WithClearSQL(deleteJobsSQL(jobs))
+	require.NoError(t, err)
+	run()
+	assert.Equal(t, []string{"PREPARE", "EXECUTE"}, proxy.queries()[len(proxy.queries())-2:])
 	assert.Zero(t, count(t, admin, markers))
 	assert.Zero(t, count(t, admin, jobs))
 }

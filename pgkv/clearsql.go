@@ -90,9 +90,12 @@ const runIDsSetting = "pgkv.run_ids"
 // (it estimates each element, and then may scan the whole table). The
 // cast after it keeps ANY(...) from reading the subquery as a set of
 // rows, and the outer parentheses keep a subscript or a cast that follows
-// $1 on the array.
+// $1 on the array. convert_from's text takes the collation "C" of its
+// argument 'UTF8' (a name), which would win over a column's default
+// collation in id = ANY($1) and keep the column's index out of use: the
+// ids take the default collation instead, which yields to a column's.
 const (
-	inlineIDsExpr  = `((SELECT ARRAY(SELECT convert_from(substr(key, (SELECT id_at FROM pgkv_c)), 'UTF8') FROM pgkv_m) FROM pgkv_o WHERE ok)::text[])`
+	inlineIDsExpr  = `((SELECT ARRAY(SELECT convert_from(substr(key, (SELECT id_at FROM pgkv_c)), 'UTF8') COLLATE "default" FROM pgkv_m) FROM pgkv_o WHERE ok)::text[])`
 	settingIDsExpr = `((SELECT string_to_array(current_setting('` + runIDsSetting + `'), ','))::text[])`
 	pageIDsExpr    = `((SELECT $1::text[])::text[])`
 )

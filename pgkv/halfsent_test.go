@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -25,7 +26,8 @@ import (
 
 // cutProxy forwards PostgreSQL connections and reads the frontend
 // messages on their way. Once armed, it cuts the traffic in the middle of
-// the first transaction that runs a statement holding needle: in the
+// the first transaction that runs a statement holding needle (never in a
+// PREPARE, nor in an EXECUTE on a connection that prepared nothing): in the
 // extended protocol right after the Execute of that statement (before the
 // batch's Sync), in the simple protocol in the middle of the Query message,
 // just after needle. From then on it passes nothing on any connection, in
@@ -39,6 +41,8 @@ type cutProxy struct {
 	conns  []net.Conn
 	armed  bool
 	forget bool // see forgetPrepared
+
+	words  []string // the first word of each Query message, in order
 	closed bool
 	cut    chan struct{}
 	wg     sync.WaitGroup
@@ -89,6 +93,21 @@ func (p *cutProxy) forgets() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.forget
+}
+
+// saw records the first word of a Query message's text.
+func (p *cutProxy) saw(query []byte) {
+	word, _, _ := bytes.Cut(query, []byte(" "))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.words = append(p.words, string(word))
+}
+
+// queries returns the first word of each Query message passed so far.
+func (p *cutProxy) queries() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.words)
 }
 
 func (p *cutProxy) isArmed() bool {
@@ -209,6 +228,7 @@ func (p *cutProxy) frontend(client, server net.Conn) {
 	}
 	statements := map[string][]byte{} // prepared statement name -> its SQL
 	fenced := false                   // the statement bound last holds needle
+	prepared := false                 // the connection sent a PREPARE
 	for {
 		msg, err := readMessage(r, true)
 		if err != nil {
@@ -226,7 +246,16 @@ func (p *cutProxy) frontend(client, server net.Conn) {
 			name, _, _ := bytes.Cut(rest, []byte{0})
 			fenced = bytes.Contains(statements[string(name)], p.needle)
 		case 'Q': // Query: the whole transaction in one message
-			if p.forgets() && bytes.HasPrefix(body, []byte("EXECUTE ")) {
+			p.saw(body)
+			execute := bytes.HasPrefix(body, []byte("EXECUTE "))
+			if bytes.HasPrefix(body, []byte("PREPARE ")) {
+				// Runs nothing: a cut here would prove nothing.
+				prepared, armed = true, false
+			}
+			if execute && !prepared {
+				armed = false // an EXECUTE that fails before anything runs
+			}
+			if p.forgets() && execute {
 				body = append([]byte("DEALLOCATE ALL;\n"), body...)
 				msg = binary.BigEndian.AppendUint32([]byte{'Q'}, uint32(4+len(body)))
 				msg = append(msg, body...)
@@ -272,14 +301,14 @@ func readMessage(r *bufio.Reader, typed bool) ([]byte, error) {
 // gives up: another replica takes the lease within the TTL and a margin,
 // and the half-sent clear changed nothing.
 func TestHalfSentClearFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "clear", "FOR SHARE", nil, clearDeletingJobs, sendClear)
+	halfSentFreesLease(t, "clear", false, nil, clearDeletingJobs, sendClear)
 }
 
 // TestHalfSentPreparedClearFreesLease: the same for a clear whose marker
 // statement the holder's connection has prepared, cut in the EXECUTE of
 // it.
 func TestHalfSentPreparedClearFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "prepared clear", "EXECUTE pgkv_", func(ctx context.Context, view retention.KV) error {
+	halfSentFreesLease(t, "prepared clear", true, func(ctx context.Context, view retention.KV) error {
 		err := view.(retention.ClearDeleter).ClearAndDelete(ctx, []string{"none"}, [][]byte{[]byte("jobs/done/none")})
 		if !errors.Is(err, retention.ErrMarkerGone) {
 			return fmt.Errorf("the clear of a marker that is not there: %w, want ErrMarkerGone", err)
@@ -300,14 +329,15 @@ func sendClear(ctx context.Context, view retention.KV, ids []string, keys [][]by
 }
 
 // halfSentFreesLease cuts a fenced call of what (a clear or a run) off
-// after the server got needle (by default, the lease check), and checks
-// that another replica takes the lease within the TTL and a margin and
-// that the call changed nothing. send makes the call through the fenced
-// view of the AtomicKV that atomic makes of the holder's KV over the jobs
-// table; warm, when not nil, calls that view once before the proxy is
-// armed.
-func halfSentFreesLease(t *testing.T, what, needle string, warm func(ctx context.Context, view retention.KV) error,
-	atomic func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error),
+// after the server got the lease check, and checks that another replica
+// takes the lease within the TTL and a margin and that the call changed
+// nothing. send makes the call through the fenced view of the AtomicKV
+// that atomicOf makes of the holder's KV over the jobs table. That KV is
+// over a pool when prepared, and the cut falls in the EXECUTE of the
+// statement prepared (warm, when not nil, calls the view once before the
+// proxy is armed); else over a DB that is no pool, which sends the text.
+func halfSentFreesLease(t *testing.T, what string, prepared bool, warm func(ctx context.Context, view retention.KV) error,
+	atomicOf func(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error),
 	send func(ctx context.Context, view retention.KV, ids []string, keys [][]byte) error) {
 	admin := connect(t)
 	markers := freshTable(t, admin)
@@ -315,6 +345,10 @@ func halfSentFreesLease(t *testing.T, what, needle string, warm func(ctx context
 	leases := freshLeaseTable(t, admin)
 	ctx := context.Background()
 
+	needle := "FOR SHARE"
+	if prepared {
+		needle = "EXECUTE pgkv_"
+	}
 	cfg, proxy := proxied(t, needle)
 	cfg.MaxConns = 4
 	holderPool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -332,9 +366,13 @@ func halfSentFreesLease(t *testing.T, what, needle string, warm func(ctx context
 	ids := finishJobs(t, admin, writer, jobs, 10, time.Now().Add(-2*time.Hour))
 	keys, err := writer.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 100)
 	require.NoError(t, err)
-	holderKV, err := pgkv.New(holderPool, markers)
+	var holderDB pgkv.DB = holderPool
+	if !prepared {
+		holderDB = struct{ pgkv.DB }{holderPool}
+	}
+	holderKV, err := pgkv.New(holderDB, markers)
 	require.NoError(t, err)
-	akv, err := atomic(holderKV, jobs)
+	akv, err := atomicOf(holderKV, jobs)
 	require.NoError(t, err)
 	view, ok := lease.(retention.Fencer).Fence(akv)
 	require.True(t, ok)
@@ -388,18 +426,21 @@ func halfSentFreesLease(t *testing.T, what, needle string, warm func(ctx context
 // server got part of the statement, the server runs nothing and holds no
 // marker row: another replica's atomic clear of those markers goes
 // through, rather than wait for rows an open transaction holds until TCP
-// gives up (hours).
+// gives up (hours). Both as text and prepared (cut in the EXECUTE).
 func TestHalfSentUnfencedMoveStrandsNoMarker(t *testing.T) {
+	for _, prepared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("prepared=%v", prepared), func(t *testing.T) { testHalfSentUnfencedMove(t, prepared) })
+	}
+}
+
+func testHalfSentUnfencedMove(t *testing.T, prepared bool) {
 	admin := connect(t)
 	markers := freshTable(t, admin)
 	jobs, _ := jobsTable(t, admin, markers)
 	ctx := context.Background()
-
-	cfg, proxy := proxied(t, "unnest(")
-	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer vanishing.Close()
-	defer proxy.close()
+	replicaA, proxy := vanishingReplica(t, markers, "unnest(", prepared, func(kv *pgkv.KV) error {
+		return kv.Move(ctx, [][]byte{[]byte("jobs/done/none")}, [][]byte{[]byte("jobs/done/nonex")})
+	})
 
 	writer, err := pgkv.New(admin, markers)
 	require.NoError(t, err)
@@ -410,8 +451,6 @@ func TestHalfSentUnfencedMoveStrandsNoMarker(t *testing.T) {
 
 	// Replica A reschedules the first two markers (their clear failed) and
 	// vanishes mid-statement.
-	replicaA, err := pgkv.New(vanishing, markers)
-	require.NoError(t, err)
 	proxy.arm()
 	go func() {
 		mctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -442,18 +481,22 @@ func TestHalfSentUnfencedMoveStrandsNoMarker(t *testing.T) {
 // TestHalfSentUnfencedDeleteDoesNotStallTheSweep: the same with KV.Delete
 // (a replica without a lease, Clear mode): a Delete cut off midway holds no
 // row, so the other replica's Delete of the page does not wait for rows
-// stranded by a vanished host, and its passes go past that page.
+// stranded by a vanished host, and its passes go past that page. Both as
+// text and prepared (cut in the EXECUTE).
 func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
+	for _, prepared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("prepared=%v", prepared), func(t *testing.T) { testHalfSentUnfencedDelete(t, prepared) })
+	}
+}
+
+func testHalfSentUnfencedDelete(t *testing.T, prepared bool) {
 	admin := connect(t)
 	markers := freshTable(t, admin)
 	jobs, _ := jobsTable(t, admin, markers)
 	ctx := context.Background()
-
-	cfg, proxy := proxied(t, "DELETE FROM")
-	vanishing, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer vanishing.Close()
-	defer proxy.close()
+	replicaA, proxy := vanishingReplica(t, markers, "DELETE FROM", prepared, func(kv *pgkv.KV) error {
+		return kv.Delete(ctx, []byte("jobs/done/none"))
+	})
 
 	writer, err := pgkv.New(admin, markers)
 	require.NoError(t, err)
@@ -461,8 +504,6 @@ func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
 	keys, err := writer.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 100)
 	require.NoError(t, err)
 
-	replicaA, err := pgkv.New(vanishing, markers)
-	require.NoError(t, err)
 	proxy.arm()
 	go func() {
 		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -489,18 +530,45 @@ func TestHalfSentUnfencedDeleteDoesNotStallTheSweep(t *testing.T) {
 	assert.Equal(t, map[string]int{"j00000": 1, "j00001": 1, "j00002": 1, "j00003": 1}, clears)
 }
 
+// vanishingReplica returns a KV over markers whose connections go through
+// a cutProxy, and the proxy, not armed. When prepared, the KV is over a
+// pool, warm calls it once, and the proxy cuts the next EXECUTE; else it
+// is over a DB that is no pool, which sends the text, cut after needle.
+func vanishingReplica(t *testing.T, markers, needle string, prepared bool, warm func(kv *pgkv.KV) error) (*pgkv.KV, *cutProxy) {
+	if prepared {
+		needle = "EXECUTE pgkv_"
+	}
+	cfg, proxy := proxied(t, needle)
+	vanishing, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		proxy.close() // first: a call the cut left waiting fails, and frees its connection
+		vanishing.Close()
+	})
+	var db pgkv.DB = struct{ pgkv.DB }{vanishing}
+	if prepared {
+		db = vanishing
+	}
+	kv, err := pgkv.New(db, markers)
+	require.NoError(t, err)
+	if prepared {
+		require.NoError(t, warm(kv))
+	}
+	return kv, proxy
+}
+
 // TestHalfSentRunFreesLease: the same for a fenced run of an AtomicKV
 // made by WithClearSQL, whose message holds the lease check, the run and
 // the clear: cut off after the lease check, it runs nothing and holds no
 // lock, so another replica takes the lease within the TTL and a margin.
 func TestHalfSentRunFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "run", "FOR SHARE", nil, runDeletingJobs, sendRun)
+	halfSentFreesLease(t, "run", false, nil, runDeletingJobs, sendRun)
 }
 
 // TestHalfSentPreparedRunFreesLease: the same for a run whose statement
 // the holder's connection has prepared, cut in the EXECUTE of it.
 func TestHalfSentPreparedRunFreesLease(t *testing.T) {
-	halfSentFreesLease(t, "prepared run", "EXECUTE pgkv_", func(ctx context.Context, view retention.KV) error {
+	halfSentFreesLease(t, "prepared run", true, func(ctx context.Context, view retention.KV) error {
 		keys, err := view.(retention.RunClearer).ClearRun(ctx, "jobs/done/", []byte("jobs/done:"), []byte("jobs/done;"), 100)
 		if len(keys) != 0 {
 			return fmt.Errorf("the run of an empty range cleared %q", keys)

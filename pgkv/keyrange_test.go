@@ -102,7 +102,7 @@ func TestRangeStatementChecksTheRows(t *testing.T) {
 			}
 			r, ok := rangeOf(keys)
 			require.True(t, ok)
-			for name, sql := range map[string]string{"Delete": kv.rangeDeleteSQL, "ClearAndDelete": kv.rangeMarkersSQL.text} {
+			for name, sql := range map[string]string{"Delete": kv.rangeDeleteSQL.text, "ClearAndDelete": kv.rangeMarkersSQL.text} {
 				_, err := pool.Exec(ctx, sql, append([]any{pgx.QueryExecModeSimpleProtocol}, r.args()...)...)
 				var left int
 				require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+kv.table).Scan(&left))

@@ -302,14 +302,14 @@ func (p *pgLease) fenceKV(k *KV) *fencedKV {
 		kv: k, lease: p,
 		// A range that held other rows fails only when the lease held:
 		// without it, nothing was deleted.
-		rangeDeleteSQL: with + rangeCTEs(k.table, "$4", "$5", "$6", "$7", held) + `
-SELECT CASE WHEN held AND NOT exact THEN ` + notRange + ` > 0 ELSE held END FROM (SELECT ` + held + ` AS held, exact, deleted FROM n) AS o`,
-		keysDeleteSQL: with + keysCTE(k.table, "$4", held) + `
-SELECT ` + held,
-		insertSQL: with + `w AS (INSERT INTO ` + k.table + ` (key) SELECT $4::bytea WHERE ` + held + ` ON CONFLICT DO NOTHING)
-SELECT ` + held,
-		moveSQL: with + moveCTEs(k.table, "$4", "$5", held) + `
-SELECT ` + held,
+		rangeDeleteSQL: newPrepared(with+rangeCTEs(k.table, "$4", "$5", "$6", "$7", held)+`
+SELECT CASE WHEN held AND NOT exact THEN `+notRange+` > 0 ELSE held END FROM (SELECT `+held+` AS held, exact, deleted FROM n) AS o`, 7),
+		keysDeleteSQL: newPrepared(with+keysCTE(k.table, "$4", held)+`
+SELECT `+held, 4),
+		insertSQL: newPrepared(with+`w AS (INSERT INTO `+k.table+` (key) SELECT $4::bytea WHERE `+held+` ON CONFLICT DO NOTHING)
+SELECT `+held, 4),
+		moveSQL: newPrepared(with+moveCTEs(k.table, "$4", "$5", held)+`
+SELECT `+held, 5),
 	}
 }
 
@@ -318,7 +318,7 @@ type fencedKV struct {
 	kv    *KV
 	lease *pgLease
 	// Each returns whether the lease held.
-	rangeDeleteSQL, keysDeleteSQL, insertSQL, moveSQL string
+	rangeDeleteSQL, keysDeleteSQL, insertSQL, moveSQL prepared
 }
 
 var (
@@ -363,18 +363,21 @@ func (f *fencedKV) Move(ctx context.Context, from, to [][]byte) error {
 	return f.write(ctx, "move in", f.moveSQL, from, to)
 }
 
-// write runs one fenced statement; args are its $4 on.
-func (f *fencedKV) write(ctx context.Context, op, sql string, args ...any) error {
+// write runs one fenced statement (see KV.write); args are its $4 on.
+func (f *fencedKV) write(ctx context.Context, op string, sql prepared, args ...any) error {
 	p := f.lease
 	op += " " + f.kv.table
 	if p.isLost() {
 		return p.refused(op)
 	}
-	rows, err := f.kv.db.Query(ctx, sql, append([]any{pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence}, args...)...)
-	if err != nil {
-		return wrap(ctx, op, err)
-	}
-	held, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	var held bool
+	err := f.kv.onPrepared(ctx, sql, func(db DB, stmt string) error {
+		rows, err := db.Query(ctx, stmt, append([]any{pgx.QueryExecModeSimpleProtocol, p.l.name, p.holder, p.fence}, args...)...)
+		if err == nil {
+			held, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+		}
+		return err
+	})
 	if err != nil {
 		return wrap(ctx, op, err)
 	}

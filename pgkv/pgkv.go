@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,16 +78,22 @@ var ErrNoLeaseTable = errors.New("pgkv: lease table does not exist (run MigrateL
 var ErrInvalidTable = errors.New("pgkv: invalid table name")
 
 // KV is a retention.KV over one marker table. It is safe for concurrent use
-// when its DB is (a pool is). Create one with New.
+// when its DB is (a pool is). Create one with New. Over a *pgxpool.Pool
+// its Delete and Move, fenced or not, are prepared per connection as an
+// AtomicKV's statements are (see AtomicKV).
 type KV struct {
 	db    DB
 	table string // quoted, possibly schema-qualified
 
-	scanSQL, insertSQL, moveSQL string
+	scanSQL, insertSQL string
+	moveSQL            prepared
 	// A batch's markers go by range when they are a run of the table
 	// (see keyRange), else one by one.
-	rangeDeleteSQL, keysDeleteSQL   string
+	rangeDeleteSQL, keysDeleteSQL   prepared
 	rangeMarkersSQL, keysMarkersSQL prepared // AtomicKV's
+	// unprepared is set once the pool's connections were seen to lose
+	// what they prepared (see onPrepared).
+	unprepared atomic.Bool
 }
 
 var (
@@ -210,10 +217,10 @@ func New(db DB, table string) (*KV, error) {
 		table:     quoted,
 		scanSQL:   `SELECT key FROM ` + quoted + ` WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3`,
 		insertSQL: `INSERT INTO ` + quoted + ` (key) VALUES ($1) ON CONFLICT DO NOTHING`,
-		moveSQL:   `WITH ` + moveCTEs(quoted, "$1", "$2", "") + ` SELECT 1`,
-		rangeDeleteSQL: `WITH ` + rangeCTEs(quoted, "$1", "$2", "$3", "$4", "") + `
-SELECT CASE WHEN exact THEN 0 ELSE ` + notRange + ` END FROM n`,
-		keysDeleteSQL:   `DELETE FROM ` + quoted + ` WHERE key = ANY($1::bytea[])`,
+		moveSQL:   newPrepared(`WITH `+moveCTEs(quoted, "$1", "$2", "")+` SELECT 1`, 2),
+		rangeDeleteSQL: newPrepared(`WITH `+rangeCTEs(quoted, "$1", "$2", "$3", "$4", "")+`
+SELECT CASE WHEN exact THEN 0 ELSE `+notRange+` END FROM n`, 4),
+		keysDeleteSQL:   newPrepared(`DELETE FROM `+quoted+` WHERE key = ANY($1::bytea[])`, 1),
 		rangeMarkersSQL: newPrepared(rangeMarkersSQL(quoted), 4),
 		keysMarkersSQL:  newPrepared(keysMarkersSQL(quoted), 2),
 	}, nil
@@ -317,23 +324,30 @@ func (k *KV) Delete(ctx context.Context, keys ...[]byte) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	// The simple protocol, as every write of the sweep: one message, run only
-	// once it has arrived whole. In the extended protocol, a holder cut off
-	// between Execute and Sync would leave the rows locked in an open
-	// transaction until TCP gives up (hours), stalling every replica.
 	if r, ok := rangeOf(keys); ok {
-		_, err := k.db.Exec(ctx, k.rangeDeleteSQL, append([]any{pgx.QueryExecModeSimpleProtocol}, r.args()...)...)
-		switch {
+		switch err := k.write(ctx, k.rangeDeleteSQL, r.args()...); {
 		case err == nil:
 			return nil
 		case !castFailure(err, notRangeToken):
 			return wrap(ctx, "delete from "+k.table, err)
 		}
 	}
-	if _, err := k.db.Exec(ctx, k.keysDeleteSQL, pgx.QueryExecModeSimpleProtocol, keys); err != nil {
+	if err := k.write(ctx, k.keysDeleteSQL, keys); err != nil {
 		return wrap(ctx, "delete from "+k.table, err)
 	}
 	return nil
+}
+
+// write runs the statement sql with args. It goes in the simple protocol,
+// as every write of the sweep: one message, run only once it has arrived
+// whole. In the extended protocol, a holder cut off between Execute and
+// Sync would leave the rows locked in an open transaction until TCP gives
+// up (hours), stalling every replica.
+func (k *KV) write(ctx context.Context, sql prepared, args ...any) error {
+	return k.onPrepared(ctx, sql, func(db DB, stmt string) error {
+		_, err := db.Exec(ctx, stmt, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+		return err
+	})
 }
 
 // Put writes a marker key in its own statement. The table stores keys only,
@@ -373,7 +387,7 @@ func (k *KV) Move(ctx context.Context, from, to [][]byte) error {
 		}
 		return m.Move(ctx, from, to)
 	}
-	if _, err := k.db.Exec(ctx, k.moveSQL, pgx.QueryExecModeSimpleProtocol, from, to); err != nil { // see Delete
+	if err := k.write(ctx, k.moveSQL, from, to); err != nil {
 		return wrap(ctx, "move in "+k.table, err)
 	}
 	return nil

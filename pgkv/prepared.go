@@ -14,9 +14,9 @@ import (
 // prepared is a statement in the forms it goes in (see KV.onPrepared): its
 // text, which the server parses and plans every time; the PREPARE that
 // has the server keep it parsed and planned for a connection; and the
-// EXECUTE of it.
+// EXECUTE of it. name is the prepared statement's.
 type prepared struct {
-	text, prepare, execute string
+	name, text, prepare, execute string
 }
 
 // newPrepared returns the forms of stmt, which takes nargs arguments. The
@@ -30,6 +30,7 @@ func newPrepared(stmt string, nargs int) prepared {
 		params[i] = "$" + strconv.Itoa(i+1)
 	}
 	return prepared{
+		name:    name,
 		text:    stmt,
 		prepare: "PREPARE " + name + " AS " + stmt,
 		execute: "EXECUTE " + name + "(" + strings.Join(params, ", ") + ")",
@@ -38,16 +39,18 @@ func newPrepared(stmt string, nargs int) prepared {
 
 // onPrepared calls send with a DB and the form of p to send over it. Over
 // a pool: one of its connections and p's EXECUTE, after preparing p there
-// when that connection has not (or no longer has) it. Over a connection
-// or a transaction, whose state it cannot know: p's text, as when a
-// pooler between the pool and the server (PgBouncer in transaction mode)
-// loses what a connection prepared between two messages. send must send
-// its statement in the simple protocol, where PREPARE goes too: a message
-// cut off on its way runs nothing, and one whose EXECUTE names no
-// prepared statement fails before anything in it ran.
+// unless the connection remembers doing so (in its CustomData) and
+// again if the server forgot (DISCARD ALL). Over a connection or a
+// transaction, whose state it cannot know: p's text, as from then on
+// over a pool whose connections lose what they prepared between two
+// messages (a pooler in front of the server, PgBouncer in transaction
+// mode). send must send its statement in the simple protocol, where
+// PREPARE goes too: a message cut off on its way runs nothing, and one
+// whose EXECUTE names no prepared statement fails before anything in it
+// ran.
 func (k *KV) onPrepared(ctx context.Context, p prepared, send func(db DB, stmt string) error) error {
 	pool, ok := k.db.(*pgxpool.Pool)
-	if !ok {
+	if !ok || k.unprepared.Load() {
 		return send(k.db, p.text)
 	}
 	conn, err := pool.Acquire(ctx)
@@ -55,17 +58,23 @@ func (k *KV) onPrepared(ctx context.Context, p prepared, send func(db DB, stmt s
 		return err
 	}
 	defer conn.Release()
-	if err = send(conn, p.execute); !hasCode(err, "26000") { // invalid_sql_statement_name
-		return err
-	}
-	_, err = conn.Exec(ctx, p.prepare, pgx.QueryExecModeSimpleProtocol)
-	switch {
-	case err == nil:
-		if err = send(conn, p.execute); !hasCode(err, "26000") {
+	made := conn.Conn().PgConn().CustomData()
+	if made[p.name] != nil {
+		if err = send(conn, p.execute); !hasCode(err, "26000") { // invalid_sql_statement_name
 			return err
 		}
-	case !hasCode(err, "42P05"): // duplicate_prepared_statement
+		delete(made, p.name)
+	}
+	_, err = conn.Exec(ctx, p.prepare, pgx.QueryExecModeSimpleProtocol)
+	if err != nil && !hasCode(err, "42P05") { // duplicate_prepared_statement
 		return err
 	}
+	made[p.name] = true
+	if err = send(conn, p.execute); !hasCode(err, "26000") {
+		return err
+	}
+	// Prepared, or found prepared, and gone by the next message.
+	delete(made, p.name)
+	k.unprepared.Store(true)
 	return send(conn, p.text)
 }

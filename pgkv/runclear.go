@@ -20,7 +20,8 @@ var (
 
 // ClearRun implements retention.RunClearer for an AtomicKV made by
 // WithClearSQL, in one simple-protocol Query message, so one round trip
-// and one transaction: a statement takes the first limit keys of
+// (two the first time on a connection, see AtomicKV) and one transaction:
+// a statement takes the first limit keys of
 // [from, end) in the table's order, deletes them, and fails, changing
 // nothing, unless every one is a marker of prefix whose id
 // retention.ValidateID accepts; it returns the keys and hands their ids to
@@ -30,11 +31,7 @@ var (
 // that is no such marker, and one matching errors.ErrUnsupported, before
 // any round trip, for an AtomicKV made by WithClear. When ctx carries a
 // lease's fence (retention.Fenced), the run's statement checks the lease
-// too. Over a *pgxpool.Pool the run's statement is prepared (SQL PREPARE,
-// in the same protocol) on a connection the first time it runs there, and
-// executed from then on, which spares the server parsing and planning it
-// every run; over a connection or a transaction, whose state the AtomicKV
-// cannot know, it goes as text.
+// too.
 //
 // The sweep sets limit to its Config.BatchSize (or less, while
 // Config.BatchTarget halves it): 10,000 costs the server least per entity
