@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -488,19 +489,10 @@ func TestStatementsArePreparedOncePerPooledConnection(t *testing.T) {
 			n, _ = prepared()
 			assert.Equal(t, tc.want, n, "prepared again after it was lost")
 
-			keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
-			require.NoError(t, err)
-			require.Len(t, keys, 4)
-			ids := make([]string, len(keys))
-			for i, k := range keys {
-				ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
-			}
-			require.NoError(t, akv.ClearAndDelete(ctx, ids[:2], keys[:2]), "a range")
-			n, _ = prepared()
-			assert.Equal(t, 2*tc.want, n, "prepared after a batch's range")
-			require.NoError(t, akv.ClearAndDelete(ctx, ids[2:], [][]byte{keys[3], keys[2]}), "keys out of order")
-			n, _ = prepared()
-			assert.Equal(t, 3*tc.want, n, "prepared after a batch key by key")
+			clearTwoBatches(t, kv, akv, 4, func(batch int) {
+				n, _ = prepared()
+				assert.Equal(t, (2+batch)*tc.want, n, "prepared after batch %d (a range, then key by key)", batch)
+			})
 			done()
 			assert.Zero(t, count(t, admin, markers))
 			assert.Zero(t, count(t, admin, jobs))
@@ -515,35 +507,16 @@ func TestStatementsArePreparedOncePerPooledConnection(t *testing.T) {
 // they name.
 func TestCallsBehindAPoolerThatForgetsPreparedStatements(t *testing.T) {
 	ctx := context.Background()
-	admin := connect(t)
-	writer, _, markers, jobs, _ := newRunKV(t, admin)
-	finishJobs(t, admin, writer, jobs, 27, time.Now().Add(-2*time.Hour))
-
-	cfg, proxy := proxied(t, "never cut")
-	proxy.forgetPrepared()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	kv, err := pgkv.New(pool, markers)
-	require.NoError(t, err)
-	akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
-	require.NoError(t, err)
+	r := newProxiedRun(t, 27, func(_ *pgxpool.Config, proxy *cutProxy) { proxy.forgetPrepared() })
+	admin, markers, jobs, kv, akv, proxy := r.admin, r.markers, r.jobs, r.kv, r.akv, r.proxy
 
 	for _, want := range []int{10, 10} {
 		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
 		require.NoError(t, err)
 		assert.Len(t, keys, want)
 	}
-	keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
-	require.NoError(t, err)
-	require.Len(t, keys, 7)
-	ids := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
-	}
-	require.NoError(t, akv.ClearAndDelete(ctx, ids[:4], keys[:4]), "a range")
-	require.NoError(t, akv.ClearAndDelete(ctx, ids[4:], [][]byte{keys[6], keys[5], keys[4]}), "keys out of order")
-	keys, err = akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+	clearTwoBatches(t, kv, akv, 7, func(int) {})
+	keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
 	require.NoError(t, err)
 	assert.Empty(t, keys)
 	assert.Equal(t, []string{"PREPARE", "EXECUTE", "WITH"}, proxy.queries()[:3],
@@ -553,6 +526,60 @@ func TestCallsBehindAPoolerThatForgetsPreparedStatements(t *testing.T) {
 	assert.Zero(t, count(t, admin, jobs))
 }
 
+// proxiedRun is a marker table of expired jobs (see newRunKV), a KV and an
+// AtomicKV of WithClearSQL over it through a pool whose connections go
+// through a cutProxy that cuts nothing.
+type proxiedRun struct {
+	admin, pool   *pgxpool.Pool
+	proxy         *cutProxy
+	kv            *pgkv.KV
+	akv           *pgkv.AtomicKV
+	markers, jobs string
+}
+
+// newProxiedRun returns a proxiedRun of n jobs; tune adjusts the pool's
+// configuration and the proxy first.
+func newProxiedRun(t *testing.T, n int, tune func(*pgxpool.Config, *cutProxy)) proxiedRun {
+	t.Helper()
+	var r proxiedRun
+	r.admin = connect(t)
+	writer, _, markers, jobs, _ := newRunKV(t, r.admin)
+	r.markers, r.jobs = markers, jobs
+	finishJobs(t, r.admin, writer, jobs, n, time.Now().Add(-2*time.Hour))
+	cfg, proxy := proxied(t, "never cut")
+	tune(cfg, proxy)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r.pool, r.proxy = pool, proxy
+	r.kv, err = pgkv.New(pool, markers)
+	require.NoError(t, err)
+	r.akv, err = r.kv.WithClearSQL(deleteJobsSQL(jobs))
+	require.NoError(t, err)
+	return r
+}
+
+// clearTwoBatches clears the n markers left under jobs/done/ through akv's
+// ClearAndDelete in two batches, the first half a range of the table, the
+// rest key by key (out of order), calling after with 0, then 1.
+func clearTwoBatches(t *testing.T, kv *pgkv.KV, akv *pgkv.AtomicKV, n int, after func(batch int)) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), n+1)
+	require.NoError(t, err)
+	require.Len(t, keys, n)
+	ids := make([]string, n)
+	for i, k := range keys {
+		ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
+	}
+	require.NoError(t, akv.ClearAndDelete(ctx, ids[:n/2], keys[:n/2]), "a range")
+	after(0)
+	rest := slices.Clone(keys[n/2:])
+	slices.Reverse(rest)
+	require.NoError(t, akv.ClearAndDelete(ctx, ids[n/2:], rest), "keys out of order")
+	after(1)
+}
+
 // TestAConnectionPreparesBeforeItsFirstExecute: a pooled connection
 // remembers what it prepared, so its first call prepares first rather
 // than send an EXECUTE the server refuses (an ERROR in its log); when the
@@ -560,18 +587,9 @@ func TestCallsBehindAPoolerThatForgetsPreparedStatements(t *testing.T) {
 // Another session's statement of the same name and text is used as is.
 func TestAConnectionPreparesBeforeItsFirstExecute(t *testing.T) {
 	ctx := context.Background()
-	admin := connect(t)
-	writer, _, markers, jobs, _ := newRunKV(t, admin)
-	finishJobs(t, admin, writer, jobs, 40, time.Now().Add(-2*time.Hour))
-	cfg, proxy := proxied(t, "never cut")
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	kv, err := pgkv.New(pool, markers)
-	require.NoError(t, err)
-	akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
-	require.NoError(t, err)
+	var cfg *pgxpool.Config
+	r := newProxiedRun(t, 40, func(c *pgxpool.Config, _ *cutProxy) { c.MaxConns = 1; cfg = c })
+	admin, markers, jobs, pool, akv, proxy := r.admin, r.markers, r.jobs, r.pool, r.akv, r.proxy
 	run := func() {
 		t.Helper()
 		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
@@ -582,7 +600,7 @@ func TestAConnectionPreparesBeforeItsFirstExecute(t *testing.T) {
 	run()
 	run()
 	assert.Equal(t, []string{"PREPARE", "EXECUTE", "EXECUTE"}, proxy.queries())
-	_, err = pool.Exec(ctx, "DISCARD ALL", pgx.QueryExecModeSimpleProtocol)
+	_, err := pool.Exec(ctx, "DISCARD ALL", pgx.QueryExecModeSimpleProtocol)
 	require.NoError(t, err)
 	run()
 	assert.Equal(t, []string{"PREPARE", "EXECUTE", "EXECUTE", "DISCARD", "EXECUTE", "PREPARE", "EXECUTE"}, proxy.queries())
@@ -597,7 +615,7 @@ func TestAConnectionPreparesBeforeItsFirstExecute(t *testing.T) {
 	defer other.Close()
 	_, err = other.Exec(ctx, prepare, pgx.QueryExecModeSimpleProtocol)
 	require.NoError(t, err)
-	kv, err = pgkv.New(other, markers)
+	kv, err := pgkv.New(other, markers)
 	require.NoError(t, err)
 	akv, err = kv.WithClearSQL(deleteJobsSQL(jobs))
 	require.NoError(t, err)
