@@ -213,9 +213,13 @@ func New(db DB, table string) (*KV, error) {
 		return nil, err
 	}
 	return &KV{
-		db:        db,
-		table:     quoted,
-		scanSQL:   `SELECT key FROM ` + quoted + ` WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3`,
+		db:    db,
+		table: quoted,
+		// The bounds are subqueries, so that the planner does not see them:
+		// one past the largest key it sampled would make it look up the
+		// index's actual end, walking every entry a sweep left dead there
+		// (3 ms a Scan after 100,000 markers went, until VACUUM).
+		scanSQL:   `SELECT key FROM ` + quoted + ` WHERE key >= (SELECT $1::bytea) AND key < (SELECT $2::bytea) ORDER BY key LIMIT $3`,
 		insertSQL: `INSERT INTO ` + quoted + ` (key) VALUES ($1) ON CONFLICT DO NOTHING`,
 		moveSQL:   newPrepared(`WITH `+moveCTEs(quoted, "$1", "$2", "")+` SELECT 1`, 2),
 		rangeDeleteSQL: newPrepared(`WITH `+rangeCTEs(quoted, "$1", "$2", "$3", "$4", "")+`
