@@ -218,11 +218,14 @@ $$`, jobs, cleared, held))
 		}
 		// Where to kill: at a random moment, after the k-th batch cleared,
 		// right after the k-th reschedule, right after the k-th batch
-		// whose timeout fired, or right after the k-th call refused for a
-		// hold (while holds last).
-		mode := []string{"time", "cleared", "resched", "timeout", "hold"}[rng.IntN(5)]
+		// whose timeout fired, right after the k-th call refused for a
+		// hold (while holds last), or right after the k-th run (in runs).
+		mode := []string{"time", "cleared", "resched", "timeout", "hold", "run"}[rng.IntN(6)]
 		if mode == "hold" && time.Until(lastHold) < 5*time.Second {
 			mode = "time"
+		}
+		if mode == "run" && !inRuns {
+			mode = "cleared"
 		}
 		k := 1 + rng.IntN(5)
 		delay := time.Duration(rng.Int64N(int64(400 * time.Millisecond)))
