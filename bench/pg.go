@@ -316,8 +316,14 @@ func (p *PG) AtomicRunsText(size int) Contender {
 	return p.atomicSQL(fmt.Sprintf("retention runs+atomic %d (WithClearSQL), concurrency 1, not prepared", size), p.textKV, runsOf(size))
 }
 
-func runsOf(size int) retention.Config {
-	return retention.Config{BatchSize: size, PageSize: size, Concurrency: 1}
+// runsOf is the configuration of the runs contenders: batches and pages
+// of size, concurrency 1, where the sweep takes runs.
+func runsOf(size int) retention.Config { return batchesOf(size, 1) }
+
+// batchesOf is a configuration with batches and pages of size and
+// Concurrency conc.
+func batchesOf(size, conc int) retention.Config {
+	return retention.Config{BatchSize: size, PageSize: size, Concurrency: conc}
 }
 
 func (p *PG) atomic(over *pgkv.KV, name string, setup func(context.Context, int) error, clear func(*pgx.Batch, []string) error, cfg retention.Config) Contender {
@@ -407,18 +413,14 @@ func sweep(ctx context.Context, kv retention.KV, cfg retention.Config, t *Timing
 // AtomicBatches is the Atomic contender with batches and pages of size and
 // Concurrency conc.
 func (p *PG) AtomicBatches(size, conc int) Contender {
-	return p.Atomic(fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d", size, size, conc), retention.Config{
-		BatchSize: size, PageSize: size, Concurrency: conc,
-	})
+	return p.Atomic(fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d", size, size, conc), batchesOf(size, conc))
 }
 
 // AtomicBatchesText is AtomicBatches over a DB that is no
 // *pgxpool.Pool, whose marker statements go as text, parsed and planned
 // by the server every time.
 func (p *PG) AtomicBatchesText(size, conc int) Contender {
-	return p.atomicOver(p.textKV, fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d, not prepared", size, size, conc), retention.Config{
-		BatchSize: size, PageSize: size, Concurrency: conc,
-	})
+	return p.atomicOver(p.textKV, fmt.Sprintf("retention batched+atomic %d, page %d, concurrency %d, not prepared", size, size, conc), batchesOf(size, conc))
 }
 
 // DatabasePicks is no sweep but a bound on one: statements that each let

@@ -250,8 +250,8 @@ const (
 // with token.
 func castFailure(err error, token string) bool {
 	var pgErr *pgconn.PgError
-	return hasCode(err, "22P02") && // invalid_text_representation
-		errors.As(err, &pgErr) && strings.Contains(pgErr.Message, `"`+token)
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && // invalid_text_representation
+		strings.Contains(pgErr.Message, `"`+token)
 }
 
 // distinct counts the distinct keys of an ascending list.
