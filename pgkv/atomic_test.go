@@ -500,6 +500,69 @@ func TestStatementsArePreparedOncePerPooledConnection(t *testing.T) {
 	}
 }
 
+// TestPreparedStatementsPerConnectionAreBounded: a connection keeps at
+// most maxPrepared statements prepared, each holding server memory for
+// its life; past that, statements of other tables go as text there, and
+// those prepared go on being executed.
+func TestPreparedStatementsPerConnectionAreBounded(t *testing.T) {
+	ctx := context.Background()
+	pgkv.SetMaxPrepared(t, 5)
+	admin := connect(t)
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // every call on the one connection
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	prepared := func(table string) (n int, at time.Time) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(max(prepare_time), 'epoch') FROM pg_prepared_statements
+			WHERE name LIKE 'pgkv_%' AND statement ~ ($1 || '[^0-9]')`, pgx.QueryExecModeSimpleProtocol, table).Scan(&n, &at))
+		return n, at
+	}
+	var tables []string
+	for range 3 {
+		writer, _, _, jobs, _ := newRunKV(t, admin)
+		markers := strings.TrimSuffix(jobs, "_jobs")
+		tables = append(tables, markers)
+		finishJobs(t, admin, writer, jobs, 14, time.Now().Add(-2*time.Hour))
+		kv, err := pgkv.New(pool, markers)
+		require.NoError(t, err)
+		akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
+		require.NoError(t, err)
+		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+		require.NoError(t, err)
+		assert.Len(t, keys, 10)
+		clearTwoBatches(t, kv, akv, 4, func(int) {})
+		assert.Zero(t, count(t, admin, markers), "every marker of %s deleted", markers)
+		assert.Zero(t, count(t, admin, jobs), "every job of %s cleared", jobs)
+	}
+	all, _ := prepared("")
+	assert.Equal(t, 5, all, "prepared on the connection")
+	first, at := prepared(tables[0])
+	assert.Equal(t, 3, first, "the first table's run and its two batch statements")
+	second, _ := prepared(tables[1])
+	assert.Equal(t, 2, second, "what the bound left for the second table")
+	third, _ := prepared(tables[2])
+	assert.Zero(t, third, "the third table's statements went as text")
+
+	// The first table's statements are still executed, not prepared again.
+	writer, err := pgkv.New(admin, tables[0])
+	require.NoError(t, err)
+	finishJobs(t, admin, writer, tables[0]+"_jobs", 3, time.Now().Add(-2*time.Hour))
+	kv, err := pgkv.New(pool, tables[0])
+	require.NoError(t, err)
+	akv, err := kv.WithClearSQL(deleteJobsSQL(tables[0] + "_jobs"))
+	require.NoError(t, err)
+	keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+	require.NoError(t, err)
+	assert.Len(t, keys, 3)
+	_, again := prepared(tables[0])
+	assert.Equal(t, at, again, "prepared once")
+	all, _ = prepared("")
+	assert.Equal(t, 5, all)
+}
+
 // TestCallsBehindAPoolerThatForgetsPreparedStatements: behind a pooler
 // that gives each transaction another server connection (PgBouncer in
 // transaction mode), an EXECUTE may find no prepared statement however

@@ -37,10 +37,30 @@ func newPrepared(stmt string, nargs int) prepared {
 	}
 }
 
+// maxPrepared is the most statements pgkv prepares on one connection:
+// the server keeps each one's plans for the connection's life (a run's
+// statement about 224 KB, a table's batch statements about 64 KB more), so
+// a service that sweeps many tables would grow every connection without
+// bound. Further statements go as text on that connection.
+var maxPrepared = 32
+
+// preparedOn returns the set of the statements pgkv prepared on conn, kept
+// in the connection's CustomData for as long as the connection lives.
+func preparedOn(conn *pgxpool.Conn) map[string]bool {
+	data := conn.Conn().PgConn().CustomData()
+	made, _ := data["pgkv.prepared"].(map[string]bool)
+	if made == nil {
+		made = map[string]bool{}
+		data["pgkv.prepared"] = made
+	}
+	return made
+}
+
 // onPrepared calls send with a DB and the form of p to send over it. Over
 // a pool: one of its connections and p's EXECUTE, after preparing p there
-// unless the connection remembers doing so (in its CustomData) and
-// again if the server forgot (DISCARD ALL). Over a connection or a
+// unless the connection remembers doing so (preparedOn) and again if the
+// server forgot (DISCARD ALL); p's text once the connection holds
+// maxPrepared statements. Over a connection or a
 // transaction, whose state it cannot know: p's text, as from then on
 // over a pool whose connections lose what they prepared between two
 // messages (a pooler in front of the server, PgBouncer in transaction
@@ -58,12 +78,15 @@ func (k *KV) onPrepared(ctx context.Context, p prepared, send func(db DB, stmt s
 		return err
 	}
 	defer conn.Release()
-	made := conn.Conn().PgConn().CustomData()
-	if made[p.name] != nil {
+	made := preparedOn(conn)
+	if made[p.name] {
 		if err = send(conn, p.execute); !hasCode(err, "26000") { // invalid_sql_statement_name
 			return err
 		}
 		delete(made, p.name)
+	}
+	if len(made) >= maxPrepared {
+		return send(conn, p.text)
 	}
 	_, err = conn.Exec(ctx, p.prepare, pgx.QueryExecModeSimpleProtocol)
 	if err != nil && !hasCode(err, "42P05") { // duplicate_prepared_statement
