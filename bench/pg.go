@@ -456,6 +456,36 @@ SELECT count(*) FROM m`
 	}
 }
 
+// ColumnPicks is the bound of a sweep whose marker is a column of the
+// entity's row rather than a row of its own, as River keeps finalized_at:
+// statements that each delete the next size expired jobs by the indexed
+// finished_at, returning only a count (River's JobDeleteBefore over this
+// benchmark's jobs table). Against DatabasePicks it tells what the
+// marker table costs the database.
+func (p *PG) ColumnPicks(size int) Contender {
+	sql := `WITH j AS (DELETE FROM ` + p.jobs + ` WHERE id IN (
+	SELECT id FROM ` + p.jobs + ` WHERE finished_at < $1 ORDER BY finished_at LIMIT $2) RETURNING 1)
+SELECT count(*) FROM j`
+	return Contender{
+		Name:  fmt.Sprintf("bound: runs of %d by an indexed finish-time column (no marker table, no sweep)", size),
+		Setup: p.SetupJobs,
+		Clear: func(ctx context.Context) (int, error) {
+			total := 0
+			for {
+				var n int
+				if err := p.pool.QueryRow(ctx, sql, time.Now().Add(-Retention), size).Scan(&n); err != nil {
+					return total, err
+				}
+				total += n
+				if n < size {
+					return total, nil
+				}
+			}
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs) },
+	}
+}
+
 // Contenders returns every PostgreSQL contender, the floor first and River
 // second: the two baselines of the table.
 func (p *PG) Contenders() []Contender {
@@ -477,6 +507,6 @@ func (p *PG) Contenders() []Contender {
 		p.AtomicBatches(10_000, 2), p.AtomicBatches(retention.MaxPageSize, 1),
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
 		p.AtomicRuns(1000), p.AtomicRuns(10_000), p.AtomicRunsText(10_000), p.AtomicRuns(retention.MaxPageSize),
-		p.DatabasePicks(10_000),
+		p.DatabasePicks(10_000), p.ColumnPicks(10_000),
 	}
 }
