@@ -440,17 +440,7 @@ SELECT count(*) FROM m`
 		Name:  fmt.Sprintf("bound: the database picks each run of %d (no sweep)", size),
 		Setup: p.SetupJobs,
 		Clear: func(ctx context.Context) (int, error) {
-			total := 0
-			for {
-				var n int
-				if err := p.pool.QueryRow(ctx, sql, []byte(Prefix+"0"), expiredEnd(), size, idAt).Scan(&n); err != nil {
-					return total, err
-				}
-				total += n
-				if n < size {
-					return total, nil
-				}
-			}
+			return p.countedRuns(ctx, size, sql, func() []any { return []any{[]byte(Prefix + "0"), expiredEnd(), size, idAt} })
 		},
 		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs, p.markers()) },
 	}
@@ -470,19 +460,26 @@ SELECT count(*) FROM j`
 		Name:  fmt.Sprintf("bound: runs of %d by an indexed finish-time column (no marker table, no sweep)", size),
 		Setup: p.SetupJobs,
 		Clear: func(ctx context.Context) (int, error) {
-			total := 0
-			for {
-				var n int
-				if err := p.pool.QueryRow(ctx, sql, time.Now().Add(-Retention), size).Scan(&n); err != nil {
-					return total, err
-				}
-				total += n
-				if n < size {
-					return total, nil
-				}
-			}
+			return p.countedRuns(ctx, size, sql, func() []any { return []any{time.Now().Add(-Retention), size} })
 		},
 		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.jobs) },
+	}
+}
+
+// countedRuns sends sql, a statement that deletes a run of at most size
+// and returns how many it deleted, with the arguments args gives each
+// time, until a run comes back short, and returns how many in all.
+func (p *PG) countedRuns(ctx context.Context, size int, sql string, args func() []any) (int, error) {
+	total := 0
+	for {
+		var n int
+		if err := p.pool.QueryRow(ctx, sql, args()...).Scan(&n); err != nil {
+			return total, err
+		}
+		total += n
+		if n < size {
+			return total, nil
+		}
 	}
 }
 

@@ -444,12 +444,7 @@ func TestStatementsArePreparedOncePerPooledConnection(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			admin := connect(t)
-			cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
-			require.NoError(t, err)
-			cfg.MaxConns = 1 // every call on the one connection
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			defer pool.Close()
+			pool := poolOf(t, 1)
 			writer, _, _, jobs, _ := newRunKV(t, admin)
 			markers := strings.TrimSuffix(jobs, "_jobs")
 			finishJobs(t, admin, writer, jobs, 29, time.Now().Add(-2*time.Hour))
@@ -500,6 +495,19 @@ func TestStatementsArePreparedOncePerPooledConnection(t *testing.T) {
 	}
 }
 
+// poolOf returns a pool of at most conns connections to the test server,
+// closed when the test ends; of one, every call uses the same.
+func poolOf(t testing.TB, conns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // TestPreparedStatementsPerConnectionAreBounded: a connection keeps at
 // most maxPrepared statements prepared, each holding server memory for
 // its life; past that, statements of other tables go as text there, and
@@ -508,12 +516,7 @@ func TestPreparedStatementsPerConnectionAreBounded(t *testing.T) {
 	ctx := context.Background()
 	pgkv.SetMaxPrepared(t, 5)
 	admin := connect(t)
-	cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // every call on the one connection
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := poolOf(t, 1)
 	prepared := func(table string) (n int, at time.Time) {
 		t.Helper()
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(max(prepare_time), 'epoch') FROM pg_prepared_statements

@@ -54,12 +54,7 @@ func newHarness(t testing.TB) leasetest.Harness {
 	return leasetest.Harness{
 		TTL: leaseTTL,
 		NewReplica: func(t testing.TB) leasetest.Replica {
-			cfg, err := pgxpool.ParseConfig(kvtestDSN(t))
-			require.NoError(t, err)
-			cfg.MaxConns = 4
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
+			pool := poolOf(t, 4)
 			kv, err := pgkv.New(pool, markers)
 			require.NoError(t, err)
 			locker, err := pgkv.NewLocker(pool, lease, &pgkv.LockerOptions{TTL: leaseTTL, Table: leases})
