@@ -691,6 +691,41 @@ func TestAConnectionPreparesBeforeItsFirstExecute(t *testing.T) {
 	assert.Zero(t, count(t, admin, jobs))
 }
 
+// TestAStatementOfTheCallersThatNamesNoPreparedStatementFailsOnce: a
+// clear whose own statement fails for want of a prepared statement (a
+// DEALLOCATE of one that does not exist) is not taken for the server
+// having forgotten pgkv's: the call goes once, fails with that error and
+// changes nothing, and the KV goes on executing what it prepared.
+func TestAStatementOfTheCallersThatNamesNoPreparedStatementFailsOnce(t *testing.T) {
+	ctx := context.Background()
+	r := newProxiedRun(t, 4, func(c *pgxpool.Config, _ *cutProxy) { c.MaxConns = 1 })
+	akv, err := r.kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		b.Queue("DELETE FROM "+r.jobs+" WHERE id = ANY($1)", ids)
+		b.Queue("DEALLOCATE not_pgkv_at_all")
+		return nil
+	})
+	require.NoError(t, err)
+	keys, err := r.kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+	require.NoError(t, err)
+	require.Len(t, keys, 4)
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
+	}
+
+	err = akv.ClearAndDelete(ctx, ids, keys)
+	require.ErrorContains(t, err, "not_pgkv_at_all")
+	assert.Equal(t, []string{"PREPARE", "EXECUTE"}, r.proxy.queries(), "sent once, not again as if forgotten, nor as text")
+	assert.Equal(t, 4, count(t, r.admin, r.markers), "nothing deleted")
+	assert.Equal(t, 4, count(t, r.admin, r.jobs), "nothing cleared")
+
+	got, err := r.akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+	require.NoError(t, err)
+	assert.Len(t, got, 4)
+	assert.Equal(t, []string{"PREPARE", "EXECUTE", "PREPARE", "EXECUTE"}, r.proxy.queries(), "still prepared")
+	assert.Zero(t, count(t, r.admin, r.jobs))
+}
+
 // rowDB is a pgkv.DB that also reads one row: a pool, a connection or a
 // transaction.
 type rowDB interface {

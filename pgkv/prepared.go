@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -80,7 +82,7 @@ func (k *KV) onPrepared(ctx context.Context, p prepared, send func(db DB, stmt s
 	defer conn.Release()
 	made := preparedOn(conn)
 	if made[p.name] {
-		if err = send(conn, p.execute); !hasCode(err, "26000") { // invalid_sql_statement_name
+		if err = send(conn, p.execute); !forgotten(err, p.name) {
 			return err
 		}
 		delete(made, p.name)
@@ -93,11 +95,19 @@ func (k *KV) onPrepared(ctx context.Context, p prepared, send func(db DB, stmt s
 		return err
 	}
 	made[p.name] = true
-	if err = send(conn, p.execute); !hasCode(err, "26000") {
+	if err = send(conn, p.execute); !forgotten(err, p.name) {
 		return err
 	}
 	// Prepared, or found prepared, and gone by the next message.
 	delete(made, p.name)
 	k.unprepared.Store(true)
 	return send(conn, p.text)
+}
+
+// forgotten reports whether err says that the server has no prepared
+// statement name (invalid_sql_statement_name, naming it), rather than
+// that a statement of the caller's in the same message failed so.
+func forgotten(err error, name string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "26000" && strings.Contains(pgErr.Message, `"`+name+`"`)
 }
