@@ -523,19 +523,26 @@ func TestPreparedStatementsPerConnectionAreBounded(t *testing.T) {
 			WHERE name LIKE 'pgkv_%' AND statement ~ ($1 || '[^0-9]')`, pgx.QueryExecModeSimpleProtocol, table).Scan(&n, &at))
 		return n, at
 	}
+	run := func(akv *pgkv.AtomicKV, want int) {
+		t.Helper()
+		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
+		require.NoError(t, err)
+		assert.Len(t, keys, want)
+	}
 	var tables []string
+	var writers []*pgkv.KV
+	var akvs []*pgkv.AtomicKV
 	for range 3 {
 		writer, _, _, jobs, _ := newRunKV(t, admin)
 		markers := strings.TrimSuffix(jobs, "_jobs")
-		tables = append(tables, markers)
+		tables, writers = append(tables, markers), append(writers, writer)
 		finishJobs(t, admin, writer, jobs, 14, time.Now().Add(-2*time.Hour))
 		kv, err := pgkv.New(pool, markers)
 		require.NoError(t, err)
 		akv, err := kv.WithClearSQL(deleteJobsSQL(jobs))
 		require.NoError(t, err)
-		keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
-		require.NoError(t, err)
-		assert.Len(t, keys, 10)
+		akvs = append(akvs, akv)
+		run(akv, 10)
 		clearTwoBatches(t, kv, akv, 4, func(int) {})
 		assert.Zero(t, count(t, admin, markers), "every marker of %s deleted", markers)
 		assert.Zero(t, count(t, admin, jobs), "every job of %s cleared", jobs)
@@ -550,16 +557,8 @@ func TestPreparedStatementsPerConnectionAreBounded(t *testing.T) {
 	assert.Zero(t, third, "the third table's statements went as text")
 
 	// The first table's statements are still executed, not prepared again.
-	writer, err := pgkv.New(admin, tables[0])
-	require.NoError(t, err)
-	finishJobs(t, admin, writer, tables[0]+"_jobs", 3, time.Now().Add(-2*time.Hour))
-	kv, err := pgkv.New(pool, tables[0])
-	require.NoError(t, err)
-	akv, err := kv.WithClearSQL(deleteJobsSQL(tables[0] + "_jobs"))
-	require.NoError(t, err)
-	keys, err := akv.ClearRun(ctx, "jobs/done/", []byte("jobs/done/0"), []byte("jobs/done:"), 10)
-	require.NoError(t, err)
-	assert.Len(t, keys, 3)
+	finishJobs(t, admin, writers[0], tables[0]+"_jobs", 3, time.Now().Add(-2*time.Hour))
+	run(akvs[0], 3)
 	_, again := prepared(tables[0])
 	assert.Equal(t, at, again, "prepared once")
 	all, _ = prepared("")
@@ -631,19 +630,27 @@ func newProxiedRun(t *testing.T, n int, tune func(*pgxpool.Config, *cutProxy)) p
 func clearTwoBatches(t *testing.T, kv *pgkv.KV, akv *pgkv.AtomicKV, n int, after func(batch int)) {
 	t.Helper()
 	ctx := context.Background()
-	keys, err := kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), n+1)
-	require.NoError(t, err)
-	require.Len(t, keys, n)
-	ids := make([]string, n)
-	for i, k := range keys {
-		ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
-	}
+	keys, ids := doneMarkers(t, kv, n)
 	require.NoError(t, akv.ClearAndDelete(ctx, ids[:n/2], keys[:n/2]), "a range")
 	after(0)
 	rest := slices.Clone(keys[n/2:])
 	slices.Reverse(rest)
 	require.NoError(t, akv.ClearAndDelete(ctx, ids[n/2:], rest), "keys out of order")
 	after(1)
+}
+
+// doneMarkers returns the n markers left under jobs/done/, ascending, and
+// their ids; it fails the test when there are not n.
+func doneMarkers(t *testing.T, kv *pgkv.KV, n int) (keys [][]byte, ids []string) {
+	t.Helper()
+	keys, err := kv.Scan(context.Background(), []byte("jobs/done/0"), []byte("jobs/done:"), n+1)
+	require.NoError(t, err)
+	require.Len(t, keys, n)
+	ids = make([]string, n)
+	for i, k := range keys {
+		ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
+	}
+	return keys, ids
 }
 
 // TestAConnectionPreparesBeforeItsFirstExecute: a pooled connection
@@ -705,13 +712,7 @@ func TestAStatementOfTheCallersThatNamesNoPreparedStatementFailsOnce(t *testing.
 		return nil
 	})
 	require.NoError(t, err)
-	keys, err := r.kv.Scan(ctx, []byte("jobs/done/0"), []byte("jobs/done:"), 10)
-	require.NoError(t, err)
-	require.Len(t, keys, 4)
-	ids := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = string(k[bytes.LastIndexByte(k, '/')+1:])
-	}
+	keys, ids := doneMarkers(t, r.kv, 4)
 
 	err = akv.ClearAndDelete(ctx, ids, keys)
 	require.ErrorContains(t, err, "not_pgkv_at_all")
