@@ -29,7 +29,10 @@ type Config struct {
 	// Prefix is the key prefix of this sweep's markers, such as "runs/done/".
 	// Required. It must end in a byte that is not an id byte (A-Z a-z 0-9 _
 	// -), such as '/' or ':'. A sweep deletes only marker-shaped keys under
-	// it: other keys are foreign, counted and logged, never deleted.
+	// it: other keys are foreign, counted and logged, never deleted. It must
+	// not hold TimestampWidth digits and '/' after a byte that ends a
+	// prefix (or after r or p following one): a sweep of the shorter prefix
+	// would take this sweep's markers for its own.
 	Prefix string
 
 	// Retention is how long an entity's state is kept after it finished: a
@@ -190,6 +193,12 @@ func checkConfig(kv KV, cfg *Config) error {
 	case idByte(cfg.Prefix[len(cfg.Prefix)-1]):
 		return invalidConfig("Config.Prefix %q ends in %q, a byte of ids and timestamps: end it with a separator "+
 			"such as '/' or ':' (%q) so markers cannot be confused with other keys", cfg.Prefix, cfg.Prefix[len(cfg.Prefix)-1], cfg.Prefix+"/")
+	case stampInPrefix(cfg.Prefix) >= 0:
+		i := stampInPrefix(cfg.Prefix)
+		return invalidConfig("Config.Prefix %q holds %q, %d digits and '/' where a marker's time stands: a sweep of prefix %q "+
+			"would read this sweep's markers as its own and delete them as malformed; put another byte than '/' after the "+
+			"digits (%q) or give them another width", cfg.Prefix, cfg.Prefix[i:i+TimestampWidth+1], TimestampWidth,
+			cfg.Prefix[:outerEnd(cfg.Prefix, i)], cfg.Prefix[:i+TimestampWidth]+":"+cfg.Prefix[i+TimestampWidth+1:])
 	case cfg.Clear == nil && cfg.ClearBatch == nil && !clearDeleter:
 		return invalidConfig("Config.Clear or Config.ClearBatch must be set (or kv must be a ClearDeleter)")
 	case cfg.Clear != nil && cfg.ClearBatch != nil:

@@ -41,7 +41,9 @@
 //   - A sweep owns the marker-shaped keys under its prefix: those with a
 //     refused id or time are deleted as malformed, without Clear. Other
 //     keys under the prefix are foreign and left alone, but a pass steps
-//     over them, so keep markers under a prefix of their own.
+//     over them, so keep markers under a prefix of their own. New refuses
+//     a prefix another sweep would read as its markers (20 digits and '/'
+//     after a separator, as in "t/00000000000000012345/").
 //   - Ids follow ValidateID unless Config.ValidateID says otherwise; then
 //     write markers with Sweep.MarkerKey or Sweep.Mark. An empty id is
 //     always refused.

@@ -184,6 +184,44 @@ func validID(id []byte) bool {
 	return len(id) != 0 && len(id) <= MaxIDLen
 }
 
+// stampInPrefix returns where prefix holds TimestampWidth digits and '/'
+// that a sweep of a shorter prefix would read as a marker's time (right
+// after a byte no id holds) or a retry or parked key's (after r or p that
+// follow one), or -1. Such a sweep would delete this prefix's markers as
+// its own malformed ones: their ids hold a '/'.
+func stampInPrefix(prefix string) int {
+	for i := 1; i+TimestampWidth < len(prefix); i++ {
+		if prefix[i+TimestampWidth] != '/' || !allDigits(prefix[i:i+TimestampWidth]) {
+			continue
+		}
+		if outerEnd(prefix, i) > 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// outerEnd returns the length of the shorter prefix whose sweep reads the
+// digits at i of prefix as a time, or 0 when no sweep would.
+func outerEnd(prefix string, i int) int {
+	switch {
+	case !idByte(prefix[i-1]):
+		return i
+	case (prefix[i-1] == retryInfix || prefix[i-1] == parkedInfix) && i >= 2 && !idByte(prefix[i-2]):
+		return i - 1
+	}
+	return 0
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // parseKey checks a marker key: prefix, TimestampWidth digits, '/', and a
 // non-empty id; the id rule is left to the caller. On failure, foreign says
 // whether the key is not even marker-shaped (the sweep leaves it alone)

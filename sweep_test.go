@@ -69,6 +69,16 @@ func TestNewValidation(t *testing.T) {
 		{"prefix ending in a dash", kv, func(c *Config) { c.Prefix = "runs-" }, "ends in '-'"},
 		{"prefix ending in a colon", kv, func(c *Config) { c.Prefix = "runs:" }, ""},
 		{"prefix ending in a dot", kv, func(c *Config) { c.Prefix = "runs." }, ""},
+		{"prefix nested where a marker's time stands", kv, func(c *Config) { c.Prefix = "t/00000000000000012345/" },
+			`Config.Prefix "t/00000000000000012345/" holds "00000000000000012345/", 20 digits and '/' where a marker's time stands: a sweep of prefix "t/"`},
+		{"prefix nested where a retry key's time stands", kv, func(c *Config) { c.Prefix = "t/r00000000000000012345/x/" },
+			`a sweep of prefix "t/" would read`},
+		{"prefix nested where a parked key's time stands", kv, func(c *Config) { c.Prefix = "t:p00000000000000012345/" },
+			`a sweep of prefix "t:" would read`},
+		{"prefix with 20 digits and another separator", kv, func(c *Config) { c.Prefix = "t/00000000000000012345:" }, ""},
+		{"prefix with 19 digits and '/'", kv, func(c *Config) { c.Prefix = "t/0000000000000012345/" }, ""},
+		{"prefix with 21 digits and '/'", kv, func(c *Config) { c.Prefix = "t/000000000000000012345/" }, ""},
+		{"prefix with 20 digits after an id byte", kv, func(c *Config) { c.Prefix = "tenant00000000000000012345/" }, ""},
 		{"timeouts and retries set", kv, func(c *Config) {
 			c.ClearTimeout, c.StoreTimeout, c.RetryDelay, c.MaxRetryDelay = time.Second, -1, time.Millisecond, time.Hour
 		}, ""},
@@ -922,4 +932,37 @@ func TestDryRunObserverPanicReachesCaller(t *testing.T) {
 	st, err := s.Pass(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 5, st.WouldClear)
+}
+
+// TestSweepKeepsMarkersOfNestedPrefixes: prefixes that New accepts inside
+// another sweep's range are never read as that sweep's markers, so a pass
+// of the outer sweep deletes none of theirs, and the prefix that would be
+// is refused.
+func TestSweepKeepsMarkersOfNestedPrefixes(t *testing.T) {
+	t.Parallel()
+	kv := NewMemKV()
+	outerClears := newClears()
+	outer, clock := newSweep(t, kv, Config{Prefix: "t/", Clear: outerClears.clear})
+	old := t0.Add(-48 * time.Hour)
+	own := mark(t, kv, "t/", "own", old)
+	nested := []string{"t/00000000000000012345:", "t/0000000000000012345/", "t/000000000000000012345/", "t/12345/"}
+	var theirs [][]byte
+	for _, p := range nested {
+		_, err := New(kv, Config{Prefix: p, Retention: time.Hour, Clear: outerClears.clear})
+		require.NoError(t, err, "New() with prefix %q", p)
+		theirs = append(theirs, mark(t, kv, p, "inner", old))
+	}
+	_, err := New(kv, Config{Prefix: "t/00000000000000012345/", Retention: time.Hour, Clear: outerClears.clear})
+	require.ErrorIs(t, err, ErrInvalidConfig, "the prefix whose markers the sweep of t/ would delete")
+
+	clock.Advance(time.Minute)
+	st, err := outer.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared, "Pass() cleared %d, want only its own marker", st.Cleared)
+	assert.Zero(t, st.Malformed, "Pass() deleted keys of other sweeps as malformed")
+	assert.False(t, has(t, kv, own), "its own expired marker stays")
+	for i, key := range theirs {
+		assert.True(t, has(t, kv, key), "the marker of the sweep of %q was deleted", nested[i])
+	}
+	assert.Equal(t, 0, outerClears.count("inner"), "another sweep's id was cleared")
 }
