@@ -153,17 +153,21 @@ func TestAcquireWithoutLeaseTable(t *testing.T) {
 	assert.NotErrorIs(t, err, pgkv.ErrNoTable, "the marker table is not the one missing")
 }
 
-// TestLeaseRenewedPastTTL holds a lease for several TTLs: renewals keep it,
-// and Release frees it at once.
+// TestLeaseRenewedPastTTL holds a lease past its TTL: renewals keep it,
+// and Release frees it at once. The lease is lost only when no renewal gets
+// through for most of a TTL, which a busy machine must not cause: the TTL
+// leaves a renewal seconds to be scheduled, and the hold spans four
+// renewals.
 func TestLeaseRenewedPastTTL(t *testing.T) {
 	pool := connect(t)
 	table := freshLeaseTable(t, pool)
 	ctx := context.Background()
-	a, err := pgkv.NewLocker(pool, "renewed", &pgkv.LockerOptions{TTL: 300 * time.Millisecond, Table: table})
+	const ttl = 3 * time.Second
+	a, err := pgkv.NewLocker(pool, "renewed", &pgkv.LockerOptions{TTL: ttl, Table: table})
 	require.NoError(t, err)
 	lease, err := a.TryAcquire(ctx)
 	require.NoError(t, err)
-	time.Sleep(time.Second)
+	time.Sleep(ttl + ttl/3)
 	select {
 	case <-lease.Lost():
 		t.Fatal("the lease was lost while its holder renewed it")
