@@ -310,8 +310,8 @@ func (p *sqlLease) Release(ctx context.Context) error {
 	return nil
 }
 
-// Fence implements retention.Fencer for a *KV or *AtomicKV over the
-// *sql.DB of the Locker's KV.
+// Fence implements retention.Fencer for a *KV, *AtomicKV, *TableKV or
+// *AtomicTableKV over the *sql.DB of the Locker's KV.
 func (p *sqlLease) Fence(kv retention.KV) (retention.KV, bool) {
 	switch k := kv.(type) {
 	case *KV:
@@ -321,6 +321,14 @@ func (p *sqlLease) Fence(kv retention.KV) (retention.KV, bool) {
 	case *AtomicKV:
 		if k.db == p.l.kv.db && k.dialect == p.l.kv.dialect {
 			return &fencedAtomicKV{fencedKV: &fencedKV{kv: k.KV, lease: p}, atomic: k}, true
+		}
+	case *TableKV:
+		if k.side.db == p.l.kv.db && k.d == p.l.kv.dialect {
+			return &fencedTable{t: k, lease: p}, true
+		}
+	case *AtomicTableKV:
+		if k.side.db == p.l.kv.db && k.d == p.l.kv.dialect {
+			return &fencedAtomicTable{fencedTable: &fencedTable{t: k.TableKV, lease: p}, a: k}, true
 		}
 	}
 	return nil, false

@@ -1,0 +1,340 @@
+package sqlkv
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/marksweep/retention"
+)
+
+// Table describes an existing table whose rows are the markers of a
+// sweep: each row with a finish time that passes Filter is the marker
+// "<Prefix><finish time in ms:020>/<id:020>". Finishing an entity is
+// setting its Time column; no marker row is written. See NewTable.
+type Table struct {
+	// Name is the table, "table" or "schema.table". Required.
+	Name string
+
+	// ID is the column of the rows' ids: an integer, unique, not
+	// negative. A marker's id is its value zero-padded to 20 digits, so
+	// that key order is id order; strconv.ParseInt reads it back.
+	// Required.
+	ID string
+
+	// Time is the column of the rows' finish times, NULL while an entity
+	// runs. Its type is the one TimeUnit names. A marker's time is the
+	// finish time rounded up to a whole millisecond, as
+	// retention.MarkerKey rounds it. Required.
+	Time string
+
+	// TimeUnit says how Time holds a time. The zero value, Timestamp,
+	// is a timestamptz column on PostgreSQL; UnixMilli an integer of
+	// Unix milliseconds, on every dialect.
+	TimeUnit TimeUnit
+
+	// Filter, when set, is an SQL condition on the row that a marker must
+	// also meet, such as "state IN ('completed', 'discarded')". It must
+	// hold no placeholder. Several sweeps may share a table, each with a
+	// filter of its own (a retention per kind), and each an index whose
+	// WHERE is its filter. Empty means every row whose Time is set.
+	Filter string
+
+	// Prefix is the Config.Prefix of the sweep that reads the table.
+	// Required, and valid for retention.New.
+	Prefix string
+}
+
+// TimeUnit is how a Table's Time column holds a time.
+type TimeUnit int
+
+const (
+	// Timestamp is a timestamptz column, on PostgreSQL.
+	Timestamp TimeUnit = iota
+	// UnixMilli is an integer column of Unix milliseconds.
+	UnixMilli
+)
+
+// TableKV is a retention.KV whose markers are the rows of a Table, under
+// the Table's prefix, and whose other keys live in a marker table of its
+// own (a KV, the side table): the retry, held and parked markers a sweep
+// moves a row's marker to, and anything else a Put writes. While an
+// entity has a key in the side table under the prefix, its row is no
+// marker (it is shadowed), so that each entity has one marker at a time.
+// A Delete of a row's marker deletes the row; so does a Delete of an
+// entity's retry or parked marker, unless the row finished again since.
+// It is a retention.Mover and a retention.Putter. Create one with
+// NewTable; TableKV.WithClear makes one that clears atomically.
+type TableKV struct {
+	side   *KV
+	d      Dialect
+	table  string // quoted
+	id, tm string // quoted columns
+	unit   TimeUnit
+	filter string
+	prefix string
+	shadow string // prefix + "~": the side table's keys that shadow a row
+	name   string // as given, for messages
+}
+
+var (
+	_ retention.KV     = (*TableKV)(nil)
+	_ retention.Putter = (*TableKV)(nil)
+	_ retention.Mover  = (*TableKV)(nil)
+)
+
+// ErrNoIndex is returned by NewTable when the table has no index whose
+// first columns are the Table's Time and ID: every read of the sweep would
+// scan the table. The error names the CREATE INDEX that makes one.
+var ErrNoIndex = errors.New("sqlkv: no index on (time, id)")
+
+// NewTable returns a TableKV over t, whose other keys live in side, a KV
+// over a marker table (Migrate) of the same database. It checks that the
+// table's ID column is an integer and that an index's first columns are
+// (Time, ID), in that order, with an error matching ErrNoIndex that names
+// the CREATE INDEX to run otherwise.
+func NewTable(ctx context.Context, side *KV, t Table) (*TableKV, error) {
+	if side == nil {
+		return nil, errors.New("sqlkv: NewTable: side must not be nil")
+	}
+	d := side.dialect
+	switch {
+	case t.ID == "" || t.Time == "":
+		return nil, fmt.Errorf("sqlkv: NewTable: Table.ID and Table.Time must be set, got %q and %q", t.ID, t.Time)
+	case t.TimeUnit != Timestamp && t.TimeUnit != UnixMilli:
+		return nil, fmt.Errorf("sqlkv: NewTable: Table.TimeUnit %d is neither Timestamp nor UnixMilli", t.TimeUnit)
+	case t.TimeUnit == Timestamp && d != PostgreSQL:
+		return nil, fmt.Errorf("sqlkv: NewTable: Table.TimeUnit Timestamp is PostgreSQL's timestamptz; on %s keep the finish time as Unix milliseconds (UnixMilli)", d)
+	case strings.ContainsAny(t.Filter, "?$;"):
+		return nil, fmt.Errorf("sqlkv: NewTable: Table.Filter %q must hold no placeholder ('?' or '$') and no ';'", t.Filter)
+	}
+	if _, err := retention.New(retention.NewMemKV(), retention.Config{Prefix: t.Prefix, Retention: time.Hour,
+		Clear: func(context.Context, string) error { return nil }}); err != nil {
+		return nil, fmt.Errorf("sqlkv: NewTable: Table.Prefix: %w", err)
+	}
+	table, err := d.quoteTable(t.Name)
+	if err != nil {
+		return nil, err
+	}
+	tk := &TableKV{side: side, d: d, table: table, id: d.quoteIdent(t.ID), tm: d.quoteIdent(t.Time), unit: t.TimeUnit,
+		filter: t.Filter, prefix: t.Prefix, shadow: t.Prefix + "~", name: t.Name}
+	if err := tk.checkColumns(ctx, t); err != nil {
+		return nil, err
+	}
+	return tk, nil
+}
+
+// quoteIdent quotes a column name.
+func (d Dialect) quoteIdent(name string) string {
+	if d == MySQL {
+		return "`" + strings.ReplaceAll(name, "`", "``") + "`"
+	}
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// checkColumns checks that the id column is an integer and that an index
+// leads with (time, id).
+func (t *TableKV) checkColumns(ctx context.Context, cfg Table) error {
+	op := "check table " + t.table
+	var typeQ, indexQ string
+	var typeArgs, indexArgs []any
+	schema, name := "", cfg.Name
+	if i := strings.IndexByte(cfg.Name, '.'); i >= 0 {
+		schema, name = cfg.Name[:i], cfg.Name[i+1:]
+	}
+	switch t.d {
+	case PostgreSQL:
+		typeQ = "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped"
+		typeArgs = []any{t.table, cfg.ID}
+		indexQ = `SELECT count(*) FROM pg_index i
+			JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+			JOIN pg_attribute b ON b.attrelid = i.indrelid AND b.attnum = i.indkey[1]
+			WHERE i.indrelid = $1::regclass AND a.attname = $2 AND b.attname = $3`
+		indexArgs = []any{t.table, cfg.Time, cfg.ID}
+	case SQLite:
+		typeQ = "SELECT type FROM pragma_table_info(?) WHERE name = ?"
+		typeArgs = []any{name, cfg.ID}
+		indexQ = `SELECT count(*) FROM pragma_index_list(?) l
+			WHERE (SELECT name FROM pragma_index_info(l.name) WHERE seqno = 0) = ?
+			AND (SELECT name FROM pragma_index_info(l.name) WHERE seqno = 1) = ?`
+		indexArgs = []any{name, cfg.Time, cfg.ID}
+	case MySQL:
+		db := "DATABASE()"
+		if schema != "" {
+			db = "?"
+			typeArgs, indexArgs = []any{schema}, []any{schema}
+		}
+		typeQ = "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = " + db + " AND TABLE_NAME = ? AND COLUMN_NAME = ?"
+		typeArgs = append(typeArgs, name, cfg.ID)
+		indexQ = `SELECT count(*) FROM information_schema.STATISTICS a JOIN information_schema.STATISTICS b
+			ON b.TABLE_SCHEMA = a.TABLE_SCHEMA AND b.TABLE_NAME = a.TABLE_NAME AND b.INDEX_NAME = a.INDEX_NAME
+			WHERE a.TABLE_SCHEMA = ` + db + ` AND a.TABLE_NAME = ? AND a.SEQ_IN_INDEX = 1 AND a.COLUMN_NAME = ?
+			AND b.SEQ_IN_INDEX = 2 AND b.COLUMN_NAME = ?`
+		indexArgs = append(indexArgs, name, cfg.Time, cfg.ID)
+	}
+	var typ string
+	if err := t.side.db.QueryRowContext(ctx, typeQ, typeArgs...).Scan(&typ); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: %s has no column %q", ErrNoTable, cfg.Name, cfg.ID)
+		}
+		return wrap(ctx, op, err)
+	}
+	if !strings.Contains(strings.ToLower(typ), "int") {
+		return fmt.Errorf("sqlkv: NewTable: column %s.%s is %s: Table.ID must be an integer column", cfg.Name, cfg.ID, typ)
+	}
+	var n int64
+	if err := t.side.db.QueryRowContext(ctx, indexQ, indexArgs...).Scan(&n); err != nil {
+		return wrap(ctx, op, err)
+	}
+	if n == 0 {
+		where := ""
+		if cfg.Filter != "" {
+			where = " WHERE " + cfg.Filter
+		}
+		return fmt.Errorf("%w of %s: create one with CREATE INDEX %s ON %s (%s, %s)%s", ErrNoIndex, cfg.Name,
+			t.d.quoteIdent(name+"_"+cfg.Time+"_"+cfg.ID), t.table, t.tm, t.id, where)
+	}
+	return nil
+}
+
+// viewLen is the length of a row's key after the prefix: the time's 20
+// digits, '/', the id's 20 digits.
+const viewLen = 2*retention.TimestampWidth + 1
+
+// maxViewMs is the last millisecond a key can carry.
+var maxViewMs = retention.MaxMarkerTime.UnixMilli()
+
+// rowKey appends the key of the row (ms, id) to dst.
+func (t *TableKV) rowKey(dst []byte, ms, id int64) []byte {
+	dst = append(dst, t.prefix...)
+	dst = appendDigits(dst, uint64(ms))
+	dst = append(dst, '/')
+	return appendDigits(dst, uint64(id))
+}
+
+func appendDigits(dst []byte, v uint64) []byte {
+	var buf [retention.TimestampWidth]byte
+	for i := len(buf) - 1; i >= 0; i-- {
+		buf[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(dst, buf[:]...)
+}
+
+// parseRowKey returns the (ms, id) of key when it is the key of a row.
+func (t *TableKV) parseRowKey(key []byte) (ms, id int64, ok bool) {
+	if len(key) != len(t.prefix)+viewLen || string(key[:len(t.prefix)]) != t.prefix {
+		return 0, 0, false
+	}
+	rest := key[len(t.prefix):]
+	if rest[retention.TimestampWidth] != '/' {
+		return 0, 0, false
+	}
+	m, ok1 := digits(rest[:retention.TimestampWidth])
+	i, ok2 := digits(rest[retention.TimestampWidth+1:])
+	if !ok1 || !ok2 || m > uint64(maxViewMs) || i > 1<<63-1 {
+		return 0, 0, false
+	}
+	return int64(m), int64(i), true
+}
+
+// digits reads 20 decimal digits, reporting false for any other byte or a
+// value past the uint64 range.
+func digits(b []byte) (uint64, bool) {
+	v, err := strconv.ParseUint(string(b), 10, 64)
+	return v, err == nil && len(b) == retention.TimestampWidth && b[0] != '+' && b[0] != '-'
+}
+
+// viewPos is a position among the rows' keys: the least key (ms, id) is at
+// or after, or past every key (inf).
+type viewPos struct {
+	ms, id int64
+	inf    bool
+}
+
+// less reports whether p comes before q.
+func (p viewPos) less(q viewPos) bool {
+	switch {
+	case p.inf:
+		return false
+	case q.inf:
+		return true
+	case p.ms != q.ms:
+		return p.ms < q.ms
+	}
+	return p.id < q.id
+}
+
+// posOf returns the position of the least row key at or after key.
+func (t *TableKV) posOf(key []byte) viewPos {
+	p := t.prefix
+	if len(key) < len(p) || string(key[:len(p)]) != p {
+		if string(key) < p {
+			return viewPos{}
+		}
+		return viewPos{inf: true}
+	}
+	s := key[len(p):]
+	var buf [viewLen]byte
+	i := 0
+	for ; i < viewLen; i++ {
+		lo, hi := byte('0'), byte('9')
+		if i == retention.TimestampWidth {
+			lo, hi = '/', '/'
+		}
+		if i == len(s) || s[i] < lo {
+			return t.fill(buf, i)
+		}
+		if s[i] > hi {
+			return t.carry(buf, i)
+		}
+		buf[i] = s[i]
+	}
+	if len(s) > viewLen {
+		return t.carry(buf, viewLen)
+	}
+	return t.posFrom(buf)
+}
+
+// fill completes buf from i with the least bytes a key may hold there.
+func (t *TableKV) fill(buf [viewLen]byte, i int) viewPos {
+	for ; i < viewLen; i++ {
+		buf[i] = '0'
+		if i == retention.TimestampWidth {
+			buf[i] = '/'
+		}
+	}
+	return t.posFrom(buf)
+}
+
+// carry returns the least key past every key that starts with buf[:i]:
+// the last digit before i below '9' goes up by one, and fill does the
+// rest; with none, the position past every key.
+func (t *TableKV) carry(buf [viewLen]byte, i int) viewPos {
+	for j := i - 1; j >= 0; j-- {
+		if j != retention.TimestampWidth && buf[j] < '9' {
+			buf[j]++
+			return t.fill(buf, j+1)
+		}
+	}
+	return viewPos{inf: true}
+}
+
+// posFrom reads a key's 41 bytes as a position, moving one whose id no
+// row can have to the next millisecond, and one whose time no key can
+// carry past every key.
+func (t *TableKV) posFrom(buf [viewLen]byte) viewPos {
+	m, okm := digits(buf[:retention.TimestampWidth])
+	i, ok := digits(buf[retention.TimestampWidth+1:])
+	if !ok || i > 1<<63-1 {
+		m, i = m+1, 0
+	}
+	if !okm || m > uint64(maxViewMs) {
+		return viewPos{inf: true}
+	}
+	return viewPos{ms: int64(m), id: int64(i)}
+}

@@ -1,0 +1,574 @@
+package sqlkv_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/kvtest"
+	"github.com/marksweep/retention/sqlkv"
+)
+
+// jobsTable is a table of jobs whose rows are markers: a test's own,
+// dropped when it ends, with an artifacts table whose rows depend on the
+// jobs'.
+type jobsTable struct {
+	dl        dialect
+	db        *sql.DB
+	name      string
+	artifacts string
+	unit      sqlkv.TimeUnit
+	side      *sqlkv.KV
+}
+
+const tablePrefix = "jobs/done/"
+
+// newJobsTable creates the tables; with index false, the jobs table has
+// no index on (finished, id). On PostgreSQL the finish time is a
+// timestamptz, elsewhere Unix milliseconds.
+func newJobsTable(t testing.TB, dl dialect, index bool) *jobsTable {
+	t.Helper()
+	db := dl.open(t, "")
+	n := tableSeq.Add(1)
+	j := &jobsTable{dl: dl, db: db, unit: sqlkv.UnixMilli,
+		name: fmt.Sprintf("jobs_%d_%d", os.Getpid(), n), artifacts: fmt.Sprintf("artifacts_%d_%d", os.Getpid(), n)}
+	finished := "finished BIGINT NULL"
+	if dl.d == sqlkv.PostgreSQL {
+		finished, j.unit = "finished timestamptz NULL", sqlkv.Timestamp
+	}
+	ctx := context.Background()
+	stmts := []string{
+		"CREATE TABLE " + j.name + " (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL, " + finished + ")",
+		"CREATE TABLE " + j.artifacts + " (job_id BIGINT NOT NULL, name VARCHAR(32) NOT NULL)",
+	}
+	if index {
+		stmts = append(stmts, "CREATE INDEX "+j.name+"_finished ON "+j.name+" (finished, id)")
+	}
+	for _, s := range stmts {
+		_, err := db.ExecContext(ctx, s)
+		require.NoError(t, err, s)
+	}
+	t.Cleanup(func() {
+		for _, tb := range []string{j.name, j.artifacts} {
+			_, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb)
+			assert.NoError(t, err)
+		}
+	})
+	side, err := sqlkv.New(db, dl.d, freshTable(t, db, dl.d))
+	require.NoError(t, err)
+	j.side = side
+	return j
+}
+
+// kv returns a TableKV over the jobs whose state is done or failed.
+func (j *jobsTable) kv(t testing.TB) *sqlkv.TableKV {
+	t.Helper()
+	kv, err := sqlkv.NewTable(context.Background(), j.side, sqlkv.Table{Name: j.name, ID: "id", Time: "finished",
+		TimeUnit: j.unit, Filter: "state IN ('done', 'failed')", Prefix: tablePrefix})
+	require.NoError(t, err)
+	return kv
+}
+
+// atomic returns an AtomicTableKV whose clear deletes the jobs' artifacts.
+func (j *jobsTable) atomic(t testing.TB) *sqlkv.AtomicTableKV {
+	return j.kv(t).WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
+		for _, id := range ids {
+			n, err := strconv.ParseInt(id, 10, 64)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, q(j.dl.d, "DELETE FROM "+j.artifacts+" WHERE job_id = ?"), n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// timeArg returns the finish time as the table's column holds it.
+func (j *jobsTable) timeArg(at time.Time) any {
+	if j.unit == sqlkv.Timestamp {
+		return at
+	}
+	return at.UnixMilli()
+}
+
+// finish writes job id as finished at with state (running: no finish
+// time), and an artifact of it.
+func (j *jobsTable) finish(t testing.TB, id int64, state string, at time.Time) {
+	t.Helper()
+	var fin any
+	if state != "running" {
+		fin = j.timeArg(at)
+	}
+	ctx := context.Background()
+	_, err := j.db.ExecContext(ctx, q(j.dl.d, "DELETE FROM "+j.name+" WHERE id = ?"), id)
+	require.NoError(t, err)
+	_, err = j.db.ExecContext(ctx, q(j.dl.d, "INSERT INTO "+j.name+" (id, state, finished) VALUES (?, ?, ?)"), id, state, fin)
+	require.NoError(t, err)
+	_, err = j.db.ExecContext(ctx, q(j.dl.d, "INSERT INTO "+j.artifacts+" (job_id, name) VALUES (?, ?)"), id, "log")
+	require.NoError(t, err)
+}
+
+// ids returns the ids of the jobs left, and of their artifacts.
+func (j *jobsTable) ids(t testing.TB) (jobs, artifacts map[int64]bool) {
+	t.Helper()
+	read := func(q string) map[int64]bool {
+		rows, err := j.db.QueryContext(context.Background(), q)
+		require.NoError(t, err)
+		defer rows.Close()
+		out := map[int64]bool{}
+		for rows.Next() {
+			var id int64
+			require.NoError(t, rows.Scan(&id))
+			out[id] = true
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	return read("SELECT id FROM " + j.name), read("SELECT job_id FROM " + j.artifacts)
+}
+
+// rowKey is the key of job id finished at.
+func rowKey(t testing.TB, at time.Time, id int64) []byte {
+	t.Helper()
+	key, err := retention.MarkerKey(tablePrefix, at, fmt.Sprintf("%020d", id))
+	require.NoError(t, err)
+	return key
+}
+
+func keyStrings(keys [][]byte) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = string(k)
+	}
+	return out
+}
+
+func TestNewTableChecksTheTable(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, false)
+		ctx := context.Background()
+		base := sqlkv.Table{Name: j.name, ID: "id", Time: "finished", TimeUnit: j.unit, Filter: "state = 'done'", Prefix: tablePrefix}
+		_, err := sqlkv.NewTable(ctx, j.side, base)
+		require.ErrorIs(t, err, sqlkv.ErrNoIndex)
+		assert.Contains(t, err.Error(), "CREATE INDEX")
+		assert.Contains(t, err.Error(), "WHERE state = 'done'", "the index the error names has the filter's WHERE")
+
+		_, err = j.db.ExecContext(ctx, "CREATE INDEX "+j.name+"_fin ON "+j.name+" (finished, id)")
+		require.NoError(t, err)
+		tests := []struct {
+			name    string
+			modify  func(*sqlkv.Table)
+			wantErr string
+		}{
+			{"valid", func(*sqlkv.Table) {}, ""},
+			{"id not an integer", func(c *sqlkv.Table) { c.ID = "state" }, "must be an integer column"},
+			{"no such column", func(c *sqlkv.Table) { c.ID = "nope" }, "has no column"},
+			{"no time column", func(c *sqlkv.Table) { c.Time = "" }, "Table.ID and Table.Time must be set"},
+			{"placeholder in the filter", func(c *sqlkv.Table) { c.Filter = "state = ?" }, "must hold no placeholder"},
+			{"prefix ending in an id byte", func(c *sqlkv.Table) { c.Prefix = "jobs" }, "Table.Prefix"},
+			{"bad unit", func(c *sqlkv.Table) { c.TimeUnit = 7 }, "neither Timestamp nor UnixMilli"},
+		}
+		for _, tt := range tests {
+			cfg := base
+			tt.modify(&cfg)
+			kv, err := sqlkv.NewTable(ctx, j.side, cfg)
+			if tt.wantErr == "" {
+				require.NoError(t, err, tt.name)
+				assert.NotNil(t, kv)
+				continue
+			}
+			require.Error(t, err, tt.name)
+			assert.Contains(t, err.Error(), tt.wantErr, tt.name)
+		}
+	})
+}
+
+// TestTableScanReadsRowsAsMarkers: the rows that are markers are read in
+// key order, those of one millisecond by id though the index orders them
+// by time, at every page size and from any start.
+func TestTableScanReadsRowsAsMarkers(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		kv := j.kv(t)
+		base := time.UnixMilli(1_700_000_000_000)
+		var want []string
+		for i := range 40 {
+			id := int64(40 - i) // later rows of a millisecond have smaller ids
+			at := base.Add(time.Duration(i/4) * time.Millisecond)
+			if j.unit == sqlkv.Timestamp {
+				at = at.Add(-time.Duration(3-i%4) * 100 * time.Microsecond) // four times in one rounded-up millisecond
+			}
+			state := []string{"done", "failed", "done", "running"}[i%4]
+			if i%8 == 3 {
+				state = "cancelled" // not a marker by the filter
+			}
+			j.finish(t, id, state, at)
+			if state == "done" || state == "failed" {
+				want = append(want, string(rowKey(t, at, id)))
+			}
+		}
+		sortStrings(want)
+		ctx := context.Background()
+		for _, page := range []int{1, 2, 3, 7, 100} {
+			var got []string
+			from := []byte(tablePrefix)
+			for {
+				keys, err := kv.Scan(ctx, from, []byte(tablePrefix+"\xff"), page)
+				require.NoError(t, err)
+				got = append(got, keyStrings(keys)...)
+				if len(keys) < page {
+					break
+				}
+				from = append(keys[len(keys)-1], 0)
+			}
+			assert.Equal(t, want, got, "pages of %d", page)
+		}
+		// From inside a key, and up to one.
+		keys, err := kv.Scan(ctx, []byte(want[3][:len(want[3])-3]), []byte(want[7]), 100)
+		require.NoError(t, err)
+		assert.Equal(t, want[3:7], keyStrings(keys))
+	})
+}
+
+func sortStrings(s []string) {
+	for i := 1; i < len(s); i++ {
+		for k := i; k > 0 && s[k] < s[k-1]; k-- {
+			s[k], s[k-1] = s[k-1], s[k]
+		}
+	}
+}
+
+// TestTableSweepClearsRowsOnce: an atomic sweep over the table deletes
+// the expired jobs that are markers with their artifacts, in runs and in
+// pages alike, and keeps every other row.
+func TestTableSweepClearsRowsOnce(t *testing.T) {
+	for _, conc := range []int{1, 4} { // runs, then pages
+		t.Run(fmt.Sprintf("Concurrency%d", conc), func(t *testing.T) {
+			forEach(t, func(t *testing.T, dl dialect) {
+				j := newJobsTable(t, dl, true)
+				now := time.UnixMilli(1_800_000_000_000)
+				var want []int64
+				for i := range 300 {
+					id := int64(i + 1)
+					at := now.Add(-2*time.Hour + time.Duration(i/3)*time.Millisecond)
+					state := "done"
+					switch {
+					case i%10 == 0:
+						state = "running"
+					case i%10 == 1:
+						state = "cancelled"
+					case i >= 270:
+						at = now.Add(-time.Minute) // not expired
+					default:
+						want = append(want, id)
+					}
+					j.finish(t, id, state, at)
+				}
+				s, err := retention.New(j.atomic(t), retention.Config{Prefix: tablePrefix, Retention: time.Hour,
+					Clock: retention.NewManualClock(now), Concurrency: conc, BatchSize: 16, PageSize: 64})
+				require.NoError(t, err)
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Equal(t, len(want), st.Cleared)
+				jobs, arts := j.ids(t)
+				for _, id := range want {
+					assert.False(t, jobs[id], "job %d left", id)
+					assert.False(t, arts[id], "artifact of job %d left", id)
+				}
+				assert.Len(t, jobs, 300-len(want))
+				assert.Len(t, arts, 300-len(want))
+				st, err = s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Zero(t, st.Cleared, "a second pass clears nothing")
+			})
+		})
+	}
+}
+
+// TestTableRetriesHoldsAndRequeue: a failed clear moves its row's marker
+// to the side table (the row stays, shadowed), and the retry clears it
+// later; a held one waits; a parked one waits for Requeue, which makes the
+// row a marker again.
+func TestTableRetriesHoldsAndRequeue(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		now := time.UnixMilli(1_800_000_000_000)
+		for id := int64(1); id <= 6; id++ {
+			j.finish(t, id, "done", now.Add(-2*time.Hour+time.Duration(id)*time.Millisecond))
+		}
+		kv := j.kv(t)
+		clock := retention.NewManualClock(now)
+		var mu sync.Mutex
+		fail := map[string]error{
+			fmt.Sprintf("%020d", 2): errors.New("bucket unreachable"),
+			fmt.Sprintf("%020d", 3): retention.Hold(now.Add(3 * time.Hour)),
+			fmt.Sprintf("%020d", 4): errors.New("always fails"),
+		}
+		cleared := map[string]int{}
+		s, err := retention.New(kv, retention.Config{Prefix: tablePrefix, Retention: time.Hour, Clock: clock,
+			RetryDelay: time.Minute, MaxAttempts: 2,
+			Clear: func(_ context.Context, id string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if err := fail[id]; err != nil {
+					return err
+				}
+				cleared[id]++
+				return nil
+			}})
+		require.NoError(t, err)
+		ctx := context.Background()
+		_, err = s.Pass(ctx)
+		require.NoError(t, err)
+		jobs, _ := j.ids(t)
+		assert.Equal(t, map[int64]bool{2: true, 3: true, 4: true}, jobs, "the cleared jobs' rows went; the others stay")
+		keys, err := kv.Scan(ctx, []byte(tablePrefix), []byte(tablePrefix+"~"), 100)
+		require.NoError(t, err)
+		assert.Len(t, keys, 3, "one marker each, in the side table: %q", keys)
+
+		mu.Lock()
+		delete(fail, fmt.Sprintf("%020d", 2))
+		mu.Unlock()
+		clock.Advance(2 * time.Minute)
+		_, err = s.Pass(ctx)
+		require.NoError(t, err)
+		clock.Advance(5 * time.Minute)
+		_, err = s.Pass(ctx) // 4 fails its second attempt: parked
+		require.NoError(t, err)
+		jobs, _ = j.ids(t)
+		assert.Equal(t, map[int64]bool{3: true, 4: true}, jobs, "the retry cleared 2")
+
+		mu.Lock()
+		delete(fail, fmt.Sprintf("%020d", 4))
+		mu.Unlock()
+		n, err := s.Requeue(ctx, fmt.Sprintf("%020d", 4))
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		_, err = s.Pass(ctx)
+		require.NoError(t, err)
+		jobs, _ = j.ids(t)
+		assert.Equal(t, map[int64]bool{3: true}, jobs, "the requeued job was cleared; the held one waits")
+		clock.Advance(time.Hour)
+		_, err = s.Pass(ctx)
+		require.NoError(t, err)
+		jobs, _ = j.ids(t)
+		assert.Equal(t, map[int64]bool{3: true}, jobs, "still held until its hold ends")
+		mu.Lock()
+		defer mu.Unlock()
+		for id, n := range cleared {
+			assert.Equal(t, 1, n, "job %s cleared %d times", id, n)
+		}
+	})
+}
+
+// TestTableNeverDeletesARowThatFinishedAgain: a marker read before its
+// job ran again and finished later deletes nothing, in any write path.
+func TestTableNeverDeletesARowThatFinishedAgain(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		a := j.atomic(t)
+		ctx := context.Background()
+		old := time.UnixMilli(1_700_000_000_000)
+		for id := int64(1); id <= 3; id++ {
+			j.finish(t, id, "done", old)
+		}
+		keys, err := a.Scan(ctx, []byte(tablePrefix), []byte(tablePrefix+"\xff"), 10)
+		require.NoError(t, err)
+		require.Len(t, keys, 3)
+		for id := int64(1); id <= 3; id++ {
+			j.finish(t, id, "done", old.Add(time.Hour)) // ran again
+		}
+		require.NoError(t, a.Delete(ctx, keys[0]))
+		err = a.ClearAndDelete(ctx, []string{fmt.Sprintf("%020d", 2)}, keys[1:2])
+		require.ErrorIs(t, err, retention.ErrMarkerGone)
+		require.NoError(t, a.Move(ctx, keys[2:3], [][]byte{[]byte(tablePrefix + "r-elsewhere")}))
+		jobs, arts := j.ids(t)
+		assert.Len(t, jobs, 3, "no job deleted")
+		assert.Len(t, arts, 3, "no artifact deleted")
+		left, err := a.Scan(ctx, []byte(tablePrefix), []byte(tablePrefix+"\xff"), 10)
+		require.NoError(t, err)
+		assert.Len(t, left, 3, "each job is a marker at its new time: %q", left)
+	})
+}
+
+// TestTableRunsTakeExactlyTheFirstMarkers: a run takes the first limit
+// markers in key order, those of a millisecond with many rows by id, and
+// refuses, changing nothing, a range where a side key lies.
+func TestTableRunsTakeExactlyTheFirstMarkers(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		a := j.atomic(t)
+		ctx := context.Background()
+		base := time.UnixMilli(1_700_000_000_000)
+		var want []string
+		for i := range 30 {
+			id := int64(100 - i)
+			at := base.Add(time.Duration(i/5) * time.Millisecond)
+			if j.unit == sqlkv.Timestamp {
+				at = at.Add(-time.Duration(4-i%5) * 100 * time.Microsecond)
+			}
+			j.finish(t, id, "done", at)
+			want = append(want, string(rowKey(t, at, id)))
+		}
+		sortStrings(want)
+		end := []byte(tablePrefix + ":")
+		from := []byte(tablePrefix)
+		var got []string
+		for _, limit := range []int{3, 7, 1, 12, 100} {
+			keys, err := a.ClearRun(ctx, tablePrefix, from, end, limit)
+			require.NoError(t, err, "limit %d", limit)
+			got = append(got, keyStrings(keys)...)
+			if len(keys) > 0 {
+				from = append(keys[len(keys)-1], 0)
+			}
+		}
+		assert.Equal(t, want, got)
+		jobs, arts := j.ids(t)
+		assert.Empty(t, jobs)
+		assert.Empty(t, arts)
+
+		j.finish(t, 1, "done", base)
+		j.finish(t, 2, "done", base.Add(time.Second))
+		require.NoError(t, a.Put(ctx, rowKey(t, base.Add(time.Millisecond), 99), nil))
+		_, err := a.ClearRun(ctx, tablePrefix, []byte(tablePrefix), end, 10)
+		require.ErrorIs(t, err, retention.ErrMalformedMarker)
+		jobs, _ = j.ids(t)
+		assert.Len(t, jobs, 2, "a refused run changes nothing")
+		keys, err := a.ClearRun(ctx, tablePrefix, []byte(tablePrefix), end, 1)
+		require.NoError(t, err, "a run that ends before the side key")
+		assert.Len(t, keys, 1)
+	})
+}
+
+// TestTableConformance runs kvtest over a TableKV: a store of the keys a
+// side table holds and of the rows' markers.
+func TestTableConformance(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		kvtest.Run(t, func(t testing.TB) kvtest.Store {
+			j := newJobsTable(t, dl, true)
+			kv := j.kv(t)
+			return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
+		})
+	})
+}
+
+// TestTableModel sweeps a table with random clear outcomes, rows finishing
+// again and new rows, and checks what the model says: no row deleted
+// before its retention, none that is no marker, each expired marker's job
+// cleared in the end, and, atomic, none cleared twice.
+func TestTableModel(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprint(seed), func(t *testing.T) { tableModel(t, dl, seed) })
+		}
+	})
+}
+
+func tableModel(t *testing.T, dl dialect, seed uint64) {
+	j := newJobsTable(t, dl, true)
+	rng := rand.New(rand.NewPCG(seed, 42))
+	now := time.UnixMilli(1_800_000_000_000)
+	clock := retention.NewManualClock(now)
+	type job struct {
+		state string
+		at    time.Time
+	}
+	jobs := map[int64]job{}
+	var mu sync.Mutex
+	clears := map[int64]int{}
+	fails := map[int64]bool{}
+	a := j.kv(t).WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		bad := retention.BatchError{}
+		for _, s := range ids {
+			id, err := strconv.ParseInt(s, 10, 64)
+			require.NoError(t, err)
+			if fails[id] {
+				bad[s] = errors.New("refused")
+			}
+		}
+		if len(bad) > 0 {
+			return bad
+		}
+		for _, s := range ids {
+			id, _ := strconv.ParseInt(s, 10, 64)
+			clears[id]++
+		}
+		return nil
+	})
+	const retentionD = time.Hour
+	s, err := retention.New(a, retention.Config{Prefix: tablePrefix, Retention: retentionD, Clock: clock,
+		BatchSize: 8, PageSize: 32, RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
+	require.NoError(t, err)
+	ctx := context.Background()
+	next := int64(1)
+	for round := range 12 {
+		var live []int64
+		for id := range jobs {
+			live = append(live, id)
+		}
+		for range rng.IntN(40) {
+			id := next
+			at := clock.Now().Add(-time.Duration(rng.IntN(3*3600)) * time.Second)
+			if len(live) > 0 && rng.IntN(4) == 0 {
+				// Runs again, or finishes again, now.
+				id, at = live[rng.IntN(len(live))], clock.Now().Add(-time.Duration(rng.IntN(600))*time.Second)
+			} else {
+				next++
+			}
+			st := []string{"done", "failed", "running", "cancelled"}[rng.IntN(4)]
+			mu.Lock()
+			fails[id] = round < 9 && rng.IntN(6) == 0
+			mu.Unlock()
+			j.finish(t, id, st, at)
+			jobs[id] = job{st, at}
+		}
+		before := clock.Now()
+		_, err := s.Pass(ctx)
+		require.NoError(t, err, "round %d", round)
+		left, _ := j.ids(t)
+		for id, jb := range jobs {
+			marker := jb.state == "done" || jb.state == "failed"
+			expired := marker && before.Sub(jb.at) > retentionD
+			if !left[id] {
+				require.True(t, expired, "round %d: job %d (%s at %v) deleted, not an expired marker", round, id, jb.state, jb.at)
+				delete(jobs, id)
+			}
+		}
+		clock.Advance(time.Duration(rng.IntN(20)+1) * time.Minute)
+		if round == 9 {
+			mu.Lock()
+			clear(fails)
+			mu.Unlock()
+		}
+	}
+	clock.Advance(2 * time.Minute)
+	_, err = s.Pass(ctx)
+	require.NoError(t, err)
+	left, _ := j.ids(t)
+	for id, jb := range jobs {
+		marker := jb.state == "done" || jb.state == "failed"
+		if marker && clock.Now().Sub(jb.at) > retentionD+time.Minute {
+			assert.False(t, left[id], "expired job %d (%s at %v) never cleared", id, jb.state, jb.at)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range clears {
+		assert.LessOrEqual(t, n, 1, "job %d cleared %d times", id, n)
+	}
+}

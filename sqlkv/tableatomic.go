@@ -1,0 +1,350 @@
+package sqlkv
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/marksweep/retention"
+)
+
+// AtomicTableKV is a TableKV that deletes the rows of the markers it is
+// given, with the ClearFunc's statements for what depends on them, in one
+// transaction: a retention.ClearDeleter and a retention.RunClearer. The
+// rows are the entities' state and their markers at once, so each is
+// cleared exactly once, with no lease. A run (ClearRun) picks its rows
+// by the index's range and deletes them in one statement, with no keys
+// sent to the database. Create one with TableKV.WithClear, and give it to
+// retention.New with neither Config.Clear nor Config.ClearBatch set.
+type AtomicTableKV struct {
+	*TableKV
+	clear ClearFunc
+}
+
+var (
+	_ retention.RunClearer = (*AtomicTableKV)(nil)
+	_ retention.Mover      = (*AtomicTableKV)(nil)
+)
+
+// WithClear returns an AtomicTableKV over t's table. clear runs after the
+// rows' deletion in its transaction, with the ids of the rows deleted
+// (their values zero-padded to 20 digits); nil means the rows are the
+// whole state.
+func (t *TableKV) WithClear(clear ClearFunc) *AtomicTableKV {
+	if clear == nil {
+		clear = func(context.Context, *sql.Tx, []string) error { return nil }
+	}
+	return &AtomicTableKV{TableKV: t, clear: clear}
+}
+
+// fencedAtomic returns the view of a fenced by the lease whose fence ctx
+// carries, nil when it carries none.
+func (a *AtomicTableKV) fencedAtomic(ctx context.Context) (*fencedAtomicTable, error) {
+	view, err := retention.Fenced(ctx, a)
+	if err != nil || view == nil {
+		return nil, err
+	}
+	f, ok := view.(*fencedAtomicTable)
+	if !ok {
+		return nil, fmt.Errorf("sqlkv: the fenced view of an AtomicTableKV is a %T, not a *fencedAtomicTable", view)
+	}
+	return f, nil
+}
+
+// ClearAndDelete implements retention.ClearDeleter. In one transaction it
+// deletes the rows of keys that are rows' markers and the side keys of
+// the others (with their rows, unless they finished again since), runs
+// the ClearFunc and commits; when a key is no longer there it rolls back
+// and returns an error matching retention.ErrMarkerGone.
+func (a *AtomicTableKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	f, err := a.fencedAtomic(ctx)
+	switch {
+	case err != nil:
+		return err
+	case f != nil:
+		return a.clearAndDelete(ctx, ids, keys, f.lease)
+	}
+	return a.clearAndDelete(ctx, ids, keys, nil)
+}
+
+func (a *AtomicTableKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byte, lease *sqlLease) error {
+	op := "clear and delete from"
+	rows, side := a.split(keys)
+	return a.inTx(ctx, op, lease, func(tx *sql.Tx) error {
+		if err := a.refuseLiveAgain(ctx, tx, side); err != nil {
+			return err
+		}
+		n, err := a.deleteRows(ctx, tx, rows)
+		if err != nil {
+			return err
+		}
+		gone, err := a.deleteSide(ctx, tx, side)
+		if err != nil {
+			return err
+		}
+		if want := len(rows) + len(side); int(n)+len(gone) != want {
+			return fmt.Errorf("sqlkv: %s %s: %w (%d of %d markers deleted)", op, a.table, retention.ErrMarkerGone, int(n)+len(gone), want)
+		}
+		return a.clear(ctx, tx, ids)
+	})
+}
+
+// refuseLiveAgain returns a retention.BatchError that says
+// retention.ErrLiveAgain for each side key of keys whose row is no longer
+// the marker it stood for: the row runs again, or finished again since.
+// Its dependents are the new run's: the sweep drops the key, and the row
+// is a marker again at its new finish time.
+func (a *AtomicTableKV) refuseLiveAgain(ctx context.Context, tx *sql.Tx, keys [][]byte) error {
+	live := retention.BatchError{}
+	for _, k := range keys {
+		e, ok := a.entityOf(k)
+		if !ok {
+			continue
+		}
+		cond := "1"
+		if a.filter != "" {
+			cond = "(" + a.filter + ")"
+		}
+		w := &where{d: a.d}
+		q := "SELECT " + a.col(a.tm) + ", CASE WHEN " + cond + " THEN 1 ELSE 0 END FROM " + a.table +
+			" WHERE " + a.col(a.id) + " = " + w.arg(e.id) + a.forUpdate()
+		var tm sql.Null[any]
+		var marker int
+		err := queryRow(ctx, a.d, tx, q, w.args, &tm, &marker)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue // gone: its dependents go too
+		}
+		if err != nil {
+			return wrap(ctx, "read "+a.table, err)
+		}
+		ms := int64(-1)
+		if tm.Valid {
+			if ms, err = a.msOf(normalTime(tm.V)); err != nil {
+				return err
+			}
+		}
+		if !tm.Valid || marker == 0 || ms > e.ms {
+			live[fmt.Sprintf("%020d", e.id)] = retention.ErrLiveAgain
+		}
+	}
+	if len(live) > 0 {
+		return live
+	}
+	return nil
+}
+
+// normalTime returns a Time column's value as msOf reads it: drivers
+// give integers as int64, some as other integer types.
+func normalTime(v any) any {
+	switch x := v.(type) {
+	case int:
+		return int64(x)
+	case int32:
+		return int64(x)
+	case []byte:
+		n, err := strconv.ParseInt(string(x), 10, 64)
+		if err == nil {
+			return n
+		}
+	}
+	return v
+}
+
+// ClearRun implements retention.RunClearer. In one transaction it finds
+// where the first limit markers of [from, end) end in the index, deletes
+// the rows up to there in one statement (the ids and times come back with
+// the deletion), runs the ClearFunc with their ids, and commits; it
+// returns their keys, ascending. A run that would hold a key of the side
+// table (a retry or parked marker lies outside the markers' range, so
+// only a Put's key can) is refused with an error matching
+// retention.ErrMalformedMarker, having changed nothing: the sweep reads
+// that page itself. When ctx carries a lease's fence (retention.Fenced),
+// the run is fenced by it.
+func (a *AtomicTableKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	f, err := a.fencedAtomic(ctx)
+	switch {
+	case err != nil:
+		return nil, err
+	case f != nil:
+		return a.clearRun(ctx, prefix, from, end, limit, f.lease)
+	}
+	return a.clearRun(ctx, prefix, from, end, limit, nil)
+}
+
+// RunStore implements retention.RunClearer.
+func (a *AtomicTableKV) RunStore() retention.RunClearer { return a }
+
+// errRowsMoved refuses a run whose rows changed between its reads and its
+// deletion.
+var errRowsMoved = errors.New("rows changed while the run was picked")
+
+func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end []byte, limit int, lease *sqlLease) ([][]byte, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("sqlkv: ClearRun limit must be at least 1, got %d", limit)
+	}
+	lo, hi := a.posOf(from), a.posOf(end)
+	var keys [][]byte
+	err := a.inTx(ctx, "clear a run of", lease, func(tx *sql.Tx) error {
+		keys = nil
+		cut, last, err := a.runEnd(ctx, tx, lo, hi, limit)
+		if err != nil {
+			return err
+		}
+		// Any side key before the run's end belongs in it, and is no
+		// marker of the table: the page path sorts it out.
+		sideEnd := end
+		if last != nil {
+			sideEnd = append(last, 0)
+		}
+		if side, err := a.scanSideTx(ctx, tx, from, sideEnd); err != nil || side != nil {
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("sqlkv: clear a run of %s: %w: side key %q lies in the run", a.table, retention.ErrMalformedMarker, side)
+		}
+		if prefix != a.prefix {
+			if cut != nil || a.anyRow(ctx, tx, lo, hi) {
+				return fmt.Errorf("sqlkv: clear a run of %s: %w: its rows are markers of %q, not %q", a.table, retention.ErrMalformedMarker, a.prefix, prefix)
+			}
+			return nil
+		}
+		rows, err := a.deleteRun(ctx, tx, lo, hi, cut)
+		if err != nil {
+			return err
+		}
+		if len(rows) > limit {
+			return fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+		}
+		sortRows(rows)
+		ids := make([]string, len(rows))
+		keys = make([][]byte, len(rows))
+		for i, r := range rows {
+			keys[i] = a.rowKey(nil, r.ms, r.id)
+			ids[i] = string(keys[i][len(keys[i])-retention.TimestampWidth:])
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		return a.clear(ctx, tx, ids)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return keys, nil
+}
+
+// runCut is where a run ends in the index: every row of millisecond
+// before ms, and those of ms up to id.
+type runCut struct {
+	ms, id int64
+}
+
+// runEnd returns where the first limit markers of [lo, hi) end, with the
+// last one's key, or a nil cut when fewer are there. The index orders a
+// millisecond's rows by time, the keys by id: the run takes the
+// millisecond's rows of the smallest ids.
+func (a *AtomicTableKV) runEnd(ctx context.Context, tx *sql.Tx, lo, hi viewPos, limit int) (*runCut, []byte, error) {
+	w := &where{d: a.d}
+	a.rangeConds(w, lo, hi)
+	q := a.selectRows() + w.String() + a.order() + fmt.Sprintf(" LIMIT 1 OFFSET %d", limit-1)
+	nth, err := a.readRows(ctx, tx, q, w.args)
+	if err != nil || len(nth) == 0 {
+		return nil, nil, wrap(ctx, "read "+a.table, err)
+	}
+	n := nth[0]
+	w = a.rebuild(lo, hi, func(w *where) {
+		w.and(a.col(a.tm) + " > " + w.arg(a.bound(n.ms-1)))
+		w.and(a.col(a.tm) + " <= " + w.arg(a.bound(n.ms)))
+	})
+	bucket, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.order(), w.args)
+	if err != nil {
+		return nil, nil, wrap(ctx, "read "+a.table, err)
+	}
+	// The run holds the rows before n in the index, and as many of the
+	// millisecond's as the index put before n, plus one.
+	k := slices.IndexFunc(bucket, func(r row) bool { return r.id == n.id })
+	if k < 0 {
+		return nil, nil, fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+	}
+	sortRows(bucket)
+	cut := &runCut{ms: n.ms, id: bucket[k].id}
+	return cut, a.rowKey(nil, cut.ms, cut.id), nil
+}
+
+// anyRow reports whether a marker lies in [lo, hi).
+func (a *AtomicTableKV) anyRow(ctx context.Context, tx *sql.Tx, lo, hi viewPos) bool {
+	w := &where{d: a.d}
+	a.rangeConds(w, lo, hi)
+	rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+" LIMIT 1", w.args)
+	return err != nil || len(rows) > 0
+}
+
+// deleteRun deletes the markers of [lo, hi) up to cut (all of them when
+// nil) and returns their rows.
+func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPos, cut *runCut) ([]row, error) {
+	w := &where{d: a.d}
+	a.rangeConds(w, lo, hi)
+	if cut != nil {
+		tm := a.col(a.tm)
+		w.and(tm + " <= " + w.arg(a.bound(cut.ms)))
+		w.and("(" + tm + " <= " + w.arg(a.bound(cut.ms-1)) + " OR " + a.col(a.id) + " <= " + w.arg(cut.id) + ")")
+	}
+	if a.d != MySQL {
+		q := "DELETE FROM " + a.table + " WHERE " + w.String() + " RETURNING " + a.col(a.id) + ", " + a.col(a.tm)
+		rows, err := a.readRows(ctx, tx, q, w.args)
+		return rows, wrap(ctx, "delete from "+a.table, err)
+	}
+	// MySQL has no RETURNING: the rows are read and locked first, and the
+	// delete must take exactly them.
+	rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.forUpdate(), w.args)
+	if err != nil || len(rows) == 0 {
+		return nil, wrap(ctx, "read "+a.table, err)
+	}
+	n, err := exec(ctx, a.d, tx, "DELETE FROM "+a.table+" WHERE "+w.String(), w.args)
+	if err != nil {
+		return nil, wrap(ctx, "delete from "+a.table, err)
+	}
+	if n != int64(len(rows)) {
+		return nil, fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+	}
+	return rows, nil
+}
+
+// scanSideTx returns the first side key of [from, end) in tx outside the
+// shadows, or nil.
+func (t *TableKV) scanSideTx(ctx context.Context, tx *sql.Tx, from, end []byte) ([]byte, error) {
+	slo, shi := t.shadowRange()
+	for _, r := range [][2][]byte{{from, minKey(end, slo)}, {maxKey(from, shi), end}} {
+		q := "SELECT marker FROM " + t.side.table + " WHERE marker >= " + t.d.phs(1, 1) + " AND marker < " + t.d.phs(2, 1) + " ORDER BY marker LIMIT 1"
+		keys, err := readKeys(ctx, t.d, tx, q, []any{nonNil(r[0]), nonNil(r[1])}, 1)
+		if err != nil {
+			return nil, wrap(ctx, "read "+t.side.table, err)
+		}
+		if len(keys) > 0 {
+			return keys[0], nil
+		}
+	}
+	return nil, nil
+}
+
+// fencedAtomicTable is an AtomicTableKV whose writes take effect only
+// while its lease holds.
+type fencedAtomicTable struct {
+	*fencedTable
+	a *AtomicTableKV
+}
+
+var _ retention.RunClearer = (*fencedAtomicTable)(nil)
+
+func (f *fencedAtomicTable) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	return f.a.clearAndDelete(ctx, ids, keys, f.lease)
+}
+
+func (f *fencedAtomicTable) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return f.a.clearRun(ctx, prefix, from, end, limit, f.lease)
+}
+
+func (f *fencedAtomicTable) RunStore() retention.RunClearer { return f }
