@@ -272,8 +272,14 @@ func (s *Sweep) Parked(ctx context.Context, limit int) ([]ParkedMarker, error) {
 
 // Requeue puts the parked markers of ids back (see Parked), in one Move to
 // the retry range, due at once with no failed attempt counted. It returns
-// how many it put back; an id with no parked marker is not an error, but no
-// ids at all, or a KV that is no Mover, is. It reads the whole parked range.
+// how many markers it moved: of concurrent calls through this Sweep, only
+// the one that moved a marker counts it. An id with no parked marker is not
+// an error, but no ids at all, or a KV that is no Mover, is. It reads the
+// whole parked range.
+//
+// Two Sweeps over one store (replicas) that requeue one id at the same
+// moment may both count it: a Move does not say which of its pairs it
+// moved. The store is right either way: the marker is moved once.
 func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	if err := s.configured("Requeue"); err != nil {
 		return 0, err
@@ -288,6 +294,15 @@ func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	mover, ok := s.kv.(Mover)
 	if !ok { // only a Mover parks markers
 		return 0, fmt.Errorf("retention: Requeue: the KV (%T) is no Mover", s.kv)
+	}
+	// A Move of a key already moved is a no-op that looks like success, so
+	// each call reads the parked range after the previous one's Move: else
+	// every racing call counts the marker it read.
+	select {
+	case s.requeuing <- struct{}{}:
+		defer func() { <-s.requeuing }()
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
 	var from, to [][]byte
 	// Due for the next pass: strictly before now.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -239,6 +240,94 @@ func TestRequeueRacingPassesClearsEveryID(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConcurrentRequeuesCountEachMarkerOnce: Requeue answers how many
+// markers its own Move moved, not the parked keys it read: of requeues
+// racing over a slow Move, only one counts each marker, and each marker is
+// moved once.
+func TestConcurrentRequeuesCountEachMarkerOnce(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		parked []string
+		asks   [][]string // the ids of each caller, round robin over 12 callers
+		want   int
+	}{
+		{"one id", []string{"x"}, [][]string{{"x"}}, 1},
+		{"overlapping ids", []string{"a", "b", "c"}, [][]string{{"a", "b"}, {"b", "c"}, {"c", "a"}}, 3},
+		{"ids not parked", []string{"x"}, [][]string{{"y"}, {"x", "z"}}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				f := newFakeKV(nil)
+				for _, id := range tt.parked {
+					require.NoError(t, f.Put(ctx, appendParkedKey(nil, "runs/", 0, t0.UnixMilli(), 1, id), nil))
+				}
+				f.setHooks(nil, nil, func(context.Context, int64) error {
+					time.Sleep(100 * time.Millisecond) // a store's round trip, in the bubble's time
+					return nil
+				})
+				s, clock := newSweep(t, f.store(), Config{Clear: newClears().clear, MaxAttempts: 1})
+				clock.Set(t0.Add(2 * time.Hour))
+				counts := make([]int, 12)
+				var wg sync.WaitGroup
+				for i := range counts {
+					wg.Go(func() {
+						n, err := s.Requeue(ctx, tt.asks[i%len(tt.asks)]...)
+						assert.NoError(t, err)
+						counts[i] = n
+					})
+				}
+				wg.Wait()
+				total := 0
+				for _, n := range counts {
+					total += n
+				}
+				assert.Equal(t, tt.want, total, "Requeue() = %v from 12 callers, want %d in all", counts, tt.want)
+				parked, err := s.Parked(ctx, 10)
+				require.NoError(t, err)
+				assert.Empty(t, parked)
+				want := map[string]int{}
+				for _, id := range tt.parked {
+					want[id] = 1
+				}
+				assert.Equal(t, want, markerIDs(t, f, "runs/"), "markers per id after the requeues")
+			})
+		})
+	}
+}
+
+// TestRequeueWaitingForAnotherEndsWithItsContext: a Requeue queued behind
+// another's slow Move returns its context's error when that ends first.
+func TestRequeueWaitingForAnotherEndsWithItsContext(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := newFakeKV(nil)
+		require.NoError(t, f.Put(ctx, appendParkedKey(nil, "runs/", 0, t0.UnixMilli(), 1, "x"), nil))
+		f.setHooks(nil, nil, func(context.Context, int64) error {
+			time.Sleep(time.Second)
+			return nil
+		})
+		s, _ := newSweep(t, f.store(), Config{Clear: newClears().clear, MaxAttempts: 1})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			n, err := s.Requeue(ctx, "x")
+			assert.NoError(t, err)
+			assert.Equal(t, 1, n)
+		})
+		synctest.Wait() // the first is in its Move
+		short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+		defer cancel()
+		n, err := s.Requeue(short, "x")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Zero(t, n)
+		wg.Wait()
+	})
 }
 
 // TestBacklogOldestIsDue: a retry-range marker not expired under today's

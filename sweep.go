@@ -18,12 +18,13 @@ import (
 // concurrent use; its passes never overlap. The zero value is not usable:
 // its methods return an error matching ErrNotConfigured.
 type Sweep struct {
-	settings               // what New configured, never changed
-	memory                 // what passes remember, guarded by busy
-	scratch                // one pass's state and buffers, reused by the next, guarded by busy
-	curBatch atomic.Int64  // the batch size now, adapted to BatchTarget
-	running  atomic.Bool   // set while a Run (or a Group's Run) runs the sweep
-	busy     chan struct{} // serialises passes; nil in a Sweep not made by New
+	settings                // what New configured, never changed
+	memory                  // what passes remember, guarded by busy
+	scratch                 // one pass's state and buffers, reused by the next, guarded by busy
+	curBatch  atomic.Int64  // the batch size now, adapted to BatchTarget
+	running   atomic.Bool   // set while a Run (or a Group's Run) runs the sweep
+	busy      chan struct{} // serialises passes; nil in a Sweep not made by New
+	requeuing chan struct{} // serialises Requeue calls (see Requeue)
 }
 
 // settings are a Sweep's Config, with defaults applied.
@@ -117,7 +118,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		maxAttempts:  cfg.MaxAttempts,
 		runs: cfg.Clear == nil && cfg.ClearBatch == nil && cfg.ValidateID == nil && cfg.Limiter == nil &&
 			!cfg.DryRun && cfg.Concurrency <= 1,
-	}, busy: make(chan struct{}, 1)}
+	}, busy: make(chan struct{}, 1), requeuing: make(chan struct{}, 1)}
 	s.retries = newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay))
 	s.retryLower, s.retryUpper = infixRange(cfg.Prefix, retryInfix)
 	if s.batchTarget == 0 && s.clearTimeout > 0 {
