@@ -88,6 +88,9 @@ func (a *AtomicTableKV) clearAndDelete(ctx context.Context, ids []string, keys [
 		if want := len(rows) + len(side); int(n)+len(gone) != want {
 			return fmt.Errorf("sqlkv: %s %s: %w (%d of %d markers deleted)", op, a.table, retention.ErrMarkerGone, int(n)+len(gone), want)
 		}
+		if err := a.refuseShadowed(ctx, tx, rows); err != nil {
+			return fmt.Errorf("sqlkv: %s %s: %w (%w)", op, a.table, retention.ErrMarkerGone, err)
+		}
 		return a.clear(ctx, tx, ids)
 	})
 }
@@ -174,6 +177,32 @@ func (a *AtomicTableKV) ClearRun(ctx context.Context, prefix string, from, end [
 	return a.clearRun(ctx, prefix, from, end, limit, nil)
 }
 
+// refuseShadowed returns an error when a row of rows, deleted in tx as a
+// marker, has a shadow now: a Move that committed while the deletion
+// waited for the row's lock made it no marker, and the statement's
+// snapshot did not see that.
+func (a *AtomicTableKV) refuseShadowed(ctx context.Context, tx *sql.Tx, rows []row) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	lo, hi := a.shadowRange()
+	q := "SELECT marker FROM " + a.side.table + " WHERE marker >= " + a.d.phs(1, 1) + " AND marker < " + a.d.phs(2, 1)
+	shadows, err := readKeys(ctx, a.d, tx, q, []any{lo, hi}, 1024)
+	if err != nil || len(shadows) == 0 {
+		return wrap(ctx, "read "+a.side.table, err)
+	}
+	ids := make(map[string]bool, len(shadows))
+	for _, k := range shadows {
+		ids[string(k[len(lo):])] = true
+	}
+	for _, r := range rows {
+		if ids[strconv.FormatInt(r.id, 10)] {
+			return fmt.Errorf("%w: row %d was made no marker meanwhile", errRowsMoved, r.id)
+		}
+	}
+	return nil
+}
+
 // RunStore implements retention.RunClearer.
 func (a *AtomicTableKV) RunStore() retention.RunClearer { return a }
 
@@ -217,6 +246,9 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 		}
 		if len(rows) > limit {
 			return fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+		}
+		if err := a.refuseShadowed(ctx, tx, rows); err != nil {
+			return fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, err)
 		}
 		sortRows(rows)
 		ids := make([]string, len(rows))

@@ -208,9 +208,11 @@ func (t *TableKV) delete(ctx context.Context, keys [][]byte, lease *sqlLease) er
 	})
 }
 
-// Put implements retention.Putter: it writes key to the side table. It
-// refuses a key where the side table keeps its shadows (the prefix and
-// '~'); write a row's marker by setting its Time column.
+// Put implements retention.Putter: it writes key to the side table, and a
+// marker, retry or parked key of a row's id (a deadline, say) shadows the
+// row, so that the key is the entity's one marker. It refuses a key where
+// the side table keeps its shadows (the prefix and '~'); write a row's
+// marker by setting its Time column.
 func (t *TableKV) Put(ctx context.Context, key, value []byte) error {
 	if view, err := retention.Fenced(ctx, t); err != nil || view != nil {
 		if err != nil {
@@ -229,6 +231,12 @@ func (t *TableKV) put(ctx context.Context, key, value []byte, lease *sqlLease) e
 		return fmt.Errorf("sqlkv: Put of %q: keys from %q on are the shadows of table %s's rows", key, lo, t.name)
 	}
 	return t.inTx(ctx, "insert into", lease, func(tx *sql.Tx) error {
+		if e, ok := t.entityOf(key); ok {
+			// The entity's marker is this key now: its row is none.
+			if _, err := t.side.put(ctx, tx, t.shadowKey(e.id), nil); err != nil {
+				return err
+			}
+		}
 		_, err := t.side.put(ctx, tx, key, nil)
 		return err
 	})
