@@ -20,7 +20,8 @@
 // Every page answers with JSON when asked with "Accept: application/json",
 // at the same URL: GET / gives an Overview, GET /sweep?prefix=P a
 // SweepPage, GET /why?prefix=P&id=X a Why, and POST /requeue (a form of
-// prefix and id, or prefix and all=true) a Requeued. An error is an
+// prefix and id, or prefix and all=true) a Requeued: each exactly that
+// type, with no key the type lacks. An error is an
 // ErrorBody with the status: 400 for a malformed request or an id the
 // sweep's rule refuses, 403 for a refused action (read-only, or a
 // cross-origin POST), 404 for an unknown prefix or page, 405 for a wrong

@@ -202,13 +202,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v) // the client went away: nothing to do
 }
 
-// answer writes v as JSON or renders page with it.
-func (h *Handler) answer(w http.ResponseWriter, r *http.Request, page string, v any) {
+// answer writes doc, the page's documented JSON type, as JSON, or renders
+// page with view, which may hold more: what only the HTML shows must not
+// reach the JSON.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, page string, doc, view any) {
 	if wantsJSON(r) {
-		writeJSON(w, http.StatusOK, v)
+		writeJSON(w, http.StatusOK, doc)
 		return
 	}
-	h.render(w, http.StatusOK, page, v)
+	h.render(w, http.StatusOK, page, view)
 }
 
 func (h *Handler) render(w http.ResponseWriter, status int, page string, v any) {

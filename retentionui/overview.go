@@ -19,7 +19,7 @@ func (h *Handler) serveOverview(w http.ResponseWriter, r *http.Request) {
 		b, err := s.Backlog(ctx, h.opts.Limit)
 		o.Sweeps = append(o.Sweeps, h.status(s.Prefix(), b, err))
 	}
-	h.answer(w, r, "overview", o)
+	h.answer(w, r, "overview", o, o)
 }
 
 // status builds a sweep's line of the overview from its backlog (or the

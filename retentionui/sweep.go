@@ -55,7 +55,7 @@ func (h *Handler) serveSweep(w http.ResponseWriter, r *http.Request) {
 	}
 	p.ParkedCut = len(parked) == h.opts.Limit
 	p.Requeued, p.WasRequeued = requeuedOf(q)
-	h.answer(w, r, "sweep", p)
+	h.answer(w, r, "sweep", p.SweepPage, p)
 }
 
 // sweepURL is the relative URL of prefix's page, with extra parameters.

@@ -36,7 +36,7 @@ func (h *Handler) serveWhy(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err, http.StatusInternalServerError)
 		return
 	}
-	h.answer(w, r, "why", why)
+	h.answer(w, r, "why", why, why)
 }
 
 // lookup finds id's marker in what a bounded read can see: the due list
