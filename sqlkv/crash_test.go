@@ -70,7 +70,7 @@ const (
 // final clean sweep, in runs, must leave no expired job.
 func TestCrashAtomicSQLite(t *testing.T) {
 	if file := os.Getenv(crashEnvFile); file != "" {
-		crashChild(t, file)
+		crashChild(t, file, crashSweep)
 		return
 	}
 	if testing.Short() {
@@ -111,10 +111,41 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 	}
 	require.NoError(t, tx.Commit())
 
+	worst, runs := killChildren(t, rng, "TestCrashAtomicSQLite", file, func() crashState { return crashCheck(t, admin) })
+
+	// A clean sweep: no poison, no sleep, every retry due.
+	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
+	require.NoError(t, err)
+	s := crashSweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), 1, nil, nil)
+	for range 10 {
+		st, err := s.Pass(ctx)
+		require.NoError(t, err)
+		if st.Cleared == 0 && st.Failed == 0 {
+			break
+		}
+	}
+	final := crashCheck(t, admin)
+	t.Logf("after the final sweep: %s", final)
+	worst = worst.max(final)
+	assert.Zero(t, final.expiredLeft, "expired jobs left after the final sweep")
+	assert.Equal(t, crashExpired, final.clearedIDs, "every expired id was cleared")
+	assert.Zero(t, worst.lost, "a job without a marker: it is never cleared")
+	assert.Zero(t, worst.orphans, "a marker without its job: cleared again")
+	assert.Zero(t, worst.dupMarkers, "an id with two markers")
+	assert.Zero(t, worst.doubleCleared, "an id cleared by two committed transactions")
+	assert.Zero(t, worst.unexpiredTouched, "an unexpired job touched")
+	assert.Positive(t, runs, "no child cleared a run")
+}
+
+// killChildren starts the test binary again as a child that runs test
+// (with crashEnvFile set to file) and kills it with SIGKILL at a random
+// moment of its sweep, or right after a reschedule, a cleared batch or a
+// timed-out batch, crashKills times, every other child with Concurrency 1.
+// After every kill, check reads the state of the store; it returns the
+// worst state seen and how many runs the children cleared.
+func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func() crashState) (worst crashState, runs int) {
 	start := time.Now()
 	modes := map[string]int{}
-	var worst crashState
-	runs := 0 // the children's runs that cleared
 	for kill := 1; kill <= crashKills; kill++ {
 		// Where to kill: at a random moment, after the k-th batch cleared,
 		// right after the k-th reschedule, or right after the k-th batch
@@ -125,7 +156,7 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 		modes[mode]++
 
 		conc := 1 + kill%2
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashAtomicSQLite$", "-test.count=1")
+		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
 		cmd.Env = append(os.Environ(), crashEnvFile+"="+file, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
 			crashEnvConc+"="+strconv.Itoa(conc))
 		stdout, err := cmd.StdoutPipe()
@@ -179,35 +210,13 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 		var exitErr *exec.ExitError
 		require.ErrorAs(t, err, &exitErr, "kill %d:\n%s", kill, stderr.String())
 
-		st := crashCheck(t, admin)
+		st := check()
 		t.Logf("kill %2d (concurrency %d, %s %d; child saw %v): %s", kill, conc, mode, k, seen, st)
 		worst = worst.max(st)
 		runs += seen["run"]
 	}
 	t.Logf("%d kills in %v (%v)", crashKills, time.Since(start).Round(time.Millisecond), modes)
-
-	// A clean sweep: no poison, no sleep, every retry due.
-	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
-	require.NoError(t, err)
-	s := crashSweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), 1, nil, nil)
-	for range 10 {
-		st, err := s.Pass(ctx)
-		require.NoError(t, err)
-		if st.Cleared == 0 && st.Failed == 0 {
-			break
-		}
-	}
-	final := crashCheck(t, admin)
-	t.Logf("after the final sweep: %s", final)
-	worst = worst.max(final)
-	assert.Zero(t, final.expiredLeft, "expired jobs left after the final sweep")
-	assert.Equal(t, crashExpired, final.clearedIDs, "every expired id was cleared")
-	assert.Zero(t, worst.lost, "a job without a marker: it is never cleared")
-	assert.Zero(t, worst.orphans, "a marker without its job: cleared again")
-	assert.Zero(t, worst.dupMarkers, "an id with two markers")
-	assert.Zero(t, worst.doubleCleared, "an id cleared by two committed transactions")
-	assert.Zero(t, worst.unexpiredTouched, "an unexpired job touched")
-	assert.Positive(t, runs, "no child cleared a run")
+	return worst, runs
 }
 
 // crashState is what the file shows after a kill.
@@ -347,10 +356,18 @@ func crashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep
 	return s
 }
 
-// crashKV forwards to an AtomicKV and tells of what it did.
+// crashKV forwards to an AtomicKV (or an AtomicTableKV) and tells of what
+// it did.
 type crashKV struct {
-	akv *sqlkv.AtomicKV
+	akv atomicStore
 	say func(string)
+}
+
+// atomicStore is what the crash tests' sweeps clear through.
+type atomicStore interface {
+	retention.RunClearer
+	retention.Mover
+	retention.Putter
 }
 
 func (c *crashKV) Unwrap() retention.KV { return c.akv }
@@ -405,8 +422,9 @@ func (c *crashKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 // RunStore implements retention.RunClearer.
 func (c *crashKV) RunStore() retention.RunClearer { return c }
 
-// crashChild sweeps until it is killed.
-func crashChild(t *testing.T, file string) {
+// crashChild sweeps the SQLite file with the sweep that sweepOf makes,
+// until it is killed.
+func crashChild(t *testing.T, file string, sweepOf func(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep func() time.Duration, say func(string)) *retention.Sweep) {
 	seed, err := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
 	require.NoError(t, err)
 	rng := mrand.New(mrand.NewPCG(seed, seed))
@@ -439,7 +457,7 @@ func crashChild(t *testing.T, file string) {
 	// A connection open before the first clear, whose ClearTimeout opening
 	// one under the race detector would take up.
 	require.NoError(t, db.PingContext(context.Background()))
-	s := crashSweep(t, db, nil, conc, sleep, say)
+	s := sweepOf(t, db, nil, conc, sleep, say)
 	say("start")
 	err = s.Run(context.Background())
 	t.Fatalf("Run returned: %v", err)

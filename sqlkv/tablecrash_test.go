@@ -1,0 +1,265 @@
+package sqlkv_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"log/slog"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/sqlkv"
+)
+
+// TestCrashTableSQLite is TestCrashAtomicSQLite over a table whose rows
+// are the markers (an AtomicTableKV): a child process sweeps 30,000
+// expired and 800 unexpired finished jobs, and 400 still running, of a
+// SQLite file; a trigger fails the delete of poison jobs half the time,
+// so batches fail, bisect and move their rows' markers to the side table;
+// some batches sleep about as long as the ClearTimeout. The child is
+// killed with SIGKILL at random moments, again and again. After every
+// kill the file must show: every finished job present has exactly one
+// marker (its row, or a key of the side table that shadows it), no side
+// key or shadow without its job, no id cleared by two committed
+// transactions, no unexpired or running job touched. A final clean sweep
+// must leave no expired job.
+func TestCrashTableSQLite(t *testing.T) {
+	if file := os.Getenv(crashEnvFile); file != "" {
+		crashChild(t, file, tableCrashSweep)
+		return
+	}
+	if testing.Short() {
+		t.Skip("crash test: starts and kills dozens of processes")
+	}
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "crash.db")
+	admin := openSQLite(t, file)
+	ctx := context.Background()
+	require.NoError(t, sqlkv.Migrate(ctx, admin, sqlkv.SQLite, "markers"))
+	_, err := admin.ExecContext(ctx, `CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL, finished INTEGER, poison INTEGER NOT NULL);
+CREATE INDEX jobs_finished ON jobs (finished, id);
+CREATE TABLE cleared (id INTEGER NOT NULL, tx TEXT NOT NULL);
+CREATE TRIGGER poison BEFORE DELETE ON jobs WHEN OLD.poison AND abs(random()) % 2 = 0
+BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
+	require.NoError(t, err)
+
+	seed := mrand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := mrand.New(mrand.NewPCG(seed, seed))
+	now := time.Now()
+	poison := map[int]bool{}
+	for _, i := range rng.Perm(tableCrashExpired)[:4*crashPoison] {
+		poison[i] = true
+	}
+	tx, err := admin.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	for i := range tableCrashExpired + crashUnexpired + tableCrashRunning {
+		state, at := "done", any(now.Add(-2*time.Hour+time.Duration(i/3)*time.Millisecond).UnixMilli())
+		switch {
+		case i >= tableCrashExpired+crashUnexpired:
+			state, at = "running", nil
+		case i >= tableCrashExpired:
+			at = now.Add(time.Duration(i) * time.Millisecond).UnixMilli()
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO jobs VALUES (?, ?, ?, ?)", i+1, state, at, poison[i])
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit())
+
+	check := func() crashState { return tableCrashCheck(t, admin, now) }
+	worst, runs := killChildren(t, rng, "TestCrashTableSQLite", file, check)
+
+	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
+	require.NoError(t, err)
+	s := tableCrashSweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), 1, nil, nil)
+	for range 10 {
+		st, err := s.Pass(ctx)
+		require.NoError(t, err)
+		if st.Cleared == 0 && st.Failed == 0 {
+			break
+		}
+	}
+	final := check()
+	t.Logf("after the final sweep: %s", final)
+	worst = worst.max(final)
+	assert.Zero(t, final.expiredLeft, "expired jobs left after the final sweep")
+	assert.Equal(t, tableCrashExpired, final.clearedIDs, "every expired id was cleared")
+	assert.Zero(t, worst.lost, "a finished job without a marker: it is never cleared")
+	assert.Zero(t, worst.orphans, "a side key or shadow without its job")
+	assert.Zero(t, worst.dupMarkers, "a job with two markers")
+	assert.Zero(t, worst.doubleCleared, "an id cleared by two committed transactions")
+	assert.Zero(t, worst.unexpiredTouched, "an unexpired or running job touched")
+	assert.Positive(t, runs, "no child cleared a run")
+}
+
+// tableCrashRunning is how many jobs of the table crash test run: no
+// marker, never touched. Runs over the table clear several thousand jobs
+// before a kill: tableCrashExpired keeps the children busy up to the last.
+const (
+	tableCrashRunning = 400
+	tableCrashExpired = 30_000
+)
+
+// tableCrashSweep is crashSweep over the jobs table as the marker store.
+func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep func() time.Duration, say func(string)) *retention.Sweep {
+	t.Helper()
+	side, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+	require.NoError(t, err)
+	table, err := sqlkv.NewTable(context.Background(), side, sqlkv.Table{Name: "jobs", ID: "id", Time: "finished",
+		TimeUnit: sqlkv.UnixMilli, Filter: "state = 'done'", Prefix: crashPrefix})
+	require.NoError(t, err)
+	akv := table.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
+		var raw [8]byte
+		_, _ = rand.Read(raw[:])
+		token := hex.EncodeToString(raw[:])
+		for _, id := range ids {
+			n, err := strconv.ParseInt(id, 10, 64)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO cleared (id, tx) VALUES (?, ?)", n, token); err != nil {
+				return err
+			}
+		}
+		if sleep != nil {
+			time.Sleep(sleep()) // not cut short by ctx: the commit then races the timeout
+		}
+		return nil
+	})
+	if say == nil {
+		say = func(string) {}
+	}
+	batch, timeout := 100, crashTimeout
+	if conc == 1 {
+		batch, timeout = crashRunBatch, crashRunTimeout
+	}
+	cfg := retention.Config{
+		Prefix: crashPrefix, Retention: time.Hour, Clock: clock,
+		PageSize: 1000, BatchSize: batch, Concurrency: conc,
+		Logger: slog.New(slog.DiscardHandler),
+	}
+	if sleep != nil {
+		cfg.ClearTimeout, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.Interval = timeout, 5*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+	}
+	s, err := retention.New(&crashKV{akv: akv, say: say}, cfg)
+	require.NoError(t, err)
+	return s
+}
+
+// tableCrashCheck reads the jobs, the side table and the cleared ids of a
+// file no process writes to.
+func tableCrashCheck(t testing.TB, db *sql.DB, now time.Time) crashState {
+	t.Helper()
+	ctx := context.Background()
+	type job struct {
+		state    string
+		finished sql.NullInt64
+	}
+	jobs := map[int64]job{}
+	rows, err := db.QueryContext(ctx, "SELECT id, state, finished FROM jobs")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		var j job
+		require.NoError(t, rows.Scan(&id, &j.state, &j.finished))
+		jobs[id] = j
+	}
+	require.NoError(t, rows.Err())
+	side := map[int64]int{} // id -> side keys standing for its job
+	shadows := map[int64]bool{}
+	rows, err = db.QueryContext(ctx, "SELECT marker FROM markers")
+	require.NoError(t, err)
+	for rows.Next() {
+		var key []byte
+		require.NoError(t, rows.Scan(&key))
+		if rest, ok := cutPrefix(key, crashPrefix+"~"); ok {
+			id, err := strconv.ParseInt(rest, 10, 64)
+			require.NoError(t, err, "shadow %q", key)
+			shadows[id] = true
+			continue
+		}
+		_, rawID, err := retention.ParseMarkerKey(crashPrefix, key)
+		require.NoError(t, err, "side key %q", key)
+		id, err := strconv.ParseInt(string(rawID), 10, 64)
+		require.NoError(t, err, "side key %q", key)
+		side[id]++
+	}
+	require.NoError(t, rows.Err())
+	txs := map[int64]map[string]bool{}
+	rows, err = db.QueryContext(ctx, "SELECT id, tx FROM cleared")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		var tx string
+		require.NoError(t, rows.Scan(&id, &tx))
+		if txs[id] == nil {
+			txs[id] = map[string]bool{}
+		}
+		txs[id][tx] = true
+	}
+	require.NoError(t, rows.Err())
+
+	var s crashState
+	cutoff := now.Add(-time.Hour).UnixMilli()
+	kept := 0 // unexpired and running jobs untouched
+	for id, j := range jobs {
+		expired := j.state == "done" && j.finished.Int64 < cutoff
+		if expired {
+			s.expiredLeft++
+		}
+		if j.state != "done" || !expired {
+			if side[id] == 0 && !shadows[id] && txs[id] == nil {
+				kept++
+			}
+			continue
+		}
+		markers := side[id]
+		if !shadows[id] {
+			markers++ // the row itself
+		}
+		switch {
+		case markers == 0:
+			s.lost++
+		case markers > 1:
+			s.dupMarkers++
+		}
+		if shadows[id] != (side[id] > 0) {
+			s.lost++ // a shadow with no key, or a key beside its row's own marker
+		}
+	}
+	for id := range side {
+		if _, ok := jobs[id]; !ok {
+			s.orphans++
+		}
+	}
+	for id := range shadows {
+		if _, ok := jobs[id]; !ok {
+			s.orphans++
+		}
+	}
+	s.clearedIDs = len(txs)
+	for _, set := range txs {
+		if len(set) > 1 {
+			s.doubleCleared++
+		}
+	}
+	s.unexpiredTouched = crashUnexpired + tableCrashRunning - kept
+	return s
+}
+
+func cutPrefix(key []byte, prefix string) (string, bool) {
+	if len(key) < len(prefix) || string(key[:len(prefix)]) != prefix {
+		return "", false
+	}
+	return string(key[len(prefix):]), true
+}
+
