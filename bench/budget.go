@@ -92,7 +92,7 @@ func RunBudget(ctx context.Context, pool *pgxpool.Pool, cfg Budget, progress fun
 	if err != nil {
 		return nil, err
 	}
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		n, err := bigints(ids)
 		if err != nil {
 			return err

@@ -86,7 +86,7 @@ func RunInterval(ctx context.Context, pool *pgxpool.Pool, cfg Interval, progress
 	if err != nil {
 		return res, err
 	}
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		n, err := bigints(ids)
 		if err != nil {
 			return err

@@ -266,7 +266,7 @@ func (p *PG) Atomic(name string, cfg retention.Config) Contender {
 }
 
 func (p *PG) atomicOver(over *pgkv.KV, name string, cfg retention.Config) Contender {
-	return p.atomic(over, name, p.SetupJobs, func(b *pgx.Batch, ids []string) error {
+	return p.atomic(over, name, p.SetupJobs, func(_ context.Context, b *pgx.Batch, ids []string) error {
 		n, err := bigints(ids)
 		if err != nil {
 			return err
@@ -279,7 +279,7 @@ func (p *PG) atomicOver(over *pgkv.KV, name string, cfg retention.Config) Conten
 // AtomicText is Atomic over the jobs_text table, whose ids are text
 // compared under the database's collation.
 func (p *PG) AtomicText(name string, cfg retention.Config) Contender {
-	return p.atomic(p.kv, name, p.SetupTextJobs, func(b *pgx.Batch, ids []string) error {
+	return p.atomic(p.kv, name, p.SetupTextJobs, func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue(`DELETE FROM `+p.jobsText+` WHERE id = ANY($1)`, ids)
 		return nil
 	}, cfg)
@@ -326,7 +326,7 @@ func batchesOf(size, conc int) retention.Config {
 	return retention.Config{BatchSize: size, PageSize: size, Concurrency: conc}
 }
 
-func (p *PG) atomic(over *pgkv.KV, name string, setup func(context.Context, int) error, clear func(*pgx.Batch, []string) error, cfg retention.Config) Contender {
+func (p *PG) atomic(over *pgkv.KV, name string, setup func(context.Context, int) error, clear pgkv.ClearFunc, cfg retention.Config) Contender {
 	kv, err := over.WithClear(clear)
 	if err != nil {
 		// The pool can always send a batch: only a programming error

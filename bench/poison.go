@@ -183,7 +183,7 @@ func (r *poisonRun) setup(ctx context.Context) error {
 
 // clear is the ClearFunc: it deletes the jobs and logs, for each, its due
 // time and the server's clock at the deletion, in the sweep's transaction.
-func (r *poisonRun) clear(b *pgx.Batch, ids []string) error {
+func (r *poisonRun) clear(_ context.Context, b *pgx.Batch, ids []string) error {
 	n, err := bigints(ids)
 	if err != nil {
 		return err

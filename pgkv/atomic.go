@@ -21,8 +21,17 @@ import (
 // example a DELETE of their rows with ids as the parameter (see the example
 // of KV.WithClear).
 //
-// They run after the deletion of the ids' markers, in its transaction, and
-// only when that deleted every marker of the call (see
+// ctx is the call's: the sweep's, under Config.ClearTimeout, and cancelled
+// when the sweep stops. A ClearFunc that does I/O of its own before the
+// statements go (deleting files, a call to object storage) passes ctx to
+// it, and returns its error. Such work is done before the transaction
+// starts and is not undone when it fails: it must be idempotent, and
+// nothing it decides (a hold read here) binds the transaction; decide
+// holds in the transaction instead, with QueueHolds. See
+// docs/clearing.md, "Rows plus files".
+//
+// The statements run after the deletion of the ids' markers, in its
+// transaction, and only when that deleted every marker of the call (see
 // AtomicKV.ClearAndDelete). The statements go to the server as one
 // simple-protocol query (see AtomicKV): their arguments are interpolated
 // as literals on the client (a []int64 or []string by pgkv, anything else
@@ -41,7 +50,7 @@ import (
 // that lookup is most of a batch's cost: key the table by bigint, or by
 // text with COLLATE "C", where you can (a libc collation compares through
 // strcoll).
-type ClearFunc func(b *pgx.Batch, ids []string) error
+type ClearFunc func(ctx context.Context, b *pgx.Batch, ids []string) error
 
 // AtomicKV is a KV that clears entities itself, in the transaction that
 // deletes their markers: a retention.ClearDeleter. Create one with
@@ -294,7 +303,7 @@ func (a *AtomicKV) clearAndDelete(ctx context.Context, ids []string, keys [][]by
 	} else {
 		b.Queue("", append(slices.Clip(st.lead), keys, distinct(keys))...)
 	}
-	if err := a.clear(b, ids); err != nil {
+	if err := a.clear(ctx, b, ids); err != nil {
 		return err
 	}
 	if b.Len() == 1 {
@@ -339,6 +348,8 @@ func (a *AtomicKV) send(ctx context.Context, b *pgx.Batch, first prepared, lease
 		return lease.refused(op)
 	case castFailure(err, notRangeToken):
 		return err // the caller tries again key by key
+	case castFailure(err, heldToken):
+		return fmt.Errorf("pgkv: %s: %w", op, holdsOf(err))
 	case castFailure(err, markerGoneToken):
 		var pgErr *pgconn.PgError
 		errors.As(err, &pgErr)

@@ -29,7 +29,7 @@ func newJobsKV(t testing.TB, pool *pgxpool.Pool) (kv *pgkv.KV, akv *pgkv.AtomicK
 	jobs, _ = jobsTable(t, pool, markers)
 	kv, err := pgkv.New(pool, markers)
 	require.NoError(t, err)
-	akv, err = kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err = kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
 		return nil
 	})
@@ -53,7 +53,7 @@ CREATE TABLE %s (job text REFERENCES %s (id))`, jobs, pins, jobs))
 // deleteJobs is the ClearFunc of a jobs table of jobsTable: it deletes the
 // batch's jobs by id.
 func deleteJobs(jobs string) pgkv.ClearFunc {
-	return func(b *pgx.Batch, ids []string) error {
+	return func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
 		return nil
 	}
@@ -96,7 +96,7 @@ func TestAtomicClear(t *testing.T) {
 	require.NoError(t, err)
 	var mu sync.Mutex
 	calls := 0
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		mu.Lock()
 		calls++
 		mu.Unlock()
@@ -132,7 +132,7 @@ func TestAtomicClearRollsBack(t *testing.T) {
 	ctx := context.Background()
 	kv, err := pgkv.New(pool, markers)
 	require.NoError(t, err)
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
 		b.Queue("SELECT 1 / 0") // a later statement fails
 		return nil
@@ -202,7 +202,7 @@ func TestAtomicClearFuncStatementsWithQuotesAndSemicolons(t *testing.T) {
 	_, err = pool.Exec(ctx, "CREATE TABLE "+jobs+"_log (id text, note text)")
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+jobs+"_log") })
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[]) -- $2 in a comment", ids)
 		b.Queue("/* $1 /* nested $2 */ still $3 */ INSERT INTO "+jobs+"_log SELECT unnest($1::text[]), $$it's $1 $$ || E'\\' $2' || $tag$ $1 $tag$ || $2", ids, "x")
 		b.Queue("INSERT INTO "+jobs+"_log SELECT unnest(@ids::text[]), @note", pgx.NamedArgs{"ids": ids, "note": "n'amed"})
@@ -706,7 +706,7 @@ func TestAConnectionPreparesBeforeItsFirstExecute(t *testing.T) {
 func TestAStatementOfTheCallersThatNamesNoPreparedStatementFailsOnce(t *testing.T) {
 	ctx := context.Background()
 	r := newProxiedRun(t, 4, func(c *pgxpool.Config, _ *cutProxy) { c.MaxConns = 1 })
-	akv, err := r.kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := r.kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM "+r.jobs+" WHERE id = ANY($1)", ids)
 		b.Queue("DEALLOCATE not_pgkv_at_all")
 		return nil
@@ -1031,7 +1031,7 @@ func TestWithClearSQLRefuses(t *testing.T) {
 	_, err = kv.WithClearSQL("DELETE FROM jobs WHERE id = ANY($1)", nil)
 	assert.ErrorContains(t, err, "pgkv: WithClearSQL: nil AtomicOption")
 
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error { return nil })
+	akv, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error { return nil })
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

@@ -1,6 +1,7 @@
 package pgkv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,8 +29,9 @@ import (
 // DryRun) lets the database pick each batch of the expired range and clear
 // it in one round trip, with no Scan of the range and no id sent back to
 // the server (see AtomicKV.ClearRun). Keep WithClear for clears that need
-// Go: ids to parse, statements that depend on the batch, holds
-// (retention.Hold, retention.BatchError) decided per id.
+// Go (ids to parse, statements that depend on the batch, files to delete)
+// and for holds (QueueHolds): a statement of WithClearSQL cannot report
+// held ids, and the entities it leaves lose their markers (see below).
 //
 // $1 is bound on the server, as a text[] evaluated once, to the batch's
 // ids; cast it where PostgreSQL needs another type ($1::bigint[]). In a
@@ -63,7 +65,7 @@ func (k *KV) WithClearSQL(stmt string, opts ...AtomicOption) (*AtomicKV, error) 
 	if err != nil {
 		return nil, fmt.Errorf("pgkv: WithClearSQL: %w", err)
 	}
-	a, err := k.atomicKV("WithClearSQL", func(b *pgx.Batch, ids []string) error {
+	a, err := k.atomicKV("WithClearSQL", func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue(c.page, ids)
 		return nil
 	}, opts)

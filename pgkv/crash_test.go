@@ -474,7 +474,7 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 			return akvs[1+min(int((f-0.5)*3), 2)]
 		}
 	} else {
-		c.akv, err = kv.WithClear(func(b *pgx.Batch, ids []string) error {
+		c.akv, err = kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 			b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1::text[])", ids)
 			b.Queue("INSERT INTO "+cleared+" (id, txid) SELECT unnest($1::text[]), txid_current()", ids)
 			if sleep != nil {

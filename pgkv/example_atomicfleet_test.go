@@ -33,7 +33,7 @@ func newAtomicFleetSweep(ctx context.Context, pool *pgxpool.Pool, kv *pgkv.KV) (
 	if err != nil {
 		return nil, err
 	}
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(ctx context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM jobs WHERE id = ANY($1::bigint[])", ids)
 		return nil
 	})

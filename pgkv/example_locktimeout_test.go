@@ -17,7 +17,7 @@ import (
 // the application holds locked fails within 50ms instead of waiting, and
 // the sweep clears the other jobs of the batch without it.
 func newLockAwareSweep(kv *pgkv.KV) (*retention.Sweep, error) {
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(ctx context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM jobs WHERE id = ANY($1)", ids)
 		return nil
 	}, pgkv.LockTimeout(50*time.Millisecond))

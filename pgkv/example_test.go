@@ -157,7 +157,7 @@ func Example_clearBatch() {
 // newAtomicSweep clears a job in the transaction that deletes its marker,
 // so that each job is cleared exactly once.
 func newAtomicSweep(kv *pgkv.KV) (*retention.Sweep, error) {
-	akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(ctx context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM jobs WHERE id = ANY($1)", ids)
 		return nil
 	})

@@ -318,7 +318,7 @@ func TestHalfSentPreparedClearFreesLease(t *testing.T) {
 }
 
 func clearDeletingJobs(kv *pgkv.KV, jobs string) (*pgkv.AtomicKV, error) {
-	return kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	return kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
 		return nil
 	})

@@ -24,7 +24,7 @@ func TestLockTimeoutOption(t *testing.T) {
 	defer pool.Close()
 	kv, err := pgkv.New(pool, "markers")
 	require.NoError(t, err)
-	clear := func(b *pgx.Batch, ids []string) error { return nil }
+	clear := func(_ context.Context, b *pgx.Batch, ids []string) error { return nil }
 	for _, tc := range []struct {
 		name string
 		opts []pgkv.AtomicOption

@@ -103,7 +103,7 @@ func TestAtomicClearMarkerGone(t *testing.T) {
 	assert.Equal(t, 3, count(t, pool, markers))
 
 	// A ClearFunc that refuses sends nothing, and its error comes back as is.
-	refusing, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	refusing, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		b.Queue("DELETE FROM " + jobs)
 		return retention.BatchError{ids[0]: errors.New("pinned")}
 	})

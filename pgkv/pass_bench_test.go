@@ -30,7 +30,7 @@ func BenchmarkPassAtomic(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	akv, err := kv.WithClear(func(batch *pgx.Batch, ids []string) error {
+	akv, err := kv.WithClear(func(_ context.Context, batch *pgx.Batch, ids []string) error {
 		batch.Queue("DELETE FROM "+jobs+" WHERE id = ANY($1)", ids)
 		return nil
 	})

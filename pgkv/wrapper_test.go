@@ -101,7 +101,7 @@ func TestWrapperFenced(t *testing.T) {
 			cfg := retention.Config{Prefix: "jobs/done/", Retention: time.Hour, BatchSize: 10,
 				Logger: slog.New(slog.DiscardHandler)}
 			if atomicClear {
-				akv, err := kv.WithClear(func(b *pgx.Batch, ids []string) error {
+				akv, err := kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 					if err := hold(ids); err != nil {
 						return err
 					}

@@ -106,7 +106,7 @@ func newCurveDB(ctx context.Context, pool *pgxpool.Pool, rows int) (*curveDB, er
 	if err != nil {
 		return d, err
 	}
-	d.akv, err = kv.WithClear(func(b *pgx.Batch, ids []string) error {
+	d.akv, err = kv.WithClear(func(_ context.Context, b *pgx.Batch, ids []string) error {
 		n := make([]int64, len(ids))
 		for i, id := range ids {
 			if n[i], err = strconv.ParseInt(id, 10, 64); err != nil {
