@@ -13,7 +13,7 @@
 //
 //	go run ./examples/console                                   # runs 4s, then exits
 //	go run ./examples/console -duration 0 -addr 127.0.0.1:8080  # serves until interrupted
-//	retentionctl -addr http://127.0.0.1:8080/admin/retention/ -H "Authorization: Basic YWRtaW46YWRtaW4=" status
+//	RETENTIONCTL_PASSWORD=admin retentionctl -addr http://127.0.0.1:8080/admin/retention/ -user admin status
 package main
 
 import (

@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,27 +36,30 @@ const (
 var t0 = time.Date(2026, 3, 14, 9, 26, 53, 0, time.UTC)
 
 // console serves a retentionui console over a sweep with a parked poison
-// id, a held id and three due markers, mounted under /admin/.
-func console(t *testing.T, readOnly bool) (*retention.Sweep, string) {
+// id (and the ids of parked, parked too), a held id and three due markers,
+// mounted under /admin/.
+func console(t *testing.T, readOnly bool, parked ...string) (*retention.Sweep, string) {
 	t.Helper()
 	ctx := context.Background()
 	clock := retention.NewManualClock(t0)
 	kv := retention.NewMemKV()
+	parked = append(parked, poison)
 	s, err := retention.New(kv, retention.Config{
 		Prefix: prefix, Retention: time.Hour, MaxAttempts: 1, Clock: clock, Logger: slog.New(slog.DiscardHandler),
 		Clear: func(_ context.Context, id string) error {
-			switch id {
-			case poison:
+			switch {
+			case slices.Contains(parked, id):
 				return errors.New("refused")
-			case held:
+			case id == held:
 				return retention.Hold(clock.Now().Add(time.Hour))
 			}
 			return nil
 		},
 	})
 	require.NoError(t, err)
-	require.NoError(t, s.Mark(ctx, kv, poison, t0.Add(-3*time.Hour)))
-	require.NoError(t, s.Mark(ctx, kv, held, t0.Add(-3*time.Hour)))
+	for _, id := range append(parked, held) {
+		require.NoError(t, s.Mark(ctx, kv, id, t0.Add(-3*time.Hour)))
+	}
 	_, err = s.Pass(ctx)
 	require.NoError(t, err)
 	for i := range 3 {
@@ -71,9 +78,26 @@ func console(t *testing.T, readOnly bool) (*retention.Sweep, string) {
 }
 
 func ctl(args ...string) (code int, stdout, stderr string) {
+	return ctlEnv(nil, args...)
+}
+
+// ctlEnv runs retentionctl with env as its environment.
+func ctlEnv(env map[string]string, args ...string) (code int, stdout, stderr string) {
 	var out, errOut bytes.Buffer
-	code = run(context.Background(), args, &out, &errOut, func(string) string { return "" })
+	code = run(context.Background(), args, &out, &errOut, func(k string) string { return env[k] })
 	return code, out.String(), errOut.String()
+}
+
+// parkedIDs lists the ids s has parked.
+func parkedIDs(t *testing.T, s *retention.Sweep) []string {
+	t.Helper()
+	parked, err := s.Parked(context.Background(), 100)
+	require.NoError(t, err)
+	ids := []string{}
+	for _, m := range parked {
+		ids = append(ids, m.ID)
+	}
+	return ids
 }
 
 func TestCommandsPrintTables(t *testing.T) {
@@ -179,4 +203,182 @@ func TestHeaderFlagIsSent(t *testing.T) {
 	code, _, errOut := ctl("-addr", front.URL, "-H", "Authorization: Bearer s3cret", "status")
 	require.Equal(t, exitOK, code, errOut)
 	assert.Equal(t, "Bearer s3cret", got)
+}
+
+// TestDoubleDashEndsFlags: after --, an argument that starts with '-' is
+// an id (or a prefix), and --all is an id too; before --, requeue's --all
+// is every parked marker.
+func TestDoubleDashEndsFlags(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		out        string
+		leftParked []string
+	}{
+		{"id after --", []string{"requeue", prefix, "--", "-all"}, exitOK, "requeued 1 (-all of", []string{"--all", poison}},
+		{"-- before the command", []string{"--", "requeue", prefix, "-all"}, exitOK, "requeued 1 (-all of", []string{"--all", poison}},
+		{"--all after --", []string{"requeue", prefix, "--", "--all"}, exitOK, "requeued 1 (--all of", []string{"-all", poison}},
+		{"--all before --", []string{"requeue", prefix, "--all"}, exitOK, "requeued 3 (every parked marker", []string{}},
+		{"why after --", []string{"why", prefix, "--", "-all"}, exitOK, "-all: parked", []string{"--all", "-all", poison}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, addr := console(t, false, "-all", "--all")
+			code, out, errOut := ctl(append([]string{"-addr", addr}, tt.args...)...)
+			require.Equal(t, tt.code, code, "exit status; stderr: %s", errOut)
+			assert.Contains(t, out, tt.out)
+			assert.ElementsMatch(t, tt.leftParked, parkedIDs(t, s), "parked after %q", tt.args)
+		})
+	}
+}
+
+// TestArgumentThatLooksLikeAFlagIsRefused: before --, an argument that
+// starts with '-' is refused with a hint, and nothing is requeued: "-all"
+// once requeued every parked marker when it was a parked id.
+func TestArgumentThatLooksLikeAFlagIsRefused(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		hint string
+	}{
+		{"id", []string{"requeue", prefix, "-all"}, "retentionctl requeue jobs/done/ -- -all"},
+		{"id of why", []string{"why", prefix, "-x"}, "retentionctl why jobs/done/ -- -x"},
+		{"prefix", []string{"requeue", "--all", prefix}, "retentionctl requeue -- --all jobs/done/"},
+		{"quoted in the hint", []string{"requeue", prefix, "-a b"}, "retentionctl requeue jobs/done/ -- '-a b'"},
+		{"flag after the command", []string{"status", "-json"}, "flags go before the command"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, addr := console(t, false, "-all")
+			code, out, errOut := ctl(append([]string{"-addr", addr}, tt.args...)...)
+			assert.Equal(t, exitUsage, code, "exit status; stdout %q stderr %q", out, errOut)
+			assert.Contains(t, errOut, "looks like a flag")
+			assert.Contains(t, errOut, tt.hint)
+			assert.Empty(t, out)
+			assert.ElementsMatch(t, []string{"-all", poison}, parkedIDs(t, s), "nothing requeued")
+		})
+	}
+}
+
+// basicAuth stands for the authentication a console is mounted behind:
+// 401 without credentials or with wrong ones.
+func basicAuth(user, password string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != user || p != password {
+			w.Header().Set("WWW-Authenticate", `Basic realm="console"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// TestCredentialsRefusedOrMissingNameTheFlags: a 401 or 403 from what the
+// console is mounted behind says whether credentials were missing or
+// refused and names the flags that give them; -user with -password or
+// $RETENTIONCTL_PASSWORD, or -H, gives them.
+func TestCredentialsRefusedOrMissingNameTheFlags(t *testing.T) {
+	t.Parallel()
+	_, addr := console(t, false)
+	target, err := url.Parse(addr)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: target.Scheme, Host: target.Host})
+	authed := httptest.NewServer(basicAuth("admin", "s3cret", proxy))
+	t.Cleanup(authed.Close)
+	forbidding := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "forbidden", http.StatusForbidden)
+	}))
+	t.Cleanup(forbidding.Close)
+	basic := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("admin:s3cret"))
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		code int
+		msgs []string
+	}{
+		{"none sent", nil, []string{"-addr", authed.URL + "/admin", "status"}, exitRefused,
+			[]string{"401 Unauthorized", "credentials are missing", "-user", "-password", "-H"}},
+		{"wrong password", nil, []string{"-addr", authed.URL + "/admin", "-user", "admin", "-password", "nope", "status"}, exitRefused,
+			[]string{"401 Unauthorized", "not accepted", "-user", "-H"}},
+		{"refused", nil, []string{"-addr", forbidding.URL, "-H", "Authorization: Bearer x", "status"}, exitRefused,
+			[]string{"403 Forbidden", "were refused", "-user", "-H"}},
+		{"refused, none sent", nil, []string{"-addr", forbidding.URL, "status"}, exitRefused,
+			[]string{"403 Forbidden", "no credentials were sent", "-user", "-H"}},
+		{"-user and -password", nil, []string{"-addr", authed.URL + "/admin", "-user", "admin", "-password", "s3cret", "status"}, exitOK, nil},
+		{"password from the environment", map[string]string{"RETENTIONCTL_PASSWORD": "s3cret"},
+			[]string{"-addr", authed.URL + "/admin", "-user", "admin", "status"}, exitOK, nil},
+		{"user from the environment", map[string]string{"RETENTIONCTL_USER": "admin", "RETENTIONCTL_PASSWORD": "s3cret"},
+			[]string{"-addr", authed.URL + "/admin", "status"}, exitOK, nil},
+		{"-H", nil, []string{"-addr", authed.URL + "/admin", "-H", basic, "status"}, exitOK, nil},
+		{"password without user", nil, []string{"-addr", authed.URL + "/admin", "-password", "s3cret", "status"}, exitUsage,
+			[]string{"without -user"}},
+		{"-user and an Authorization header", nil, []string{"-addr", authed.URL + "/admin", "-user", "admin", "-H", basic, "status"}, exitUsage,
+			[]string{"give one"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			code, out, errOut := ctlEnv(tt.env, tt.args...)
+			require.Equal(t, tt.code, code, "exit status; stdout %q stderr %q", out, errOut)
+			for _, m := range tt.msgs {
+				assert.Contains(t, errOut, m)
+			}
+			if tt.code == exitOK {
+				assert.Contains(t, out, prefix)
+			}
+		})
+	}
+}
+
+// TestJSONErrorsAreErrorBodiesOnStdout: with -json every error is the
+// console's ErrorBody on stdout (status 0 when no answer came), with the
+// exit status of the error.
+func TestJSONErrorsAreErrorBodiesOnStdout(t *testing.T) {
+	t.Parallel()
+	_, addr := console(t, false)
+	_, readOnly := console(t, true)
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	unauthorized := httptest.NewServer(basicAuth("admin", "s3cret", http.NotFoundHandler()))
+	t.Cleanup(unauthorized.Close)
+	notFound := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(notFound.Close)
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		status int
+		msg    string
+	}{
+		{"not parked", []string{"-addr", addr, "requeue", prefix, held}, exitRefused, http.StatusConflict, "retentionui: the id is not parked"},
+		{"unknown prefix", []string{"-addr", addr, "due", "nope/"}, exitRefused, http.StatusNotFound, "retentionui: no sweep has this prefix"},
+		{"read-only", []string{"-addr", readOnly, "requeue", prefix, poison}, exitRefused, http.StatusForbidden, "read-only"},
+		{"credentials missing", []string{"-addr", unauthorized.URL, "status"}, exitRefused, http.StatusUnauthorized, "credentials are missing"},
+		{"not a console", []string{"-addr", notFound.URL, "status"}, exitRefused, http.StatusNotFound, "not an answer of a retentionui console"},
+		{"unreachable", []string{"-addr", closed.URL, "status"}, exitRefused, 0, "cannot reach the service"},
+		{"usage", []string{"-addr", addr, "requeue", prefix, "-all"}, exitUsage, 0, "looks like a flag"},
+		{"no command", []string{"-addr", addr}, exitUsage, 0, "no command"},
+		{"unknown flag", []string{"-nope", "status"}, exitUsage, 0, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			code, out, errOut := ctl(append([]string{"-json"}, tt.args...)...)
+			assert.Equal(t, tt.code, code, "exit status; stdout %q stderr %q", out, errOut)
+			dec := json.NewDecoder(strings.NewReader(out))
+			dec.DisallowUnknownFields()
+			var e retentionui.ErrorBody
+			require.NoError(t, dec.Decode(&e), "stdout %q", out)
+			assert.False(t, dec.More(), "one ErrorBody on stdout: %q", out)
+			assert.Equal(t, tt.status, e.Status)
+			assert.Contains(t, e.Error, tt.msg)
+			assert.Contains(t, errOut, tt.msg, "the message on stderr too")
+		})
+	}
 }
