@@ -11,12 +11,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/pgkv"
+	"github.com/marksweep/retention/sqlkv"
 )
 
 // Prefix is the marker prefix of every retention contender.
@@ -42,6 +44,7 @@ type PG struct {
 	kv       *pgkv.KV
 	textKV   *pgkv.KV // kv over a DB that is no pool: statements go as text
 	river    riverdriver.Executor
+	table    *sqlkv.AtomicTableKV // over river_job
 
 	// Timing, when not nil, adds up the calls of the retention contenders.
 	Timing *Timing
@@ -87,7 +90,72 @@ func NewPG(ctx context.Context, pool *pgxpool.Pool, schema string) (*PG, error) 
 	if p.river, err = MigrateRiver(ctx, pool, schema); err != nil {
 		return nil, err
 	}
+	if p.table, err = newRiverTable(ctx, pool, schema); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// RiverStates are the states of the jobs River's JobCleaner deletes, the
+// filter of the table sweep of river_job.
+const RiverStates = "state IN ('completed', 'cancelled', 'discarded')"
+
+// newRiverTable makes the table sweep's store over river_job: the index
+// on (finalized_at, id) a sqlkv.TableKV reads by, its WHERE the filter
+// (as NewTable's error advises), beside River's own on (state,
+// finalized_at), and the side table for what a row cannot hold.
+func newRiverTable(ctx context.Context, pool *pgxpool.Pool, schema string) (*sqlkv.AtomicTableKV, error) {
+	if _, err := pool.Exec(ctx, `CREATE INDEX river_job_finalized_at_id ON `+pgx.Identifier{schema, "river_job"}.Sanitize()+` (finalized_at, id) WHERE `+RiverStates); err != nil {
+		return nil, fmt.Errorf("create river_job index: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	if err := sqlkv.Migrate(ctx, db, sqlkv.PostgreSQL, schema+".river_side"); err != nil {
+		return nil, err
+	}
+	side, err := sqlkv.New(db, sqlkv.PostgreSQL, schema+".river_side")
+	if err != nil {
+		return nil, err
+	}
+	t, err := sqlkv.NewTable(ctx, side, sqlkv.Table{Name: schema + ".river_job", ID: "id", Time: "finalized_at",
+		Filter: RiverStates, Prefix: Prefix})
+	if err != nil {
+		return nil, err
+	}
+	return t.WithClear(nil), nil
+}
+
+// RiverFloor is the floor on river_job: one DELETE of every finalized job
+// past the horizon, by River's own index.
+func (p *PG) RiverFloor() Contender {
+	return Contender{
+		Name:  "floor: one DELETE of river_job's finalized jobs",
+		Setup: p.SetupRiver,
+		Clear: func(ctx context.Context) (int, error) {
+			tag, err := p.pool.Exec(ctx, `DELETE FROM `+p.riverJob()+` WHERE `+RiverStates+` AND finalized_at < $1`, time.Now().Add(-Retention))
+			return int(tag.RowsAffected()), err
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.riverJob()) },
+	}
+}
+
+// Table sweeps river_job itself with one Pass over a
+// sqlkv.AtomicTableKV: the finalized jobs are the markers, by
+// finalized_at, and each run deletes its rows by the index's range.
+func (p *PG) Table(size int) Contender {
+	return Contender{
+		Name:  fmt.Sprintf("retention table sweep of river_job, runs of %d", size),
+		Setup: p.SetupRiver,
+		Clear: func(ctx context.Context) (int, error) { return sweep(ctx, p.table, runsOf(size), p.Timing) },
+		Check: func(ctx context.Context) error {
+			return p.checkEmpty(ctx, p.riverJob(), pgx.Identifier{p.schema, "river_side"}.Sanitize())
+		},
+	}
+}
+
+// RiverContenders returns the contenders on river_job: the floor, River,
+// and the table sweep.
+func (p *PG) RiverContenders() []Contender {
+	return []Contender{p.RiverFloor(), p.River(), p.Table(RiverBatch), p.Table(retention.MaxPageSize)}
 }
 
 // MigrateRiver creates River's tables in schema and returns River's

@@ -15,6 +15,9 @@ type where struct {
 	d    Dialect
 	b    strings.Builder
 	args []any
+	// bare leaves out the shadows' condition: a run that found no shadow
+	// under the prefix checks after its deletion that none came since.
+	bare bool
 }
 
 // arg adds v and returns its placeholder.
@@ -68,6 +71,9 @@ func (t *TableKV) rangeConds(w *where, lo, hi viewPos) {
 // and no shadow in the side table.
 func (t *TableKV) markerConds(w *where) {
 	t.filterCond(w)
+	if w.bare {
+		return
+	}
 	w.and("NOT EXISTS (SELECT 1 FROM " + t.side.table + " WHERE " + t.side.table + ".marker = " + t.shadowExpr(w) + ")")
 }
 
@@ -99,52 +105,49 @@ func (t *TableKV) shadowKey(id int64) []byte {
 // row is a row of the table read as a marker.
 type row struct {
 	ms, id int64
-	tm     any // the Time column's value: time.Time or int64
+	at     time.Time // the Time column's value, Timestamp
+	unix   int64     // the Time column's value, UnixMilli
 }
 
-// ms returns the millisecond of a Time value, rounded up.
-func (t *TableKV) msOf(v any) (int64, error) {
-	switch x := v.(type) {
-	case int64:
-		return x, nil
-	case time.Time:
-		ms := x.UnixMilli()
-		if time.UnixMilli(ms).Before(x) {
-			ms++
-		}
-		return ms, nil
+// timeArg returns the Time column's value of r, as an argument.
+func (t *TableKV) timeArg(r row) any {
+	if t.unit == UnixMilli {
+		return r.unix
 	}
-	return 0, fmt.Errorf("sqlkv: table %s: the %s column reads as a %T, want a time or an integer", t.name, t.tm, v)
+	return r.at
 }
 
-// readRows runs q, a SELECT of the id and Time columns, and returns its rows.
-func (t *TableKV) readRows(ctx context.Context, db execer, q string, args []any) ([]row, error) {
+// ceilMs returns the millisecond of a time, rounded up.
+func ceilMs(at time.Time) int64 {
+	ms := at.UnixMilli()
+	if time.UnixMilli(ms).Before(at) {
+		ms++
+	}
+	return ms
+}
+
+// readRows runs q, a SELECT of the id and Time columns, and returns its
+// rows, with room for want of them.
+func (t *TableKV) readRows(ctx context.Context, db execer, q string, args []any, want int) ([]row, error) {
 	rs, err := query(ctx, t.d, db, q, args)
 	if err != nil {
 		return nil, err
 	}
 	defer rs.Close()
-	var out []row
+	out := make([]row, 0, want)
+	var r row
+	dst := []any{&r.id, &r.unix}
+	if t.unit == Timestamp {
+		dst[1] = &r.at
+	}
 	for rs.Next() {
-		var r row
-		var tm any
-		if t.unit == UnixMilli {
-			var v int64
-			if err := rs.Scan(&r.id, &v); err != nil {
-				return nil, err
-			}
-			tm = v
-		} else {
-			var v time.Time
-			if err := rs.Scan(&r.id, &v); err != nil {
-				return nil, err
-			}
-			tm = v
+		if err := rs.Scan(dst...); err != nil {
+			return nil, fmt.Errorf("sqlkv: table %s: %w", t.name, err)
 		}
-		if r.ms, err = t.msOf(tm); err != nil {
-			return nil, err
+		r.ms = r.unix
+		if t.unit == Timestamp {
+			r.ms = ceilMs(r.at)
 		}
-		r.tm = tm
 		out = append(out, r)
 	}
 	return out, rs.Err()
@@ -165,16 +168,16 @@ func (t *TableKV) order() string { return " ORDER BY " + t.col(t.tm) + ", " + t.
 func (t *TableKV) viewScan(ctx context.Context, db execer, lo, hi viewPos, limit int) ([]row, error) {
 	w := &where{d: t.d}
 	t.rangeConds(w, lo, hi)
-	rows, err := t.readRows(ctx, db, t.selectRows()+w.String()+t.order()+fmt.Sprintf(" LIMIT %d", limit), w.args)
+	rows, err := t.readRows(ctx, db, t.selectRows()+w.String()+t.order()+fmt.Sprintf(" LIMIT %d", limit), w.args, limit)
 	if err != nil || len(rows) < limit {
 		return rows, err
 	}
 	last := rows[len(rows)-1]
-	w = t.rebuild(lo, hi, func(w *where) {
-		w.and("(" + t.col(t.tm) + ", " + t.col(t.id) + ") > (" + w.arg(last.tm) + ", " + w.arg(last.id) + ")")
+	w = t.rebuild(w, lo, hi, func(w *where) {
+		w.and("(" + t.col(t.tm) + ", " + t.col(t.id) + ") > (" + w.arg(t.timeArg(last)) + ", " + w.arg(last.id) + ")")
 		w.and(t.col(t.tm) + " <= " + w.arg(t.bound(last.ms)))
 	})
-	more, err := t.readRows(ctx, db, t.selectRows()+w.String()+t.order(), w.args)
+	more, err := t.readRows(ctx, db, t.selectRows()+w.String()+t.order(), w.args, 16)
 	if err != nil {
 		return nil, err
 	}
@@ -184,9 +187,9 @@ func (t *TableKV) viewScan(ctx context.Context, db execer, lo, hi viewPos, limit
 }
 
 // rebuild returns the conditions of rangeConds over [lo, hi) and those
-// extra adds.
-func (t *TableKV) rebuild(lo, hi viewPos, extra func(*where)) *where {
-	w := &where{d: t.d}
+// extra adds, in a where like w.
+func (t *TableKV) rebuild(w0 *where, lo, hi viewPos, extra func(*where)) *where {
+	w := &where{d: t.d, bare: w0.bare}
 	t.rangeConds(w, lo, hi)
 	extra(w)
 	return w

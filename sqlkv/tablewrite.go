@@ -144,27 +144,43 @@ func (t *TableKV) existingSide(ctx context.Context, tx *sql.Tx, keys [][]byte) (
 	return out, nil
 }
 
-// deleteSide deletes the side keys of keys that exist and returns them;
-// for those that stand for a row, it deletes their shadows and the rows,
-// unless a row finished again since.
-func (t *TableKV) deleteSide(ctx context.Context, tx *sql.Tx, keys [][]byte) ([][]byte, error) {
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	present, err := t.existingSide(ctx, tx, keys)
-	if err != nil || len(present) == 0 {
-		return present, err
-	}
-	var shadows [][]byte
-	var ents []entity
-	for _, k := range present {
-		if e, ok := t.entityOf(k); ok {
-			ents = append(ents, e)
-			shadows = append(shadows, t.shadowKey(e.id))
+// deleteSide deletes the side keys of keys and returns how many were
+// there; for those that stand for a row, it deletes their shadows and the
+// rows, unless a row finished again since. Only those are read first,
+// locked: a locking read of the others let two Deletes of neighbouring
+// keys deadlock on MySQL's gap locks.
+func (t *TableKV) deleteSide(ctx context.Context, tx *sql.Tx, keys [][]byte) (int64, error) {
+	var plain, owned [][]byte
+	for _, k := range keys {
+		if _, ok := t.entityOf(k); ok {
+			owned = append(owned, k)
+		} else {
+			plain = append(plain, k)
 		}
 	}
+	var n int64
+	if len(plain) > 0 {
+		var err error
+		if n, err = t.side.deleteIn(ctx, tx, plain, nil); err != nil {
+			return 0, err
+		}
+	}
+	if len(owned) == 0 {
+		return n, nil
+	}
+	present, err := t.existingSide(ctx, tx, owned)
+	if err != nil || len(present) == 0 {
+		return n, err
+	}
+	shadows := make([][]byte, 0, len(present))
+	var ents []entity
+	for _, k := range present {
+		e, _ := t.entityOf(k)
+		ents = append(ents, e)
+		shadows = append(shadows, t.shadowKey(e.id))
+	}
 	if _, err := t.side.deleteIn(ctx, tx, append(present, shadows...), nil); err != nil {
-		return nil, err
+		return 0, err
 	}
 	for _, e := range ents {
 		w := &where{d: t.d}
@@ -172,10 +188,10 @@ func (t *TableKV) deleteSide(ctx context.Context, tx *sql.Tx, keys [][]byte) ([]
 		w.and(t.col(t.tm) + " <= " + w.arg(t.bound(e.ms)))
 		t.filterCond(w)
 		if _, err := exec(ctx, t.d, tx, "DELETE FROM "+t.table+" WHERE "+w.String(), w.args); err != nil {
-			return nil, wrap(ctx, "delete from "+t.table, err)
+			return 0, wrap(ctx, "delete from "+t.table, err)
 		}
 	}
-	return present, nil
+	return n + int64(len(present)), nil
 }
 
 // Delete implements retention.KV: a row's key deletes the row, if it is
@@ -279,7 +295,7 @@ func (t *TableKV) movePair(ctx context.Context, tx *sql.Tx, from, to []byte) err
 		w := &where{d: t.d}
 		t.rowsCond(w, []row{{ms: ms, id: id}})
 		var ids []int64
-		rs, err := t.readRows(ctx, tx, t.selectRows()+w.String()+t.forUpdate(), w.args)
+		rs, err := t.readRows(ctx, tx, t.selectRows()+w.String()+t.forUpdate(), w.args, 1)
 		for _, r := range rs {
 			ids = append(ids, r.id)
 		}
@@ -310,7 +326,7 @@ func (t *TableKV) movePair(ctx context.Context, tx *sql.Tx, from, to []byte) err
 		w.and(t.col(t.tm) + " > " + w.arg(t.bound(ms-1)))
 		w.and(t.col(t.tm) + " <= " + w.arg(t.bound(ms)))
 		t.filterCond(w)
-		rs, err := t.readRows(ctx, tx, t.selectRows()+w.String()+t.forUpdate(), w.args)
+		rs, err := t.readRows(ctx, tx, t.selectRows()+w.String()+t.forUpdate(), w.args, 1)
 		if err != nil {
 			return wrap(ctx, "read "+t.table, err)
 		}

@@ -38,7 +38,7 @@ import (
 func main() {
 	n := flag.Int("n", 100_000, "expired entities per run")
 	rounds := flag.Int("rounds", 3, "rounds; every contender runs once per round")
-	only := flag.String("only", "pg,pg-fsync,redis", "comma-separated suites to run: pg, pg-fsync, redis")
+	only := flag.String("only", "pg,pg-fsync,redis", "comma-separated suites to run: pg, pg-fsync, redis, river, river-fsync (river_job itself)")
 	match := flag.String("match", "", "run only the contenders whose name contains one of these comma-separated strings, besides the two baselines of each table")
 	profile := flag.String("profile", "", "after the rounds, run the contenders whose name contains this once more, breaking down their time and writing a CPU profile of this process to <tmp>/peers-<suite>-<k>.pprof")
 	trip := flag.Bool("tripwire", false, "run only the tripwire: each atomic clear (concurrency 1; runs of 10,000 through WithClearSQL on PostgreSQL, batches of 1,000 on Redis) against River and the asynq-style script, on a backlog of 50,000 (unless -n) in 5 rounds (unless -rounds), and fail when a median ratio falls below -min-river or -min-asynq")
@@ -91,6 +91,17 @@ func run(ctx context.Context, n, rounds int, suites []string, match, profile str
 			_, err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, pgAll(keep), []string{"floor", "River"}, profile)
 		case "pg-fsync":
 			_, err = runPG(ctx, os.Getenv("RETENTION_POSTGRES_FSYNC_DSN"), true, n, rounds, pgAll(keep), []string{"floor", "River"}, profile)
+		case "river", "river-fsync":
+			// River's own table as River's migrations make it: the table
+			// sweep of river_job against River's JobDeleteBefore on the
+			// same rows.
+			fmt.Printf("On river_job itself: River's cleaner and the table sweep (sqlkv.AtomicTableKV) delete the same finalized jobs.\n\n")
+			river := func(p *bench.PG) []bench.Contender { return keep(p.RiverContenders()) }
+			dsn := os.Getenv("RETENTION_POSTGRES_DSN")
+			if s == "river-fsync" {
+				dsn = os.Getenv("RETENTION_POSTGRES_FSYNC_DSN")
+			}
+			_, err = runPG(ctx, dsn, s == "river-fsync", n, rounds, river, []string{"floor", "River"}, profile)
 		case "redis":
 			_, err = runRedis(ctx, n, rounds, redisAll(keep, n), []string{"floor", "asynq-style"}, profile)
 		default:
