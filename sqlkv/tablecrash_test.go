@@ -262,4 +262,3 @@ func cutPrefix(key []byte, prefix string) (string, bool) {
 	}
 	return string(key[len(prefix):]), true
 }
-
