@@ -216,13 +216,14 @@ func (t *TableKV) rowKey(dst []byte, ms, id int64) []byte {
 	return appendDigits(dst, uint64(id))
 }
 
+// appendDigits appends v in decimal, zero-padded to 20 digits.
 func appendDigits(dst []byte, v uint64) []byte {
 	var buf [retention.TimestampWidth]byte
-	for i := len(buf) - 1; i >= 0; i-- {
-		buf[i] = byte('0' + v%10)
-		v /= 10
+	n := len(strconv.AppendUint(buf[:0], v, 10))
+	for range retention.TimestampWidth - n {
+		dst = append(dst, '0')
 	}
-	return append(dst, buf[:]...)
+	return append(dst, buf[:n]...)
 }
 
 // parseRowKey returns the (ms, id) of key when it is the key of a row.
