@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -440,27 +441,48 @@ func TestTableRunsTakeExactlyTheFirstMarkers(t *testing.T) {
 		assert.Empty(t, jobs)
 		assert.Empty(t, arts)
 
+		// A key of the side table in the range is taken in its place.
 		j.finish(t, 1, "done", base)
 		j.finish(t, 2, "done", base.Add(time.Second))
-		require.NoError(t, a.Put(ctx, rowKey(t, base.Add(time.Millisecond), 99), nil))
-		_, err := a.ClearRun(ctx, tablePrefix, []byte(tablePrefix), end, 10)
+		put := rowKey(t, base.Add(time.Millisecond), 99)
+		require.NoError(t, a.Put(ctx, put, nil))
+		keys, err := a.ClearRun(ctx, tablePrefix, []byte(tablePrefix), end, 2)
+		require.NoError(t, err)
+		assert.Equal(t, []string{string(rowKey(t, base, 1)), string(put)}, keyStrings(keys))
+		jobs, _ = j.ids(t)
+		assert.Equal(t, map[int64]bool{2: true}, jobs)
+		keys, err = a.ClearRun(ctx, tablePrefix, append(put, 0), end, 2)
+		require.NoError(t, err)
+		assert.Equal(t, []string{string(rowKey(t, base.Add(time.Second), 2))}, keyStrings(keys))
+
+		// A retry key in the range is no marker: the run is refused, and
+		// changes nothing.
+		j.finish(t, 3, "done", base)
+		retry := tablePrefix + "r" + strings.Repeat("0", 20) + "/" + strings.Repeat("0", 20) + "/1/" + fmt.Sprintf("%020d", 4)
+		require.NoError(t, a.Put(ctx, []byte(retry), nil))
+		_, err = a.ClearRun(ctx, tablePrefix, []byte(tablePrefix), []byte(tablePrefix+"\xff"), 10)
 		require.ErrorIs(t, err, retention.ErrMalformedMarker)
 		jobs, _ = j.ids(t)
-		assert.Len(t, jobs, 2, "a refused run changes nothing")
-		keys, err := a.ClearRun(ctx, tablePrefix, []byte(tablePrefix), end, 1)
-		require.NoError(t, err, "a run that ends before the side key")
-		assert.Len(t, keys, 1)
+		assert.Equal(t, map[int64]bool{3: true}, jobs, "a refused run changes nothing")
 	})
 }
 
-// TestTableConformance runs kvtest over a TableKV: a store of the keys a
-// side table holds and of the rows' markers.
+// TestTableConformance runs kvtest over a TableKV and an AtomicTableKV
+// (its runs among the behaviours): stores of the keys a side table holds
+// and of the rows' markers.
 func TestTableConformance(t *testing.T) {
 	forEach(t, func(t *testing.T, dl dialect) {
-		kvtest.Run(t, func(t testing.TB) kvtest.Store {
-			j := newJobsTable(t, dl, true)
-			kv := j.kv(t)
-			return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
+		t.Run("TableKV", func(t *testing.T) {
+			kvtest.Run(t, func(t testing.TB) kvtest.Store {
+				kv := newJobsTable(t, dl, true).kv(t)
+				return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
+			})
+		})
+		t.Run("AtomicTableKV", func(t *testing.T) {
+			kvtest.Run(t, func(t testing.TB) kvtest.Store {
+				kv := newJobsTable(t, dl, true).kv(t).WithClear(nil)
+				return kvtest.Store{KV: kv, Put: func(ctx context.Context, key []byte) error { return kv.Put(ctx, key, nil) }}
+			})
 		})
 	})
 }

@@ -1,6 +1,7 @@
 package sqlkv
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -237,6 +238,7 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 	if limit < 1 {
 		return nil, fmt.Errorf("sqlkv: ClearRun limit must be at least 1, got %d", limit)
 	}
+	op := "clear a run of " + a.table
 	lo, hi := a.posOf(from), a.posOf(end)
 	var keys [][]byte
 	err := a.inTx(ctx, "clear a run of", lease, func(tx *sql.Tx) error {
@@ -245,50 +247,138 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 		if err != nil {
 			return err
 		}
-		cut, last, err := a.runEnd(ctx, tx, lo, hi, limit, len(shadows) == 0)
-		if err != nil {
-			return err
+		bare := len(shadows) == 0
+		var cut *runCut
+		var last []byte
+		if lo.less(hi) {
+			if cut, last, err = a.runEnd(ctx, tx, lo, hi, limit, bare); err != nil {
+				return err
+			}
 		}
-		// Any side key before the run's end belongs in it, and is no
-		// marker of the table: the page path sorts it out.
+		// The side table's keys up to the rows' run belong in it.
 		sideEnd := end
 		if last != nil {
 			sideEnd = append(last, 0)
 		}
-		if side, err := a.scanSideTx(ctx, tx, from, sideEnd); err != nil || side != nil {
-			if err != nil {
+		side, err := a.sideRun(ctx, tx, prefix, from, sideEnd, limit)
+		if err != nil {
+			return fmt.Errorf("sqlkv: %s: %w", op, err)
+		}
+		if prefix != a.prefix && (cut != nil || lo.less(hi) && a.anyRow(ctx, tx, lo, hi)) {
+			return fmt.Errorf("sqlkv: %s: %w: its rows are markers of %q, not %q", op, retention.ErrMalformedMarker, a.prefix, prefix)
+		}
+		if len(side) > 0 {
+			// Rare: a key Put or requeued to another time. The run is the
+			// first limit keys of both, up to the limit-th.
+			if cut, hi, side, err = a.mergeRun(ctx, tx, lo, hi, side, limit); err != nil {
 				return err
 			}
-			return fmt.Errorf("sqlkv: clear a run of %s: %w: side key %q lies in the run", a.table, retention.ErrMalformedMarker, side)
 		}
-		if prefix != a.prefix {
-			if cut != nil || a.anyRow(ctx, tx, lo, hi) {
-				return fmt.Errorf("sqlkv: clear a run of %s: %w: its rows are markers of %q, not %q", a.table, retention.ErrMalformedMarker, a.prefix, prefix)
+		if err := a.refuseLiveAgain(ctx, tx, side); err != nil {
+			// The page path asks ClearAndDelete, whose answer says so.
+			return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, err)
+		}
+		var rows []row
+		if prefix == a.prefix && lo.less(hi) {
+			if rows, err = a.deleteRun(ctx, tx, lo, hi, cut, limit, bare); err != nil {
+				return err
 			}
-			return nil
 		}
-		rows, err := a.deleteRun(ctx, tx, lo, hi, cut, limit, len(shadows) == 0)
-		if err != nil {
-			return err
-		}
-		if len(rows) > limit {
-			return fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+		if len(rows)+len(side) > limit {
+			return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
 		}
 		if err := a.refuseShadowed(ctx, tx, rows); err != nil {
-			return fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, err)
+			return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, err)
 		}
-		if len(rows) == 0 {
+		if n, err := a.deleteSide(ctx, tx, side); err != nil || n != int64(len(side)) {
+			if err == nil {
+				err = fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+			}
+			return err
+		}
+		if len(rows)+len(side) == 0 {
 			return nil
 		}
 		sortRows(rows)
 		var ids []string
 		keys, ids = a.runKeys(rows, a.clear != nil)
+		if len(side) > 0 {
+			keys, ids = mergeKeys(prefix, keys, side)
+		}
 		return a.clearIDs(ctx, tx, ids)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return keys, nil
+}
+
+// sideRun returns up to limit keys of the side table in [from, end), past
+// its shadows, or an error matching retention.ErrMalformedMarker when one
+// is no marker of prefix whose id retention.ValidateID accepts.
+func (t *TableKV) sideRun(ctx context.Context, tx *sql.Tx, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	slo, shi := t.shadowRange()
+	var out [][]byte
+	for _, r := range [][2][]byte{{from, minKey(end, slo)}, {maxKey(from, shi), end}} {
+		if bytes.Compare(r[0], r[1]) >= 0 || len(out) == limit {
+			continue
+		}
+		q := "SELECT marker FROM " + t.side.table + " WHERE marker >= " + t.d.phs(1, 1) + " AND marker < " + t.d.phs(2, 1) +
+			fmt.Sprintf(" ORDER BY marker LIMIT %d", limit-len(out)) + t.forUpdate()
+		keys, err := readKeys(ctx, t.d, tx, q, []any{nonNil(r[0]), nonNil(r[1])}, 1)
+		if err != nil {
+			return nil, wrap(ctx, "read "+t.side.table, err)
+		}
+		out = append(out, keys...)
+	}
+	for _, k := range out {
+		_, _, err := retention.ParseMarkerKey(prefix, k)
+		if err == nil && (len(k) == len(prefix) || k[len(prefix)] < '0' || k[len(prefix)] > '9') {
+			err = fmt.Errorf("%w %q: a key of the retry or parked range", retention.ErrMalformedMarker, k)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// mergeRun returns the run of the rows of [lo, hi) and of side, keys of
+// the side table in that range: their first limit keys. It reads the
+// rows' keys, and returns the run's end among the rows and the side keys
+// it holds.
+func (a *AtomicTableKV) mergeRun(ctx context.Context, tx *sql.Tx, lo, hi viewPos, side [][]byte, limit int) (*runCut, viewPos, [][]byte, error) {
+	var rowKeys [][]byte
+	if lo.less(hi) {
+		rows, err := a.viewScan(ctx, tx, lo, hi, limit)
+		if err != nil {
+			return nil, hi, nil, wrap(ctx, "read "+a.table, err)
+		}
+		for _, r := range rows {
+			rowKeys = append(rowKeys, a.rowKey(nil, r.ms, r.id))
+		}
+	}
+	all := append(slices.Clone(rowKeys), side...)
+	slices.SortFunc(all, bytes.Compare)
+	if len(all) < limit {
+		return nil, hi, side, nil // every key of the range
+	}
+	b := all[limit-1]
+	hi = a.posOf(append(slices.Clone(b), 0))
+	return nil, hi, slices.DeleteFunc(side, func(k []byte) bool { return bytes.Compare(k, b) > 0 }), nil
+}
+
+// mergeKeys returns the run's keys, rows' and side table's, ascending,
+// and their ids under prefix.
+func mergeKeys(prefix string, rows, side [][]byte) ([][]byte, []string) {
+	keys := append(rows, side...)
+	slices.SortFunc(keys, bytes.Compare)
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		_, id, _ := retention.ParseMarkerKey(prefix, k)
+		ids[i] = string(id)
+	}
+	return keys, ids
 }
 
 // runKeys returns the keys of rows and their ids, the keys in one
@@ -393,22 +483,6 @@ func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPo
 	return rows, nil
 }
 
-// scanSideTx returns the first side key of [from, end) in tx outside the
-// shadows, or nil.
-func (t *TableKV) scanSideTx(ctx context.Context, tx *sql.Tx, from, end []byte) ([]byte, error) {
-	slo, shi := t.shadowRange()
-	for _, r := range [][2][]byte{{from, minKey(end, slo)}, {maxKey(from, shi), end}} {
-		q := "SELECT marker FROM " + t.side.table + " WHERE marker >= " + t.d.phs(1, 1) + " AND marker < " + t.d.phs(2, 1) + " ORDER BY marker LIMIT 1"
-		keys, err := readKeys(ctx, t.d, tx, q, []any{nonNil(r[0]), nonNil(r[1])}, 1)
-		if err != nil {
-			return nil, wrap(ctx, "read "+t.side.table, err)
-		}
-		if len(keys) > 0 {
-			return keys[0], nil
-		}
-	}
-	return nil, nil
-}
 
 // fencedAtomicTable is an AtomicTableKV whose writes take effect only
 // while its lease holds.
