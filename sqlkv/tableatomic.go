@@ -483,7 +483,6 @@ func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPo
 	return rows, nil
 }
 
-
 // fencedAtomicTable is an AtomicTableKV whose writes take effect only
 // while its lease holds.
 type fencedAtomicTable struct {
