@@ -37,6 +37,15 @@
 // with Concurrency 1 it also reads each batch's markers in that
 // transaction (AtomicKV.ClearRun), and the sweep scans none of them.
 //
+// When the entities are the rows of one table with a finish-time column,
+// the rows can be the markers: NewTable presents the rows whose finish
+// time is set and that pass a filter as markers, read through an index on
+// (finish time, id), and writes to a side marker table only what a row
+// cannot hold (the markers of entities whose clear failed, held or
+// parked). TableKV.WithClear deletes the rows, with what depends on them,
+// in one transaction, a run of them by the index's range. See the guide
+// "Clearing" in the repository's docs, "Your table is the marker".
+//
 // Replicas that share the table take turns with a Locker: a lease row with
 // a TTL, in a table created by MigrateLeases in the same database, whose
 // expiry the server's clock decides. Its leases fence the KV and the
