@@ -38,12 +38,13 @@ import (
 func main() {
 	n := flag.Int("n", 100_000, "expired entities per run")
 	rounds := flag.Int("rounds", 3, "rounds; every contender runs once per round")
-	only := flag.String("only", "pg,pg-fsync,redis", "comma-separated suites to run: pg, pg-fsync, redis, river, river-fsync (river_job itself)")
+	only := flag.String("only", "pg,pg-fsync,redis,river", "comma-separated suites to run: pg, pg-fsync, redis, river, river-fsync (river_job itself)")
 	match := flag.String("match", "", "run only the contenders whose name contains one of these comma-separated strings, besides the two baselines of each table")
 	profile := flag.String("profile", "", "after the rounds, run the contenders whose name contains this once more, breaking down their time and writing a CPU profile of this process to <tmp>/peers-<suite>-<k>.pprof")
 	trip := flag.Bool("tripwire", false, "run only the tripwire: each atomic clear (concurrency 1; runs of 10,000 through WithClearSQL on PostgreSQL, batches of 1,000 on Redis) against River and the asynq-style script, on a backlog of 50,000 (unless -n) in 5 rounds (unless -rounds), and fail when a median ratio falls below -min-river or -min-asynq")
 	minRiver := flag.Float64("min-river", 0.6, "with -tripwire: the lowest pgkv.AtomicKV / River ratio that passes")
 	minAsynq := flag.Float64("min-asynq", 0.9, "with -tripwire: the lowest rediskv.AtomicKV / asynq-style ratio that passes")
+	minTable := flag.Float64("min-table", 0.6, "with -tripwire: the lowest table sweep of river_job / River ratio that passes")
 	attempts := flag.Int("attempts", 3, "with -tripwire: how many times a suite below its minimum runs before it fails")
 	flag.Parse()
 	log.SetFlags(0)
@@ -56,7 +57,7 @@ func main() {
 		if !set["rounds"] {
 			*rounds = 5
 		}
-		if err := tripwire(context.Background(), *n, *rounds, max(*attempts, 1), strings.Split(*only, ","), *minRiver, *minAsynq); err != nil {
+		if err := tripwire(context.Background(), *n, *rounds, max(*attempts, 1), strings.Split(*only, ","), *minRiver, *minAsynq, *minTable); err != nil {
 			log.Fatal(err)
 		}
 		return

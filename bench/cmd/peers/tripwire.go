@@ -22,7 +22,11 @@ import (
 // seconds can cost one attempt, while a halving of the adapter's
 // throughput fails them all. The minimums sit well below what the
 // adapters measure and well above what a halving leaves (BENCHMARKS.md).
-func tripwire(ctx context.Context, n, rounds, attempts int, suites []string, minRiver, minAsynq float64) error {
+//
+// The river suite races the table sweep of River's own river_job
+// (sqlkv.AtomicTableKV, runs of 10,000) against River's JobDeleteBefore on
+// the same rows, with minTable as its minimum.
+func tripwire(ctx context.Context, n, rounds, attempts int, suites []string, minRiver, minAsynq, minTable float64) error {
 	fmt.Printf("tripwire: %d expired entities per run, %d rounds, contenders alternated, up to %d attempts; load %s\n\n", n, rounds, attempts, loadavg())
 	type suite struct {
 		what, peer string
@@ -45,7 +49,13 @@ func tripwire(ctx context.Context, n, rounds, attempts int, suites []string, min
 					return []bench.Contender{r.Janitor(), r.AtomicBatches(1000, 1)}
 				}, []string{"asynq-style"}, "")
 			}}
-		case "pg-fsync":
+		case "river":
+			st = suite{"sqlkv.AtomicTableKV over river_job (runs)", "River", minTable, func() ([]bench.Result, error) {
+				return runPG(ctx, os.Getenv("RETENTION_POSTGRES_DSN"), false, n, rounds, func(p *bench.PG) []bench.Contender {
+					return []bench.Contender{p.River(), p.Table(bench.RiverBatch)}
+				}, []string{"River"}, "")
+			}}
+		case "pg-fsync", "river-fsync":
 			continue // the tripwire needs no second server
 		default:
 			return fmt.Errorf("unknown suite %q", s)
