@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,6 +45,7 @@ type PG struct {
 	kv       *pgkv.KV
 	textKV   *pgkv.KV // kv over a DB that is no pool: statements go as text
 	river    riverdriver.Executor
+	db       *sql.DB              // over pool, for table; its goroutine lives until Close
 	table    *sqlkv.AtomicTableKV // over river_job
 
 	// Timing, when not nil, adds up the calls of the retention contenders.
@@ -90,7 +92,9 @@ func NewPG(ctx context.Context, pool *pgxpool.Pool, schema string) (*PG, error) 
 	if p.river, err = MigrateRiver(ctx, pool, schema); err != nil {
 		return nil, err
 	}
-	if p.table, err = newRiverTable(ctx, pool, schema); err != nil {
+	p.db = stdlib.OpenDBFromPool(pool)
+	if p.table, err = newRiverTable(ctx, pool, p.db, schema); err != nil {
+		_ = p.db.Close()
 		return nil, err
 	}
 	return p, nil
@@ -104,11 +108,10 @@ const RiverStates = "state IN ('completed', 'cancelled', 'discarded')"
 // on (finalized_at, id) a sqlkv.TableKV reads by, its WHERE the filter
 // (as NewTable's error advises), beside River's own on (state,
 // finalized_at), and the side table for what a row cannot hold.
-func newRiverTable(ctx context.Context, pool *pgxpool.Pool, schema string) (*sqlkv.AtomicTableKV, error) {
+func newRiverTable(ctx context.Context, pool *pgxpool.Pool, db *sql.DB, schema string) (*sqlkv.AtomicTableKV, error) {
 	if _, err := pool.Exec(ctx, `CREATE INDEX river_job_finalized_at_id ON `+pgx.Identifier{schema, "river_job"}.Sanitize()+` (finalized_at, id) WHERE `+RiverStates); err != nil {
 		return nil, fmt.Errorf("create river_job index: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
 	if err := sqlkv.Migrate(ctx, db, sqlkv.PostgreSQL, schema+".river_side"); err != nil {
 		return nil, err
 	}
@@ -172,10 +175,11 @@ func MigrateRiver(ctx context.Context, pool *pgxpool.Pool, schema string) (river
 	return driver.GetExecutor(), nil
 }
 
-// Close drops the schema and everything in it.
+// Close drops the schema and everything in it, and closes the *sql.DB
+// NewPG opened over the pool (the pool stays open).
 func (p *PG) Close(ctx context.Context) error {
 	_, err := p.pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{p.schema}.Sanitize()+` CASCADE`)
-	return err
+	return errors.Join(err, p.db.Close())
 }
 
 // finishedAt is when every entity of a backlog finished: far enough back
