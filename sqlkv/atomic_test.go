@@ -372,25 +372,25 @@ func (f *jobsFixture) clearCalls() [][]string {
 	return slices.Clone(f.calls)
 }
 
-// runCounter is a sweep's view of an AtomicKV that records the ranges of
+// runCounter is a sweep's view of an AtomicKV (or AtomicTableKV) that records the ranges of
 // its Scans and counts its runs, after each of which it pauses for pause;
 // it unwraps to the AtomicKV, so that a lease fences it through the
 // context (retention.Fenced).
 type runCounter struct {
-	*sqlkv.AtomicKV
+	atomicStore
 	pause time.Duration
 	mu    sync.Mutex
 	scans [][2][]byte
 	runs  int
 }
 
-func (c *runCounter) Unwrap() retention.KV { return c.AtomicKV }
+func (c *runCounter) Unwrap() retention.KV { return c.atomicStore }
 
 func (c *runCounter) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
 	c.mu.Lock()
 	c.scans = append(c.scans, [2][]byte{slices.Clone(start), slices.Clone(end)})
 	c.mu.Unlock()
-	return c.AtomicKV.Scan(ctx, start, end, limit)
+	return c.atomicStore.Scan(ctx, start, end, limit)
 }
 
 func (c *runCounter) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
@@ -398,7 +398,7 @@ func (c *runCounter) ClearRun(ctx context.Context, prefix string, from, end []by
 	c.runs++
 	c.mu.Unlock()
 	defer time.Sleep(c.pause)
-	return c.AtomicKV.ClearRun(ctx, prefix, from, end, limit)
+	return c.atomicStore.ClearRun(ctx, prefix, from, end, limit)
 }
 
 // RunStore implements retention.RunClearer.
@@ -447,7 +447,7 @@ func TestSweepClearsABacklogInRuns(t *testing.T) {
 		late, err := retention.MarkerKey("jobs/", jobsAt.Add(2*time.Hour), "late")
 		require.NoError(t, err)
 		f.add(t, nil, late)
-		c := &runCounter{AtomicKV: f.akv}
+		c := &runCounter{atomicStore: f.akv}
 		s, err := retention.New(c, retention.Config{
 			Prefix: "jobs/", Retention: time.Hour, Clock: retention.NewManualClock(jobsAt.Add(90 * time.Minute)),
 			BatchSize: 1000, PageSize: 1000, Concurrency: 1,
@@ -619,7 +619,7 @@ func TestFencedClearRunRefusedOnceTheLeaseIsLost(t *testing.T) {
 			t.Error("Lost is open after a refused run")
 		}
 
-		c := &runCounter{AtomicKV: f.akv}
+		c := &runCounter{atomicStore: f.akv}
 		sweep, err := retention.New(c, retention.Config{
 			Prefix: "jobs/", Retention: time.Hour, Clock: retention.NewManualClock(jobsAt.Add(2 * time.Hour)),
 			Lease: locker, BatchSize: 3, Logger: slog.New(slog.DiscardHandler),
@@ -652,7 +652,7 @@ func TestConcurrentRunsClearEachJobOnce(t *testing.T) {
 			_, akv := f.replica(t, db)
 			// The pause lets the other replica in between two runs, as
 			// SQLite's busy handler, which sleeps and retries, would not.
-			c := &runCounter{AtomicKV: akv, pause: 2 * time.Millisecond}
+			c := &runCounter{atomicStore: akv, pause: 2 * time.Millisecond}
 			s, err := retention.New(c, retention.Config{
 				Prefix: "jobs/", Retention: time.Hour, Clock: clock, BatchSize: 100, PageSize: 100,
 				RetryDelay: time.Millisecond, MaxRetryDelay: time.Millisecond,

@@ -594,3 +594,37 @@ func tableModel(t *testing.T, dl dialect, seed uint64) {
 		assert.LessOrEqual(t, n, 1, "job %d cleared %d times", id, n)
 	}
 }
+
+// TestTableSweepReadsNoPageOfRows: a sweep over an AtomicTableKV clears
+// the expired rows in runs, one ClearRun a batch, and scans no page of the
+// rows' range, however many there are; an idle pass reads one key of it.
+func TestTableSweepReadsNoPageOfRows(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		now := time.UnixMilli(1_800_000_000_000)
+		for i := range 250 {
+			j.finish(t, int64(i+1), "done", now.Add(-2*time.Hour+time.Duration(i)*time.Millisecond))
+		}
+		j.finish(t, 1000, "done", now.Add(-time.Minute)) // not expired
+		c := &runCounter{atomicStore: j.atomic(t)}
+		s, err := retention.New(c, retention.Config{Prefix: tablePrefix, Retention: time.Hour,
+			Clock: retention.NewManualClock(now), BatchSize: 50, PageSize: 50})
+		require.NoError(t, err)
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 250, st.Cleared)
+		assert.Equal(t, 6, c.runs, "runs: 5 of 50 and the short one that ends the range")
+		rows := 0
+		for _, r := range c.scans {
+			if string(r[0]) >= tablePrefix+"0" && string(r[0]) < tablePrefix+":" && string(r[1]) != tablePrefix+":" {
+				rows++ // a page of the expired rows
+			}
+		}
+		assert.Zero(t, rows, "pages of rows scanned: %q", c.scans)
+		before := len(c.scans)
+		st, err = s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, st.Cleared)
+		assert.LessOrEqual(t, len(c.scans)-before, 2, "an idle pass's Scans: %q", c.scans[before:])
+	})
+}
