@@ -170,9 +170,12 @@ func (t *TableKV) msOf(v any) (int64, error) {
 // where the first limit markers of [from, end) end in the index, deletes
 // the rows up to there in one statement (the ids and times come back with
 // the deletion), runs the ClearFunc with their ids, and commits; it
-// returns their keys, ascending. A run that would hold a key of the side
-// table (a retry or parked marker lies outside the markers' range, so
-// only a Put's key can) is refused with an error matching
+// returns their keys, ascending. The side table's markers in the range (a
+// Put's key, one requeued to another time: rare) are taken too, the run
+// being the first limit keys of both. A run that would hold a key that is
+// no marker of prefix (a retry or parked key, a foreign key, the rows
+// when prefix is not the table's), or a side key whose row ran or
+// finished again since, is refused with an error matching
 // retention.ErrMalformedMarker, having changed nothing: the sweep reads
 // that page itself. When ctx carries a lease's fence (retention.Fenced),
 // the run is fenced by it.
