@@ -20,6 +20,10 @@ const (
 	DefaultStoreTimeout  = 30 * time.Second
 	DefaultRetryDelay    = time.Second
 	DefaultMaxRetryDelay = 10 * time.Minute
+	DefaultWakePoll      = time.Second
+
+	// MaxReplicaLen is the longest Config.Replica.
+	MaxReplicaLen = 64
 )
 
 // Config configures a Sweep. Prefix and Retention are required, and one
@@ -178,6 +182,26 @@ type Config struct {
 	// StartJitter delays Run's first pass by a random duration below it.
 	// Zero means none; it must not be negative.
 	StartJitter time.Duration
+
+	// Replica names this process in its fleet, such as its pod's name
+	// (os.Hostname in Kubernetes): set it, different on each, on every
+	// replica of a fleet that shares the store under a Lease. Then the
+	// replica that holds the lease keeps a record of its passes in the
+	// store, under the prefix outside the markers' ranges, which
+	// Sweep.Fleet reads on any replica; and between passes it reads the
+	// store's wake key every WakePoll, which Sweep.Wake and Sweep.Requeue
+	// write on any replica (docs/fleet.md, "The fleet view"). It needs a
+	// KV that is a Putter and a Mover. Empty means neither: the sweep
+	// writes no key but its markers, and Wake reaches this process's Run
+	// alone. At most MaxReplicaLen bytes of printable ASCII.
+	Replica string
+
+	// WakePoll is how often Run, while it holds the lease with Replica
+	// set, reads the store's wake key between passes: a Requeue on another
+	// replica starts a pass within it. Each read is one Scan of one key.
+	// Zero means DefaultWakePoll; a negative value means never (a Requeue
+	// on another replica waits for the next pass); otherwise at least 1ms.
+	WakePoll time.Duration
 }
 
 // checkConfig checks what New cannot default.
@@ -232,6 +256,12 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.Interval must not be negative, got %v", cfg.Interval)
 	case cfg.ClearTimeout > 0 && cfg.ClearTimeout < time.Millisecond:
 		return invalidConfig("Config.ClearTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultClearTimeout, cfg.ClearTimeout)
+	case cfg.WakePoll > 0 && cfg.WakePoll < time.Millisecond:
+		return invalidConfig("Config.WakePoll must be 0 (default %v), negative (never) or at least 1ms, got %v", DefaultWakePoll, cfg.WakePoll)
+	case len(cfg.Replica) > MaxReplicaLen || !printable(cfg.Replica):
+		return invalidConfig("Config.Replica must be at most %d bytes of printable ASCII, got %q", MaxReplicaLen, cfg.Replica)
+	case cfg.Replica != "" && !putMover(kv):
+		return invalidConfig("Config.Replica is set but the KV (%T) is not a Putter and a Mover: the fleet's record and wake key need both", kv)
 	case cfg.StoreTimeout > 0 && cfg.StoreTimeout < time.Millisecond:
 		return invalidConfig("Config.StoreTimeout must be 0 (default %v), negative (none) or at least 1ms, got %v", DefaultStoreTimeout, cfg.StoreTimeout)
 	case first < 0 || (first > 0 && first < time.Millisecond):
@@ -246,6 +276,22 @@ func checkConfig(kv KV, cfg *Config) error {
 		return invalidConfig("Config.MaxRetryDelay (%v) is below the default RetryDelay (%v): set Config.RetryDelay too", most, DefaultRetryDelay)
 	}
 	return checkJitter("Config", cfg.Jitter, cfg.StartJitter)
+}
+
+// printable reports whether s is printable ASCII.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func putMover(kv KV) bool {
+	_, put := kv.(Putter)
+	_, move := kv.(Mover)
+	return put && move
 }
 
 func invalidConfig(format string, args ...any) error {

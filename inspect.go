@@ -271,7 +271,8 @@ func (s *Sweep) Parked(ctx context.Context, limit int) ([]ParkedMarker, error) {
 }
 
 // Requeue puts the parked markers of ids back (see Parked), in one Move to
-// the retry range, due at once with no failed attempt counted. It returns
+// the retry range, due at once with no failed attempt counted, and wakes
+// the sweep's Run (see Wake) to try them. It returns
 // how many markers it moved: of concurrent calls through this Sweep, only
 // the one that moved a marker counts it. An id with no parked marker is not
 // an error, but no ids at all, or a KV that is no Mover, is. It reads the
@@ -321,6 +322,9 @@ func (s *Sweep) Requeue(ctx context.Context, ids ...string) (int, error) {
 	defer cancel()
 	if err := mover.Move(cctx, from, to); err != nil {
 		return 0, s.storeErr(ctx, cctx, "requeue parked markers", err)
+	}
+	if err := s.Wake(ctx); err != nil {
+		s.log.Warn("retention: requeued markers wait for the next pass: waking the sweep failed", "error", err)
 	}
 	return len(from), nil
 }

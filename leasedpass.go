@@ -65,6 +65,9 @@ func (l *loop) once(ctx context.Context) ([]Stats, error) {
 	}
 	stats, lost, err := l.passAll(ctx, lease)
 	lost = lost || (lease != nil && isLost(lease))
+	if !lost && ctx.Err() == nil {
+		l.record(ctx, lease, stats, 0)
+	}
 	switch {
 	case ctx.Err() != nil:
 		return stats, ctx.Err()

@@ -29,6 +29,17 @@ type loop struct {
 	dryAt []time.Time
 
 	warnUnfenced sync.Once
+
+	// wake is the channel Wake signals for a member of a running loop.
+	wake chan struct{}
+
+	// What the last round did, for the fleet's record (fleet.go): when
+	// the lease was taken, and per member the KV its pass wrote through
+	// (nil: it did not pass), the fence on the writes' context, its error.
+	since  time.Time
+	kvs    []KV
+	fences []Fencer
+	errs   []error
 }
 
 func (l *loop) run(ctx context.Context) error {
@@ -47,7 +58,7 @@ func (l *loop) run(ctx context.Context) error {
 	for {
 		wait, err := l.round(ctx, &lease, &failures)
 		if err == nil {
-			err = sleep(ctx, wait)
+			err = l.sleep(ctx, wait, lease)
 		}
 		if err != nil {
 			return err
@@ -75,16 +86,40 @@ func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Dur
 	case errors.Is(err, ErrUnfenced):
 		return 0, err // a setting to change, not a failure to retry
 	case lost || (*lease != nil && isLost(*lease)):
+		l.record(ctx, *lease, stats, 0)
 		l.giveUp(ctx, *lease, true)
 		*lease = nil
 		// Do not take it straight back: whoever took it, or an operator
 		// who revoked it, gets one interval first.
 		return l.atLeastMinWait(l.interval()), nil
 	case err != nil:
-		return l.failed(failures, "retention: pass failed", err), nil
+		wait := l.failed(failures, "retention: pass failed", err)
+		l.record(ctx, *lease, stats, wait)
+		return wait, nil
 	}
 	*failures = 0
-	return l.jittered(l.nextWait(stats)), nil
+	wait := l.jittered(l.nextWait(stats))
+	l.record(ctx, *lease, stats, wait)
+	return wait, nil
+}
+
+// record adds the round's passes to the fleet's record of each member with
+// a Replica, under the lease; wait is how long until the next round, 0
+// when there is none (a LeasedPass).
+func (l *loop) record(ctx context.Context, lease Lease, stats []Stats, wait time.Duration) {
+	if lease == nil {
+		return
+	}
+	for i, m := range l.members {
+		if l.kvs[i] == nil {
+			continue // the round ended before its pass
+		}
+		var next time.Time
+		if wait > 0 {
+			next = m.clock.Now().Add(wait)
+		}
+		m.recordPass(ctx, fleetWrite{kv: l.kvs[i], fence: l.fences[i]}, l.since, stats[i], l.errs[i], next)
+	}
 }
 
 // failed logs a failed round, one more in a row, and returns the backoff.
@@ -148,6 +183,7 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 		}()
 	}
 	stats = make([]Stats, len(l.members))
+	l.kvs, l.fences, l.errs = make([]KV, len(l.members)), make([]Fencer, len(l.members)), make([]error, len(l.members))
 	// Every member's fence is settled before any passes: one that cannot
 	// be fenced stops the round before the others have swept.
 	kvs, fences := make([]KV, len(l.members)), make([]Fencer, len(l.members))
@@ -174,6 +210,7 @@ func (l *loop) passAll(ctx context.Context, lease Lease) (stats []Stats, lost bo
 			err, lost = fmt.Errorf("%w: %w", ErrLeaseLost, err), true
 		}
 		stats[i] = st
+		l.kvs[i], l.fences[i], l.errs[i] = kvs[i], fences[i], err
 		if m.onPass != nil {
 			m.onPass(st, err)
 		}
@@ -238,6 +275,8 @@ func (l *loop) acquire(ctx context.Context, lease *Lease) error {
 	switch {
 	case err == nil:
 		*lease = got
+		l.since = l.members[0].clock.Now()
+		l.holding(true)
 		l.log.Info("retention: lease acquired")
 		l.observeLease(LeaseAcquired)
 	case ctx.Err() == nil && errors.Is(err, ErrLeaseHeld):
@@ -249,6 +288,7 @@ func (l *loop) acquire(ctx context.Context, lease *Lease) error {
 // giveUp releases a held lease: one that was lost is logged and observed
 // as LeaseLost first, one that was not as LeaseReleased after.
 func (l *loop) giveUp(ctx context.Context, lease Lease, lost bool) {
+	l.holding(false)
 	if lost {
 		l.log.Warn("retention: lease lost")
 		l.observeLease(LeaseLost)
@@ -258,8 +298,22 @@ func (l *loop) giveUp(ctx context.Context, lease Lease, lost bool) {
 	if err := lease.Release(rctx); err != nil {
 		l.log.Warn("retention: release lease", "error", err)
 	}
+	for _, m := range l.members {
+		m.recordRelease(rctx)
+	}
 	if !lost {
 		l.observeLease(LeaseReleased)
+	}
+}
+
+// holding tells the members of a Run's loop whether it holds the lease, so
+// that a Wake in this process need not go through the store.
+func (l *loop) holding(held bool) {
+	if l.wake == nil {
+		return // LeasedPass: no Run to wake
+	}
+	for _, m := range l.members {
+		m.holding.Store(held)
 	}
 }
 

@@ -31,8 +31,14 @@ func (l *loop) claim() (release func(), err error) {
 			return nil, fmt.Errorf("%w: the sweep of prefix %q is already run by another Run; cancel that one first", ErrRunning, m.prefix)
 		}
 	}
+	l.wake = make(chan struct{}, 1)
+	for _, m := range l.members {
+		m.waker.Store(&l.wake)
+	}
 	return func() {
 		for _, m := range l.members {
+			m.waker.Store(nil)
+			m.holding.Store(false)
 			m.running.Store(false)
 		}
 	}, nil

@@ -25,6 +25,7 @@ type Sweep struct {
 	running   atomic.Bool   // set while a Run (or a Group's Run) runs the sweep
 	busy      chan struct{} // serialises passes; nil in a Sweep not made by New
 	requeuing chan struct{} // serialises Requeue calls (see Requeue)
+	fleetRun                // the Run that sweeps it, and its record in the store (fleet.go, wake.go)
 }
 
 // settings are a Sweep's Config, with defaults applied.
@@ -54,7 +55,9 @@ type settings struct {
 	minInterval  time.Duration // <= 0: none
 	dryRun       bool
 	maxAttempts  int
-	runs         bool // the expired range may be cleared by a RunClearer's runs (see startRun)
+	runs         bool          // the expired range may be cleared by a RunClearer's runs (see startRun)
+	replica      string        // "": no fleet record, no wake key
+	wakePoll     time.Duration // <= 0: Run reads no wake key
 
 	lower, upper           []byte // the marker range: the prefix and a digit
 	retryLower, retryUpper []byte // the retry range (see infixRange)
@@ -116,6 +119,8 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		lower:        append([]byte(cfg.Prefix), '0'),
 		upper:        append([]byte(cfg.Prefix), '9'+1),
 		maxAttempts:  cfg.MaxAttempts,
+		replica:      cfg.Replica,
+		wakePoll:     cmp.Or(cfg.WakePoll, DefaultWakePoll),
 		runs: cfg.Clear == nil && cfg.ClearBatch == nil && cfg.ValidateID == nil && cfg.Limiter == nil &&
 			!cfg.DryRun && cfg.Concurrency <= 1,
 	}, busy: make(chan struct{}, 1), requeuing: make(chan struct{}, 1)}

@@ -1,0 +1,178 @@
+package retention
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// parkedFleet is two replicas of one sweep over one store under one
+// lease, "a" holding it, with one marker parked: the stage of a Requeue
+// made through the replica that does not sweep.
+type parkedFleet struct {
+	kv      *wakeCountKV
+	a, b    *Sweep
+	cleared atomic.Int64
+	stop    func()
+}
+
+func newParkedFleet(t *testing.T, cfg Config) *parkedFleet {
+	t.Helper()
+	f := &parkedFleet{kv: &wakeCountKV{fakeKV: newFakeKV(nil)}}
+	locker := &fakeLocker{}
+	cfg.Prefix, cfg.Retention, cfg.Interval, cfg.Lease = "runs/", time.Hour, time.Minute, locker
+	cfg.Clear = func(context.Context, string) error { f.cleared.Add(1); return nil }
+	key := appendParkedKey(nil, "runs/", 0, time.Now().Add(-2*time.Hour).UnixMilli(), 3, "job-1")
+	require.NoError(t, f.kv.Put(context.Background(), key, nil))
+	var err error
+	ca, cb := cfg, cfg
+	ca.Replica, cb.Replica = "web-a", "web-b"
+	f.a, err = New(f.kv, ca)
+	require.NoError(t, err)
+	f.b, err = New(f.kv, cb)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = f.a.Run(ctx) })
+	synctest.Wait() // a holds the lease, and sleeps
+	require.True(t, locker.held())
+	wg.Go(func() { _ = f.b.Run(ctx) })
+	synctest.Wait() // b tried it, and sleeps
+	f.stop = func() { cancel(); wg.Wait() }
+	return f
+}
+
+// requeueToCleared requeues the parked marker through b and returns how
+// long it took, in the bubble's time, until a cleared it.
+func (f *parkedFleet) requeueToCleared(t *testing.T) time.Duration {
+	t.Helper()
+	start := time.Now()
+	n, err := f.b.Requeue(t.Context(), "job-1")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	for f.cleared.Load() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestRequeueOnAnotherReplicaWakesTheLeaseHolder: a Requeue made through
+// the replica that does not hold the lease is cleared by the holder within
+// its WakePoll, not at its next pass a minute later.
+func TestRequeueOnAnotherReplicaWakesTheLeaseHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newParkedFleet(t, Config{})
+		defer f.stop()
+		took := f.requeueToCleared(t)
+		t.Logf("requeue to cleared under a 1m Interval: %v", took)
+		assert.LessOrEqual(t, took, DefaultWakePoll+20*time.Millisecond)
+		assert.Zero(t, markerCount(t, f.kv, "runs/"), "the marker is deleted")
+	})
+}
+
+// TestRequeueWithoutWakePollWaitsForThePass: with WakePoll negative the
+// holder reads no wake key, and the requeue waits for its next pass.
+func TestRequeueWithoutWakePollWaitsForThePass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newParkedFleet(t, Config{WakePoll: -1})
+		defer f.stop()
+		took := f.requeueToCleared(t)
+		assert.Greater(t, took, 50*time.Second)
+	})
+}
+
+// TestRequeueInTheProcessThatSweepsPassesAtOnce: a Requeue through the
+// Sweep whose Run holds the lease wakes that Run directly, and writes no
+// wake key.
+func TestRequeueInTheProcessThatSweepsPassesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newParkedFleet(t, Config{})
+		defer f.stop()
+		puts := f.kv.puts.Load()
+		start := time.Now()
+		n, err := f.a.Requeue(t.Context(), "job-1")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		synctest.Wait()
+		assert.EqualValues(t, 1, f.cleared.Load())
+		assert.Zero(t, time.Since(start), "cleared without waiting")
+		assert.Equal(t, puts, f.kv.puts.Load(), "no wake key written")
+	})
+}
+
+// TestWakeWithoutReplicaWakesOnlyThisProcess: without Config.Replica, Wake
+// writes nothing and wakes the Run of its own process.
+func TestWakeWithoutReplicaWakesOnlyThisProcess(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := newFakeKV(nil)
+		var cleared atomic.Int64
+		s, err := New(kv, Config{Prefix: "runs/", Retention: time.Hour, Interval: time.Minute,
+			Clear: func(context.Context, string) error { cleared.Add(1); return nil }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		synctest.Wait()
+		mark(t, kv.MemKV, "runs/", "job-1", time.Now().Add(-2*time.Hour))
+		puts := kv.puts.Load()
+		require.NoError(t, s.Wake(ctx))
+		synctest.Wait()
+		assert.EqualValues(t, 1, cleared.Load(), "woken, the Run passed at once")
+		assert.Equal(t, puts, kv.puts.Load(), "no wake key written")
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
+
+// TestWakePollCost: the holder of the lease reads the wake key once per
+// WakePoll between passes, a Scan of one key, and nothing more: an idle
+// pass still makes its two Scans. The replica that does not hold the lease
+// reads no wake key.
+func TestWakePollCost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newParkedFleet(t, Config{})
+		defer f.stop()
+		wakeBefore, otherBefore := f.kv.wakeScans.Load(), f.kv.otherScans.Load()
+		time.Sleep(10*time.Minute + time.Millisecond) // ten idle passes, one a minute
+		synctest.Wait()
+		wakeScans, passScans := f.kv.wakeScans.Load()-wakeBefore, f.kv.otherScans.Load()-otherBefore
+		t.Logf("10 idle minutes: %d Scans of the wake key, %d of the passes", wakeScans, passScans)
+		assert.EqualValues(t, 10*59, wakeScans, "one wake-key Scan a second between passes, none by the replica without the lease")
+		assert.EqualValues(t, 10*2, passScans, "two Scans per idle pass")
+	})
+}
+
+// wakeCountKV counts the Scans of the wake key apart from the others.
+type wakeCountKV struct {
+	*fakeKV
+	wakeScans, otherScans atomic.Int64
+}
+
+func (w *wakeCountKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if bytes.HasSuffix(start, []byte{fleetInfix, wakeKind}) {
+		w.wakeScans.Add(1)
+	} else {
+		w.otherScans.Add(1)
+	}
+	return w.fakeKV.Scan(ctx, start, end, limit)
+}
+
+// markerCount returns how many keys of prefix's marker, retry and parked
+// ranges kv holds.
+func markerCount(t testing.TB, kv KV, prefix string) int {
+	t.Helper()
+	n := 0
+	for _, r := range [][2]string{{prefix + "0", prefix + ":"}, {prefix + "r0", prefix + "r:"}, {prefix + "p0", prefix + "p:"}} {
+		keys, err := kv.Scan(context.Background(), []byte(r[0]), []byte(r[1]), 1<<20)
+		require.NoError(t, err)
+		n += len(keys)
+	}
+	return n
+}
