@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -626,5 +628,78 @@ func TestTableSweepReadsNoPageOfRows(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, st.Cleared)
 		assert.LessOrEqual(t, len(c.scans)-before, 2, "an idle pass's Scans: %q", c.scans[before:])
+	})
+}
+
+// TestTableWithoutFilterRetriesFailedClears: over a table with no filter
+// (every row with a finish time is a marker), a clear that failed is
+// retried from the side table, and its row cleared then.
+func TestTableWithoutFilterRetriesFailedClears(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		now := time.UnixMilli(1_800_000_000_000)
+		for id := int64(1); id <= 3; id++ {
+			j.finish(t, id, "done", now.Add(-2*time.Hour+time.Duration(id)*time.Millisecond))
+		}
+		kv, err := sqlkv.NewTable(context.Background(), j.side, sqlkv.Table{Name: j.name, ID: "id", Time: "finished",
+			TimeUnit: j.unit, Prefix: tablePrefix})
+		require.NoError(t, err)
+		var failed atomic.Bool
+		a := kv.WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+			if slices.Contains(ids, fmt.Sprintf("%020d", 2)) && !failed.Swap(true) {
+				return retention.BatchError{fmt.Sprintf("%020d", 2): errors.New("once")}
+			}
+			return nil
+		})
+		clock := retention.NewManualClock(now)
+		for _, conc := range []int{1, 2} {
+			s, err := retention.New(a, retention.Config{Prefix: tablePrefix, Retention: time.Hour, Clock: clock,
+				Concurrency: conc, RetryDelay: time.Minute})
+			require.NoError(t, err)
+			_, err = s.Pass(context.Background())
+			require.NoError(t, err)
+			clock.Advance(2 * time.Minute)
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, st.Failed, "Concurrency %d: the retry failed", conc)
+			jobs, _ := j.ids(t)
+			assert.Empty(t, jobs, "Concurrency %d", conc)
+			failed.Store(false)
+			for id := int64(1); id <= 3; id++ {
+				j.finish(t, id, "done", clock.Now().Add(-2*time.Hour+time.Duration(id)*time.Millisecond))
+			}
+		}
+	})
+}
+
+// TestTablePutKeyOfARowIsItsOneMarker: a key Put for a row's id at
+// another time (a deadline of its own, say) is the entity's one marker:
+// its row is not, and a clear, a Delete or a Move of that key takes it.
+func TestTablePutKeyOfARowIsItsOneMarker(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		a := j.atomic(t)
+		ctx := context.Background()
+		at := time.UnixMilli(1_700_000_000_000)
+		later := at.Add(time.Hour)
+		for id := int64(1); id <= 3; id++ {
+			j.finish(t, id, "done", at)
+			require.NoError(t, a.Put(ctx, rowKey(t, later, id), nil))
+		}
+		keys, err := a.Scan(ctx, []byte(tablePrefix), []byte(tablePrefix+":"), 10)
+		require.NoError(t, err)
+		assert.Equal(t, []string{string(rowKey(t, later, 1)), string(rowKey(t, later, 2)), string(rowKey(t, later, 3))}, keyStrings(keys),
+			"the Put keys, not the rows")
+
+		require.NoError(t, a.ClearAndDelete(ctx, []string{fmt.Sprintf("%020d", 1)}, [][]byte{rowKey(t, later, 1)}))
+		require.NoError(t, a.Delete(ctx, rowKey(t, later, 2)))
+		retry := []byte(tablePrefix + "r" + fmt.Sprintf("%020d/%020d/1/%020d", later.Add(time.Minute).UnixMilli(), later.UnixMilli(), 3))
+		require.NoError(t, a.Move(ctx, [][]byte{rowKey(t, later, 3)}, [][]byte{retry}))
+		jobs, arts := j.ids(t)
+		assert.Equal(t, map[int64]bool{3: true}, jobs, "the cleared and the deleted keys' rows went")
+		assert.Equal(t, map[int64]bool{2: true, 3: true}, arts, "the cleared job's artifacts went")
+		keys, err = a.Scan(ctx, []byte(tablePrefix), []byte(tablePrefix+"\xff"), 10)
+		require.NoError(t, err)
+		assert.Equal(t, []string{string(retry)}, keyStrings(keys), "the moved key, its row still shadowed")
 	})
 }

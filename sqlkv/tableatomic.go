@@ -79,8 +79,11 @@ func (a *AtomicTableKV) ClearAndDelete(ctx context.Context, ids []string, keys [
 
 func (a *AtomicTableKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byte, lease *sqlLease) error {
 	op := "clear and delete from"
-	rows, side := a.split(keys)
 	return a.inTx(ctx, op, lease, func(tx *sql.Tx) error {
+		rows, side, err := a.split(ctx, tx, keys)
+		if err != nil {
+			return err
+		}
 		if err := a.refuseLiveAgain(ctx, tx, side); err != nil {
 			return err
 		}
@@ -114,7 +117,7 @@ func (a *AtomicTableKV) refuseLiveAgain(ctx context.Context, tx *sql.Tx, keys []
 		if !ok {
 			continue
 		}
-		cond := "1"
+		cond := "1 = 1" // PostgreSQL takes no integer for a condition
 		if a.filter != "" {
 			cond = "(" + a.filter + ")"
 		}
@@ -428,22 +431,32 @@ func (a *AtomicTableKV) runEnd(ctx context.Context, tx *sql.Tx, lo, hi viewPos, 
 		return nil, nil, wrap(ctx, "read "+a.table, err)
 	}
 	n := nth[0]
-	w = a.rebuild(w, lo, hi, func(w *where) {
+	// The run holds the rows before n in the index, and as many of n's
+	// millisecond as the index put before n, plus one: those of the
+	// smallest ids. Counted and picked in the database, which sorts only
+	// the millisecond's rows (River finalizes a batch at one time).
+	inBucket := func(w *where) {
 		w.and(a.col(a.tm) + " > " + w.arg(a.bound(n.ms-1)))
 		w.and(a.col(a.tm) + " <= " + w.arg(a.bound(n.ms)))
+	}
+	w = a.rebuild(w, lo, hi, func(w *where) {
+		inBucket(w)
+		w.and("(" + a.col(a.tm) + ", " + a.col(a.id) + ") < (" + w.arg(a.timeArg(n)) + ", " + w.arg(n.id) + ")")
 	})
-	bucket, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.order(), w.args, 16)
-	if err != nil {
+	var k int64
+	if err := queryRow(ctx, a.d, tx, "SELECT count(*) FROM "+a.table+" WHERE "+w.String(), w.args, &k); err != nil {
 		return nil, nil, wrap(ctx, "read "+a.table, err)
 	}
-	// The run holds the rows before n in the index, and as many of the
-	// millisecond's as the index put before n, plus one.
-	k := slices.IndexFunc(bucket, func(r row) bool { return r.id == n.id })
-	if k < 0 {
-		return nil, nil, fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+	w = a.rebuild(w, lo, hi, inBucket)
+	var id int64
+	q = "SELECT " + a.col(a.id) + " FROM " + a.table + " WHERE " + w.String() + " ORDER BY " + a.col(a.id) + fmt.Sprintf(" LIMIT 1 OFFSET %d", k)
+	if err := queryRow(ctx, a.d, tx, q, w.args, &id); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, nil, fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+		}
+		return nil, nil, wrap(ctx, "read "+a.table, err)
 	}
-	sortRows(bucket)
-	cut := &runCut{ms: n.ms, id: bucket[k].id}
+	cut := &runCut{ms: n.ms, id: id}
 	return cut, a.rowKey(nil, cut.ms, cut.id), nil
 }
 

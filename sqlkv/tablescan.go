@@ -172,12 +172,42 @@ func (t *TableKV) viewScan(ctx context.Context, db execer, lo, hi viewPos, limit
 	if err != nil || len(rows) < limit {
 		return rows, err
 	}
+	// Rows of the last row's millisecond that the index puts after it
+	// belong in the page when their ids are below the largest of that
+	// millisecond in the page. Those of the last row's very time come in
+	// id order, so only those below it can: one range of the index; then
+	// those of the millisecond's later times (a few: River finalizes a
+	// batch at one time), not the millisecond's every row on every page.
 	last := rows[len(rows)-1]
-	w = t.rebuild(w, lo, hi, func(w *where) {
-		w.and("(" + t.col(t.tm) + ", " + t.col(t.id) + ") > (" + w.arg(t.timeArg(last)) + ", " + w.arg(last.id) + ")")
-		w.and(t.col(t.tm) + " <= " + w.arg(t.bound(last.ms)))
-	})
-	more, err := t.readRows(ctx, db, t.selectRows()+w.String()+t.order(), w.args, 16)
+	var top int64
+	for _, r := range rows {
+		if r.ms == last.ms {
+			top = max(top, r.id)
+		}
+	}
+	var more []row
+	read := func(extra func(w *where)) error {
+		w = t.rebuild(w, lo, hi, extra)
+		// At most limit of them can be in the page: those of the smallest ids.
+		q := t.selectRows() + w.String() + " ORDER BY " + t.col(t.id) + fmt.Sprintf(" LIMIT %d", limit)
+		got, err := t.readRows(ctx, db, q, w.args, 16)
+		more = append(more, got...)
+		return err
+	}
+	if top > last.id {
+		err = read(func(w *where) {
+			w.and(t.col(t.tm) + " = " + w.arg(t.timeArg(last)))
+			w.and(t.col(t.id) + " > " + w.arg(last.id))
+			w.and(t.col(t.id) + " < " + w.arg(top))
+		})
+	}
+	if err == nil {
+		err = read(func(w *where) {
+			w.and(t.col(t.tm) + " > " + w.arg(t.timeArg(last)))
+			w.and(t.col(t.tm) + " <= " + w.arg(t.bound(last.ms)))
+			w.and(t.col(t.id) + " < " + w.arg(top))
+		})
+	}
 	if err != nil {
 		return nil, err
 	}

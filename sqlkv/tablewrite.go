@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 
 	"github.com/marksweep/retention"
 )
@@ -81,16 +82,26 @@ func (t *TableKV) entityOf(key []byte) (entity, bool) {
 	return entity{id: int64(v), ms: at.UnixMilli()}, true
 }
 
-// split parts keys into the rows' keys and the side table's.
-func (t *TableKV) split(keys [][]byte) (rows []row, side [][]byte) {
+// split parts keys into the rows' keys and the side table's. A key shaped
+// like a row's whose id has a shadow is the side table's: the row is no
+// marker while its entity has a side key (a Put's, or one requeued to
+// another time).
+func (t *TableKV) split(ctx context.Context, tx *sql.Tx, keys [][]byte) (rows []row, side [][]byte, err error) {
+	var shadows map[string]bool
 	for _, k := range keys {
-		if ms, id, ok := t.parseRowKey(k); ok {
+		ms, id, ok := t.parseRowKey(k)
+		if ok && shadows == nil {
+			if shadows, err = t.shadows(ctx, tx, false); err != nil {
+				return nil, nil, err
+			}
+		}
+		if ok && !shadows[strconv.FormatInt(id, 10)] {
 			rows = append(rows, row{ms: ms, id: id})
 		} else {
 			side = append(side, k)
 		}
 	}
-	return rows, side
+	return rows, side, nil
 }
 
 // rowsCond adds the condition of the rows of keys: each id with its
@@ -214,12 +225,15 @@ func (t *TableKV) delete(ctx context.Context, keys [][]byte, lease *sqlLease) er
 	if len(keys) == 0 {
 		return ctx.Err()
 	}
-	rows, side := t.split(keys)
 	return t.inTx(ctx, "delete from", lease, func(tx *sql.Tx) error {
+		rows, side, err := t.split(ctx, tx, keys)
+		if err != nil {
+			return err
+		}
 		if _, err := t.deleteRows(ctx, tx, rows); err != nil {
 			return err
 		}
-		_, err := t.deleteSide(ctx, tx, side)
+		_, err = t.deleteSide(ctx, tx, side)
 		return err
 	})
 }
@@ -291,7 +305,12 @@ func (t *TableKV) movePair(ctx context.Context, tx *sql.Tx, from, to []byte) err
 	if bytes.Equal(from, to) {
 		return nil
 	}
-	if ms, id, ok := t.parseRowKey(from); ok {
+	rows, _, err := t.split(ctx, tx, [][]byte{from})
+	if err != nil {
+		return err
+	}
+	if len(rows) == 1 {
+		ms, id := rows[0].ms, rows[0].id
 		w := &where{d: t.d}
 		t.rowsCond(w, []row{{ms: ms, id: id}})
 		var ids []int64
