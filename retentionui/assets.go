@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-//go:embed assets/pages.html assets/style.css
+//go:embed assets/pages.html assets/fleet.html assets/style.css
 var assets embed.FS
 
 // pages holds the templates of every page; html/template escapes what they
@@ -21,7 +21,7 @@ var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
 		return roundAge(max(now.Sub(t), 0)).String()
 	},
 	"lease": leaseWords,
-}).ParseFS(assets, "assets/pages.html"))
+}).ParseFS(assets, "assets/pages.html", "assets/fleet.html"))
 
 func serveStyle(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "max-age=300")

@@ -17,14 +17,15 @@ func (h *Handler) serveOverview(w http.ResponseWriter, r *http.Request) {
 	// time, however many sweeps there are.
 	for _, s := range h.opts.Sweeps {
 		b, err := s.Backlog(ctx, h.opts.Limit)
-		o.Sweeps = append(o.Sweeps, h.status(s.Prefix(), b, err))
+		o.Sweeps = append(o.Sweeps, h.status(s.Prefix(), b, err, h.fleet(ctx, s, now)))
 	}
 	h.answer(w, r, "overview", o, o)
 }
 
 // status builds a sweep's line of the overview from its backlog (or the
-// error reading it) and what the Recorder saw.
-func (h *Handler) status(prefix string, b retention.Backlog, err error) SweepStatus {
+// error reading it), and what the fleet shares in its store (fl), or else
+// what the Recorder saw.
+func (h *Handler) status(prefix string, b retention.Backlog, err error, fl *FleetStatus) SweepStatus {
 	st := SweepStatus{Prefix: prefix, Lease: "unknown"}
 	if d, ok := h.opts.Details[prefix]; ok && d.Retention > 0 {
 		ms := msOf(d.Retention)
@@ -45,6 +46,9 @@ func (h *Handler) status(prefix string, b retention.Backlog, err error) SweepSta
 	if seen && rec.hasLag {
 		ms := msOf(rec.lag)
 		st.LagMs = &ms
+	}
+	if fl != nil {
+		applyFleet(&st, fl)
 	}
 	if err != nil {
 		st.State, st.Error = StateError, err.Error()

@@ -55,6 +55,11 @@ func (h *Handler) serveRequeue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if wantsJSON(r) {
+		now := h.opts.Clock.Now()
+		if fl := h.fleet(ctx, s, now); fl != nil {
+			res.Sweeper = fl.Holder
+			res.PassBy, res.Pass = wakeNote(fl, now)
+		}
 		writeJSON(w, http.StatusOK, res)
 		return
 	}

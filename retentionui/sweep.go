@@ -12,6 +12,7 @@ type sweepPage struct {
 	SweepPage
 	Requeued    int
 	WasRequeued bool
+	Wake        string // when the sweep tries what was requeued (see wakeNote)
 	Retention   bool
 }
 
@@ -55,6 +56,9 @@ func (h *Handler) serveSweep(w http.ResponseWriter, r *http.Request) {
 	}
 	p.ParkedCut = len(parked) == h.opts.Limit
 	p.Requeued, p.WasRequeued = requeuedOf(q)
+	if p.WasRequeued {
+		_, p.Wake = wakeNote(h.fleet(ctx, s, now), now)
+	}
 	h.answer(w, r, "sweep", p.SweepPage, p)
 }
 

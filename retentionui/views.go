@@ -44,6 +44,11 @@ type SweepStatus struct {
 	// LagMs is how long past due the newest entity cleared was when its
 	// marker was deleted; null when the Recorder saw none.
 	LagMs *int64 `json:"lag_ms"`
+	// Fleet is what the fleet's replicas share through the store: who
+	// sweeps, the last passes and the last hour. With it, LastPass, Lease
+	// and LagMs are the fleet's, the same on every replica. Null when the
+	// store holds no record (no Config.Replica).
+	Fleet *FleetStatus `json:"fleet"`
 }
 
 // BacklogStatus is a retention.Backlog. Counts stop at Overview.Limit;
@@ -134,6 +139,13 @@ type Requeued struct {
 	ID       string `json:"id,omitempty"` // the id asked for; empty with all
 	All      bool   `json:"all"`
 	Requeued int    `json:"requeued"` // markers put back
+	// Sweeper is the replica that sweeps, woken to try them, and PassBy
+	// when it passes at the latest; "" and null when the store holds no
+	// fleet record (see FleetStatus).
+	Sweeper string     `json:"sweeper,omitempty"`
+	PassBy  *time.Time `json:"pass_by"`
+	// Pass says when they are tried, in a sentence.
+	Pass string `json:"pass,omitempty"`
 }
 
 // ErrorBody is the JSON of every error answer, with its HTTP status: 400

@@ -87,6 +87,7 @@ func printStatus(w io.Writer, body []byte) error {
 			fmt.Fprintf(w, "%s: %s\n", clean(s.Prefix), clean(s.Summary))
 		}
 	}
+	printFleet(w, o)
 	return nil
 }
 
@@ -159,5 +160,8 @@ func printRequeued(w io.Writer, body []byte) error {
 		what = "every parked marker"
 	}
 	_, err = fmt.Fprintf(w, "requeued %d (%s of %s): the next pass tries them again\n", r.Requeued, what, clean(r.Prefix))
+	if err == nil && r.Pass != "" {
+		_, err = fmt.Fprintln(w, clean(r.Pass))
+	}
 	return err
 }
