@@ -228,11 +228,16 @@ func newFleetSweep(ctx context.Context, pool *pgxpool.Pool, kv *pgkv.KV, clearRu
 	if err != nil {
 		return nil, err
 	}
+	pod, err := os.Hostname() // in Kubernetes, the pod's name
+	if err != nil {
+		return nil, err
+	}
 	return retention.New(kv, retention.Config{
 		Prefix:      "runs/done/",
 		Retention:   7 * 24 * time.Hour,
 		Clear:       clearRun,
 		Lease:       lease,
+		Replica:     pod,              // the fleet's record and wake-ups: every console shows who sweeps
 		Jitter:      0.2,              // replicas that start together do not wake together
 		StartJitter: 10 * time.Second, // nor pass together at start-up
 	})
