@@ -169,6 +169,16 @@ func TestNewTableChecksTheTable(t *testing.T) {
 		assert.Contains(t, err.Error(), "CREATE INDEX")
 		assert.Contains(t, err.Error(), "WHERE state = 'done'", "the index the error names has the filter's WHERE")
 
+		if dl.d != sqlkv.MySQL { // MySQL has no partial indexes
+			_, err = j.db.ExecContext(ctx, "CREATE INDEX "+j.name+"_other ON "+j.name+" (finished, id) WHERE state = 'failed'")
+			require.NoError(t, err)
+			_, err = sqlkv.NewTable(ctx, j.side, base)
+			require.ErrorIs(t, err, sqlkv.ErrNoIndex, "a partial index whose WHERE the filter does not imply")
+			assert.Contains(t, err.Error(), "does not serve the filter's rows")
+			_, err = j.db.ExecContext(ctx, "DROP INDEX "+j.name+"_other")
+			require.NoError(t, err)
+		}
+
 		_, err = j.db.ExecContext(ctx, "CREATE INDEX "+j.name+"_fin ON "+j.name+" (finished, id)")
 		require.NoError(t, err)
 		tests := []struct {
@@ -183,6 +193,7 @@ func TestNewTableChecksTheTable(t *testing.T) {
 			{"placeholder in the filter", func(c *sqlkv.Table) { c.Filter = "state = ?" }, "must hold no placeholder"},
 			{"prefix ending in an id byte", func(c *sqlkv.Table) { c.Prefix = "jobs" }, "Table.Prefix"},
 			{"bad unit", func(c *sqlkv.Table) { c.TimeUnit = 7 }, "neither Timestamp nor UnixMilli"},
+			{"no filter, the index serves every row", func(c *sqlkv.Table) { c.Filter = "" }, ""},
 		}
 		for _, tt := range tests {
 			cfg := base
