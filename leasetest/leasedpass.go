@@ -49,14 +49,13 @@ func (l *leaseEvents) String() string {
 func testLeasedPass(t *testing.T, h Harness) {
 	ctx := context.Background()
 	a, b := h.NewReplica(t), h.NewReplica(t)
-	const prefix = "fleet/" // where every harness's Present looks
-	ids := ids("l", 0, 50)
-	if err := h.Finish(ctx, prefix, ids, start.Add(-time.Hour)); err != nil {
+	ids := ids(0, 50)
+	if err := h.Finish(ctx, Prefix, ids, start.Add(-time.Hour)); err != nil {
 		t.Fatalf("Finish = %v", err)
 	}
 	obs := &leaseEvents{}
 	sweep, err := retention.New(a.KV, retention.Config{
-		Prefix:    prefix,
+		Prefix:    Prefix,
 		Retention: retentionWindow,
 		Clock:     retention.NewManualClock(start),
 		PageSize:  8,

@@ -49,6 +49,10 @@ type Harness struct {
 
 	// Finish records the entities ids as finished at the given time: their
 	// state and, in the same transaction, their markers under prefix.
+	// Every proof finishes its entities under one prefix, Prefix, with
+	// ids of 20 decimal digits, at whole milliseconds: a store whose
+	// markers are a table's rows, with integer ids, under one prefix can
+	// take them as its own (sqlkv.TableKV).
 	Finish func(ctx context.Context, prefix string, ids []string, at time.Time) error
 
 	// Present reports which of ids still have state.
@@ -112,6 +116,9 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 // Entities is how many entities the fleet proofs finish: half of them
 // expire, and four replicas race to clear them while the writer writes.
 const Entities = 4_000
+
+// Prefix is the prefix every proof's entities finish under.
+const Prefix = "fleet/"
 
 const (
 	retentionWindow = 10 * time.Second // by the shared manual clock
@@ -183,7 +190,7 @@ func newFleet(t testing.TB) *fleet {
 // start runs replica i with the given lease (nil for none).
 func (f *fleet) start(i int, r Replica, lease retention.Locker, kv retention.KV, pageSize int, slowClear time.Duration) {
 	sweep, err := retention.New(kv, retention.Config{
-		Prefix:    "fleet/",
+		Prefix:    Prefix,
 		Retention: retentionWindow,
 		Clock:     f.clock,
 		Interval:  fleetInterval,
@@ -240,10 +247,12 @@ func (f *fleet) clearCount(id string) int {
 	return f.clears[id]
 }
 
-func ids(prefix string, from, to int) []string {
+// ids returns the ids of entities from to to (exclusive): each number
+// in decimal, zero-padded to 20 digits.
+func ids(from, to int) []string {
 	out := make([]string, 0, to-from)
 	for i := from; i < to; i++ {
-		out = append(out, fmt.Sprintf("%s%05d", prefix, i))
+		out = append(out, fmt.Sprintf("%020d", i))
 	}
 	return out
 }
@@ -296,9 +305,9 @@ func testFleet(t *testing.T, h Harness, withLease bool) {
 	// clock, for twice the retention: the first half expires, the second
 	// does not.
 	const batch, step = Entities / 200, 100 * time.Millisecond
-	all := ids("e", 0, Entities)
+	all := ids(0, Entities)
 	for b := 0; b*batch < Entities; b++ {
-		if err := h.Finish(ctx, "fleet/", all[b*batch:(b+1)*batch], f.clock.Now()); err != nil {
+		if err := h.Finish(ctx, Prefix, all[b*batch:(b+1)*batch], f.clock.Now()); err != nil {
 			t.Fatalf("Finish = %v", err)
 		}
 		f.clock.Advance(step)
@@ -353,8 +362,8 @@ func testTakeover(t *testing.T, h Harness) {
 		replicas[i] = h.NewReplica(t)
 		f.start(i, replicas[i], replicas[i].Locker, replicas[i].KV, 64, 0)
 	}
-	first := ids("k", 0, 100)
-	if err := h.Finish(ctx, "fleet/", first, f.clock.Now().Add(-2*retentionWindow)); err != nil {
+	first := ids(0, 100)
+	if err := h.Finish(ctx, Prefix, first, f.clock.Now().Add(-2*retentionWindow)); err != nil {
 		t.Fatal(err)
 	}
 	waitGone(t, h, first, waitLimit)
@@ -379,8 +388,8 @@ func testTakeover(t *testing.T, h Harness) {
 	f.stops[holder]()
 	f.stops[holder] = func() {}
 
-	second := ids("k", 100, 200)
-	if err := h.Finish(ctx, "fleet/", second, f.clock.Now().Add(-2*retentionWindow)); err != nil {
+	second := ids(100, 200)
+	if err := h.Finish(ctx, Prefix, second, f.clock.Now().Add(-2*retentionWindow)); err != nil {
 		t.Fatal(err)
 	}
 	bound := h.TTL + fleetInterval + 10*time.Second // generous: shared, noisy machines
@@ -480,9 +489,9 @@ func testLoss(t *testing.T, h Harness) {
 	f := newFleet(t)
 	defer f.stopAll()
 	const n = 3000
-	all := ids("m", 0, n)
+	all := ids(0, n)
 	for b := 0; b < n; b += 500 {
-		if err := h.Finish(ctx, "fleet/", all[b:b+500], f.clock.Now().Add(-2*retentionWindow)); err != nil {
+		if err := h.Finish(ctx, Prefix, all[b:b+500], f.clock.Now().Add(-2*retentionWindow)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -495,7 +504,7 @@ func testLoss(t *testing.T, h Harness) {
 		kvs = append(kvs, kv)
 		clear := r.Clear
 		r.Clear = func(ctx context.Context, id string) error {
-			if id == "m00200" {
+			if id == all[200] {
 				// Mid-pass, the lease is taken away from outside; the
 				// holder learns of it only later.
 				expireOnce.Do(func() { h.Expire(t) })
@@ -568,13 +577,14 @@ func testFence(t *testing.T, h Harness) {
 		t.Errorf("the fenced KV (%T) is not a retention.Mover although the KV (%T) is", fa, a.KV)
 	}
 
-	const prefix = "fence/"
+	id := ids(0, 7)
+	held, taken, kept, moveHeld, moveTaken, putHeld, putTaken := id[0], id[1], id[2], id[3], id[4], id[5], id[6]
 	at := start.Add(-time.Hour)
-	if err := h.Finish(ctx, prefix, []string{"held", "taken", "kept", "move-held", "move-taken"}, at); err != nil {
+	if err := h.Finish(ctx, Prefix, []string{held, taken, kept, moveHeld, moveTaken}, at); err != nil {
 		t.Fatalf("Finish = %v", err)
 	}
 	keyAt := func(at time.Time, id string) []byte {
-		k, err := retention.MarkerKey(prefix, at, id)
+		k, err := retention.MarkerKey(Prefix, at, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -594,30 +604,30 @@ func testFence(t *testing.T, h Harness) {
 		t.Helper()
 		return presentKey(key(id))
 	}
-	if keys, err := fa.Scan(ctx, []byte(prefix), []byte(prefix+"\xff"), 10); err != nil || len(keys) != 5 {
+	if keys, err := fa.Scan(ctx, []byte(Prefix), []byte(Prefix+"\xff"), 10); err != nil || len(keys) != 5 {
 		t.Errorf("fenced Scan = %d keys, %v; want the 5 markers", len(keys), err)
 	}
 
 	// While the lease is held, fenced writes go through.
-	if err := fa.Delete(ctx, key("held")); err != nil {
+	if err := fa.Delete(ctx, key(held)); err != nil {
 		t.Fatalf("fenced Delete while held = %v", err)
 	}
-	if present("held") {
+	if present(held) {
 		t.Error("fenced Delete while held left the marker")
 	}
 	if fencedPut {
-		if err := putA.Put(ctx, key("put-held"), nil); err != nil {
+		if err := putA.Put(ctx, key(putHeld), nil); err != nil {
 			t.Fatalf("fenced Put while held = %v", err)
 		}
-		if !present("put-held") {
+		if !present(putHeld) {
 			t.Error("fenced Put while held wrote nothing")
 		}
 	}
 	if fencedMove {
-		if err := moveA.Move(ctx, [][]byte{key("move-held")}, [][]byte{movedKey("move-held")}); err != nil {
+		if err := moveA.Move(ctx, [][]byte{key(moveHeld)}, [][]byte{movedKey(moveHeld)}); err != nil {
 			t.Fatalf("fenced Move while held = %v", err)
 		}
-		if present("move-held") || !presentKey(movedKey("move-held")) {
+		if present(moveHeld) || !presentKey(movedKey(moveHeld)) {
 			t.Error("fenced Move while held did not move the marker")
 		}
 	}
@@ -640,30 +650,30 @@ func testFence(t *testing.T, h Harness) {
 	defer func() { _ = lb.Release(ctx) }()
 	noticed := isClosed(la.Lost())
 
-	err = fa.Delete(ctx, key("taken"))
+	err = fa.Delete(ctx, key(taken))
 	if !errors.Is(err, retention.ErrLeaseLost) {
 		t.Errorf("fenced Delete by the old holder = %v, want ErrLeaseLost", err)
 	}
-	if !present("taken") {
+	if !present(taken) {
 		t.Error("fenced Delete by the old holder removed the marker")
 	}
 	if !isClosed(la.Lost()) {
 		t.Error("Lost is open after the fence refused a Delete")
 	}
 	if fencedPut {
-		if err := putA.Put(ctx, key("put-taken"), nil); !errors.Is(err, retention.ErrLeaseLost) {
+		if err := putA.Put(ctx, key(putTaken), nil); !errors.Is(err, retention.ErrLeaseLost) {
 			t.Errorf("fenced Put by the old holder = %v, want ErrLeaseLost", err)
 		}
-		if present("put-taken") {
+		if present(putTaken) {
 			t.Error("fenced Put by the old holder wrote the marker")
 		}
 	}
 	if fencedMove {
-		err := moveA.Move(ctx, [][]byte{key("move-taken")}, [][]byte{movedKey("move-taken")})
+		err := moveA.Move(ctx, [][]byte{key(moveTaken)}, [][]byte{movedKey(moveTaken)})
 		if !errors.Is(err, retention.ErrLeaseLost) {
 			t.Errorf("fenced Move by the old holder = %v, want ErrLeaseLost", err)
 		}
-		if !present("move-taken") || presentKey(movedKey("move-taken")) {
+		if !present(moveTaken) || presentKey(movedKey(moveTaken)) {
 			t.Error("fenced Move by the old holder moved the marker")
 		}
 	}
@@ -680,10 +690,10 @@ func testFence(t *testing.T, h Harness) {
 	if !ok {
 		t.Fatal("Fence by the new holder: ok = false")
 	}
-	if err := fkb.Delete(ctx, key("taken"), key("kept")); err != nil {
+	if err := fkb.Delete(ctx, key(taken), key(kept)); err != nil {
 		t.Fatalf("fenced Delete by the new holder = %v", err)
 	}
-	if present("taken") || present("kept") {
+	if present(taken) || present(kept) {
 		t.Error("fenced Delete by the new holder left markers")
 	}
 }

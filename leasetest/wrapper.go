@@ -86,10 +86,10 @@ func testWrapper(t *testing.T, h Harness) {
 		}
 	}
 
-	const prefix, n, takeAt = "wrap/", 400, 150
-	all := ids("w", 0, n)
+	const n, takeAt = 400, 150
+	all := ids(0, n)
 	clock := retention.NewManualClock(start)
-	if err := h.Finish(ctx, prefix, all, start.Add(-2*retentionWindow)); err != nil {
+	if err := h.Finish(ctx, Prefix, all, start.Add(-2*retentionWindow)); err != nil {
 		t.Fatalf("Finish = %v", err)
 	}
 	var taken atomic.Bool
@@ -119,7 +119,7 @@ func testWrapper(t *testing.T, h Harness) {
 
 	kv := &forwardingKV{inner: a.KV, taken: &taken}
 	sweep, err := retention.New(kv, retention.Config{
-		Prefix:    prefix,
+		Prefix:    Prefix,
 		Retention: retentionWindow,
 		Clock:     clock,
 		Interval:  fleetInterval,
