@@ -559,6 +559,8 @@ func TestProcessesAtomic(t *testing.T) {
 // writers take the write lock in turn, each waiting in SQLite's busy
 // handler while another holds it: its renewals go through on a connection
 // of their own, and on SQLite get the write lock between two writers'.
+// The TTL is sized from the stall the test imposes on a renewal: the
+// writers' turns at the locks, measured, and stretched by the load.
 func TestLeaseHeldUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("holds a lease for three TTLs")
@@ -579,7 +581,13 @@ func TestLeaseHeldUnderLoad(t *testing.T) {
 		t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+app) })
 		kv, err := sqlkv.New(db, dl.d, markers)
 		require.NoError(t, err)
-		const ttl = time.Second
+		// A writer's turn at the locks is a 10ms linger and its
+		// statements, which a machine whose every core is busy (these
+		// spinners, the race detector, other tests) stretched to 1.8s at
+		// a load of 20 on two cores, and SQLite may hand its write lock to
+		// several writers in a row. A TTL of 1s left a renewal 900ms and
+		// lost the lease in one run of three there; 3s leaves 2.7s.
+		const ttl = 3 * time.Second
 		locker, err := sqlkv.NewLocker(kv, "loaded", &sqlkv.LockerOptions{TTL: ttl, Table: leases})
 		require.NoError(t, err)
 		lease, err := locker.TryAcquire(ctx)
@@ -591,6 +599,16 @@ func TestLeaseHeldUnderLoad(t *testing.T) {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var writes atomic.Int64
+		var longest atomic.Int64 // the longest application transaction, in ns: a writer's turn at the locks
+		took := func(begun time.Time) {
+			d := int64(time.Since(begun))
+			for {
+				old := longest.Load()
+				if d <= old || longest.CompareAndSwap(old, d) {
+					return
+				}
+			}
+		}
 		writer := func(db *sql.DB, w int) {
 			defer wg.Done()
 			for i := 0; ; i++ {
@@ -603,6 +621,7 @@ func TestLeaseHeldUnderLoad(t *testing.T) {
 				if fenced.(retention.Putter).Put(ctx, key, nil) == nil && fenced.Delete(ctx, key) == nil {
 					writes.Add(2)
 				}
+				begun := time.Now()
 				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
 					continue
@@ -614,6 +633,7 @@ func TestLeaseHeldUnderLoad(t *testing.T) {
 					}
 				}
 				_ = tx.Rollback()
+				took(begun)
 				// Between two transactions the writer does other work,
 				// so that the writers hold SQLite's one write lock about
 				// 80% of the time: beyond 100%, anything else waits as
@@ -634,12 +654,13 @@ func TestLeaseHeldUnderLoad(t *testing.T) {
 		}
 		select {
 		case <-lease.Lost():
-			t.Errorf("the lease was lost while its holder lived and the database answered")
+			t.Errorf("the lease was lost while its holder lived and the database answered (the longest writer's transaction so far took %v)",
+				time.Duration(longest.Load()).Round(time.Millisecond))
 		case <-time.After(3 * ttl):
 		}
 		close(stop)
 		wg.Wait()
-		t.Logf("%d writes meanwhile", writes.Load())
+		t.Logf("%d writes meanwhile; the longest writer's transaction took %v", writes.Load(), time.Duration(longest.Load()).Round(time.Millisecond))
 		assert.Positive(t, writes.Load(), "the writers wrote nothing: no load")
 	})
 }
