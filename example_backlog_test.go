@@ -48,7 +48,7 @@ func ExampleSweep_Backlog() {
 	// <nil>
 }
 
-func ExampleSweep_Due() {
+func ExampleSweep_Pending() {
 	ctx := context.Background()
 	kv := retention.NewMemKV()
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -72,8 +72,8 @@ func ExampleSweep_Due() {
 	_ = retention.Mark(ctx, kv, "runs/done/", "run-3", now.Add(-24*time.Hour-time.Minute))
 	_, _ = sweep.Pass(ctx)                                                                 // run-1 fails, run-2 and run-3 go
 	_ = retention.Mark(ctx, kv, "runs/done/", "run-4", now.Add(-24*time.Hour-time.Second)) // written late
-	due, _ := sweep.Due(ctx, 10)
-	for _, m := range due {
+	pending, _ := sweep.Pending(ctx, 10)
+	for _, m := range pending {
 		fmt.Printf("%s %s due %s attempts %d\n", m.ID, m.State, m.Due.Format(time.TimeOnly), m.Attempts)
 	}
 	// Output:

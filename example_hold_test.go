@@ -33,7 +33,7 @@ func failedRunKey(s *retention.Sweep, id string, finished time.Time) ([]byte, er
 }
 
 // previewSweep reports what a sweep with cfg would delete now, deleting
-// nothing: a dry pass, and the list of due markers.
+// nothing: a dry pass, and the markers not cleared, each with its state.
 func previewSweep(ctx context.Context, kv retention.KV, cfg retention.Config) error {
 	cfg.DryRun = true
 	s, err := retention.New(kv, cfg)
@@ -45,11 +45,11 @@ func previewSweep(ctx context.Context, kv retention.KV, cfg retention.Config) er
 		return err
 	}
 	fmt.Printf("would clear %d\n", st.WouldClear)
-	due, err := s.Due(ctx, 10)
+	pending, err := s.Pending(ctx, 10)
 	if err != nil {
 		return err
 	}
-	for _, m := range due {
+	for _, m := range pending {
 		fmt.Printf("%s %s due %s\n", m.ID, m.State, m.Due.UTC().Format(time.DateTime))
 	}
 	return nil

@@ -328,12 +328,12 @@ func TestDeadlineKey(t *testing.T) {
 			_, err = s.Pass(context.Background())
 			require.NoError(t, err)
 			assert.Zero(t, c.count("d"), "not before its deadline")
-			due, err := s.Due(context.Background(), 10)
+			due, err := s.Pending(context.Background(), 10)
 			require.NoError(t, err)
 			assert.NotContains(t, ids(due), "d", "not listed before its deadline")
 
 			clock.Set(t0.Add(tc.deadline + time.Millisecond))
-			due, err = s.Due(context.Background(), 10)
+			due, err = s.Pending(context.Background(), 10)
 			require.NoError(t, err)
 			assert.Contains(t, ids(due), "d")
 			st, err := s.Pass(context.Background())
@@ -352,7 +352,7 @@ func TestDeadlineKey(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidTime)
 }
 
-func ids(ms []DueMarker) []string {
+func ids(ms []PendingMarker) []string {
 	var out []string
 	for _, m := range ms {
 		out = append(out, m.ID)
@@ -493,14 +493,14 @@ func TestDue(t *testing.T) {
 	mark(t, mem, "runs/", "due", t0.Add(3*time.Second))
 	mark(t, mem, "runs/", "notyet", t0.Add(5*time.Hour))
 
-	due, err := s.Due(context.Background(), 10)
+	due, err := s.Pending(context.Background(), 10)
 	require.NoError(t, err)
 	got := map[string]MarkerState{}
 	for _, m := range due {
 		got[m.ID] = m.State
 	}
 	assert.Equal(t, map[string]MarkerState{"failing": StateParked, "parked": StateParked, "retrying": StateRetrying, "held": StateHeld, "due": StateDue}, got)
-	assert.True(t, slices.IsSortedFunc(due, func(a, b DueMarker) int { return a.Due.Compare(b.Due) }))
+	assert.True(t, slices.IsSortedFunc(due, func(a, b PendingMarker) int { return a.Due.Compare(b.Due) }))
 	assert.Equal(t, "failing", due[0].ID)
 	assert.Equal(t, 2, due[0].Attempts)
 	for _, m := range due {
@@ -515,10 +515,10 @@ func TestDue(t *testing.T) {
 			assert.Zero(t, m.Next)
 		}
 	}
-	short, err := s.Due(context.Background(), 2)
+	short, err := s.Pending(context.Background(), 2)
 	require.NoError(t, err)
 	assert.Equal(t, ids(due[:2]), ids(short))
-	_, err = s.Due(context.Background(), 0)
+	_, err = s.Pending(context.Background(), 0)
 	assert.Error(t, err)
 	assert.Equal(t, "held", StateHeld.String())
 }
@@ -538,7 +538,7 @@ func TestHeldMarkerIsNotRetrying(t *testing.T) {
 		finished time.Time
 		attempts int
 		want     Backlog
-		state    MarkerState // in Due; 0: not listed
+		state    MarkerState // in Pending; 0: not listed
 	}{
 		{"held", keyHeld, now.Add(time.Hour), t0, 1, Backlog{Held: 1}, StateHeld},
 		{"held deadline after a failure", keyDeadline | keyHeld, now.Add(30 * 24 * time.Hour), deadline, 1, Backlog{Held: 1}, StateHeld},
@@ -549,7 +549,7 @@ func TestHeldMarkerIsNotRetrying(t *testing.T) {
 			Backlog{OldestID: "x", OldestDue: deadline, Age: 24 * time.Hour, Retrying: 1, RetryingAge: 24 * time.Hour}, StateRetrying},
 		{"retrying", 0, now.Add(time.Minute), t0, 1,
 			Backlog{OldestID: "x", OldestDue: t0.Add(time.Hour), Age: 47 * time.Hour, Retrying: 1, RetryingAge: 47 * time.Hour}, StateRetrying},
-		{"deadline ahead", keyDeadline, now.Add(time.Hour), now.Add(time.Hour), 0, Backlog{Held: 1}, 0},
+		{"deadline ahead: not due yet, in no count", keyDeadline, now.Add(time.Hour), now.Add(time.Hour), 0, Backlog{}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -561,14 +561,14 @@ func TestHeldMarkerIsNotRetrying(t *testing.T) {
 			b, err := s.Backlog(context.Background(), 10)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, b, "Backlog() of %q", key)
-			due, err := s.Due(context.Background(), 10)
+			due, err := s.Pending(context.Background(), 10)
 			require.NoError(t, err)
 			if tc.state == 0 {
 				assert.Empty(t, due)
 				return
 			}
 			require.Len(t, due, 1)
-			assert.Equal(t, tc.state, due[0].State, "Due() state of %q = %v, want %v", key, due[0].State, tc.state)
+			assert.Equal(t, tc.state, due[0].State, "Pending() state of %q = %v, want %v", key, due[0].State, tc.state)
 			assert.True(t, due[0].Next.Equal(time.UnixMilli(tc.at.UnixMilli())), "Next = %v", due[0].Next)
 		})
 	}
@@ -594,7 +594,7 @@ func TestHeldMarkerIsNotRetrying(t *testing.T) {
 	b, err := s.Backlog(context.Background(), 10)
 	require.NoError(t, err)
 	assert.Equal(t, Backlog{Held: 1}, b, "a day into the hold")
-	due, err := s.Due(context.Background(), 10)
+	due, err := s.Pending(context.Background(), 10)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
 	assert.Equal(t, StateHeld, due[0].State)
@@ -602,7 +602,7 @@ func TestHeldMarkerIsNotRetrying(t *testing.T) {
 
 // TestHoldWaitsForRaisedRetention: a hold only ever keeps an entity
 // longer. When Retention is raised after an entity was held (1h -> 48h),
-// the held marker waits for the new Retention, in Pass and in Due alike.
+// the held marker waits for the new Retention, in Pass and in Pending alike.
 func TestHoldWaitsForRaisedRetention(t *testing.T) {
 	t.Parallel()
 	for _, kind := range writingKinds {
@@ -625,7 +625,7 @@ func TestHoldWaitsForRaisedRetention(t *testing.T) {
 			_, err = s2.Pass(context.Background())
 			require.NoError(t, err)
 			assert.Equal(t, 1, c.count("a"), "cleared at the hold's end, before the raised Retention ran out (finished t0, Retention 48h)")
-			due, err := s2.Due(context.Background(), 10)
+			due, err := s2.Pending(context.Background(), 10)
 			require.NoError(t, err)
 			assert.NotContains(t, ids(due), "a", "not due under a 48h Retention")
 
@@ -664,7 +664,7 @@ func TestHoldAgainKeepsFinishTime(t *testing.T) {
 	assert.Equal(t, "a", string(id))
 	assert.Equal(t, t0, finished, "the held key keeps the entity's finish time: %q", keys[0])
 
-	due, err := s.Due(context.Background(), 10)
+	due, err := s.Pending(context.Background(), 10)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
 	assert.Equal(t, StateHeld, due[0].State)
@@ -843,7 +843,7 @@ func TestFailedDeadlineMarkerKeepsItsDeadline(t *testing.T) {
 
 	s2, clock2 := newSweep(t, mem, Config{Clear: c.clear, Retention: 48 * time.Hour})
 	clock2.Set(deadline.Add(10 * time.Minute))
-	due, err := s2.Due(context.Background(), 10)
+	due, err := s2.Pending(context.Background(), 10)
 	require.NoError(t, err)
 	assert.Contains(t, ids(due), "d", "past its deadline: due whatever the Retention")
 	_, err = s2.Pass(context.Background())

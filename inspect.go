@@ -8,25 +8,32 @@ import (
 	"time"
 )
 
-// Backlog tells how far behind a sweep is: what Sweep.Backlog found due and
-// not yet cleared. The zero value means nothing is due.
+// Backlog tells how far behind a sweep is: how many markers Sweep.Backlog
+// found in each state, and how late the oldest it should have cleared is.
+// Each marker counts in one state (see MarkerState), as Sweep.Pending lists
+// it; markers not due yet count in none. The zero value means nothing is
+// due, retrying, held or parked.
 type Backlog struct {
-	// OldestID is the id of the oldest marker that is due and not cleared
-	// yet, retrying ones included, and OldestDue when it fell due (its
-	// marker time plus Retention). Empty and zero when none is due.
+	// OldestID is the id of the oldest entity past its due time that the
+	// sweep has not cleared though it may: a due marker or a retrying one
+	// (held and parked markers wait on purpose and are left out), and
+	// OldestDue when it fell due (its marker time plus Retention). Empty
+	// and zero when there is none.
 	OldestID  string
 	OldestDue time.Time
 
-	// Age is how long past due that marker was when Backlog read the
-	// clock: the figure to alert on. Zero when none is due.
+	// Age is how long past due that entity was when Backlog read the
+	// clock: how far behind the sweep is, the figure to alert on. Zero when
+	// there is none.
 	Age time.Duration
 
-	// Due is how many due markers Backlog counted that were not tried yet,
-	// at most the limit it was given.
+	// Due is how many markers are due (StateDue): clearable now, so that
+	// the next pass clears them. At most the limit it was given. Retrying,
+	// held and parked markers count apart, never as due.
 	Due int
 
 	// Retrying is how many markers wait in the retry range after a failed
-	// clear (see Config.RetryDelay), at most the limit.
+	// clear (StateRetrying, see Config.RetryDelay), at most the limit.
 	Retrying int
 
 	// RetryingAge is how long past due the oldest retrying marker's entity
@@ -34,14 +41,15 @@ type Backlog struct {
 	// retrying. When More is set, the oldest may be among those not read.
 	RetryingAge time.Duration
 
-	// Held is how many markers wait for a hold's end (see Hold) or for a
-	// deadline of their own (see DeadlineKey), at most the limit; they do
-	// not count in Age until their time comes, then count as due.
+	// Held is how many markers wait for a hold's end (StateHeld, see Hold),
+	// at most the limit. A held marker is not late: it does not count in
+	// Age, and counts as due once its hold ends. A deadline of its own not
+	// reached yet (see DeadlineKey) is not due yet, and counts in none.
 	Held int
 
 	// Parked is how many markers are parked after Config.MaxAttempts failed
-	// clears (see Sweep.Requeue), at most the limit; they do not count in
-	// Age.
+	// clears (StateParked): they wait for a Sweep.Requeue and are tried by
+	// no pass until then. At most the limit; they do not count in Age.
 	Parked int
 
 	// More reports that there may be more markers than Due, Retrying,
@@ -69,22 +77,24 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 		return b, err
 	}
 	now := s.clock.Now()
-	more, err := s.readRanges(ctx, now, limit, func(m DueMarker) bool {
+	more, err := s.readRanges(ctx, now, limit, func(m PendingMarker) bool {
 		late := m.Due.Before(now) // not when a Retention raised since says not yet
-		switch {
-		case m.State == StateParked:
+		switch m.State {
+		case StateParked:
 			b.Parked++
 			return true
-		case m.State == StateRetrying:
+		case StateHeld:
+			b.Held++
+			return true
+		case StateRetrying:
 			b.Retrying++
 			if late {
 				b.RetryingAge = max(b.RetryingAge, now.Sub(m.Due))
 			}
-		case m.State == StateDue && late:
+		case StateDue:
 			b.Due++
 		default:
-			b.Held++ // a hold not over, or a deadline not reached
-			return true
+			return false // not due yet: a deadline ahead, or a Retention raised since
 		}
 		if late && (b.OldestID == "" || m.Due.Before(b.OldestDue)) {
 			b.OldestID, b.OldestDue, b.Age = m.ID, m.Due, now.Sub(m.Due)
@@ -98,7 +108,7 @@ func (s *Sweep) Backlog(ctx context.Context, limit int) (Backlog, error) {
 	return b, nil
 }
 
-// inspectable checks a call of Backlog or Due (named what) before it reads.
+// inspectable checks a call of Backlog, Pending or Parked (named what) before it reads.
 func (s *Sweep) inspectable(ctx context.Context, what string, limit int) error {
 	if err := s.configured(what); err != nil {
 		return err
@@ -113,16 +123,18 @@ func (s *Sweep) inspectable(ctx context.Context, what string, limit int) error {
 }
 
 // readRanges passes each well-formed marker of the three ranges to visit,
-// with its state at now, and reports whether any may hold more than read;
-// visit reports whether it counted the marker.
-func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit func(DueMarker) bool) (more bool, err error) {
+// with its state at now (stateWaiting for one not due yet), and reports
+// whether any may hold more than read; visit reports whether it counted the
+// marker. Backlog and Pending go by these states alone, so that a count and
+// a list never disagree on what a marker is.
+func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit func(PendingMarker) bool) (more bool, err error) {
 	cutoffKey := s.dueEnd(cutoffMillis(now.Add(-s.retention)))
 	more, err = s.backlogRange(ctx, s.lower, cutoffKey, limit, func(key []byte) bool {
 		ms, id, _, err := parseKey(s.prefix, key)
 		if err != nil || s.checkIDBytes(key, id) != nil {
 			return false
 		}
-		return visit(DueMarker{ID: string(id), Due: time.UnixMilli(ms).Add(s.retention), State: StateDue})
+		return visit(PendingMarker{ID: string(id), Due: time.UnixMilli(ms).Add(s.retention), State: StateDue})
 	})
 	for _, infix := range []byte{retryInfix, parkedInfix} {
 		if err != nil {
@@ -135,12 +147,15 @@ func (s *Sweep) readRanges(ctx context.Context, now time.Time, limit int, visit 
 			if err != nil || s.checkIDBytes(key, k.id) != nil {
 				return false
 			}
-			d := DueMarker{ID: string(k.id), Attempts: k.attempts, Due: time.UnixMilli(k.finished), State: StateParked}
+			d := PendingMarker{ID: string(k.id), Attempts: k.attempts, Due: time.UnixMilli(k.finished), State: StateParked}
 			if k.kind&keyDeadline == 0 {
 				d.Due = d.Due.Add(s.retention) // a hold's end puts off only the clear
 			}
 			if infix == retryInfix {
 				d.State = k.state(now)
+				if d.State == StateDue && !d.Due.Before(now) {
+					d.State = stateWaiting // its hold ended, but a Retention raised since says not yet
+				}
 				if next := time.UnixMilli(k.at); next.After(now) {
 					d.Next = next
 				}
@@ -177,23 +192,30 @@ func (s *Sweep) backlogRange(ctx context.Context, from, end []byte, limit int, c
 	return true, nil
 }
 
-// MarkerState is where a marker Sweep.Due lists stands.
+// MarkerState is where a marker the sweep has not cleared stands: each
+// marker Sweep.Pending lists, and Backlog counts, is in exactly one.
 type MarkerState uint8
 
 const (
-	// StateDue is a marker past its due time that a pass clears next.
+	// StateDue is a marker that is due: clearable now, so that the next
+	// pass clears it. Its entity is past its due time, and no failure,
+	// hold or parking keeps it (a hold that ended, or a deadline of its own
+	// that came, makes a marker due).
 	StateDue MarkerState = iota + 1
-	// StateRetrying is a marker whose clear failed, waiting for its retry.
+	// StateRetrying is a marker whose clear failed, tried again at its
+	// retry time (PendingMarker.Next; the next pass once that came).
 	StateRetrying
 	// StateHeld is a marker whose clear returned Hold, waiting for the
-	// hold's end.
+	// hold's end (PendingMarker.Next). It is not late: it is due when the
+	// hold ends.
 	StateHeld
 	// StateParked is a marker parked after Config.MaxAttempts failed
-	// clears, waiting for Sweep.Requeue.
+	// clears. No pass tries it: it waits for a Sweep.Requeue.
 	StateParked
 
-	// stateWaiting is a marker with a deadline of its own not reached
-	// yet: not due, so Due lists none; Backlog counts it as held.
+	// stateWaiting is a marker not due yet: a deadline of its own ahead,
+	// or a hold over under a Retention raised since. Pending lists none
+	// and Backlog counts none, as of any marker not due yet.
 	stateWaiting
 )
 
@@ -207,42 +229,49 @@ func (m MarkerState) String() string {
 	return fmt.Sprintf("MarkerState(%d)", uint8(m))
 }
 
-// DueMarker is a marker Sweep.Due found due and not cleared yet.
-type DueMarker struct {
+// PendingMarker is a marker Sweep.Pending found not cleared: due,
+// retrying, held or parked.
+type PendingMarker struct {
 	ID string
 	// Due is when the entity fell due: its finish time plus Retention, or
-	// the deadline of its own (DeadlineKey).
+	// the deadline of its own (DeadlineKey). Only for StateDue does it say
+	// the marker is late; a held or parked marker waits on purpose.
 	Due   time.Time
 	State MarkerState
 	// Attempts is how many clears of it failed in a row, as its marker
 	// records (retrying and parked markers); 0 otherwise.
 	Attempts int
 	// Next is when a pass tries it again: a retrying marker's retry time
-	// or a held marker's hold's end. Zero for due and parked markers.
+	// or a held marker's hold's end, while ahead. Zero for due markers, a
+	// retrying marker whose retry time came (the next pass tries it) and
+	// parked markers (no pass tries them until a Requeue).
 	Next time.Time
 }
 
-// Due lists up to limit (1 to MaxPageSize) markers that are due and not
-// cleared yet, the longest overdue first, with their state, for an admin
-// page or a CLI. It reads as Backlog does, so with more than limit markers
-// in a range it lists the first of each range by key order. A retry delay
-// kept in memory shows as due. It may run while a pass does.
-func (s *Sweep) Due(ctx context.Context, limit int) ([]DueMarker, error) {
-	if err := s.inspectable(ctx, "Due", limit); err != nil {
+// Pending lists up to limit (1 to MaxPageSize) markers the sweep has not
+// cleared though their entity fell due, for an admin page or a CLI: the
+// due ones (clearable now), and those retrying, held and parked, each with
+// its state, the longest past due first. It lists what Backlog counts:
+// markers not due yet are left out. It reads as Backlog does, so with more
+// than limit markers in a range it lists the first of each range by key
+// order. A retry delay kept in memory shows as due. It may run while a
+// pass does.
+func (s *Sweep) Pending(ctx context.Context, limit int) ([]PendingMarker, error) {
+	if err := s.inspectable(ctx, "Pending", limit); err != nil {
 		return nil, err
 	}
 	now := s.clock.Now()
-	var out []DueMarker
-	if _, err := s.readRanges(ctx, now, limit, func(m DueMarker) bool {
-		if m.Due.After(now) || m.State == stateWaiting {
-			return false // not due: a deadline ahead, or a Retention raised since
+	var out []PendingMarker
+	if _, err := s.readRanges(ctx, now, limit, func(m PendingMarker) bool {
+		if m.State == stateWaiting {
+			return false
 		}
 		out = append(out, m)
 		return true
 	}); err != nil {
 		return nil, err
 	}
-	slices.SortStableFunc(out, func(a, b DueMarker) int { return a.Due.Compare(b.Due) })
+	slices.SortStableFunc(out, func(a, b PendingMarker) int { return a.Due.Compare(b.Due) })
 	return out[:min(len(out), limit)], nil
 }
 

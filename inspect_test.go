@@ -347,11 +347,11 @@ func TestBacklogOldestIsDue(t *testing.T) {
 	assert.True(t, b.OldestDue.IsZero(), "OldestDue = %v", b.OldestDue)
 }
 
-// TestDueAndBacklogOfHoldsAndDeadlines: Due lists only what is due, in
-// order of due time, limit is exact; a hold that ended is listed as due
-// with no Next; a deadline not reached is neither listed nor late in
-// Backlog, which counts it as Held, apart from Age.
-func TestDueAndBacklogOfHoldsAndDeadlines(t *testing.T) {
+// TestPendingAndBacklogOfHoldsAndDeadlines: Pending lists what is not
+// cleared in order of due time, and limit is exact; a hold that ended is
+// listed as due with no Next; a deadline not reached is not due yet:
+// neither listed nor counted, as no marker not due yet is.
+func TestPendingAndBacklogOfHoldsAndDeadlines(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
 	c := newClears()
@@ -370,30 +370,139 @@ func TestDueAndBacklogOfHoldsAndDeadlines(t *testing.T) {
 
 	b, err := s.Backlog(context.Background(), 10)
 	require.NoError(t, err)
-	assert.Equal(t, 2, b.Held, "the hold and the deadline ahead")
+	assert.Equal(t, 1, b.Held, "the hold; the deadline ahead is not due yet")
 	assert.Equal(t, 2, b.Due, "plain, and dl0 whose deadline passed")
 	assert.Equal(t, "plain", b.OldestID)
 	assert.Equal(t, t0.Add(70*time.Minute), b.OldestDue)
 
-	due, err := s.Due(context.Background(), 10)
+	pending, err := s.Pending(context.Background(), 10)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"held", "plain", "dl0"}, ids(due))
-	assert.Equal(t, StateHeld, due[0].State)
-	assert.Equal(t, StateDue, due[2].State)
+	assert.Equal(t, []string{"held", "plain", "dl0"}, ids(pending))
+	assert.Equal(t, StateHeld, pending[0].State)
+	assert.Equal(t, StateDue, pending[2].State)
 	clock.Set(t0.Add(3*time.Hour + time.Second))
-	due, err = s.Due(context.Background(), 10)
+	pending, err = s.Pending(context.Background(), 10)
 	require.NoError(t, err)
-	require.Equal(t, "held", due[0].ID)
-	assert.Equal(t, StateDue, due[0].State, "its hold ended")
-	assert.Zero(t, due[0].Next)
-	_, err = s.Due(context.Background(), MaxPageSize+1)
+	require.Equal(t, "held", pending[0].ID)
+	assert.Equal(t, StateDue, pending[0].State, "its hold ended")
+	assert.Zero(t, pending[0].Next)
+	_, err = s.Pending(context.Background(), MaxPageSize+1)
 	assert.Error(t, err)
 }
 
-// TestDueOfFewerIsAPrefix: Due reads at most limit keys of each range, and
-// the retry range is in retry/hold-time order, not due-time order; once n
-// covers each range, Due(n) is the first n of a longer Due.
-func TestDueOfFewerIsAPrefix(t *testing.T) {
+// TestEachMarkerCountsInOneState: a marker of each kind is in exactly one
+// state, the same in Backlog's counts and in Pending's list: due only when
+// the next pass may clear it, and held and parked markers never late (no
+// Age, no OldestID).
+func TestEachMarkerCountsInOneState(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(48 * time.Hour) // the retention is an hour: t0's entity fell due at t0+1h
+	due := t0.Add(time.Hour)
+	markerKey := func(at time.Time) []byte {
+		key, err := MarkerKey("runs/", at, "x")
+		require.NoError(t, err)
+		return key
+	}
+	retryKey := func(kind byte, at, finished time.Time, attempts int) []byte {
+		return appendRetryKey(nil, "runs/", kind, at.UnixMilli(), finished.UnixMilli(), attempts, "x")
+	}
+	tests := []struct {
+		name  string
+		key   []byte
+		state MarkerState // in Pending; 0: not listed
+		want  Backlog
+	}{
+		{"past its retention: due", markerKey(t0), StateDue,
+			Backlog{OldestID: "x", OldestDue: due, Age: 47 * time.Hour, Due: 1}},
+		{"within its retention: not due yet", markerKey(now), 0, Backlog{}},
+		{"its clear failed, retry ahead: retrying", retryKey(0, now.Add(time.Minute), t0, 2), StateRetrying,
+			Backlog{OldestID: "x", OldestDue: due, Age: 47 * time.Hour, Retrying: 1, RetryingAge: 47 * time.Hour}},
+		{"its retry time came: still retrying", retryKey(0, now.Add(-time.Minute), t0, 2), StateRetrying,
+			Backlog{OldestID: "x", OldestDue: due, Age: 47 * time.Hour, Retrying: 1, RetryingAge: 47 * time.Hour}},
+		{"held: not late", retryKey(keyHeld, now.Add(time.Hour), t0, 0), StateHeld, Backlog{Held: 1}},
+		{"its hold ended: due", retryKey(keyHeld, now.Add(-time.Minute), t0, 0), StateDue,
+			Backlog{OldestID: "x", OldestDue: due, Age: 47 * time.Hour, Due: 1}},
+		{"a deadline ahead: not due yet", retryKey(keyDeadline, now.Add(time.Hour), now.Add(time.Hour), 0), 0, Backlog{}},
+		{"a deadline that came: due", retryKey(keyDeadline, now.Add(-time.Hour), now.Add(-time.Hour), 0), StateDue,
+			Backlog{OldestID: "x", OldestDue: now.Add(-time.Hour), Age: time.Hour, Due: 1}},
+		{"parked: waits for a requeue, not late", appendParkedKey(nil, "runs/", 0, t0.UnixMilli(), 3, "x"), StateParked, Backlog{Parked: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemKV()
+			s, clock := newSweep(t, mem, Config{Clear: newClears().clear, MaxAttempts: 3})
+			clock.Set(now)
+			require.NoError(t, mem.Put(context.Background(), tt.key, nil))
+			b, err := s.Backlog(context.Background(), 10)
+			require.NoError(t, err)
+			assert.True(t, tt.want.OldestDue.Equal(b.OldestDue), "Backlog().OldestDue = %v, want %v", b.OldestDue, tt.want.OldestDue)
+			b.OldestDue, tt.want.OldestDue = time.Time{}, time.Time{}
+			assert.Equal(t, tt.want, b, "Backlog() of %q", tt.key)
+			pending, err := s.Pending(context.Background(), 10)
+			require.NoError(t, err)
+			if tt.state == 0 {
+				assert.Empty(t, pending, "Pending() of %q", tt.key)
+				return
+			}
+			require.Len(t, pending, 1, "Pending() of %q", tt.key)
+			assert.Equal(t, tt.state, pending[0].State, "Pending() state of %q = %v, want %v", tt.key, pending[0].State, tt.state)
+		})
+	}
+}
+
+// TestPendingListsWhatBacklogCounts: over random stores of markers in
+// every state, Pending lists as many markers of each state as Backlog
+// counts: a page and a count never disagree on what is due.
+func TestPendingListsWhatBacklogCounts(t *testing.T) {
+	t.Parallel()
+	for seed := range 50 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 2))
+		mem := NewMemKV()
+		s, clock := newSweep(t, mem, Config{Clear: newClears().clear, MaxAttempts: 5})
+		now := t0.Add(3 * time.Hour)
+		clock.Set(now)
+		for i := range rng.IntN(60) {
+			id := fmt.Sprintf("e%d", i)
+			at := t0.Add(time.Duration(rng.IntN(4*3600_000)) * time.Millisecond)
+			var key []byte
+			switch rng.IntN(5) {
+			case 0:
+				key, _ = MarkerKey("runs/", at, id)
+			case 1:
+				key = appendRetryKey(nil, "runs/", 0, at.UnixMilli(), t0.UnixMilli(), 1+rng.IntN(3), id)
+			case 2:
+				key = appendRetryKey(nil, "runs/", keyHeld, at.UnixMilli(), t0.UnixMilli(), 0, id)
+			case 3:
+				key = appendRetryKey(nil, "runs/", keyDeadline, at.UnixMilli(), at.UnixMilli(), 0, id)
+			default:
+				key = appendParkedKey(nil, "runs/", 0, at.UnixMilli(), 5, id)
+			}
+			require.NoError(t, mem.Put(context.Background(), key, nil))
+		}
+		b, err := s.Backlog(context.Background(), MaxPageSize)
+		require.NoError(t, err)
+		pending, err := s.Pending(context.Background(), MaxPageSize)
+		require.NoError(t, err)
+		got := map[MarkerState]int{}
+		for _, m := range pending {
+			got[m.State]++
+		}
+		want := map[MarkerState]int{StateDue: b.Due, StateRetrying: b.Retrying, StateHeld: b.Held, StateParked: b.Parked}
+		for st, n := range want {
+			if n == 0 {
+				delete(want, st)
+			}
+		}
+		assert.Equal(t, want, got, "seed %d: Pending() by state, want Backlog()'s counts", seed)
+	}
+}
+
+// TestPendingOfFewerIsAPrefix: Pending reads at most limit keys of each
+// range, and the retry range is in retry/hold-time order, not due-time
+// order; once n covers each range, Pending(n) is the first n of a longer
+// Pending.
+func TestPendingOfFewerIsAPrefix(t *testing.T) {
 	t.Parallel()
 	mem := NewMemKV()
 	c := newClears()
@@ -408,15 +517,15 @@ func TestDueOfFewerIsAPrefix(t *testing.T) {
 	require.NoError(t, mem.Put(context.Background(), key, nil))
 	mark(t, mem, "runs/", "plain", t0.Add(10*time.Minute))
 
-	all, err := s.Due(context.Background(), 10)
+	all, err := s.Pending(context.Background(), 10)
 	require.NoError(t, err)
 	require.Equal(t, []string{"held", "plain", "dl0"}, ids(all))
-	// Due reads at most limit keys of each range: Due(n) is the first n of
-	// Due(10) once n covers each range (here the retry range holds two),
+	// Pending reads at most limit keys of each range: Pending(n) is the
+	// first n of Pending(10) once n covers each range (here the retry range holds two),
 	// as its doc says.
 	for n := 2; n < len(all); n++ {
-		top, err := s.Due(context.Background(), n)
+		top, err := s.Pending(context.Background(), n)
 		require.NoError(t, err)
-		assert.Equal(t, ids(all[:n]), ids(top), "Due(%d) is the first %d of Due(10)", n, n)
+		assert.Equal(t, ids(all[:n]), ids(top), "Pending(%d) is the first %d of Pending(10)", n, n)
 	}
 }

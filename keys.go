@@ -324,7 +324,7 @@ const (
 
 // state tells what k, a key of the retry range, stands for at now: held or
 // waiting for its deadline, then due once that time came; or retrying
-// until a clear settles it. Sweep.Due and Sweep.Backlog go by it alone.
+// until a clear settles it. Sweep.Pending and Sweep.Backlog go by it alone.
 func (k retryKey) state(now time.Time) MarkerState {
 	switch {
 	case k.kind&keyHeld == 0 && (k.kind&keyDeadline == 0 || k.at != k.finished):

@@ -96,7 +96,7 @@ func TestAHoldCommittedJustBeforeTheClearIsHonoured(t *testing.T) {
 	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	assert.Equal(t, []string{"j00002"}, left, "the jobs left")
-	due, err := s.Due(ctx, 10)
+	due, err := s.Pending(ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, due, 1, "the markers left")
 	assert.Equal(t, "j00002", due[0].ID)

@@ -18,7 +18,7 @@
 //	retention.retrying.markers    gauge {marker}: markers whose clear failed, waiting to be tried again, counted up to Options.BacklogLimit
 //	retention.retrying.age        gauge s: how long past due the oldest retrying marker's entity is
 //	retention.parked.markers      gauge {marker}: markers parked after Config.MaxAttempts failed clears, counted up to Options.BacklogLimit
-//	retention.held.markers        gauge {marker}: markers waiting for a hold's end (retention.Hold) or a deadline of their own, counted up to Options.BacklogLimit
+//	retention.held.markers        gauge {marker}: markers waiting for a hold's end (retention.Hold), counted up to Options.BacklogLimit
 //	retention.backlog.errors      counter {error}: collections whose backlog read failed
 //	retention.lease.held          gauge {lease}: 1 while this replica holds the sweep's lease
 //	retention.lease.events        counter {event}, by retention.lease.event: acquired, held, lost, released
@@ -214,7 +214,7 @@ func New(opts Options) (*Observer, error) {
 		metric.WithDescription(fmt.Sprintf("Markers parked after Config.MaxAttempts failed clears, never cleared until requeued, counted up to %d.", limit)))
 	err = errors.Join(err, e)
 	o.heldMarkers, e = m.Int64ObservableGauge("retention.held.markers", metric.WithUnit("{marker}"),
-		metric.WithDescription(fmt.Sprintf("Markers waiting for a hold's end (retention.Hold) or for a deadline of their own (retention.DeadlineKey), not late, counted up to %d.", limit)))
+		metric.WithDescription(fmt.Sprintf("Markers waiting for a hold's end (retention.Hold), not late, counted up to %d.", limit)))
 	err = errors.Join(err, e)
 	o.leaseHeld, e = m.Int64ObservableGauge("retention.lease.held", metric.WithUnit("{lease}"),
 		metric.WithDescription("1 while this replica holds the sweep's lease, else 0."))

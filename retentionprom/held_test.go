@@ -94,7 +94,7 @@ func TestHeldOutcomeAndGauge(t *testing.T) {
 				assert.Zero(t, gather(t, reg, "retention_clear_calls_failed_total", map[string]string{"cause": cause}),
 					"a hold is no failed call (%s)", cause)
 			}
-			assert.Equal(t, 2.0, gather(t, reg, "retention_held_markers", labels), "legal, held, and kept, with a deadline ahead")
+			assert.Equal(t, 1.0, gather(t, reg, "retention_held_markers", labels), "legal, held; kept, with a deadline ahead, is not due yet and not held")
 			assert.Zero(t, gather(t, reg, "retention_retrying_markers", labels))
 			assert.Zero(t, gather(t, reg, "retention_backlog_markers", labels))
 			assert.Zero(t, gather(t, reg, "retention_backlog_age_seconds", labels), "held markers are not late")
@@ -107,7 +107,7 @@ func TestHeldOutcomeAndGauge(t *testing.T) {
 			require.Equal(t, 1, st.Cleared)
 			assert.Equal(t, 1.0, outcome("held"), "counted once")
 			assert.Equal(t, 3.0, outcome("cleared"))
-			assert.Equal(t, 1.0, gather(t, reg, "retention_held_markers", labels), "kept")
+			assert.Zero(t, gather(t, reg, "retention_held_markers", labels), "kept waits for its deadline: not due yet, not held")
 
 			problems, err := testutil.GatherAndLint(reg)
 			require.NoError(t, err)

@@ -19,7 +19,7 @@
 //	retention_retrying_markers                 gauge: markers whose clear failed, waiting to be tried again, counted up to Options.BacklogLimit
 //	retention_retrying_age_seconds             gauge: how long past due the oldest retrying marker's entity is
 //	retention_parked_markers                   gauge: markers parked after Config.MaxAttempts failed clears, counted up to Options.BacklogLimit
-//	retention_held_markers                     gauge: markers waiting for a hold's end (retention.Hold) or a deadline of their own, counted up to Options.BacklogLimit
+//	retention_held_markers                     gauge: markers waiting for a hold's end (retention.Hold), counted up to Options.BacklogLimit
 //	retention_backlog_errors_total             counter: scrapes whose backlog read failed
 //	retention_lease_held                       gauge: 1 while this replica holds the sweep's lease
 //	retention_lease_events_total{event}        counter: lease acquired, held (by another), lost, released
@@ -223,7 +223,7 @@ func New(opts Options) (*Collector, error) {
 		parkedMarkers: prometheus.NewDesc(name("parked_markers"),
 			fmt.Sprintf("Markers parked after Config.MaxAttempts failed clears, never cleared until requeued, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
 		heldMarkers: prometheus.NewDesc(name("held_markers"),
-			fmt.Sprintf("Markers waiting for a hold's end (retention.Hold) or for a deadline of their own (retention.DeadlineKey), not late, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
+			fmt.Sprintf("Markers waiting for a hold's end (retention.Hold), not late, read at scrape time, counted up to %d.", opts.BacklogLimit), prefix, nil),
 		backlogErrors: prometheus.NewDesc(name("backlog_errors_total"),
 			"Scrapes whose read of the backlog failed; the backlog gauges are then missing.", prefix, nil),
 		leaseHeld: prometheus.NewDesc(name("lease_held"),

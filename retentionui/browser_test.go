@@ -194,3 +194,35 @@ func TestBrowserReadOnlyHidesTheAction(t *testing.T) {
 	assert.Equal(t, 1, count(t, tab, "tr[data-parked-id]"))
 	assert.Zero(t, count(t, tab, "[data-action]"))
 }
+
+// TestBrowserDueMeansTheSameOnEveryPage: the sweep page's due count is the
+// overview's; the held marker reads as held until its hold's end and the
+// parked one as waiting for a requeue, neither under Due nor as overdue.
+func TestBrowserDueMeansTheSameOnEveryPage(t *testing.T) {
+	tab := newTab(t)
+	f := newFixture(t)
+	srv := serve(t, f.options())
+	section := `section[data-prefix="` + jobs + `"] `
+	require.NoError(t, chromedp.Do(tab, chromedp.Navigate(srv.URL+"/console/")))
+	overviewDue := text(t, tab, section+`[data-field="due"]`)
+	require.Equal(t, strconv.Itoa(backlogSize), overviewDue)
+
+	require.NoError(t, chromedp.Do(tab,
+		chromedp.Navigate(srv.URL+"/console/sweep?prefix="+url.QueryEscape(jobs)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-held-id="`+held+`"]`)),
+	))
+	assert.Equal(t, overviewDue, text(t, tab, `[data-field="due-count"]`), "Due on the sweep page, want the overview's")
+	assert.Equal(t, backlogSize, count(t, tab, "tr[data-due-id]"))
+	assert.Zero(t, count(t, tab, `tr[data-due-id="`+held+`"], tr[data-due-id="`+poison+`"]`), "held and parked are not due")
+	assert.Equal(t, "1", text(t, tab, `[data-field="held-count"]`))
+	heldRow := text(t, tab, `tr[data-held-id="`+held+`"]`)
+	assert.Contains(t, text(t, tab, `tr[data-held-id="`+held+`"] [data-field="next"]`), t0.Add(2*time.Hour).Format("15:04:05"), "held until its hold's end")
+	assert.NotContains(t, strings.ToLower(heldRow), "next pass", heldRow)
+	assert.Equal(t, "waits for a requeue", text(t, tab, `tr[data-parked-id="`+poison+`"] [data-field="next"]`))
+
+	require.NoError(t, chromedp.Do(tab,
+		chromedp.Navigate(srv.URL+"/console/why?"+url.Values{"prefix": {jobs}, "id": {poison}}.Encode()),
+		chromedp.WaitVisible(chromedp.CSS(`[data-field="next"]`)),
+	))
+	assert.Equal(t, "waits for a requeue", text(t, tab, `[data-field="next"]`), "why of a parked id")
+}

@@ -159,33 +159,114 @@ func TestOverviewCountsStopAtLimit(t *testing.T) {
 	assert.Contains(t, body, "or more")
 }
 
-func TestSweepPageListsDueLongestOverdueFirstAndParked(t *testing.T) {
+// TestSweepPageListsEachMarkerUnderItsOneState: the sweep page lists as
+// due only the markers the next pass clears, longest overdue first; the
+// held marker is under Held with its hold's end and no overdue time, the
+// parked one under Parked with no overdue time and no next try.
+func TestSweepPageListsEachMarkerUnderItsOneState(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	p := getJSON[retentionui.SweepPage](t, newHandler(t, f.options()), "/sweep?prefix="+url.QueryEscape(jobs))
-	due, err := f.jobs.Due(context.Background(), retentionui.DefaultLimit)
+	pending, err := f.jobs.Pending(context.Background(), retentionui.DefaultLimit)
 	require.NoError(t, err)
-	require.Len(t, p.Due, len(due))
-	for i, m := range due {
-		assert.Equal(t, m.ID, p.Due[i].ID)
-		assert.Equal(t, m.State.String(), p.Due[i].State)
-		assert.Equal(t, m.Attempts, p.Due[i].Attempts)
+	var due []string
+	for _, m := range pending {
+		if m.State == retention.StateDue {
+			due = append(due, m.ID)
+		}
 	}
-	for i := 1; i < len(p.Due); i++ {
-		assert.GreaterOrEqual(t, p.Due[i-1].OverdueMs, p.Due[i].OverdueMs, "Due[%d] before Due[%d]", i-1, i)
+	require.Len(t, due, backlogSize)
+	assert.Equal(t, due, markerIDs(p.Due), "SweepPage.Due")
+	for i, m := range p.Due {
+		assert.Equal(t, "due", m.State, m.ID)
+		require.NotNil(t, m.OverdueMs, "OverdueMs of due %s", m.ID)
+		if i > 0 {
+			assert.GreaterOrEqual(t, *p.Due[i-1].OverdueMs, *m.OverdueMs, "Due[%d] before Due[%d]", i-1, i)
+		}
 	}
-	states := map[string]string{}
-	for _, m := range p.Due {
-		states[m.ID] = m.State
-	}
-	assert.Equal(t, "held", states[held])
-	assert.Equal(t, "parked", states[poison])
-	assert.Equal(t, "due", states["job-000"])
-	require.Len(t, p.Parked, 1)
-	assert.Equal(t, poison, p.Parked[0].ID)
+	assert.Empty(t, p.Retrying)
+	require.Equal(t, []string{held}, markerIDs(p.Held), "SweepPage.Held")
+	assert.Equal(t, "held", p.Held[0].State)
+	assert.Nil(t, p.Held[0].OverdueMs, "a held marker is not overdue")
+	assert.Equal(t, ptr(t0.Add(2*time.Hour)), p.Held[0].Next, "the hold's end")
+	require.Equal(t, []string{poison}, markerIDs(p.Parked), "SweepPage.Parked")
 	assert.Equal(t, 1, p.Parked[0].Attempts)
 	assert.Equal(t, t0.Add(-2*time.Hour), *p.Parked[0].Due)
-	assert.False(t, p.DueCut)
+	assert.Nil(t, p.Parked[0].OverdueMs, "a parked marker is not overdue")
+	assert.Nil(t, p.Parked[0].Next, "a parked marker has no next try: it waits for a requeue")
+	assert.False(t, p.PendingCut)
+	assert.False(t, p.ParkedCut)
+}
+
+// TestSweepPageCountsWhatTheOverviewCounts: for each state, the sweep page
+// lists as many markers as the overview counts, before and after a requeue
+// (which makes the parked marker retrying, its next try the next pass).
+func TestSweepPageCountsWhatTheOverviewCounts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	h := newHandler(t, f.options())
+	for _, step := range []string{"before a requeue", "after a requeue"} {
+		if step == "after a requeue" {
+			n, err := f.jobs.Requeue(context.Background(), poison)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+		}
+		o := getJSON[retentionui.Overview](t, h, "/")
+		p := getJSON[retentionui.SweepPage](t, h, "/sweep?prefix="+url.QueryEscape(jobs))
+		b := o.Sweeps[0].Backlog
+		require.NotNil(t, b)
+		tests := []struct {
+			state    string
+			overview int
+			page     []retentionui.Marker
+		}{
+			{"due", b.Due, p.Due},
+			{"retrying", b.Retrying, p.Retrying},
+			{"held", b.Held, p.Held},
+			{"parked", b.Parked, p.Parked},
+		}
+		for _, tt := range tests {
+			assert.Len(t, tt.page, tt.overview, "%s: the sweep page's %s markers, want the overview's count", step, tt.state)
+			for _, m := range tt.page {
+				assert.Equal(t, tt.state, m.State, "%s: %s", step, m.ID)
+			}
+		}
+	}
+}
+
+// TestSweepPageWordsHeldAndParkedAsSuch: the HTML shows a held marker as
+// held until its hold's end and a parked one as waiting for a requeue,
+// neither as overdue nor as tried by the next pass.
+func TestSweepPageWordsHeldAndParkedAsSuch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	code, body := do(t, newHandler(t, f.options()), "GET", "/sweep?prefix="+url.QueryEscape(jobs), nil, nil)
+	require.Equal(t, http.StatusOK, code)
+	row := func(attr, id string) string {
+		t.Helper()
+		start := strings.Index(body, `<tr `+attr+`="`+id+`"`)
+		require.GreaterOrEqual(t, start, 0, "no row %s=%s", attr, id)
+		end := strings.Index(body[start:], "</tr>")
+		return body[start : start+end]
+	}
+	assert.NotContains(t, body, `data-due-id="`+held+`"`, "held is not due")
+	assert.NotContains(t, body, `data-due-id="`+poison+`"`, "parked is not due")
+	heldRow := row("data-held-id", held)
+	assert.Contains(t, heldRow, t0.Add(2*time.Hour).Format("15:04:05"), "held until its hold's end")
+	assert.NotContains(t, strings.ToLower(heldRow), "next pass")
+	parkedRow := row("data-parked-id", poison)
+	assert.Contains(t, parkedRow, "waits for a requeue")
+	assert.NotContains(t, strings.ToLower(parkedRow), "next pass")
+	assert.Contains(t, body, `Due: <span data-field="due-count">25</span>`)
+}
+
+// markerIDs lists the ids of ms.
+func markerIDs(ms []retentionui.Marker) []string {
+	ids := []string{}
+	for _, m := range ms {
+		ids = append(ids, m.ID)
+	}
+	return ids
 }
 
 func TestWhyTellsWhenAnIDIsCleared(t *testing.T) {
@@ -200,7 +281,7 @@ func TestWhyTellsWhenAnIDIsCleared(t *testing.T) {
 	}{
 		{"job-000", "due", ptr(t0.Add(-time.Hour)), nil, "the next pass clears it"},
 		{held, "held", ptr(t0.Add(-2 * time.Hour)), ptr(t0.Add(2 * time.Hour)), "Held"},
-		{poison, "parked", ptr(t0.Add(-2 * time.Hour)), nil, "requeued"},
+		{poison, "parked", ptr(t0.Add(-2 * time.Hour)), nil, "waits for a requeue"},
 		{"job-later", retentionui.WhyWaiting, ptr(t0.Add(30 * time.Minute)), nil, "Not due yet"},
 		{"job-ok", retentionui.WhyNotFound, nil, nil, "cleared already"},
 	}
@@ -424,20 +505,20 @@ func TestPagesEscapePrefixesAndIDs(t *testing.T) {
 }
 
 // assertDueAgain checks in the store that id is back for the next pass:
-// listed by Due, not parked, no failed attempt counted, no later try set.
-// (The core lists a requeued marker as due or, since it lies in the retry
-// range, as retrying with no next try: either way the next pass takes it.)
+// listed by Pending, not parked, no failed attempt counted, no later try
+// set. (A requeued marker lies in the retry range, so the core lists it as
+// retrying with no next try: the next pass takes it.)
 func assertDueAgain(t testing.TB, s *retention.Sweep, id string) {
 	t.Helper()
-	due, err := s.Due(context.Background(), 1000)
+	pending, err := s.Pending(context.Background(), 1000)
 	require.NoError(t, err)
-	for _, m := range due {
+	for _, m := range pending {
 		if m.ID == id {
-			assert.Contains(t, []retention.MarkerState{retention.StateDue, retention.StateRetrying}, m.State, "Due() state of %s", id)
-			assert.Zero(t, m.Attempts, "Due() attempts of %s", id)
-			assert.True(t, m.Next.IsZero(), "Due() next try of %s = %v, want none: the next pass", id, m.Next)
+			assert.Contains(t, []retention.MarkerState{retention.StateDue, retention.StateRetrying}, m.State, "Pending() state of %s", id)
+			assert.Zero(t, m.Attempts, "Pending() attempts of %s", id)
+			assert.True(t, m.Next.IsZero(), "Pending() next try of %s = %v, want none: the next pass", id, m.Next)
 			return
 		}
 	}
-	t.Errorf("Due() = %v, want %s listed", due, id)
+	t.Errorf("Pending() = %v, want %s listed", pending, id)
 }

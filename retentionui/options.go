@@ -35,7 +35,7 @@ type Options struct {
 	ReadOnly bool
 
 	// Limit bounds what one request reads: the markers a list shows and
-	// the counts of the overview (Sweep.Backlog's and Sweep.Due's limit,
+	// the counts of the overview (Sweep.Backlog's and Sweep.Pending's limit,
 	// which read at most four Scan calls of Limit+1 keys per range), and
 	// a tenth of the keys a look-up reads. Past it a count is shown as "at
 	// least" and a list as cut off. Zero means DefaultLimit; otherwise 1

@@ -77,7 +77,7 @@ func (h *Handler) judge(b retention.Backlog, last *PassStatus) (state, summary s
 	case b.Parked > 0:
 		return StateParked, fmt.Sprintf("%s%d parked after failing every attempt: they wait for a Requeue once the cause is fixed.", atLeast, b.Parked)
 	case b.Retrying > 0:
-		return StateRetrying, fmt.Sprintf("%s%d failed to clear and will be tried again; the oldest is %s past due.", atLeast, b.Retrying, roundAge(b.RetryingAge))
+		return StateRetrying, fmt.Sprintf("%s%d failed to clear and will be tried again; the oldest fell due %s ago.", atLeast, b.Retrying, roundAge(b.RetryingAge))
 	case b.Due > 0 && b.Age > h.opts.Behind:
 		return StateBehind, fmt.Sprintf("Behind: %s%d due, the oldest %s past due (more than %s).", atLeast, b.Due, roundAge(b.Age), h.opts.Behind)
 	case b.Due > 0:

@@ -26,19 +26,31 @@ func (h *Handler) serveSweep(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.storeCtx(r)
 	defer cancel()
 	now := h.opts.Clock.Now()
-	p := sweepPage{SweepPage: SweepPage{Now: now.UTC(), ReadOnly: h.opts.ReadOnly, Limit: h.opts.Limit, Prefix: s.Prefix(), Due: []Marker{}, Parked: []Marker{}}}
-	due, err := s.Due(ctx, h.opts.Limit)
+	p := sweepPage{SweepPage: SweepPage{
+		Now: now.UTC(), ReadOnly: h.opts.ReadOnly, Limit: h.opts.Limit, Prefix: s.Prefix(),
+		Due: []Marker{}, Retrying: []Marker{}, Held: []Marker{}, Parked: []Marker{},
+	}}
+	pending, err := s.Pending(ctx, h.opts.Limit)
 	if err != nil {
 		h.fail(w, r, err, http.StatusInternalServerError)
 		return
 	}
-	for _, m := range due {
-		p.Due = append(p.Due, Marker{
-			ID: m.ID, State: m.State.String(), Due: timePtr(m.Due), OverdueMs: msOf(max(now.Sub(m.Due), 0)),
-			Attempts: m.Attempts, Next: timePtr(m.Next),
-		})
+	for _, m := range pending {
+		pm := Marker{ID: m.ID, State: m.State.String(), Due: timePtr(m.Due), Attempts: m.Attempts, Next: timePtr(m.Next)}
+		switch m.State {
+		case retention.StateDue:
+			overdue := msOf(max(now.Sub(m.Due), 0))
+			pm.OverdueMs = &overdue
+			p.Due = append(p.Due, pm)
+		case retention.StateRetrying:
+			p.Retrying = append(p.Retrying, pm)
+		case retention.StateHeld:
+			p.Held = append(p.Held, pm)
+		}
+		// Parked markers are listed by Sweep.Parked below, with their
+		// finish time.
 	}
-	p.DueCut = len(due) == h.opts.Limit
+	p.PendingCut = len(pending) == h.opts.Limit
 	parked, err := s.Parked(ctx, h.opts.Limit)
 	if err != nil {
 		h.fail(w, r, err, http.StatusInternalServerError)
@@ -50,7 +62,6 @@ func (h *Handler) serveSweep(w http.ResponseWriter, r *http.Request) {
 		pm := Marker{ID: m.ID, State: retention.StateParked.String(), Finished: timePtr(m.Finished), Attempts: m.Attempts}
 		if ret > 0 {
 			pm.Due = timePtr(m.Finished.Add(ret))
-			pm.OverdueMs = msOf(max(now.Sub(m.Finished.Add(ret)), 0))
 		}
 		p.Parked = append(p.Parked, pm)
 	}

@@ -81,18 +81,27 @@ type PassStatus struct {
 	MaxLagMs   int64     `json:"max_lag_ms"`
 }
 
-// SweepPage is the JSON of one sweep's page, GET /sweep?prefix=P.
+// SweepPage is the JSON of one sweep's page, GET /sweep?prefix=P: the
+// markers not cleared, one list per state (see retention.MarkerState), so
+// that Due counts what the overview's BacklogStatus.Due counts.
 type SweepPage struct {
 	Now      time.Time `json:"now"`
 	ReadOnly bool      `json:"read_only"`
 	Limit    int       `json:"limit"`
 	Prefix   string    `json:"prefix"`
-	// Due is Sweep.Due: the markers due and not cleared yet, longest
-	// overdue first. DueCut says the list stopped at Limit.
-	Due    []Marker `json:"due"`
-	DueCut bool     `json:"due_cut"`
-	// Parked is Sweep.Parked: the parked markers, oldest first.
-	// ParkedCut says the list stopped at Limit.
+	// Due, Retrying and Held are Sweep.Pending's markers of each state,
+	// longest past due first. Due holds the markers that are due:
+	// clearable now, the next pass clears them. Retrying and held markers
+	// are not due: they wait for their next try or their hold's end.
+	// PendingCut says Sweep.Pending stopped at Limit: the lists may miss
+	// some.
+	Due        []Marker `json:"due"`
+	Retrying   []Marker `json:"retrying"`
+	Held       []Marker `json:"held"`
+	PendingCut bool     `json:"pending_cut"`
+	// Parked is Sweep.Parked: the parked markers, oldest first. They wait
+	// for a requeue; no pass tries them until then. ParkedCut says the
+	// list stopped at Limit.
 	Parked    []Marker `json:"parked"`
 	ParkedCut bool     `json:"parked_cut"`
 }
@@ -103,11 +112,18 @@ type Marker struct {
 	State string `json:"state"` // "due", "retrying", "held" or "parked"
 	// Due is when the entity fell due; null for a parked marker of a
 	// sweep whose retention was not given.
-	Due       *time.Time `json:"due"`
-	OverdueMs int64      `json:"overdue_ms"`
+	Due *time.Time `json:"due"`
+	// OverdueMs is how long past due a due marker is; null for a retrying,
+	// held or parked one, which is not overdue but waits for its next try,
+	// its hold's end or a requeue.
+	OverdueMs *int64     `json:"overdue_ms"`
 	Finished  *time.Time `json:"finished,omitempty"` // parked markers: when the entity finished
 	Attempts  int        `json:"attempts"`
-	Next      *time.Time `json:"next"` // the next try, or a hold's end; null when none is set
+	// Next is a retrying marker's next try or a held marker's hold's end;
+	// null when none is set: a due marker, a retrying one whose next try
+	// came (the next pass tries them) or a parked one (it waits for a
+	// requeue).
+	Next *time.Time `json:"next"`
 }
 
 // The states of Why.State beyond those of a Marker.

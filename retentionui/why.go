@@ -39,22 +39,28 @@ func (h *Handler) serveWhy(w http.ResponseWriter, r *http.Request) {
 	h.answer(w, r, "why", why, why)
 }
 
-// lookup finds id's marker in what a bounded read can see: the due list
-// (due, retrying, held and parked markers whose entities are due), the
-// parked list and, with Detail.KV, the first markers not due yet.
+// lookup finds id's marker in what a bounded read can see: the markers not
+// cleared (Sweep.Pending: due, retrying, held and parked), the parked list
+// and, with Detail.KV, the first markers not due yet.
 func (h *Handler) lookup(ctx context.Context, s *retention.Sweep, id string) (Why, error) {
 	now := h.opts.Clock.Now()
 	limit := h.opts.Limit
 	w := Why{Now: now.UTC(), Prefix: s.Prefix(), ID: id, State: WhyNotFound}
-	due, err := s.Due(ctx, limit)
+	pending, err := s.Pending(ctx, limit)
 	if err != nil {
 		return w, err
 	}
-	for _, m := range due {
+	due := 0
+	for _, m := range pending {
+		if m.State == retention.StateDue {
+			due++
+		}
+	}
+	for _, m := range pending {
 		if m.ID == id {
 			w.State, w.Due, w.Attempts, w.Next = m.State.String(), timePtr(m.Due), m.Attempts, timePtr(m.Next)
-			w.Answer = answerDue(m, now)
-			w.Searched = fmt.Sprintf("found among the %d markers due", len(due))
+			w.Answer = answerPending(m, now)
+			w.Searched = fmt.Sprintf("found among the %d markers not cleared (due, retrying, held or parked)", len(pending))
 			return w, nil
 		}
 	}
@@ -69,12 +75,12 @@ func (h *Handler) lookup(ctx context.Context, s *retention.Sweep, id string) (Wh
 			if ret.Retention > 0 {
 				w.Due = timePtr(m.Finished.Add(ret.Retention))
 			}
-			w.Answer = fmt.Sprintf("Parked after %d failed clears: it is not cleared until it is requeued.", m.Attempts)
+			w.Answer = parkedAnswer(m.Attempts)
 			w.Searched = fmt.Sprintf("found among the %d parked markers", len(parked))
 			return w, nil
 		}
 	}
-	searched := fmt.Sprintf("%s due and %s parked", counted(len(due), limit), counted(len(parked), limit))
+	searched := fmt.Sprintf("%s not cleared and %s parked", counted(len(pending), limit), counted(len(parked), limit))
 	w.Searched = searched + "; the markers not due yet were not searched (no Detail.KV given)"
 	w.Answer = "No marker of this id was found among those searched: it was cleared already, was never marked, or is not due yet."
 	if ret.KV == nil {
@@ -106,8 +112,13 @@ func (h *Handler) lookup(ctx context.Context, s *retention.Sweep, id string) (Wh
 		return w, nil
 	}
 	w.State = retention.StateDue.String()
-	w.Answer = fmt.Sprintf("Due since %s (%s ago), behind the %d markers listed as due: a pass clears it after them.", dueAt.UTC().Format(time.RFC3339), roundAge(now.Sub(dueAt)), len(due))
+	w.Answer = fmt.Sprintf("Due since %s (%s ago), behind the %d markers listed as due: a pass clears it after them.", dueAt.UTC().Format(time.RFC3339), roundAge(now.Sub(dueAt)), due)
 	return w, nil
+}
+
+// parkedAnswer says why a parked marker is not cleared.
+func parkedAnswer(attempts int) string {
+	return fmt.Sprintf("Parked after %d failed clears: it waits for a requeue, and no pass tries it until then. Fix what makes its clear fail, then requeue it.", attempts)
 }
 
 // counted says "the N markers" or, at the limit, "the first N markers".
@@ -118,8 +129,8 @@ func counted(n, limit int) string {
 	return fmt.Sprintf("the %d markers", n)
 }
 
-// answerDue says why a marker of the due list is not cleared yet.
-func answerDue(m retention.DueMarker, now time.Time) string {
+// answerPending says why a marker Sweep.Pending lists is not cleared yet.
+func answerPending(m retention.PendingMarker, now time.Time) string {
 	switch m.State {
 	case retention.StateRetrying:
 		if m.Next.IsZero() {
@@ -127,9 +138,9 @@ func answerDue(m retention.DueMarker, now time.Time) string {
 		}
 		return fmt.Sprintf("Its clear failed %d times; it is tried again at %s, in %s.", m.Attempts, m.Next.UTC().Format(time.RFC3339), roundAge(max(m.Next.Sub(now), 0)))
 	case retention.StateHeld:
-		return fmt.Sprintf("Held: its clear asked to wait until %s (in %s); it is cleared after that.", m.Next.UTC().Format(time.RFC3339), roundAge(max(m.Next.Sub(now), 0)))
+		return fmt.Sprintf("Held, not late: its clear asked to wait until %s (in %s); it is due then, and cleared after that.", m.Next.UTC().Format(time.RFC3339), roundAge(max(m.Next.Sub(now), 0)))
 	case retention.StateParked:
-		return fmt.Sprintf("Parked after %d failed clears: it is not cleared until it is requeued.", m.Attempts)
+		return parkedAnswer(m.Attempts)
 	}
 	return fmt.Sprintf("Due since %s (%s ago): the next pass clears it.", m.Due.UTC().Format(time.RFC3339), roundAge(max(now.Sub(m.Due), 0)))
 }

@@ -3,7 +3,7 @@
 // By a manual clock, a few passes leave one job of each kind: cleared, one
 // whose clear keeps failing (retrying, then parked after two attempts), one
 // on legal hold (retention.Hold), one kept a month by a deadline of its own
-// (retention.DeadlineKey), and two due. Then it prints Sweep.Due as a
+// (retention.DeadlineKey), and two due. Then it prints Sweep.Pending as a
 // table, the Backlog, and what a dry run would clear, before a last pass
 // clears it. The output is the same at every run.
 //
@@ -150,8 +150,8 @@ func run() error {
 	}
 
 	clock.Set(t0.Add(5*time.Minute + 30*time.Second))
-	fmt.Printf("\n%s  Sweep.Due(ctx, 20):\n", clock.Now().Format("15:04:05"))
-	due, err := sweep.Due(ctx, 20)
+	fmt.Printf("\n%s  Sweep.Pending(ctx, 20):\n", clock.Now().Format("15:04:05"))
+	due, err := sweep.Pending(ctx, 20)
 	if err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func run() error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Println("(job-06 is not listed: its deadline, Dec 31, is ahead; Backlog counts it as held)")
+	fmt.Println("(job-06 is not listed: its deadline, Dec 31, is ahead, so it is not due yet and Backlog counts it nowhere)")
 
 	b, err := sweep.Backlog(ctx, 100)
 	if err != nil {
@@ -185,14 +185,14 @@ func run() error {
 		return err
 	}
 	fmt.Printf("\ndry run: Stats.WouldClear %d, Cleared %d\n", st.WouldClear, st.Cleared)
-	after, err := sweep.Due(ctx, 20)
+	after, err := sweep.Pending(ctx, 20)
 	if err != nil {
 		return err
 	}
 	if !slices.Equal(after, due) {
-		return fmt.Errorf("the dry run changed what is due: %v, then %v", due, after)
+		return fmt.Errorf("the dry run changed what is pending: %v, then %v", due, after)
 	}
-	fmt.Printf("Sweep.Due after the dry run: the same %d markers\n", len(after))
+	fmt.Printf("Sweep.Pending after the dry run: the same %d markers\n", len(after))
 	if err := pass(); err != nil {
 		return err
 	}

@@ -91,25 +91,72 @@ func printStatus(w io.Writer, body []byte) error {
 	return nil
 }
 
+// printDue lists the due markers: those the next pass clears. Retrying,
+// held and parked markers are counted after them, never as due.
 func printDue(w io.Writer, body []byte) error {
 	p, err := decode[retentionui.SweepPage](body)
 	if err != nil {
 		return err
 	}
 	tw := table(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tDUE\tOVERDUE\tATTEMPTS\tNEXT TRY")
+	fmt.Fprintln(tw, "ID\tDUE\tOVERDUE")
 	for _, m := range p.Due {
-		next := "next pass"
-		if m.Next != nil {
-			next = stamp(m.Next)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", clean(m.ID), m.State, stamp(m.Due), ms(m.OverdueMs), m.Attempts, next)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", clean(m.ID), stamp(m.Due), overdue(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "%d due%s\n", len(p.Due), cut(p.DueCut, p.Limit))
+	fmt.Fprintf(w, "%s due: the next pass clears them%s\n", atLeast(len(p.Due), p.PendingCut), cut(p.PendingCut, p.Limit))
+	if len(p.Retrying)+len(p.Held)+len(p.Parked) > 0 {
+		fmt.Fprintf(w, "not due: %s retrying, %s held, %s parked (retentionctl pending %s lists them)\n",
+			atLeast(len(p.Retrying), p.PendingCut), atLeast(len(p.Held), p.PendingCut), atLeast(len(p.Parked), p.ParkedCut), clean(p.Prefix))
+	}
 	return nil
+}
+
+// printPending lists every marker not cleared, each with its state and
+// what it waits for.
+func printPending(w io.Writer, body []byte) error {
+	p, err := decode[retentionui.SweepPage](body)
+	if err != nil {
+		return err
+	}
+	tw := table(w)
+	fmt.Fprintln(tw, "ID\tSTATE\tDUE\tOVERDUE\tATTEMPTS\tNEXT TRY")
+	for _, list := range [][]retentionui.Marker{p.Due, p.Retrying, p.Held, p.Parked} {
+		for _, m := range list {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", clean(m.ID), m.State, stamp(m.Due), overdue(m), m.Attempts, nextTry(m))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%s due, %s retrying, %s held, %s parked%s\n",
+		atLeast(len(p.Due), p.PendingCut), atLeast(len(p.Retrying), p.PendingCut), atLeast(len(p.Held), p.PendingCut),
+		atLeast(len(p.Parked), p.ParkedCut), cut(p.PendingCut || p.ParkedCut, p.Limit))
+	return nil
+}
+
+// overdue says how long past due a due marker is; "-" for the others,
+// which are not overdue.
+func overdue(m retentionui.Marker) string {
+	if m.OverdueMs == nil {
+		return "-"
+	}
+	return ms(*m.OverdueMs)
+}
+
+// nextTry says when a pass tries m next, or what it waits for.
+func nextTry(m retentionui.Marker) string {
+	switch {
+	case m.State == "parked":
+		return "waits for a requeue"
+	case m.State == "held" && m.Next != nil:
+		return "held until " + stamp(m.Next)
+	case m.Next != nil:
+		return stamp(m.Next)
+	}
+	return "next pass"
 }
 
 func cut(isCut bool, limit int) string {
@@ -125,14 +172,17 @@ func printParked(w io.Writer, body []byte) error {
 		return err
 	}
 	tw := table(w)
-	fmt.Fprintln(tw, "ID\tFINISHED\tDUE\tATTEMPTS")
+	fmt.Fprintln(tw, "ID\tFINISHED\tDUE\tATTEMPTS\tNEXT TRY")
 	for _, m := range p.Parked {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", clean(m.ID), stamp(m.Finished), stamp(m.Due), m.Attempts)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", clean(m.ID), stamp(m.Finished), stamp(m.Due), m.Attempts, nextTry(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "%d parked%s\n", len(p.Parked), cut(p.ParkedCut, p.Limit))
+	if len(p.Parked) > 0 {
+		fmt.Fprintf(w, "they wait for a requeue: retentionctl requeue %s ID (or --all)\n", clean(p.Prefix))
+	}
 	return nil
 }
 
@@ -144,7 +194,12 @@ func printWhy(w io.Writer, body []byte) error {
 	fmt.Fprintf(w, "%s: %s\n%s\n", clean(y.ID), y.State, y.Answer)
 	tw := table(w)
 	fmt.Fprintf(tw, "due at\t%s\n", stamp(y.Due))
-	fmt.Fprintf(tw, "next try\t%s\n", stamp(y.Next))
+	next := stamp(y.Next)
+	switch y.State {
+	case "due", "retrying", "held", "parked":
+		next = nextTry(retentionui.Marker{State: y.State, Next: y.Next})
+	}
+	fmt.Fprintf(tw, "next try\t%s\n", next)
 	fmt.Fprintf(tw, "failed attempts\t%d\n", y.Attempts)
 	fmt.Fprintf(tw, "searched\t%s\n", y.Searched)
 	return tw.Flush()

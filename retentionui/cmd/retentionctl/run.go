@@ -26,8 +26,9 @@ const (
 const usage = `usage: retentionctl [-addr URL] [-json] [-timeout D] [-user NAME] [-H 'Name: value']... COMMAND [--] ARG...
 commands:
   status                 every sweep's state and backlog
-  due PREFIX             the due markers, longest overdue first
-  parked PREFIX          the parked markers
+  due PREFIX             the due markers (the next pass clears them), longest overdue first
+  pending PREFIX         every marker not cleared: due, retrying, held, parked
+  parked PREFIX          the parked markers (they wait for a requeue)
   requeue PREFIX ID      put a parked marker back
   requeue PREFIX --all   put every parked marker back
   why PREFIX ID          when ID will be cleared, and why not yet
@@ -105,7 +106,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if len(cmd) == 0 {
 		return usageErr("no command")
 	}
-	want := map[string]int{"status": 0, "due": 1, "parked": 1, "requeue": 2, "why": 2}
+	want := map[string]int{"status": 0, "due": 1, "pending": 1, "parked": 1, "requeue": 2, "why": 2}
 	n, ok := want[cmd[0]]
 	if !ok {
 		return usageErr("unknown command %q", cmd[0])
@@ -146,6 +147,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case "due":
 		body, err = c.get(ctx, "sweep", url.Values{"prefix": {argv[0].v}})
 		out = printDue
+	case "pending":
+		body, err = c.get(ctx, "sweep", url.Values{"prefix": {argv[0].v}})
+		out = printPending
 	case "parked":
 		body, err = c.get(ctx, "sweep", url.Values{"prefix": {argv[0].v}})
 		out = printParked

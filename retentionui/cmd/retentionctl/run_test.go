@@ -108,9 +108,11 @@ func TestCommandsPrintTables(t *testing.T) {
 		want []string
 	}{
 		{[]string{"status"}, []string{"PREFIX", prefix, "parked", "1 parked"}},
-		{[]string{"due", prefix}, []string{"job-0", "job-2", held, "held", poison, "parked", "5 due"}},
-		{[]string{"parked", prefix}, []string{poison, "1 parked"}},
-		{[]string{"why", prefix, held}, []string{held + ": held", "Held"}},
+		{[]string{"due", prefix}, []string{"job-0", "job-2", "3 due: the next pass clears them", "0 retrying, 1 held, 1 parked"}},
+		{[]string{"pending", prefix}, []string{"job-0", held, "held until 2026-03-14T10:26:53Z", poison, "waits for a requeue", "3 due, 0 retrying, 1 held, 1 parked"}},
+		{[]string{"parked", prefix}, []string{poison, "waits for a requeue", "1 parked"}},
+		{[]string{"why", prefix, held}, []string{held + ": held", "Held", "held until 2026-03-14T10:26:53Z"}},
+		{[]string{"why", prefix, poison}, []string{poison + ": parked", "waits for a requeue"}},
 		{[]string{"why", prefix, "job-nope"}, []string{"not found"}},
 	}
 	for _, tt := range tests {
@@ -121,6 +123,38 @@ func TestCommandsPrintTables(t *testing.T) {
 				assert.Contains(t, out, w)
 			}
 		})
+	}
+}
+
+// TestDueListsOnlyWhatStatusCountsAsDue: retentionctl due lists the
+// markers status counts as due, and no held or parked one; pending lists
+// those in their own states, never as overdue.
+func TestDueListsOnlyWhatStatusCountsAsDue(t *testing.T) {
+	t.Parallel()
+	_, addr := console(t, false)
+	code, out, errOut := ctl("-addr", addr, "-json", "status")
+	require.Equal(t, exitOK, code, errOut)
+	o, err := decode[retentionui.Overview]([]byte(out))
+	require.NoError(t, err)
+	due := o.Sweeps[0].Backlog.Due
+
+	code, out, errOut = ctl("-addr", addr, "due", prefix)
+	require.Equal(t, exitOK, code, errOut)
+	rows := strings.Split(strings.TrimSpace(out), "\n")
+	require.Greater(t, len(rows), due, out)
+	assert.Len(t, slices.DeleteFunc(rows[1:1+due], func(r string) bool { return !strings.HasPrefix(r, "job-") }), due, "due rows: %s", out)
+	assert.Equal(t, fmt.Sprintf("%d due: the next pass clears them", due), rows[1+due], "the count under the rows, want status's")
+	for _, id := range []string{held, poison} {
+		assert.NotContains(t, out, id, "due lists no held or parked marker")
+	}
+
+	code, out, errOut = ctl("-addr", addr, "pending", prefix)
+	require.Equal(t, exitOK, code, errOut)
+	for _, line := range strings.Split(out, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 3 && (fields[0] == held || fields[0] == poison) {
+			assert.Equal(t, "-", fields[3], "OVERDUE of %s: %s", fields[0], line)
+		}
 	}
 }
 
