@@ -60,7 +60,9 @@ func (f *parkedFleet) requeueToCleared(t *testing.T) time.Duration {
 	for f.cleared.Load() == 0 {
 		time.Sleep(10 * time.Millisecond)
 	}
-	return time.Since(start)
+	took := time.Since(start)
+	synctest.Wait() // the marker's delete, after the clear
+	return took
 }
 
 // TestRequeueOnAnotherReplicaWakesTheLeaseHolder: a Requeue made through

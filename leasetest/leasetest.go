@@ -99,7 +99,11 @@ type Harness struct {
 //     (retention.Fenced);
 //   - LeasedPass: Sweep.LeasedPass is refused with retention.ErrLeaseHeld
 //     while another replica holds the lease, clears every due entity once
-//     it is free, and releases the lease after its pass.
+//     it is free, and releases the lease after its pass;
+//   - FleetView: two replicas with Config.Replica; the one without the
+//     lease reads the holder's record from the store (Sweep.Fleet), and a
+//     Wake through it has the holder clear what fell due at once, not an
+//     Interval (1m) later.
 //
 // Each subtest gets a fresh Harness from newHarness.
 func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
@@ -111,6 +115,7 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("FencedWrites", func(t *testing.T) { testFence(t, newHarness(t)) })
 	t.Run("FenceThroughWrapper", func(t *testing.T) { testWrapper(t, newHarness(t)) })
 	t.Run("LeasedPass", func(t *testing.T) { testLeasedPass(t, newHarness(t)) })
+	t.Run("FleetView", func(t *testing.T) { testFleetView(t, newHarness(t)) })
 }
 
 // Entities is how many entities the fleet proofs finish: half of them
