@@ -11,9 +11,12 @@
 //
 // The overview says for each sweep its state in a word (ok, behind,
 // retrying, parked, error) and a sentence, its Backlog, its last pass, its
-// lease and its lag. A sweep's page lists its due markers, longest overdue
-// first, and its parked markers with a Requeue action for one or all, and
-// looks an id up: when it will be cleared, and why not yet.
+// lease and its lag. A sweep's page lists the markers it has not cleared
+// under their one state, as the overview counts them: due (clearable now:
+// the next pass clears them, longest overdue first), retrying (with their
+// next try), held (until their hold's end; not late) and parked (they wait
+// for a requeue), with a Requeue action for one or all; and it looks an id
+// up: when it will be cleared, and why not yet.
 //
 // # A fleet
 //
@@ -49,7 +52,7 @@
 // A request reads a bounded number of keys however large the backlog: the
 // overview calls Sweep.Backlog with Options.Limit for each sweep (at most
 // four Scan calls of Limit+1 keys in each of three ranges), a sweep's
-// page Sweep.Due and Sweep.Parked with Limit, and a look-up those two and
+// page Sweep.Pending and Sweep.Parked with Limit, and a look-up those two and
 // at most ten Scan calls of Limit keys more. Past the limit the counts
 // read "or more" and the lists say they are cut off; a look-up of an id
 // beyond what it read says so rather than guessing. Only Requeue of every
