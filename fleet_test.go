@@ -263,3 +263,30 @@ func FuzzParseFleetKey(f *testing.F) {
 	require.NoError(f, err)
 	require.Equal(f, r, got)
 }
+
+// TestNewChecksReplicaAndWakePoll: New refuses a Replica too long or not
+// printable, a Replica over a KV that cannot Put and Move, and a WakePoll
+// below 1ms, naming the field.
+func TestNewChecksReplicaAndWakePoll(t *testing.T) {
+	clear := func(context.Context, string) error { return nil }
+	for _, tt := range []struct {
+		name string
+		kv   KV
+		cfg  Config
+		want string
+	}{
+		{"long replica", NewMemKV(), Config{Replica: string(make([]byte, MaxReplicaLen+1))}, "Config.Replica"},
+		{"control byte", NewMemKV(), Config{Replica: "web\n1"}, "Config.Replica"},
+		{"read-only store", readOnlyKV{NewMemKV()}, Config{Replica: "web-1"}, "Putter and a Mover"},
+		{"tiny wake poll", NewMemKV(), Config{WakePoll: time.Microsecond}, "Config.WakePoll"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Prefix, tt.cfg.Retention, tt.cfg.Clear = "runs/", time.Hour, clear
+			_, err := New(tt.kv, tt.cfg)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+	_, err := New(NewMemKV(), Config{Prefix: "runs/", Retention: time.Hour, Clear: clear, Replica: "web-7d9f-x2k", WakePoll: -1})
+	assert.NoError(t, err)
+}

@@ -28,6 +28,10 @@ type FleetStatus struct {
 	// on any replica writes: 0 when it reads none.
 	NextPass   *time.Time `json:"next_pass"`
 	WakePollMs int64      `json:"wake_poll_ms"`
+	// Silent says Holder's next pass is more than a minute late on its
+	// record: it may be gone, and another replica takes over once its
+	// lease expires.
+	Silent bool `json:"silent"`
 	// Summary says who sweeps in a sentence.
 	Summary string `json:"summary"`
 	// LastPasses are the last pass of each of the last minutes that had
@@ -72,6 +76,11 @@ type FleetMinute struct {
 // lastPasses is how many passes FleetStatus.LastPasses holds.
 const lastPasses = 5
 
+// silentAfter is how late the holder's next pass may be on its record
+// before the page says it may be gone: a pass takes time, and a record is
+// written at most a second after it.
+const silentAfter = time.Minute
+
 // fleetStatus turns what Sweep.Fleet read into a FleetStatus, and nil when
 // the store holds no record.
 func fleetStatus(f retention.Fleet, now time.Time) *FleetStatus {
@@ -94,6 +103,7 @@ func fleetStatus(f retention.Fleet, now time.Time) *FleetStatus {
 			Cleared: l.Cleared, Failed: l.Failed, Retried: l.Retried, Parked: l.Parked, Held: l.Held,
 			Malformed: l.Malformed, Scanned: l.Scanned, DurationMs: msOf(l.Duration), MaxLagMs: msOf(l.MaxLag)})
 	}
+	fs.Silent = !f.Released && !f.NextPass.IsZero() && now.Sub(f.NextPass) > silentAfter
 	fs.Summary = fs.summary()
 	return fs
 }
@@ -107,6 +117,9 @@ func (f *FleetStatus) summary() string {
 	switch {
 	case f.Released:
 		return fmt.Sprintf("No replica sweeps: %s released the lease; the next to take it sweeps. %s does not sweep now.", f.Holder, this)
+	case f.Silent:
+		return fmt.Sprintf("%s holds the lease since %s, but its pass due at %s has not been recorded: it may be gone; another replica takes over once its lease expires. %s does not sweep.",
+			f.Holder, f.Since.Format(time.TimeOnly+" MST"), f.NextPass.Format(time.TimeOnly+" MST"), this)
 	case f.Sweeps:
 		return fmt.Sprintf("%s sweeps: it holds the lease since %s.", this, f.Since.Format(time.TimeOnly+" MST"))
 	}

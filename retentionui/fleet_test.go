@@ -248,3 +248,66 @@ func TestBrowserFleetViewOnTwoReplicas(t *testing.T) {
 		return err == nil && b == (retention.Backlog{})
 	})
 }
+
+// TestFleetSaysWhenTheHolderFellSilent: a holder whose next pass is more
+// than a minute late on its record may be gone, and the page says so.
+func TestFleetSaysWhenTheHolderFellSilent(t *testing.T) {
+	kv := &cutOffKV{MemKV: retention.NewMemKV()}
+	clock := retention.NewManualClock(t0)
+	s, err := retention.New(kv, retention.Config{Prefix: jobs, Retention: time.Hour, Interval: time.Minute, Clock: clock,
+		Lease: &memLocker{}, Replica: "web-a", Logger: discard, Clear: func(context.Context, string) error { return nil }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, "the first record", func() bool { f, err := s.Fleet(ctx); return err == nil && f.Holder == "web-a" })
+	kv.cut.Store(true) // the holder's host vanishes: it writes nothing more, not even its release
+	cancel()
+	<-done
+	kv.cut.Store(false)
+
+	other, err := retention.New(kv, retention.Config{Prefix: jobs, Retention: time.Hour, Clock: clock, Replica: "web-b",
+		Logger: discard, Clear: func(context.Context, string) error { return nil }})
+	require.NoError(t, err)
+	h, err := retentionui.New(retentionui.Options{Sweeps: []*retention.Sweep{other}, Clock: clock})
+	require.NoError(t, err)
+	fleetOf := func() *retentionui.FleetStatus {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("Accept", "application/json")
+		h.ServeHTTP(rec, req)
+		var o retentionui.Overview
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &o))
+		require.NotNil(t, o.Sweeps[0].Fleet)
+		return o.Sweeps[0].Fleet
+	}
+	clock.Advance(90 * time.Second) // its next pass was due 30s ago
+	assert.False(t, fleetOf().Silent)
+	clock.Advance(time.Minute)
+	fl := fleetOf()
+	assert.True(t, fl.Silent)
+	assert.False(t, fl.Released)
+	assert.Contains(t, fl.Summary, "web-a holds the lease since 09:26:53 UTC, but its pass due at 09:27:53 UTC has not been recorded: it may be gone")
+}
+
+// cutOffKV is a store a replica can no longer write to once cut.
+type cutOffKV struct {
+	*retention.MemKV
+	cut atomic.Bool
+}
+
+var errCutOff = errors.New("cut off")
+
+func (c *cutOffKV) Put(ctx context.Context, key, value []byte) error {
+	if c.cut.Load() {
+		return errCutOff
+	}
+	return c.MemKV.Put(ctx, key, value)
+}
+
+func (c *cutOffKV) Move(ctx context.Context, from, to [][]byte) error {
+	if c.cut.Load() {
+		return errCutOff
+	}
+	return c.MemKV.Move(ctx, from, to)
+}
