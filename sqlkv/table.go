@@ -112,6 +112,9 @@ func NewTable(ctx context.Context, side *KV, t Table) (*TableKV, error) {
 	case strings.ContainsAny(t.Filter, "?$;"):
 		return nil, fmt.Errorf("sqlkv: NewTable: Table.Filter %q must hold no placeholder ('?' or '$') and no ';'", t.Filter)
 	}
+	if err := checkFilter(t.Filter); err != nil {
+		return nil, fmt.Errorf("sqlkv: NewTable: Table.Filter %q %w", t.Filter, err)
+	}
 	if _, err := retention.New(retention.NewMemKV(), retention.Config{Prefix: t.Prefix, Retention: time.Hour,
 		Clear: func(context.Context, string) error { return nil }}); err != nil {
 		return nil, fmt.Errorf("sqlkv: NewTable: Table.Prefix: %w", err)
@@ -126,6 +129,45 @@ func NewTable(ctx context.Context, side *KV, t Table) (*TableKV, error) {
 		return nil, err
 	}
 	return tk, nil
+}
+
+// checkFilter refuses a filter that would not stay one condition inside
+// the parentheses every statement puts around it: parentheses that close
+// more than they open (outside quotes), an unclosed quote, or a comment,
+// which would swallow what follows. "state = 'a') OR (state = 'b'" would
+// make the statements' other conditions one side of an OR, and delete
+// unexpired rows.
+func checkFilter(f string) error {
+	if strings.IndexByte(f, '\\') >= 0 {
+		return errors.New("holds a backslash, which MySQL reads as an escape in a quoted string")
+	}
+	depth := 0
+	for i := 0; i < len(f); i++ {
+		switch c := f[i]; c {
+		case '\'', '"', '`':
+			end := strings.IndexByte(f[i+1:], c)
+			if end < 0 {
+				return fmt.Errorf("leaves %c unclosed", c)
+			}
+			i += end + 1 // a doubled quote is two quoted parts, one after the other
+		case '(':
+			depth++
+		case ')':
+			if depth--; depth < 0 {
+				return errors.New("closes a parenthesis it did not open")
+			}
+		case '#':
+			return errors.New("holds a comment")
+		case '-', '/':
+			if i+1 < len(f) && (c == '-' && f[i+1] == '-' || c == '/' && f[i+1] == '*') {
+				return errors.New("holds a comment")
+			}
+		}
+	}
+	if depth != 0 {
+		return errors.New("leaves a parenthesis open")
+	}
+	return nil
 }
 
 // quoteIdent quotes a column name.
