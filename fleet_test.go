@@ -290,3 +290,40 @@ func TestNewChecksReplicaAndWakePoll(t *testing.T) {
 	_, err := New(NewMemKV(), Config{Prefix: "runs/", Retention: time.Hour, Clear: clear, Replica: "web-7d9f-x2k", WakePoll: -1})
 	assert.NoError(t, err)
 }
+
+// TestFleetOfAGroup: the sweeps of a Group under its lease each keep their
+// record, and a Wake of either, from another replica, wakes the group's Run.
+func TestFleetOfAGroup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kv := NewMemKV()
+		locker := &fakeLocker{}
+		var cleared atomic.Int64
+		mk := func(prefix, replica string) *Sweep {
+			s, err := New(kv, Config{Prefix: prefix, Retention: time.Hour, Interval: time.Minute, Replica: replica,
+				Clear: func(context.Context, string) error { cleared.Add(1); return nil }})
+			require.NoError(t, err)
+			return s
+		}
+		runs, batches := mk("runs/", "web-a"), mk("batches/", "web-a")
+		g, err := NewGroup(GroupConfig{Lease: locker}, runs, batches)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		synctest.Wait()
+		for _, s := range []*Sweep{runs, batches} {
+			assert.Equal(t, "web-a", fleetOn(t, s).Holder, s.Prefix())
+		}
+		other := mk("batches/", "web-b") // the same sweep on a replica that does not sweep
+		mark(t, kv, "batches/", "b1", time.Now().Add(-2*time.Hour))
+		start := time.Now()
+		require.NoError(t, other.Wake(t.Context()))
+		for cleared.Load() == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		assert.LessOrEqual(t, time.Since(start), DefaultWakePoll+20*time.Millisecond)
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		assert.True(t, fleetOn(t, other).Released)
+	})
+}
