@@ -459,3 +459,96 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestTableReviewScanWindows reads windows [start, end) of every shape (a
+// row's key, a key cut short, a key with a byte past '9' or below '0', the
+// prefix's neighbours) over rows of sub-millisecond times on PostgreSQL,
+// and of whole milliseconds elsewhere: each page is the window's first
+// keys, and a run of the window takes exactly them.
+func TestTableReviewScanWindows(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		j := newJobsTable(t, dl, true)
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(3, uint64(len(dl.name))))
+		base := time.UnixMilli(1_700_000_000_000)
+		var want []string
+		ids := map[int64]bool{}
+		for len(ids) < 40 {
+			id := rng.Int64N(60)
+			if rng.IntN(10) == 0 {
+				id = math.MaxInt64 - rng.Int64N(3)
+			}
+			if ids[id] {
+				continue
+			}
+			ids[id] = true
+			at := base.Add(time.Duration(rng.IntN(5)) * time.Millisecond)
+			if j.unit == sqlkv.Timestamp {
+				at = base.Add(time.Duration(rng.IntN(5000)) * time.Microsecond)
+			}
+			j.finish(t, id, "done", at)
+			want = append(want, string(rowKey(t, at, id)))
+		}
+		sortStrings(want)
+		a := j.atomic(t)
+		bound := func() []byte {
+			k := []byte(want[rng.IntN(len(want))])
+			switch rng.IntN(6) {
+			case 0:
+				return k
+			case 1:
+				return k[:len(tablePrefix)+rng.IntN(len(k)-len(tablePrefix))]
+			case 2:
+				i := len(tablePrefix) + rng.IntN(len(k)-len(tablePrefix))
+				return append(k[:i:i], []byte{'/', ':', '\xff', '0' - 1, '9' + 1}[rng.IntN(5)])
+			case 3:
+				return append(k, 0)
+			case 4:
+				return []byte(tablePrefix)
+			}
+			return []byte(tablePrefix + ":")
+		}
+		for range 150 {
+			start, end := bound(), bound()
+			var in []string
+			for _, k := range want {
+				if k >= string(start) && k < string(end) {
+					in = append(in, k)
+				}
+			}
+			limit := 1 + rng.IntN(8)
+			keys, err := a.Scan(ctx, start, end, limit)
+			require.NoError(t, err)
+			require.Equal(t, fmt.Sprint(in[:min(limit, len(in))]), fmt.Sprint(keyStrings(keys)), "Scan(%q, %q, %d)", start, end, limit)
+		}
+		// Runs of random windows, rolled back by their clear: each would
+		// clear the ids of the window's first keys, ascending.
+		stop := errors.New("roll back")
+		var cleared []string
+		b := j.kv(t).WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+			cleared = ids
+			return stop
+		})
+		for range 60 {
+			start, end := bound(), bound()
+			var in []string
+			for _, k := range want {
+				if k >= string(start) && k < string(end) {
+					in = append(in, k[len(k)-20:])
+				}
+			}
+			limit := 1 + rng.IntN(8)
+			cleared = nil
+			keys, err := b.ClearRun(ctx, tablePrefix, start, end, limit)
+			require.Empty(t, keys)
+			if len(in) == 0 {
+				require.NoError(t, err, "ClearRun(%q, %q, %d)", start, end, limit)
+				continue
+			}
+			require.ErrorIs(t, err, stop, "ClearRun(%q, %q, %d)", start, end, limit)
+			require.Equal(t, in[:min(limit, len(in))], cleared, "ClearRun(%q, %q, %d)", start, end, limit)
+		}
+		jobs, _ := j.ids(t)
+		assert.Len(t, jobs, len(want), "rows left after runs rolled back")
+	})
+}
