@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -170,6 +171,19 @@ func checkFilter(f string) error {
 	return nil
 }
 
+// integer reports whether a column of the type typ (lower case, as the
+// catalog names it) holds integers: SQLite's INTEGER affinity, or one of
+// the integer types of MySQL and PostgreSQL.
+func (d Dialect) integer(typ string) bool {
+	switch d {
+	case SQLite:
+		return strings.Contains(typ, "int")
+	case MySQL:
+		return slices.Contains([]string{"tinyint", "smallint", "mediumint", "int", "integer", "bigint"}, typ)
+	}
+	return slices.Contains([]string{"smallint", "integer", "bigint"}, typ)
+}
+
 // quoteIdent quotes a column name.
 func (d Dialect) quoteIdent(name string) string {
 	if d == MySQL {
@@ -218,15 +232,34 @@ func (t *TableKV) checkColumns(ctx context.Context, cfg Table) error {
 			AND b.SEQ_IN_INDEX = 2 AND b.COLUMN_NAME = ?`
 		indexArgs = append(indexArgs, name, cfg.Time, cfg.ID)
 	}
-	var typ string
-	if err := t.side.db.QueryRowContext(ctx, typeQ, typeArgs...).Scan(&typ); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("%w: %s has no column %q", ErrNoTable, cfg.Name, cfg.ID)
+	typeOf := func(col string) (string, error) {
+		args := append(slices.Clone(typeArgs[:len(typeArgs)-1]), col)
+		var typ string
+		if err := t.side.db.QueryRowContext(ctx, typeQ, args...).Scan(&typ); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return "", fmt.Errorf("%w: %s has no column %q", ErrNoTable, cfg.Name, col)
+			}
+			return "", wrap(ctx, op, err)
 		}
-		return wrap(ctx, op, err)
+		return strings.ToLower(typ), nil
 	}
-	if !strings.Contains(strings.ToLower(typ), "int") {
+	typ, err := typeOf(cfg.ID)
+	if err != nil {
+		return err
+	}
+	if !t.d.integer(typ) {
 		return fmt.Errorf("sqlkv: NewTable: column %s.%s is %s: Table.ID must be an integer column", cfg.Name, cfg.ID, typ)
+	}
+	if typ, err = typeOf(cfg.Time); err != nil {
+		return err
+	}
+	switch {
+	case cfg.TimeUnit == UnixMilli && !t.d.integer(typ):
+		return fmt.Errorf("sqlkv: NewTable: column %s.%s is %s: with TimeUnit UnixMilli, Table.Time must be an integer column of Unix milliseconds", cfg.Name, cfg.Time, typ)
+	case cfg.TimeUnit == Timestamp && typ != "timestamp with time zone":
+		// A timestamp without a zone holds the writer's local time: read
+		// as UTC, it made keys hours early west of Greenwich.
+		return fmt.Errorf("sqlkv: NewTable: column %s.%s is %s: with TimeUnit Timestamp, Table.Time must be a timestamptz (timestamp with time zone)", cfg.Name, cfg.Time, typ)
 	}
 	var n int64
 	if err := t.side.db.QueryRowContext(ctx, indexQ, indexArgs...).Scan(&n); err != nil {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -201,6 +202,7 @@ func TestNewTableChecksTheTable(t *testing.T) {
 			{"prefix ending in an id byte", func(c *sqlkv.Table) { c.Prefix = "jobs" }, "Table.Prefix"},
 			{"bad unit", func(c *sqlkv.Table) { c.TimeUnit = 7 }, "neither Timestamp nor UnixMilli"},
 			{"no filter, the index serves every row", func(c *sqlkv.Table) { c.Filter = "" }, ""},
+			{"a time column of another kind", func(c *sqlkv.Table) { c.TimeUnit = 1 - c.TimeUnit }, "Table.Time"},
 		}
 		for _, tt := range tests {
 			cfg := base
@@ -720,4 +722,66 @@ func TestTablePutKeyOfARowIsItsOneMarker(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, []string{string(retry)}, keyStrings(keys), "the moved key, its row still shadowed")
 	})
+}
+
+// postgresTable creates a table of PostgreSQL, its columns as given, with
+// an index on (finished, id), and a side table; both dropped when t ends.
+func postgresTable(t *testing.T, db *sql.DB, columns string) (name string, side *sqlkv.KV) {
+	t.Helper()
+	ctx := context.Background()
+	sideName := freshTable(t, db, sqlkv.PostgreSQL)
+	name = sideName + "_jobs"
+	for _, s := range []string{
+		"CREATE TABLE " + name + " (" + columns + ")",
+		"CREATE INDEX " + name + "_finished ON " + name + " (finished, id)",
+	} {
+		_, err := db.ExecContext(ctx, s)
+		require.NoError(t, err, s)
+	}
+	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+name) })
+	side, err := sqlkv.New(db, sqlkv.PostgreSQL, sideName)
+	require.NoError(t, err)
+	return name, side
+}
+
+// TestTableRefusesATimestampWithoutZone: a PostgreSQL timestamp without a
+// time zone holds the writer's local time; read as UTC, its keys were
+// hours early west of Greenwich, and a run deleted a row that had just
+// finished.
+func TestTableRefusesATimestampWithoutZone(t *testing.T) {
+	t.Parallel()
+	db, err := sql.Open("pgx", kvtest.ServerAddr(t, "RETENTION_POSTGRES_DSN")+"&timezone=America/New_York")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	name, side := postgresTable(t, db, "id BIGINT PRIMARY KEY, finished timestamp NULL")
+	_, err = sqlkv.NewTable(context.Background(), side, sqlkv.Table{Name: name, ID: "id", Time: "finished", Prefix: tablePrefix})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "must be a timestamptz")
+}
+
+// TestTableScansPastTheLargestIDOfItsColumn: paging and runs go on past
+// the largest id an int4 column holds, where the next page starts at
+// that id plus one.
+func TestTableScansPastTheLargestIDOfItsColumn(t *testing.T) {
+	t.Parallel()
+	db := openPostgres(t, "")
+	ctx := context.Background()
+	name, side := postgresTable(t, db, "id INTEGER PRIMARY KEY, finished timestamptz NULL")
+	at := time.UnixMilli(1_700_000_000_000)
+	for id, fin := range map[int64]time.Time{math.MaxInt32: at, 1: at.Add(time.Millisecond)} {
+		_, err := db.ExecContext(ctx, "INSERT INTO "+name+" (id, finished) VALUES ($1, $2)", id, fin)
+		require.NoError(t, err)
+	}
+	table, err := sqlkv.NewTable(ctx, side, sqlkv.Table{Name: name, ID: "id", Time: "finished", Prefix: tablePrefix})
+	require.NoError(t, err)
+	end := []byte(tablePrefix + ":")
+	keys, err := table.Scan(ctx, []byte(tablePrefix), end, 1)
+	require.NoError(t, err)
+	require.Equal(t, []string{string(rowKey(t, at, math.MaxInt32))}, keyStrings(keys))
+	keys, err = table.Scan(ctx, append(keys[0], 0), end, 1)
+	require.NoError(t, err, "the page after id %d", math.MaxInt32)
+	assert.Equal(t, []string{string(rowKey(t, at.Add(time.Millisecond), 1))}, keyStrings(keys))
+	keys, err = table.WithClear(nil).ClearRun(ctx, tablePrefix, append(rowKey(t, at, math.MaxInt32), 0), end, 1)
+	require.NoError(t, err, "the run after id %d", math.MaxInt32)
+	assert.Equal(t, []string{string(rowKey(t, at.Add(time.Millisecond), 1))}, keyStrings(keys))
 }

@@ -20,10 +20,22 @@ type where struct {
 	bare bool
 }
 
-// arg adds v and returns its placeholder.
+// arg adds v and returns its placeholder. On PostgreSQL an integer goes
+// as a bigint and a time as a timestamptz: a bound past an integer
+// column's range (the id after the largest an int4 holds) then compares,
+// where pgx refused to send it as the column's type.
 func (w *where) arg(v any) string {
 	w.args = append(w.args, v)
-	return w.d.ph(len(w.args))
+	ph := w.d.ph(len(w.args))
+	if w.d == PostgreSQL {
+		switch v.(type) {
+		case int64:
+			ph += "::bigint"
+		case time.Time:
+			ph += "::timestamptz"
+		}
+	}
+	return ph
 }
 
 // and adds a condition.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/marksweep/retention"
@@ -221,9 +222,24 @@ func (t *TableKV) Delete(ctx context.Context, keys ...[]byte) error {
 	return t.delete(ctx, keys, nil)
 }
 
+// inShadows refuses a key where the side table keeps its shadows: only
+// the store writes and deletes them.
+func (t *TableKV) inShadows(op string, keys ...[]byte) error {
+	lo, hi := t.shadowRange()
+	for _, k := range keys {
+		if bytes.Compare(k, lo) >= 0 && bytes.Compare(k, hi) < 0 {
+			return fmt.Errorf("sqlkv: %s %q: keys from %q on are the shadows of table %s's rows", op, k, lo, t.name)
+		}
+	}
+	return nil
+}
+
 func (t *TableKV) delete(ctx context.Context, keys [][]byte, lease *sqlLease) error {
 	if len(keys) == 0 {
 		return ctx.Err()
+	}
+	if err := t.inShadows("Delete of", keys...); err != nil {
+		return err
 	}
 	return t.inTx(ctx, "delete from", lease, func(tx *sql.Tx) error {
 		rows, side, err := t.split(ctx, tx, keys)
@@ -257,8 +273,8 @@ func (t *TableKV) put(ctx context.Context, key, value []byte, lease *sqlLease) e
 	if len(value) != 0 {
 		return fmt.Errorf("sqlkv: Put of %q with a %d-byte value: the side table stores keys only", key, len(value))
 	}
-	if lo, hi := t.shadowRange(); bytes.Compare(key, lo) >= 0 && bytes.Compare(key, hi) < 0 {
-		return fmt.Errorf("sqlkv: Put of %q: keys from %q on are the shadows of table %s's rows", key, lo, t.name)
+	if err := t.inShadows("Put of", key); err != nil {
+		return err
 	}
 	return t.inTx(ctx, "insert into", lease, func(tx *sql.Tx) error {
 		if e, ok := t.entityOf(key); ok {
@@ -291,6 +307,9 @@ func (t *TableKV) Move(ctx context.Context, from, to [][]byte) error {
 }
 
 func (t *TableKV) move(ctx context.Context, from, to [][]byte, lease *sqlLease) error {
+	if err := t.inShadows("Move of", append(slices.Clone(from), to...)...); err != nil {
+		return err
+	}
 	return t.inTx(ctx, "move in", lease, func(tx *sql.Tx) error {
 		for i := range from {
 			if err := t.movePair(ctx, tx, from[i], to[i]); err != nil {
@@ -330,6 +349,20 @@ func (t *TableKV) movePair(ctx context.Context, tx *sql.Tx, from, to []byte) err
 		_, err = t.side.put(ctx, tx, to, nil)
 		return err
 	}
+	// Back to a row's own key, when the row is that marker but for its
+	// shadow: the shadow is lifted. The row is locked before the side
+	// key, as a clear locks them: the other order deadlocked with it.
+	var backToRow []row
+	if ms, id, ok := t.parseRowKey(to); ok {
+		w := &where{d: t.d}
+		w.and(t.col(t.id) + " = " + w.arg(id))
+		w.and(t.col(t.tm) + " > " + w.arg(t.bound(ms-1)))
+		w.and(t.col(t.tm) + " <= " + w.arg(t.bound(ms)))
+		t.filterCond(w)
+		if backToRow, err = t.readRows(ctx, tx, t.selectRows()+w.String()+t.forUpdate(), w.args, 1); err != nil {
+			return wrap(ctx, "read "+t.table, err)
+		}
+	}
 	present, err := t.existingSide(ctx, tx, [][]byte{from})
 	if err != nil || len(present) == 0 {
 		return err
@@ -337,22 +370,9 @@ func (t *TableKV) movePair(ctx context.Context, tx *sql.Tx, from, to []byte) err
 	if _, err := t.side.deleteIn(ctx, tx, [][]byte{from}, nil); err != nil {
 		return err
 	}
-	if ms, id, ok := t.parseRowKey(to); ok {
-		// Back to the row's own key, when the row is that marker but for
-		// its shadow: lift the shadow.
-		w := &where{d: t.d}
-		w.and(t.col(t.id) + " = " + w.arg(id))
-		w.and(t.col(t.tm) + " > " + w.arg(t.bound(ms-1)))
-		w.and(t.col(t.tm) + " <= " + w.arg(t.bound(ms)))
-		t.filterCond(w)
-		rs, err := t.readRows(ctx, tx, t.selectRows()+w.String()+t.forUpdate(), w.args, 1)
-		if err != nil {
-			return wrap(ctx, "read "+t.table, err)
-		}
-		if len(rs) > 0 {
-			_, err := t.side.deleteIn(ctx, tx, [][]byte{t.shadowKey(id)}, nil)
-			return err
-		}
+	if len(backToRow) > 0 {
+		_, err := t.side.deleteIn(ctx, tx, [][]byte{t.shadowKey(backToRow[0].id)}, nil)
+		return err
 	}
 	_, err = t.side.put(ctx, tx, to, nil)
 	return err
