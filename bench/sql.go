@@ -17,13 +17,18 @@ import (
 
 // SQL holds the tables of the database/sql contenders on one server, for
 // any dialect of the sqlkv module: a jobs table (an entity's state, bigint
-// ids) and a sqlkv marker table beside it. Create it with NewSQL and drop
-// its tables with Close.
+// ids, the finish time indexed with the id) and a sqlkv marker table
+// beside it. Create it with NewSQL and drop its tables with Close.
 //
 // Unlike the PostgreSQL suite of PG, whose floor is one DELETE of every
 // expired row, the floor here deletes what a sweep deletes, jobs and their
 // markers, in batches of the sweep's size, one transaction a batch: what
 // it measures is the sweep's cost over the same work written by hand.
+//
+// The jobs table is also the marker store of its own sweep (Table): its
+// rows, by their finish time, through a sqlkv.AtomicTableKV whose side
+// table is the marker table, against the batched DELETE by the finish
+// time a user would write instead (ColumnDelete).
 type SQL struct {
 	db      *sql.DB
 	d       sqlkv.Dialect
@@ -31,6 +36,7 @@ type SQL struct {
 	markers string // quoted
 	names   []string
 	kv      *sqlkv.KV
+	table   *sqlkv.AtomicTableKV // over jobs, its side table the marker table
 	batch   int
 
 	// Timing, when not nil, adds up the calls of the retention contenders.
@@ -38,26 +44,31 @@ type SQL struct {
 }
 
 // NewSQL creates the tables name_jobs and name_markers (which must not
-// exist) in db, whose dialect is d. batch is the size of every
-// contender's batches: the floor's transactions and the sweeps' BatchSize
-// and PageSize.
+// exist) in db, whose dialect is d. batch is the size of the batches of
+// the contenders over the marker table: the floor's transactions and the
+// sweeps' BatchSize and PageSize.
 func NewSQL(ctx context.Context, db *sql.DB, d sqlkv.Dialect, name string, batch int) (*SQL, error) {
 	if batch < 1 {
 		return nil, fmt.Errorf("batch must be at least 1, got %d", batch)
 	}
 	s := &SQL{db: db, d: d, batch: batch, names: []string{name + "_jobs", name + "_markers"}}
 	s.jobs, s.markers = s.quote(s.names[0]), s.quote(s.names[1])
-	// Shaped like PG's jobs table, with the types of each database.
+	// Shaped like PG's jobs table, with the types of each database. The
+	// finish time is Unix milliseconds on MySQL and SQLite, the type a
+	// sqlkv.TableKV reads there, and its index is the (time, id) one the
+	// table sweep needs; InnoDB's and SQLite's indexes end with the
+	// primary key anyway.
 	var create []string
+	unit := sqlkv.UnixMilli
 	switch d {
 	case sqlkv.MySQL:
 		create = []string{`CREATE TABLE ` + s.jobs + ` (
 			id BIGINT NOT NULL PRIMARY KEY,
 			kind VARCHAR(64) NOT NULL,
 			state VARCHAR(16) NOT NULL,
-			finished_at DATETIME(3) NOT NULL,
+			finished_at BIGINT NOT NULL, -- Unix milliseconds
 			args JSON NOT NULL,
-			INDEX (finished_at)) ENGINE=InnoDB`}
+			INDEX (finished_at, id)) ENGINE=InnoDB`}
 	case sqlkv.SQLite:
 		// INTEGER PRIMARY KEY is the rowid: the fastest key SQLite has.
 		create = []string{`CREATE TABLE ` + s.jobs + ` (
@@ -66,15 +77,16 @@ func NewSQL(ctx context.Context, db *sql.DB, d sqlkv.Dialect, name string, batch
 			state TEXT NOT NULL,
 			finished_at INTEGER NOT NULL, -- Unix milliseconds
 			args TEXT NOT NULL)`,
-			`CREATE INDEX ` + s.quote(name+"_jobs_finished_at") + ` ON ` + s.jobs + ` (finished_at)`}
+			`CREATE INDEX ` + s.quote(name+"_jobs_finished_at") + ` ON ` + s.jobs + ` (finished_at, id)`}
 	case sqlkv.PostgreSQL:
+		unit = sqlkv.Timestamp
 		create = []string{`CREATE TABLE ` + s.jobs + ` (
 			id bigint PRIMARY KEY,
 			kind text NOT NULL,
 			state text NOT NULL,
 			finished_at timestamptz NOT NULL,
 			args jsonb NOT NULL)`,
-			`CREATE INDEX ON ` + s.jobs + ` (finished_at)`}
+			`CREATE INDEX ON ` + s.jobs + ` (finished_at, id)`}
 	default:
 		return nil, fmt.Errorf("dialect %v", d)
 	}
@@ -91,6 +103,11 @@ func NewSQL(ctx context.Context, db *sql.DB, d sqlkv.Dialect, name string, batch
 		return nil, err
 	}
 	s.kv = kv
+	t, err := sqlkv.NewTable(ctx, kv, sqlkv.Table{Name: s.names[0], ID: "id", Time: "finished_at", TimeUnit: unit, Prefix: Prefix})
+	if err != nil {
+		return nil, err
+	}
+	s.table = t.WithClear(nil)
 	return s, nil
 }
 
@@ -171,7 +188,13 @@ func (s *SQL) phs(first, n int) string {
 // multi-row INSERTs of 1,000 rows, then has the database update its
 // statistics (and, on SQLite, checkpoint its WAL), so that every
 // contender starts alike.
-func (s *SQL) Setup(ctx context.Context, n int) error {
+func (s *SQL) Setup(ctx context.Context, n int) error { return s.setup(ctx, n, true) }
+
+// SetupRows is Setup with no marker rows: the jobs alone, for the
+// contenders whose markers are the jobs' rows.
+func (s *SQL) SetupRows(ctx context.Context, n int) error { return s.setup(ctx, n, false) }
+
+func (s *SQL) setup(ctx context.Context, n int, withMarkers bool) error {
 	empty := []string{`TRUNCATE TABLE ` + s.jobs, `TRUNCATE TABLE ` + s.markers}
 	if s.d == sqlkv.SQLite {
 		empty = []string{`DELETE FROM ` + s.jobs, `DELETE FROM ` + s.markers}
@@ -200,9 +223,9 @@ func (s *SQL) Setup(ctx context.Context, n int) error {
 			at := base.Add(time.Duration(i) * time.Millisecond)
 			k := len(jobArgs)
 			fmt.Fprintf(&jobs, "(%s, 'bench', 'completed', %s, '{\"n\": 1}')", s.phs(k+1, 1), s.phs(k+2, 1))
-			var finished any = at
-			if s.d == sqlkv.SQLite {
-				finished = at.UnixMilli()
+			var finished any = at.UnixMilli()
+			if s.d == sqlkv.PostgreSQL {
+				finished = at
 			}
 			jobArgs = append(jobArgs, int64(i), finished)
 			key, err := retention.MarkerKey(Prefix, at, strconv.Itoa(i))
@@ -214,6 +237,9 @@ func (s *SQL) Setup(ctx context.Context, n int) error {
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.jobs+` (id, kind, state, finished_at, args) VALUES `+jobs.String(), jobArgs...); err != nil {
 			return fmt.Errorf("insert jobs: %w", err)
+		}
+		if !withMarkers {
+			continue
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO `+s.markers+` (marker) VALUES `+markers.String(), markerArgs...); err != nil {
 			return fmt.Errorf("insert markers: %w", err)
@@ -412,10 +438,68 @@ func (s *SQL) retention(name string, kv retention.KV, cfg retention.Config) Cont
 	}
 }
 
+// ColumnDelete deletes the backlog by hand by the jobs' finish time, with
+// no marker and no sweep: what a user would run from cron in place of a
+// sweep. Each statement deletes the oldest size expired jobs by the index
+// on (finished_at, id), in a transaction of its own, until one comes back
+// short: on MySQL DELETE ... ORDER BY finished_at LIMIT size, elsewhere,
+// which have no LIMIT on a DELETE, DELETE ... WHERE id IN (SELECT id ...
+// ORDER BY finished_at LIMIT size).
+func (s *SQL) ColumnDelete(size int) Contender {
+	q := fmt.Sprintf(`DELETE FROM %s WHERE id IN (SELECT id FROM %s WHERE finished_at < %s ORDER BY finished_at LIMIT %d)`,
+		s.jobs, s.jobs, s.phs(1, 1), size)
+	if s.d == sqlkv.MySQL {
+		q = fmt.Sprintf(`DELETE FROM %s WHERE finished_at < ? ORDER BY finished_at LIMIT %d`, s.jobs, size)
+	}
+	return Contender{
+		Name:  fmt.Sprintf("by hand: DELETE by finished_at, %d per statement (no markers)", size),
+		Setup: s.SetupRows,
+		Clear: func(ctx context.Context) (int, error) {
+			total := 0
+			for {
+				var cutoff any = time.Now().Add(-Retention).UnixMilli()
+				if s.d == sqlkv.PostgreSQL {
+					cutoff = time.Now().Add(-Retention)
+				}
+				res, err := s.db.ExecContext(ctx, q, cutoff)
+				if err != nil {
+					return total, err
+				}
+				n, err := res.RowsAffected()
+				total += int(n)
+				if err != nil || n < int64(size) {
+					return total, err
+				}
+			}
+		},
+		Check: s.Check,
+	}
+}
+
+// Table sweeps the jobs table itself with one Pass over a
+// sqlkv.AtomicTableKV: the jobs are the markers, by finished_at, and each
+// run of size (concurrency 1) deletes its rows by the index's range.
+func (s *SQL) Table(size int) Contender {
+	c := s.retention(fmt.Sprintf("retention table sweep of the jobs, runs of %d (AtomicTableKV)", size), s.table, runsOf(size))
+	c.Setup = s.SetupRows
+	return c
+}
+
+// TableRuns is the size of the runs of ColumnDelete and Table that the
+// table sweep is held to: River's batch.
+const TableRuns = RiverBatch
+
 // Contenders returns the floor first (the baseline of the table), then
-// the atomic and the batched sweep.
+// the atomic and the batched sweep; then the batched DELETE by the
+// finish time (ColumnDelete, the baseline of the table sweep) of
+// TableRuns and of the batch size, and the table sweep with runs of
+// either.
 func (s *SQL) Contenders() []Contender {
-	return []Contender{s.Floor(), s.Atomic(), s.Batched()}
+	cs := []Contender{s.Floor(), s.Atomic(), s.Batched(), s.ColumnDelete(TableRuns), s.Table(TableRuns)}
+	if s.batch != TableRuns {
+		cs = append(cs, s.ColumnDelete(s.batch), s.Table(s.batch))
+	}
+	return cs
 }
 
 // SQLiteDSN is how the benchmark opens SQLite through modernc.org/sqlite,

@@ -7,6 +7,12 @@
 //
 //	./scripts/test --exec ./scripts/bench sql
 //
+// Beside them it runs the table sweep (sqlkv.AtomicTableKV), whose
+// markers are the jobs' rows by their finish time, against a batched
+// DELETE by that time written by hand, in runs of 10,000 and of the batch
+// size, in the same rounds; the table gives every contender's ratio to
+// the floor and to the DELETE of either size.
+//
 // With -pages it adds the atomic sweep with the AtomicKV's runs hidden,
 // which reads each page and clears it by ClearAndDelete: what the runs
 // (AtomicKV.ClearRun) buy. With -cpu it reports the CPU time per entity
@@ -30,6 +36,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +53,7 @@ import (
 var (
 	pages      = flag.Bool("pages", false, "add the atomic sweep with its runs hidden, which reads pages and clears them by ClearAndDelete (what runs buy)")
 	cpuprofile = flag.String("cpuprofile", "", "write this process's CPU profile of the whole run to the file (SQLite runs in it), each contender's clears labelled contender=<its name> (pprof -tagfocus)")
+	match      = flag.String("match", "", "run only the contenders whose name contains one of these comma-separated strings, besides the baselines (the floor and the DELETEs by finished_at)")
 	cpu        = flag.Bool("cpu", false, "also measure the CPU time per entity of the server (on this machine) and of this process, and the ratios by CPU, which swing less with the load than rates (SQLite's is all this process's)")
 )
 
@@ -53,7 +61,7 @@ func main() {
 	n := flag.Int("n", 100_000, "expired entities per run on MariaDB and PostgreSQL")
 	sqliteN := flag.Int("sqlite-n", 100_000, "expired entities per run on SQLite")
 	rounds := flag.Int("rounds", 5, "rounds; every contender runs once per round")
-	batch := flag.Int("batch", 1000, "the floor's rows per transaction, and the sweeps' BatchSize and PageSize")
+	batch := flag.Int("batch", 1000, "the floor's rows per transaction, the sweeps' BatchSize and PageSize, and the smaller runs of the table sweep and of the DELETE by finished_at (the larger: 10,000)")
 	only := flag.String("only", "mysql,mysql-interpolate,sqlite,pg", "comma-separated suites to run: mysql, mysql-interpolate (the driver's interpolateParams=true), sqlite, pg")
 	timing := flag.Bool("timing", false, "after the rounds, run each sweep once more and break its time down by call (scan, marker delete, clear)")
 	flag.Parse()
@@ -217,6 +225,31 @@ func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, ro
 	if *pages {
 		cs = append(cs, s.AtomicPages())
 	}
+	// The baselines: the floor of the marker table's contenders, and the
+	// DELETE by finished_at of each size of the table sweep's runs.
+	base := []bench.Baseline{{Label: "floor", Name: cs[0].Name}}
+	for _, size := range []int{bench.TableRuns, batch} {
+		b := bench.Baseline{Label: fmt.Sprintf("DELETE %d", size), Name: s.ColumnDelete(size).Name}
+		if !slices.Contains(base, b) {
+			base = append(base, b)
+		}
+	}
+	isBase := func(c bench.Contender) bool {
+		return slices.ContainsFunc(base, func(b bench.Baseline) bool { return b.Name == c.Name })
+	}
+	if *match != "" {
+		cs = slices.DeleteFunc(cs, func(c bench.Contender) bool {
+			if isBase(c) {
+				return false
+			}
+			for m := range strings.SplitSeq(*match, ",") {
+				if strings.Contains(c.Name, m) {
+					return false
+				}
+			}
+			return true
+		})
+	}
 	if *cpuprofile != "" {
 		for i := range cs {
 			cs[i].Clear = labelled(cs[i].Name, cs[i].Clear)
@@ -236,14 +269,17 @@ func suite(ctx context.Context, title string, db *sql.DB, d sqlkv.Dialect, n, ro
 		return err
 	}
 	fmt.Printf("## %s, %d expired entities per run\n\n", title, n)
-	if err := bench.Table(os.Stdout, res, bench.Baseline{Label: "floor", Name: cs[0].Name}); err != nil {
+	if err := bench.Table(os.Stdout, res, base...); err != nil {
 		return err
 	}
 	fmt.Printf("\n(%d rounds in %v, setup included; every run checked to leave 0 jobs and 0 markers)\n\n", rounds, time.Since(start).Round(time.Second))
 	if !timing {
 		return nil
 	}
-	for _, c := range cs[1:] {
+	for _, c := range cs {
+		if isBase(c) {
+			continue
+		}
 		s.Timing = &bench.Timing{}
 		rate, err := bench.Once(ctx, c, n)
 		if err != nil {
