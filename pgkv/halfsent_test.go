@@ -354,7 +354,12 @@ func halfSentFreesLease(t *testing.T, what string, prepared bool, warm func(ctx 
 	holderPool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 
-	const ttl = time.Second
+	// The holder must keep its lease through the setup below, which a
+	// loaded machine (every core busy, the race detector) stretches to
+	// seconds: lost there, the fenced send returns ErrLeaseLost without a
+	// round trip and the proof checks nothing. 3s leaves a renewal 2.7s,
+	// as the other lease tests do; the takeover waits for about a TTL.
+	const ttl = 3 * time.Second
 	opts := &pgkv.LockerOptions{TTL: ttl, Table: leases}
 	holderLocker, err := pgkv.NewLocker(holderPool, "halfsent", opts)
 	require.NoError(t, err)
@@ -389,6 +394,8 @@ func halfSentFreesLease(t *testing.T, what string, prepared bool, warm func(ctx 
 	}()
 	select {
 	case <-proxy.cut:
+	case err := <-clearDone:
+		t.Fatalf("the %s returned before it reached the lease check: %v", what, err)
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the %s never reached the lease check", what)
 	}
