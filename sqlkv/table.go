@@ -80,6 +80,9 @@ type TableKV struct {
 	prefix string
 	shadow string // prefix + "~": the side table's keys that shadow a row
 	name   string // as given, for messages
+	// returning says that a DELETE can return the rows it deleted in the
+	// same statement: PostgreSQL, and MariaDB where MySQL cannot.
+	returning bool
 }
 
 var (
@@ -128,6 +131,14 @@ func NewTable(ctx context.Context, side *KV, t Table) (*TableKV, error) {
 		filter: t.Filter, prefix: t.Prefix, shadow: t.Prefix + "~", name: t.Name}
 	if err := tk.checkColumns(ctx, t); err != nil {
 		return nil, err
+	}
+	tk.returning = d == PostgreSQL
+	if d == MySQL {
+		var version string
+		if err := side.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+			return nil, wrap(ctx, "check table "+table, err)
+		}
+		tk.returning = strings.Contains(version, "MariaDB")
 	}
 	return tk, nil
 }

@@ -431,6 +431,11 @@ func (a *AtomicTableKV) runEnd(ctx context.Context, tx *sql.Tx, lo, hi viewPos, 
 		return nil, nil, wrap(ctx, "read "+a.table, err)
 	}
 	n := nth[0]
+	if a.unit == UnixMilli {
+		// A millisecond is one value of the column: the index orders its
+		// rows by id, as their keys.
+		return &runCut{ms: n.ms, id: n.id}, a.rowKey(nil, n.ms, n.id), nil
+	}
 	// The run holds the rows before n in the index, and as many of n's
 	// millisecond as the index put before n, plus one: those of the
 	// smallest ids. Counted and picked in the database, which sorts only
@@ -478,12 +483,15 @@ func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPo
 		w.and(tm + " <= " + w.arg(a.bound(cut.ms)))
 		w.and("(" + tm + " <= " + w.arg(a.bound(cut.ms-1)) + " OR " + a.col(a.id) + " <= " + w.arg(cut.id) + ")")
 	}
-	if a.d != MySQL {
+	if a.returning {
 		q := "DELETE FROM " + a.table + " WHERE " + w.String() + " RETURNING " + a.col(a.id) + ", " + a.col(a.tm)
 		rows, err := a.readRows(ctx, tx, q, w.args, limit)
 		return rows, wrap(ctx, "delete from "+a.table, err)
 	}
-	// MySQL has no RETURNING: the rows are read and locked first, and the
+	// MySQL has no RETURNING (MariaDB has, and takes the path above), and
+	// SQLite's cost more than a read of the index and a DELETE that
+	// returns nothing (2.55 against 1.64 us an entity): the rows are read
+	// (locked on MySQL; SQLite's transaction holds the write lock) and the
 	// delete must take exactly them.
 	rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.forUpdate(), w.args, limit)
 	if err != nil || len(rows) == 0 {
