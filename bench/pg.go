@@ -158,7 +158,7 @@ func (p *PG) Table(size int) Contender {
 // RiverContenders returns the contenders on river_job: the floor, River,
 // and the table sweep.
 func (p *PG) RiverContenders() []Contender {
-	return []Contender{p.RiverFloor(), p.River(), p.Table(RiverBatch), p.Table(retention.MaxPageSize)}
+	return []Contender{p.RiverFloor(), p.River(), p.Table(RiverBatch), p.Table(retention.MaxPageSize), p.TableRunsOnly(RiverBatch)}
 }
 
 // MigrateRiver creates River's tables in schema and returns River's
@@ -577,5 +577,28 @@ func (p *PG) Contenders() []Contender {
 		p.AtomicText("retention batched+atomic 10000, page 10000, concurrency 1, text ids", retention.Config{BatchSize: 10_000, PageSize: 10_000}),
 		p.AtomicRuns(1000), p.AtomicRuns(10_000), p.AtomicRunsText(10_000), p.AtomicRuns(retention.MaxPageSize),
 		p.DatabasePicks(10_000), p.ColumnPicks(10_000),
+	}
+}
+
+// TableRunsOnly calls the table store's ClearRun in a loop, with no
+// sweep: the bound of the table sweep, what the store costs without the
+// core.
+func (p *PG) TableRunsOnly(size int) Contender {
+	return Contender{
+		Name:  fmt.Sprintf("bound: the table store's runs of %d (no sweep)", size),
+		Setup: p.SetupRiver,
+		Clear: func(ctx context.Context) (int, error) {
+			total := 0
+			from, end := []byte(Prefix), expiredEnd()
+			for {
+				keys, err := p.table.ClearRun(ctx, Prefix, from, end, size)
+				total += len(keys)
+				if err != nil || len(keys) < size {
+					return total, err
+				}
+				from = append(keys[len(keys)-1], 0)
+			}
+		},
+		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.riverJob()) },
 	}
 }
