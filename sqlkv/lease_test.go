@@ -67,35 +67,20 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 	_, err := admin.ExecContext(ctx, "CREATE TABLE "+state+" (id VARCHAR(100) PRIMARY KEY, outcome VARCHAR(20) NOT NULL)")
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+state) })
-	lease := "lease-" + markers
-	leases := freshLeaseTable(t, admin, dl.d)
+	lease := dl.fleetLease(t, admin, "lease-"+markers)
 	writer, err := sqlkv.New(admin, dl.d, markers)
 	require.NoError(t, err)
-	ttl := leaseTTL
-	if dl.d == sqlkv.SQLite {
-		ttl = sqliteLeaseTTL
-	}
-	// No lease may be lost while its holder lives and the database
-	// answers: only the harness's Expire, a Kill or a Release may end one.
-	watch := &leaseWatch{}
-	t.Cleanup(func() {
-		if lost := watch.unexplained(); lost != "" {
-			t.Errorf("a lease was lost while its holder lived and the database answered: %s", lost)
-		}
-	})
 
 	return leasetest.Harness{
-		TTL: ttl,
+		TTL: lease.ttl,
 		NewReplica: func(t testing.TB) leasetest.Replica {
 			db := dl.open(t, path)
 			db.SetMaxOpenConns(4)
 			kv, err := sqlkv.New(db, dl.d, markers)
 			require.NoError(t, err)
-			locker, err := sqlkv.NewLocker(kv, lease, &sqlkv.LockerOptions{TTL: ttl, Table: leases})
-			require.NoError(t, err)
 			return leasetest.Replica{
 				KV:     kv,
-				Locker: watchedLocker{Locker: locker, watch: watch, db: db},
+				Locker: lease.locker(t, kv, db),
 				Clear: func(ctx context.Context, id string) error {
 					_, err := db.ExecContext(ctx, q(dl.d, "DELETE FROM "+state+" WHERE id = ?"), id)
 					return err
@@ -122,37 +107,85 @@ func (dl dialect) harness(t testing.TB) leasetest.Harness {
 			return tx.Commit()
 		},
 		Present: func(ctx context.Context, ids []string) (map[string]bool, error) {
-			present := map[string]bool{}
-			for part := 0; part < len(ids); part += 500 {
-				chunk := ids[part:min(part+500, len(ids))]
-				args := make([]any, len(chunk))
-				for i, id := range chunk {
-					args[i] = id
-				}
-				rows, err := admin.QueryContext(ctx, q(dl.d, "SELECT id FROM "+state+" WHERE id IN (?"+strings.Repeat(", ?", len(chunk)-1)+")"), args...)
-				if err != nil {
-					return nil, err
-				}
-				for rows.Next() {
-					var id string
-					if err := rows.Scan(&id); err != nil {
-						rows.Close()
-						return nil, err
-					}
-					present[id] = true
-				}
-				rows.Close()
-				if err := rows.Err(); err != nil {
-					return nil, err
-				}
-			}
-			return present, nil
+			return presentIDs(ctx, admin, dl.d, state, "id", ids, func(id string) (any, error) { return id, nil })
 		},
-		Expire: func(t testing.TB) {
-			watch.takenAway.Store(true)
-			expireLease(t, admin, dl.d, leases, lease)
-		},
+		Expire: lease.expire,
 	}
+}
+
+// presentIDs reports which of ids the column col of table holds; arg
+// returns an id's value in the column.
+func presentIDs(ctx context.Context, db *sql.DB, d sqlkv.Dialect, table, col string, ids []string, arg func(id string) (any, error)) (map[string]bool, error) {
+	present := map[string]bool{}
+	for part := 0; part < len(ids); part += 500 {
+		chunk := ids[part:min(part+500, len(ids))]
+		args := make([]any, len(chunk))
+		idOf := make(map[string]string, len(chunk)) // the column's value as text: the id
+		for i, id := range chunk {
+			v, err := arg(id)
+			if err != nil {
+				return nil, err
+			}
+			args[i], idOf[fmt.Sprint(v)] = v, id
+		}
+		rows, err := db.QueryContext(ctx, q(d, "SELECT "+col+" FROM "+table+" WHERE "+col+" IN (?"+strings.Repeat(", ?", len(chunk)-1)+")"), args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var v string
+			if err := rows.Scan(&v); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			present[idOf[v]] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return present, nil
+}
+
+// fleetLease is the lease the replicas of a fleet harness share, with a
+// watch that fails the test when one is lost for no reason: no lease may
+// be lost while its holder lives and the database answers, only the
+// harness's Expire, a Kill or a Release may end one.
+type fleetLease struct {
+	dl          dialect
+	admin       *sql.DB
+	table, name string
+	ttl         time.Duration
+	watch       *leaseWatch
+}
+
+// fleetLease makes a lease table in admin's database for a fleet harness's
+// lease called name.
+func (dl dialect) fleetLease(t testing.TB, admin *sql.DB, name string) *fleetLease {
+	l := &fleetLease{dl: dl, admin: admin, table: freshLeaseTable(t, admin, dl.d), name: name, ttl: leaseTTL, watch: &leaseWatch{}}
+	if dl.d == sqlkv.SQLite {
+		l.ttl = sqliteLeaseTTL
+	}
+	t.Cleanup(func() {
+		if lost := l.watch.unexplained(); lost != "" {
+			t.Errorf("a lease was lost while its holder lived and the database answered: %s", lost)
+		}
+	})
+	return l
+}
+
+// locker returns a replica's Locker of the lease, over kv and its db.
+func (l *fleetLease) locker(t testing.TB, kv *sqlkv.KV, db *sql.DB) retention.Locker {
+	locker, err := sqlkv.NewLocker(kv, l.name, &sqlkv.LockerOptions{TTL: l.ttl, Table: l.table})
+	require.NoError(t, err)
+	return watchedLocker{Locker: locker, watch: l.watch, db: db}
+}
+
+// expire takes the lease away from its holder from outside.
+func (l *fleetLease) expire(t testing.TB) {
+	l.watch.takenAway.Store(true)
+	expireLease(t, l.admin, l.dl.d, l.table, l.name)
 }
 
 // leaseWatch records the leases of a fleet harness lost for no reason:
