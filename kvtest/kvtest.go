@@ -141,9 +141,11 @@ func markerKey(t *testing.T, prefix string, at time.Time, id string) string {
 
 func put(t *testing.T, s Store, keys ...string) {
 	t.Helper()
-	ctx := ctxFor(t)
 	for _, k := range keys {
-		if err := s.Put(ctx, []byte(k)); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		err := s.Put(ctx, []byte(k))
+		cancel()
+		if err != nil {
 			t.Fatalf("Put(%q) = %v", k, err)
 		}
 	}
