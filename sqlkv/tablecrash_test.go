@@ -21,7 +21,7 @@ import (
 )
 
 // TestCrashTableSQLite is TestCrashAtomicSQLite over a table whose rows
-// are the markers (an AtomicTableKV): a child process sweeps 30,000
+// are the markers (an AtomicTableKV): a child process sweeps 8,000
 // expired and 800 unexpired finished jobs, and 400 still running, of a
 // SQLite file; a trigger fails the delete of poison jobs half the time,
 // so batches fail, bisect and move their rows' markers to the side table;
@@ -106,7 +106,7 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 // before a kill: tableCrashExpired keeps the children busy up to the last.
 const (
 	tableCrashRunning = 400
-	tableCrashExpired = 30_000
+	tableCrashExpired = 8_000
 )
 
 // tableCrashSweep is crashSweep over the jobs table as the marker store.

@@ -75,7 +75,19 @@ func (t *TableKV) rangeConds(w *where, lo, hi viewPos) {
 		w.and(tm + " <= " + w.arg(t.bound(hi.ms)))
 		w.and("NOT (" + tm + " > " + w.arg(t.bound(hi.ms-1)) + " AND " + id + " >= " + w.arg(hi.id) + ")")
 	}
-	w.and(id + " >= 0")
+	// No key carries a negative id. Written so that no planner takes it
+	// for a range of the primary key: SQLite scanned a whole table by
+	// rowid for every run (id INTEGER PRIMARY KEY) and MariaDB planned
+	// the run's DELETE on the primary key, where the (time, id) index
+	// reads only the run.
+	switch t.d {
+	case SQLite:
+		w.and("+" + id + " >= 0")
+	case MySQL:
+		w.and(id + " + 0 >= 0")
+	default:
+		w.and(id + " >= 0")
+	}
 	t.markerConds(w)
 }
 
