@@ -2,9 +2,7 @@ package sqlkv_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
@@ -118,9 +116,7 @@ func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, 
 		TimeUnit: sqlkv.UnixMilli, Filter: "state = 'done'", Prefix: crashPrefix})
 	require.NoError(t, err)
 	akv := table.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
-		var raw [8]byte
-		_, _ = rand.Read(raw[:])
-		token := hex.EncodeToString(raw[:])
+		token := txToken()
 		for _, id := range ids {
 			n, err := strconv.ParseInt(id, 10, 64)
 			if err != nil {
@@ -159,69 +155,103 @@ func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, 
 // file no process writes to.
 func tableCrashCheck(t testing.TB, db *sql.DB, now time.Time) crashState {
 	t.Helper()
+	return jobsCheck{db: db, d: sqlkv.SQLite, jobs: "jobs", side: "markers", cleared: "cleared", prefix: crashPrefix,
+		cutoff: now.Add(-time.Hour).UnixMilli(), untouched: crashUnexpired + tableCrashRunning}.check(t)
+}
+
+// jobsCheck names the tables of a jobs table whose finished rows in
+// state done are the markers: the jobs (id, state, finished), the side
+// table, and the ids cleared (id, tx).
+type jobsCheck struct {
+	db                          *sql.DB
+	d                           sqlkv.Dialect
+	jobs, side, cleared, prefix string
+	// cutoff is the finish time, as the column holds it, before which a
+	// done job is expired.
+	cutoff any
+	// untouched is how many jobs are unexpired, running, or not done:
+	// never cleared, and never with a side key.
+	untouched int
+}
+
+// check reads the tables in one snapshot: every expired job present has
+// exactly one marker (its row, or a key of the side table that shadows
+// it), no side key or shadow is without its job, no id was cleared by two
+// committed transactions, and no other job was touched.
+func (c jobsCheck) check(t testing.TB) crashState {
+	t.Helper()
 	ctx := context.Background()
+	tx, err := c.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil { // SQLite takes no isolation level: it is serializable
+		tx, err = c.db.BeginTx(ctx, nil)
+	}
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	read := func(query string, args []any, row func(*sql.Rows) error) {
+		rows, err := tx.QueryContext(ctx, q(c.d, query), args...)
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			require.NoError(t, row(rows))
+		}
+		require.NoError(t, rows.Err())
+	}
 	type job struct {
-		state    string
-		finished sql.NullInt64
+		done, expired bool
 	}
 	jobs := map[int64]job{}
-	rows, err := db.QueryContext(ctx, "SELECT id, state, finished FROM jobs")
-	require.NoError(t, err)
-	for rows.Next() {
+	read("SELECT id, state = 'done', CASE WHEN finished < ? THEN 1 ELSE 0 END FROM "+c.jobs, []any{c.cutoff}, func(r *sql.Rows) error {
 		var id int64
-		var j job
-		require.NoError(t, rows.Scan(&id, &j.state, &j.finished))
-		jobs[id] = j
-	}
-	require.NoError(t, rows.Err())
+		var done bool
+		var expired int
+		err := r.Scan(&id, &done, &expired)
+		jobs[id] = job{done: done, expired: expired == 1}
+		return err
+	})
 	side := map[int64]int{} // id -> side keys standing for its job
 	shadows := map[int64]bool{}
-	rows, err = db.QueryContext(ctx, "SELECT marker FROM markers")
-	require.NoError(t, err)
-	for rows.Next() {
+	read("SELECT marker FROM "+c.side, nil, func(r *sql.Rows) error {
 		var key []byte
-		require.NoError(t, rows.Scan(&key))
-		if rest, ok := cutPrefix(key, crashPrefix+"~"); ok {
+		if err := r.Scan(&key); err != nil {
+			return err
+		}
+		if rest, ok := cutPrefix(key, c.prefix+"~"); ok {
 			id, err := strconv.ParseInt(rest, 10, 64)
 			require.NoError(t, err, "shadow %q", key)
 			shadows[id] = true
-			continue
+			return nil
 		}
-		_, rawID, err := retention.ParseMarkerKey(crashPrefix, key)
+		_, rawID, err := retention.ParseMarkerKey(c.prefix, key)
 		require.NoError(t, err, "side key %q", key)
 		id, err := strconv.ParseInt(string(rawID), 10, 64)
 		require.NoError(t, err, "side key %q", key)
 		side[id]++
-	}
-	require.NoError(t, rows.Err())
+		return nil
+	})
 	txs := map[int64]map[string]bool{}
-	rows, err = db.QueryContext(ctx, "SELECT id, tx FROM cleared")
-	require.NoError(t, err)
-	for rows.Next() {
+	read("SELECT id, tx FROM "+c.cleared, nil, func(r *sql.Rows) error {
 		var id int64
 		var tx string
-		require.NoError(t, rows.Scan(&id, &tx))
+		if err := r.Scan(&id, &tx); err != nil {
+			return err
+		}
 		if txs[id] == nil {
 			txs[id] = map[string]bool{}
 		}
 		txs[id][tx] = true
-	}
-	require.NoError(t, rows.Err())
+		return nil
+	})
 
 	var s crashState
-	cutoff := now.Add(-time.Hour).UnixMilli()
-	kept := 0 // unexpired and running jobs untouched
+	kept := 0 // unexpired, running and other jobs untouched
 	for id, j := range jobs {
-		expired := j.state == "done" && j.finished.Int64 < cutoff
-		if expired {
-			s.expiredLeft++
-		}
-		if j.state != "done" || !expired {
+		if !j.done || !j.expired {
 			if side[id] == 0 && !shadows[id] && txs[id] == nil {
 				kept++
 			}
 			continue
 		}
+		s.expiredLeft++
 		markers := side[id]
 		if !shadows[id] {
 			markers++ // the row itself
@@ -252,7 +282,7 @@ func tableCrashCheck(t testing.TB, db *sql.DB, now time.Time) crashState {
 			s.doubleCleared++
 		}
 	}
-	s.unexpiredTouched = crashUnexpired + tableCrashRunning - kept
+	s.unexpiredTouched = c.untouched - kept
 	return s
 }
 
