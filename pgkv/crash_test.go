@@ -43,8 +43,9 @@ const (
 	pgCrashTimeout   = 20 * time.Millisecond // the child's ClearTimeout
 	// A child that clears in runs: its ClearTimeout and batches. A run
 	// that fails (a poisoned id, a held one) stops the runs until its ids
-	// are cleared: small runs meet fewer of them.
-	pgCrashRunTimeout = 50 * time.Millisecond
+	// are cleared: small runs meet fewer of them. 50ms was too short under
+	// the race detector on a loaded machine: no child cleared a run.
+	pgCrashRunTimeout = 200 * time.Millisecond
 	pgCrashRunBatch   = 20
 
 	// Held jobs: one in pgCrashHeldEvery of the first pgCrashHeldAmong
@@ -453,6 +454,11 @@ func pgCrashSweep(t testing.TB, pool *pgxpool.Pool, markers, jobs, cleared strin
 		// of failed and held ids move when their page is settled, and the
 		// kills are to land after those moves too.
 		cfg.PageSize = 200
+		if runs != "" {
+			// After a run failed, the sweep reads a page itself before it
+			// tries a run again: a short one.
+			cfg.PageSize = 3 * pgCrashRunBatch
+		}
 	}
 	c := &crashKV{say: say}
 	if runs != "" {

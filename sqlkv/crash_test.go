@@ -48,9 +48,13 @@ const (
 	crashTimeout   = 20 * time.Millisecond // the child's ClearTimeout, with Concurrency 2
 	// With Concurrency 1, the ClearTimeout and the batches of the runs: a
 	// run that fails stops the runs until its ids are cleared, and a run
-	// of 5 took up to 25ms under the race detector.
-	crashRunTimeout = 100 * time.Millisecond
+	// of 10 under the race detector on a loaded machine outlasted 100ms.
+	crashRunTimeout = 300 * time.Millisecond
 	crashRunBatch   = 10
+	// The page the sweep reads itself after a run failed, before it tries
+	// a run again: with 1,000, one timeout under a loaded machine's race
+	// detector left a child no run to clear.
+	crashRunPage = 50
 )
 
 // TestCrashAtomicSQLite: a child process sweeps 8,000 expired and 800
@@ -339,13 +343,13 @@ func crashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep
 	if say == nil {
 		say = func(string) {}
 	}
-	batch, timeout := 100, crashTimeout
+	batch, page, timeout := 100, 1000, crashTimeout
 	if conc == 1 {
-		batch, timeout = crashRunBatch, crashRunTimeout
+		batch, page, timeout = crashRunBatch, crashRunPage, crashRunTimeout
 	}
 	cfg := retention.Config{
 		Prefix: crashPrefix, Retention: time.Hour, Clock: clock,
-		PageSize: 1000, BatchSize: batch, Concurrency: conc,
+		PageSize: page, BatchSize: batch, Concurrency: conc,
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	if sleep != nil {

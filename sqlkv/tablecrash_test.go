@@ -21,9 +21,10 @@ import (
 // TestCrashTableSQLite is TestCrashAtomicSQLite over a table whose rows
 // are the markers (an AtomicTableKV): a child process sweeps 8,000
 // expired and 800 unexpired finished jobs, and 400 still running, of a
-// SQLite file; a trigger fails the delete of poison jobs half the time,
-// so batches fail, bisect and move their rows' markers to the side table;
-// some batches sleep about as long as the ClearTimeout. The child is
+// SQLite file (4,000 expired more whenever a kill leaves fewer than
+// half); a trigger fails the delete of poison jobs (one in 16) half the
+// time, so batches fail, bisect and move their rows' markers to the side
+// table; some batches sleep about as long as the ClearTimeout. The child is
 // killed with SIGKILL at random moments, again and again. After every
 // kill the file must show: every finished job present has exactly one
 // marker (its row, or a key of the side table that shadows it), no side
@@ -54,26 +55,40 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 	t.Logf("seed %d", seed)
 	rng := mrand.New(mrand.NewPCG(seed, seed))
 	now := time.Now()
-	poison := map[int]bool{}
-	for _, i := range rng.Perm(tableCrashExpired)[:4*crashPoison] {
-		poison[i] = true
-	}
-	tx, err := admin.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	for i := range tableCrashExpired + crashUnexpired + tableCrashRunning {
-		state, at := "done", any(now.Add(-2*time.Hour+time.Duration(i/3)*time.Millisecond).UnixMilli())
-		switch {
-		case i >= tableCrashExpired+crashUnexpired:
-			state, at = "running", nil
-		case i >= tableCrashExpired:
-			at = now.Add(time.Duration(i) * time.Millisecond).UnixMilli()
-		}
-		_, err := tx.ExecContext(ctx, "INSERT INTO jobs VALUES (?, ?, ?, ?)", i+1, state, at, poison[i])
+	// insert adds n jobs from id first: the first old of them done
+	// long ago, one in 16 poisoned, the next crashUnexpired done recently
+	// and the rest running.
+	insert := func(first, n, old int) {
+		tx, err := admin.BeginTx(ctx, nil)
 		require.NoError(t, err)
+		for i := range n {
+			id := first + i
+			state, at := "done", any(now.Add(-2*time.Hour+time.Duration(id/3)*time.Millisecond).UnixMilli())
+			switch {
+			case i >= old+crashUnexpired:
+				state, at = "running", nil
+			case i >= old:
+				at = now.Add(time.Duration(i) * time.Millisecond).UnixMilli()
+			}
+			poison := i < old && rng.IntN(16) == 0
+			_, err := tx.ExecContext(ctx, "INSERT INTO jobs VALUES (?, ?, ?, ?)", id, state, at, poison)
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
 	}
-	require.NoError(t, tx.Commit())
-
-	check := func() crashState { return tableCrashCheck(t, admin, now) }
+	insert(1, tableCrashExpired+crashUnexpired+tableCrashRunning, tableCrashExpired)
+	// Runs clear thousands of jobs before a kill: when fewer than half
+	// are left, a kill adds as many more, so every child has a backlog.
+	expired, next := tableCrashExpired, tableCrashExpired+crashUnexpired+tableCrashRunning+1
+	check := func() crashState {
+		st := tableCrashCheck(t, admin, now)
+		if st.expiredLeft < tableCrashExpired/2 {
+			insert(next, tableCrashExpired/2, tableCrashExpired/2)
+			expired += tableCrashExpired / 2
+			next += tableCrashExpired / 2
+		}
+		return st
+	}
 	worst, runs := killChildren(t, rng, "TestCrashTableSQLite", file, check)
 
 	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
@@ -86,11 +101,11 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 			break
 		}
 	}
-	final := check()
+	final := tableCrashCheck(t, admin, now)
 	t.Logf("after the final sweep: %s", final)
 	worst = worst.max(final)
 	assert.Zero(t, final.expiredLeft, "expired jobs left after the final sweep")
-	assert.Equal(t, tableCrashExpired, final.clearedIDs, "every expired id was cleared")
+	assert.Equal(t, expired, final.clearedIDs, "every expired id was cleared")
 	assert.Zero(t, worst.lost, "a finished job without a marker: it is never cleared")
 	assert.Zero(t, worst.orphans, "a side key or shadow without its job")
 	assert.Zero(t, worst.dupMarkers, "a job with two markers")
@@ -134,13 +149,13 @@ func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, 
 	if say == nil {
 		say = func(string) {}
 	}
-	batch, timeout := 100, crashTimeout
+	batch, page, timeout := 100, 1000, crashTimeout
 	if conc == 1 {
-		batch, timeout = crashRunBatch, crashRunTimeout
+		batch, page, timeout = crashRunBatch, crashRunPage, crashRunTimeout
 	}
 	cfg := retention.Config{
 		Prefix: crashPrefix, Retention: time.Hour, Clock: clock,
-		PageSize: 1000, BatchSize: batch, Concurrency: conc,
+		PageSize: page, BatchSize: batch, Concurrency: conc,
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	if sleep != nil {
