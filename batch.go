@@ -470,10 +470,10 @@ func (b *batching) notWaiting(idx []int) []int {
 	if len(b.s.retries.byID) == 0 {
 		return idx
 	}
-	now, canWrite := b.s.clock.Now(), b.p.writes()
+	now := b.s.clock.Now()
 	var out []int
 	for _, i := range idx {
-		if !b.s.waiting(&b.items[i], now, canWrite) {
+		if !b.s.waiting(b.p, &b.items[i], now) {
 			out = append(out, i)
 		}
 	}

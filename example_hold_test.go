@@ -25,6 +25,15 @@ func clearUnlessHeld(ctx context.Context, id string) error {
 	return deleteRun(ctx, id)
 }
 
+// liftHold ends the legal hold of id now, before its end: the service
+// forgets the hold first, so that the pass asks clearUnlessHeld again, then
+// the sweep's held marker falls due at once, on whichever replica sweeps.
+func liftHold(ctx context.Context, s *retention.Sweep, id string) error {
+	delete(legalHolds, id)
+	_, err := s.ReleaseHolds(ctx, id)
+	return err
+}
+
 // failedRunKey is the marker of a failed run, kept 30 days where
 // successful runs go after the sweep's Retention; write it with the
 // adapter's MarkKeyTx in the transaction that records the failure.
@@ -78,6 +87,38 @@ func ExampleHold() {
 	// Output:
 	// cleared 1 held 1 failed 0
 	// backlog: due 0 held 1
+}
+
+func ExampleSweep_ReleaseHolds() {
+	ctx := context.Background()
+	kv := retention.NewMemKV()
+	finished := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := retention.NewManualClock(finished.Add(25 * time.Hour))
+	s, err := retention.New(kv, retention.Config{
+		Prefix: "cases/", Retention: 24 * time.Hour, Clock: clock,
+		Clear: func(ctx context.Context, id string) error {
+			err := clearUnlessHeld(ctx, id)
+			if err == nil {
+				fmt.Println("cleared", id)
+			}
+			return err
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	key, _ := s.MarkerKey(finished, "case-7")
+	_ = kv.Put(ctx, key, nil)
+	legalHolds["case-7"] = finished.Add(365 * 24 * time.Hour)
+	st, _ := s.Pass(ctx)
+	fmt.Println("held", st.Held)
+	if err := liftHold(ctx, s, "case-7"); err != nil {
+		panic(err)
+	}
+	_, _ = s.Pass(ctx) // Run's pass, woken by ReleaseHolds
+	// Output:
+	// held 1
+	// cleared case-7
 }
 
 func ExampleDeadlineKey() {

@@ -1,6 +1,7 @@
 package retention
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -87,6 +88,89 @@ func (s *Sweep) rememberHolds(items []item) {
 			s.remember(&items[i])
 		}
 	}
+}
+
+// ReleaseHolds lifts the holds of ids before their ends (see Hold): it
+// moves each held marker of those ids (StateHeld, as Pending lists them) to
+// a key due at once, in one Move, keeping its finish time (or its deadline,
+// see DeadlineKey) and its failed attempts, and wakes the sweep's Run (see
+// Wake) to clear them. The pass that finds such a marker due asks Clear
+// again, on whichever replica holds the lease, whatever its memory says of
+// the hold: a Clear that still answers Hold holds it again, until the end
+// it returns now.
+//
+// It returns how many markers it moved: of concurrent calls through this
+// Sweep (and its Requeue calls), only the one that moved a marker counts it.
+// An id with no held marker is not an error, but no ids at all, an id the
+// sweep's rule refuses (an error matching ErrInvalidID), or a KV that is no
+// Mover (its holds are kept in memory), is. It reads the retry range from
+// now on: the held markers, and the retrying ones and the deadlines of
+// their own not reached yet.
+//
+// Two Sweeps over one store (replicas) that release one id at the same
+// moment may both count it, as for Requeue; the marker is moved once.
+func (s *Sweep) ReleaseHolds(ctx context.Context, ids ...string) (int, error) {
+	if err := s.configured("ReleaseHolds"); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, errors.New("retention: ReleaseHolds needs the ids of the held markers to release")
+	}
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		if err := s.checkID(id); err != nil {
+			return 0, fmt.Errorf("retention: ReleaseHolds: id %q: %w", id, err)
+		}
+		want[id] = true
+	}
+	mover, ok := s.kv.(Mover)
+	if !ok { // only a Mover keeps holds in the store
+		return 0, fmt.Errorf("retention: ReleaseHolds: the KV (%T) is no Mover: its holds are kept in the memory of the process that met them", s.kv)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	// As Requeue: each call reads the held keys after the previous one's
+	// Move, else every racing call counts the marker it read.
+	select {
+	case s.requeuing <- struct{}{}:
+		defer func() { <-s.requeuing }()
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	now := s.clock.Now()
+	// A held key falls due at its time: those not after now are due
+	// already, and the next pass takes them.
+	from := appendTimestamp(append([]byte(s.prefix), retryInfix), uint64(max(now.UnixMilli()+1, 0)))
+	nowMs := max(now.UnixMilli()-1, 0) // due for the next pass: strictly before now
+	var moveFrom, moveTo [][]byte
+	for keys, err := range s.pages(ctx, s.kv, from, s.retryUpper, s.pageSize, nil) {
+		if err != nil {
+			return 0, err
+		}
+		for _, key := range keys {
+			k, _, err := parseRetryKey(s.prefix, retryInfix, key)
+			if err != nil || k.kind&keyHeld == 0 || !want[string(k.id)] || s.checkIDBytes(key, k.id) != nil {
+				continue
+			}
+			// Still a held key, due at once: its lag counts from now, as
+			// of a hold that ended (see retryLag), not from its finish.
+			moveFrom = append(moveFrom, key)
+			moveTo = append(moveTo, appendRetryKey(nil, s.prefix, k.kind, nowMs, k.finished, k.attempts, string(k.id)))
+		}
+	}
+	if len(moveFrom) == 0 {
+		return 0, nil
+	}
+	cctx, cancel := withTimeout(ctx, s.storeTimeout)
+	defer cancel()
+	if err := mover.Move(cctx, moveFrom, moveTo); err != nil {
+		return 0, s.storeErr(ctx, cctx, "release held markers", err)
+	}
+	if err := s.Wake(ctx); err != nil {
+		s.log.Warn("retention: released markers wait for the next pass: waking the sweep failed", "error", err)
+	}
+	return len(moveFrom), nil
 }
 
 // DeadlineKey returns the key of a marker for id that falls due at deleteAt

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -1023,4 +1024,271 @@ func TestDeadlineKeyAtTimeBounds(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, st.Malformed+st.Foreign+other.total())
 	assert.Equal(t, 1, mem.Len())
+}
+
+// TestReleaseHoldsMovesOnlyHeldKeysOfTheIDs: ReleaseHolds moves the held
+// keys of the ids asked for, and only those, to keys due at once that keep
+// the finish time (a deadline, and its kind), the failed attempts and the
+// held letter; it counts the markers it moved.
+func TestReleaseHoldsMovesOnlyHeldKeysOfTheIDs(t *testing.T) {
+	t.Parallel()
+	now := t0.Add(5 * time.Hour)
+	until := now.Add(24 * time.Hour)
+	finished := t0.UnixMilli()
+	deadline := t0.Add(2 * time.Hour).UnixMilli()
+	// The store: a marker of each state, each of its own id.
+	keys := map[string][]byte{
+		"held":          appendRetryKey(nil, "runs/", keyHeld, until.UnixMilli(), finished, 2, "held"),
+		"held-deadline": appendRetryKey(nil, "runs/", keyDeadline|keyHeld, until.UnixMilli(), deadline, 0, "held-deadline"),
+		"hold-ended":    appendRetryKey(nil, "runs/", keyHeld, now.Add(-time.Minute).UnixMilli(), finished, 0, "hold-ended"),
+		"retrying":      appendRetryKey(nil, "runs/", 0, now.Add(time.Minute).UnixMilli(), finished, 1, "retrying"),
+		"deadline":      appendRetryKey(nil, "runs/", keyDeadline, until.UnixMilli(), until.UnixMilli(), 0, "deadline"),
+		"parked":        appendParkedKey(nil, "runs/", 0, finished, 3, "parked"),
+	}
+	nowMs := now.UnixMilli() - 1
+	released := map[string][]byte{
+		"held":          appendRetryKey(nil, "runs/", keyHeld, nowMs, finished, 2, "held"),
+		"held-deadline": appendRetryKey(nil, "runs/", keyDeadline|keyHeld, nowMs, deadline, 0, "held-deadline"),
+	}
+	tests := []struct {
+		name string
+		ids  []string
+		want []string // the ids whose markers it moves
+	}{
+		{"one held id", []string{"held"}, []string{"held"}},
+		{"a held deadline keeps its deadline", []string{"held-deadline"}, []string{"held-deadline"}},
+		{"every state asked for", []string{"held", "held-deadline", "hold-ended", "retrying", "deadline", "parked", "due", "nope"}, []string{"held", "held-deadline"}},
+		{"an id twice", []string{"held", "held"}, []string{"held"}},
+		{"nothing held of the ids", []string{"retrying", "parked", "due"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			mem := NewMemKV()
+			for _, k := range keys {
+				require.NoError(t, mem.Put(ctx, k, nil))
+			}
+			due := mark(t, mem, "runs/", "due", t0)
+			s, clock := newSweep(t, mem, Config{Clear: newClears().clear})
+			clock.Set(now)
+			want := []string{string(due)}
+			for id, k := range keys {
+				if slices.Contains(tt.want, id) {
+					k = released[id]
+				}
+				want = append(want, string(k))
+			}
+			n, err := s.ReleaseHolds(ctx, tt.ids...)
+			require.NoError(t, err)
+			assert.Equal(t, len(tt.want), n, "ReleaseHolds(%q) = %d, want %d", tt.ids, n, len(tt.want))
+			assert.ElementsMatch(t, want, keysUnder(t, mem, "runs/"))
+
+			pending, err := s.Pending(ctx, 100)
+			require.NoError(t, err)
+			for _, m := range pending {
+				if slices.Contains(tt.want, m.ID) {
+					assert.Equal(t, StateDue, m.State, "Pending() state of released %s", m.ID)
+					assert.True(t, m.Next.IsZero(), "Pending() next try of released %s = %v", m.ID, m.Next)
+				}
+			}
+		})
+	}
+}
+
+// TestReleaseHoldsClearsOnTheNextPass: a released marker is cleared by the
+// next pass of the Sweep that held it, which its memory said to keep until
+// the hold's end; a Clear that still answers Hold holds it again, until the
+// end it returns, with its finish time and attempts. A held deadline marker
+// is cleared too, and no lag is counted for the time it was held.
+func TestReleaseHoldsClearsOnTheNextPass(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		after error // Clear's answer once released
+	}{
+		{"hold lifted", nil},
+		{"held again", Hold(t0.Add(48 * time.Hour))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			mem := NewMemKV()
+			c := newClears()
+			s, clock := newSweep(t, mem, Config{Clear: c.clear})
+			mark(t, mem, "runs/", "a", t0)
+			dl, err := s.DeadlineKey(t0.Add(30*time.Minute), "d")
+			require.NoError(t, err)
+			require.NoError(t, mem.Put(ctx, dl, nil))
+			for _, id := range []string{"a", "d"} {
+				c.set(id, Hold(t0.Add(24*time.Hour)))
+			}
+			clock.Set(t0.Add(2 * time.Hour))
+			st, err := s.Pass(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 2, st.Held)
+
+			clock.Advance(time.Hour)
+			n, err := s.ReleaseHolds(ctx, "a", "d")
+			require.NoError(t, err)
+			require.Equal(t, 2, n)
+			for _, id := range []string{"a", "d"} {
+				c.set(id, tt.after)
+			}
+			clock.Advance(time.Millisecond)
+			st, err = s.Pass(ctx)
+			require.NoError(t, err)
+			for _, id := range []string{"a", "d"} {
+				assert.Equal(t, 2, c.count(id), "Clear of %s asked again, a day before the hold's end", id)
+			}
+			if tt.after == nil {
+				assert.Equal(t, 2, st.Cleared)
+				assert.Less(t, st.MaxLag, time.Second, "the lag of a released hold counts from its release")
+				assert.Empty(t, keysUnder(t, mem, "runs/"))
+				return
+			}
+			assert.Equal(t, 2, st.Held)
+			assert.ElementsMatch(t, []string{
+				string(appendRetryKey(nil, "runs/", keyHeld, t0.Add(48*time.Hour).UnixMilli(), t0.UnixMilli(), 0, "a")),
+				string(appendRetryKey(nil, "runs/", keyDeadline|keyHeld, t0.Add(48*time.Hour).UnixMilli(), t0.Add(30*time.Minute).UnixMilli(), 0, "d")),
+			}, keysUnder(t, mem, "runs/"), "held again until the new end")
+		})
+	}
+}
+
+// TestReleasedHoldIsClearedByTheReplicaThatHeldIt: a hold released through
+// another Sweep over the same store (a replica without the lease) is
+// cleared by the next pass of the Sweep whose memory holds it: the store
+// wins, and runs need not wait for the hold's end any more.
+func TestReleasedHoldIsClearedByTheReplicaThatHeldIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := NewMemKV()
+	c := newClears()
+	until := t0.Add(365 * 24 * time.Hour)
+	holder, clock := newSweep(t, mem, Config{Clear: c.clear})
+	other, err := New(mem, Config{Prefix: "runs/", Retention: time.Hour, Clock: clock, Clear: c.clear})
+	require.NoError(t, err)
+	mark(t, mem, "runs/", "a", t0)
+	c.set("a", Hold(until))
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := holder.Pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Held)
+	require.Equal(t, until, holder.retries.latest, "runs wait for the hold's end")
+
+	n, err := other.ReleaseHolds(ctx, "a")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	c.set("a", nil)
+	clock.Advance(time.Millisecond)
+	st, err = holder.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Cleared, "the holder's memory said held until %v", until)
+	assert.Equal(t, 2, c.count("a"))
+	assert.Empty(t, keysUnder(t, mem, "runs/"))
+	assert.Empty(t, holder.retries.byID, "the hold forgotten")
+	assert.True(t, holder.retries.latest.IsZero(), "runs wait for no hold: latest = %v", holder.retries.latest)
+}
+
+// TestConcurrentReleasesCountEachMarkerOnce: ReleaseHolds answers how many
+// markers its own Move moved: of releases (and requeues) racing over a
+// slow Move, only one counts each marker, and each is moved once.
+func TestConcurrentReleasesCountEachMarkerOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := newFakeKV(nil)
+		until := t0.Add(48 * time.Hour).UnixMilli()
+		for _, id := range []string{"a", "b"} {
+			require.NoError(t, f.Put(ctx, appendRetryKey(nil, "runs/", keyHeld, until, t0.UnixMilli(), 0, id), nil))
+		}
+		require.NoError(t, f.Put(ctx, appendParkedKey(nil, "runs/", 0, t0.UnixMilli(), 1, "p"), nil))
+		f.setHooks(nil, nil, func(context.Context, int64) error {
+			time.Sleep(100 * time.Millisecond) // a store's round trip, in the bubble's time
+			return nil
+		})
+		s, clock := newSweep(t, f.store(), Config{Clear: newClears().clear, MaxAttempts: 1})
+		clock.Set(t0.Add(2 * time.Hour))
+		released, requeued := make([]int, 12), make([]int, 12)
+		var wg sync.WaitGroup
+		for i := range released {
+			wg.Go(func() {
+				n, err := s.ReleaseHolds(ctx, "a", "b", "p")
+				assert.NoError(t, err)
+				released[i] = n
+			})
+			wg.Go(func() {
+				n, err := s.Requeue(ctx, "a", "p")
+				assert.NoError(t, err)
+				requeued[i] = n
+			})
+		}
+		wg.Wait()
+		sum := func(ns []int) (total int) {
+			for _, n := range ns {
+				total += n
+			}
+			return total
+		}
+		assert.Equal(t, 2, sum(released), "ReleaseHolds() = %v from 12 callers, want 2 in all", released)
+		assert.Equal(t, 1, sum(requeued), "Requeue() = %v from 12 callers, want 1 in all", requeued)
+		assert.Equal(t, map[string]int{"a": 1, "b": 1, "p": 1}, markerIDs(t, f, "runs/"), "markers per id")
+		pending, err := s.Pending(ctx, 10)
+		require.NoError(t, err)
+		for _, m := range pending {
+			assert.NotEqual(t, StateHeld, m.State, "%s still held", m.ID)
+			assert.NotEqual(t, StateParked, m.State, "%s still parked", m.ID)
+		}
+	})
+}
+
+// TestReleaseHoldsRefusesBadInput: no ids, an id the sweep's rule refuses,
+// a KV that is no Mover, a Sweep not made by New and a context done each
+// give an error that says so, and move nothing.
+func TestReleaseHoldsRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	held := appendRetryKey(nil, "runs/", keyHeld, t0.Add(48*time.Hour).UnixMilli(), t0.UnixMilli(), 0, "a")
+	require.NoError(t, mem.Put(context.Background(), held, nil))
+	mover, _ := newSweep(t, mem, Config{Clear: newClears().clear})
+	ruled, _ := newSweep(t, mem, Config{Clear: newClears().clear, ValidateID: func(id string) error {
+		if !strings.HasPrefix(id, "run-") {
+			return errors.New("want run-N")
+		}
+		return nil
+	}})
+	putOnly, _ := newSweep(t, putOnlyKV{mem, mem}, Config{Clear: newClears().clear})
+	readOnly, _ := newSweep(t, readOnlyKV{mem}, Config{Clear: newClears().clear})
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	tests := []struct {
+		name string
+		s    *Sweep
+		ctx  context.Context
+		ids  []string
+		is   error
+		msg  string
+	}{
+		{"no ids", mover, context.Background(), nil, nil, "needs the ids"},
+		{"empty id", mover, context.Background(), []string{"a", ""}, ErrInvalidID, `id ""`},
+		{"id the default rule refuses", mover, context.Background(), []string{"a b"}, ErrInvalidID, `id "a b"`},
+		{"id the sweep's rule refuses", ruled, context.Background(), []string{"a"}, ErrInvalidID, "want run-N"},
+		{"a Putter that is no Mover", putOnly, context.Background(), []string{"a"}, nil, "is no Mover"},
+		{"a read-only KV", readOnly, context.Background(), []string{"a"}, nil, "is no Mover"},
+		{"not made by New", &Sweep{}, context.Background(), []string{"a"}, ErrNotConfigured, "ReleaseHolds"},
+		{"context done", mover, done, []string{"a"}, context.Canceled, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, err := tt.s.ReleaseHolds(tt.ctx, tt.ids...)
+			require.Error(t, err)
+			assert.Zero(t, n)
+			if tt.is != nil {
+				assert.ErrorIs(t, err, tt.is)
+			}
+			assert.Contains(t, err.Error(), tt.msg)
+			assert.Equal(t, []string{string(held)}, keysUnder(t, mem, "runs/"), "nothing moved")
+		})
+	}
 }

@@ -39,22 +39,30 @@ func (s *Sweep) preparePage(p *passState, keys [][]byte) []item {
 
 // markWaiting defers the pending items whose id waits in memory.
 func (s *Sweep) markWaiting(p *passState, items []item) {
-	now, canWrite := s.clock.Now(), p.writes()
+	now := s.clock.Now()
 	for i := range items {
 		if items[i].out == pending {
-			s.waiting(&items[i], now, canWrite)
+			s.waiting(p, &items[i], now)
 		}
 	}
 }
 
 // waiting defers it, and reports so, when its id waits in memory at now.
-func (s *Sweep) waiting(it *item, now time.Time, canWrite bool) bool {
+func (s *Sweep) waiting(p *passState, it *item, now time.Time) bool {
 	r, ok := s.retries.byID[it.id]
 	if !ok || !now.Before(r.notBefore) {
 		return false
 	}
+	if r.stored && p.inRetry {
+		// The store has the hold, whose key a pass reads only once it is
+		// due: a key of the id due before then was moved since, by a
+		// Sweep.ReleaseHolds here or on another replica. The store wins;
+		// deferred, the marker would go back to the hold's end.
+		s.retries.released(it.id)
+		return false
+	}
 	it.out = deferred
-	if r.held && canWrite {
+	if r.held && p.writes() {
 		// Moved to the hold's end too (see decide), so that a restart
 		// keeps it.
 		it.err = Hold(r.notBefore)

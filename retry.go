@@ -19,7 +19,8 @@ type retries struct {
 	passes      int
 	// latest is when the last id waits until whose marker may still be in
 	// the markers' range (held, or failed and not moved): runs wait for it
-	// (see startRun). Never lowered.
+	// (see startRun). Lowered only when a hold is found released (see
+	// released).
 	latest time.Time
 }
 
@@ -28,6 +29,10 @@ type retry struct {
 	putOffs   int // times it was put off untried, the dependency down
 	notBefore time.Time
 	held      bool // notBefore is a hold's end, not a retry delay
+	// stored says the held marker was moved to its held key, due at
+	// notBefore: the store has the hold, and what the store says wins
+	// (see waiting).
+	stored bool
 }
 
 func newRetries(first, most time.Duration) retries {
@@ -69,7 +74,7 @@ func (r *retries) failed(id string, now time.Time, before int, own bool) (int, t
 	} else {
 		e.putOffs++
 	}
-	e.notBefore, e.held = now.Add(r.delay(e.failures+e.putOffs)), false
+	e.notBefore, e.held, e.stored = now.Add(r.delay(e.failures+e.putOffs)), false, false
 	r.byID[id] = e
 	return e.failures, e.notBefore
 }
@@ -80,9 +85,36 @@ func (r *retries) hold(id string, until time.Time) {
 		r.byID = map[string]retry{}
 	}
 	e := r.byID[id]
-	e.notBefore, e.held = until, true
+	e.notBefore, e.held, e.stored = until, true, false
 	r.byID[id] = e
 	r.waits(until)
+}
+
+// holdStored records that the hold of id is in the store: its marker was
+// moved to the held key of the hold's end.
+func (r *retries) holdStored(id string) {
+	if e, ok := r.byID[id]; ok && e.held {
+		e.stored = true
+		r.byID[id] = e
+	}
+}
+
+// released forgets id, whose hold the store no longer has (another Sweep
+// released it, see Sweep.ReleaseHolds), and lowers latest to the ids that
+// still wait: runs need not wait for a hold that is over.
+func (r *retries) released(id string) {
+	delete(r.byID, id)
+	var last time.Time
+	for _, e := range r.byID {
+		if e.notBefore.After(last) {
+			last = e.notBefore
+		}
+	}
+	// latest counts only the ids whose markers may be in the markers'
+	// range; the ids still in memory include those, and more.
+	if last.Before(r.latest) {
+		r.latest = last
+	}
 }
 
 // waits notes that an id whose marker stays where it is waits until t.

@@ -17,6 +17,12 @@ func (s *Sweep) settle(ctx context.Context, p *passState, keys [][]byte, items [
 	if len(pl.from) > 0 {
 		s.reschedule(ctx, p, pl, items)
 	}
+	if p.writes() {
+		// Moved (or there already): the store has these holds.
+		for _, i := range pl.holding {
+			s.retries.holdStored(items[i].id)
+		}
+	}
 	var err error
 	if len(pl.del) > 0 {
 		err = s.delete(ctx, p, pl.del)
@@ -44,11 +50,12 @@ type pagePlan struct {
 	from, to [][]byte       // markers to move, and where
 	targets  map[int][]byte // where a failed or held marker with duplicates moves, by item
 	parking  []int          // items whose move parks them
+	holding  []int          // items whose move puts them at their hold's end
 	oldest   int64          // lagMs of the oldest cleared marker, or -1: it has the largest lag
 }
 
 func (pl *pagePlan) reset() {
-	pl.del, pl.from, pl.to, pl.parking = pl.del[:0], pl.from[:0], pl.to[:0], pl.parking[:0]
+	pl.del, pl.from, pl.to, pl.parking, pl.holding = pl.del[:0], pl.from[:0], pl.to[:0], pl.parking[:0], pl.holding[:0]
 	clear(pl.targets)
 	pl.oldest = -1
 }
@@ -119,10 +126,12 @@ func (s *Sweep) decide(p *passState, pl *pagePlan, keys [][]byte, items []item, 
 			// A further marker of an id held in memory goes where the hold
 			// put the first (see markWaiting).
 			pl.move(keys, items, i, s.hold(p, it, keys[i]))
+			pl.holding = append(pl.holding, i)
 		}
 	case held:
 		st.Held++
 		pl.move(keys, items, i, s.hold(p, it, keys[i]))
+		pl.holding = append(pl.holding, i)
 	case failed:
 		st.Failed++
 		p.notes.noteFailed(it.id, it.err)

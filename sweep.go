@@ -24,7 +24,7 @@ type Sweep struct {
 	curBatch  atomic.Int64  // the batch size now, adapted to BatchTarget
 	running   atomic.Bool   // set while a Run (or a Group's Run) runs the sweep
 	busy      chan struct{} // serialises passes; nil in a Sweep not made by New
-	requeuing chan struct{} // serialises Requeue calls (see Requeue)
+	requeuing chan struct{} // serialises Requeue and ReleaseHolds calls (see Requeue)
 	fleetRun                // the Run that sweeps it, and its record in the store (fleet.go, wake.go)
 }
 

@@ -15,21 +15,37 @@ import (
 
 // parkedFleet is two replicas of one sweep over one store under one
 // lease, "a" holding it, with one marker parked: the stage of a Requeue
-// made through the replica that does not sweep.
+// made through the replica that does not sweep. Made by newHeldFleet, the
+// marker is held instead, until a day later, in the store and in a's
+// memory, until lifted.
 type parkedFleet struct {
 	kv      *wakeCountKV
 	a, b    *Sweep
 	cleared atomic.Int64
+	lifted  atomic.Bool // the held id's Clear answers Hold until set
 	stop    func()
 }
 
-func newParkedFleet(t *testing.T, cfg Config) *parkedFleet {
+func newParkedFleet(t *testing.T, cfg Config) *parkedFleet { return newFleetStage(t, cfg, false) }
+
+func newHeldFleet(t *testing.T, cfg Config) *parkedFleet { return newFleetStage(t, cfg, true) }
+
+func newFleetStage(t *testing.T, cfg Config, held bool) *parkedFleet {
 	t.Helper()
 	f := &parkedFleet{kv: &wakeCountKV{fakeKV: newFakeKV(nil)}}
 	locker := &fakeLocker{}
 	cfg.Prefix, cfg.Retention, cfg.Interval, cfg.Lease = "runs/", time.Hour, time.Minute, locker
-	cfg.Clear = func(context.Context, string) error { f.cleared.Add(1); return nil }
+	cfg.Clear = func(context.Context, string) error {
+		if held && !f.lifted.Load() {
+			return Hold(time.Now().Add(24 * time.Hour))
+		}
+		f.cleared.Add(1)
+		return nil
+	}
 	key := appendParkedKey(nil, "runs/", 0, time.Now().Add(-2*time.Hour).UnixMilli(), 3, "job-1")
+	if held {
+		key = mark(t, f.kv.MemKV, "runs/", "job-1", time.Now().Add(-2*time.Hour))
+	}
 	require.NoError(t, f.kv.Put(context.Background(), key, nil))
 	var err error
 	ca, cb := cfg, cfg
@@ -43,6 +59,12 @@ func newParkedFleet(t *testing.T, cfg Config) *parkedFleet {
 	wg.Go(func() { _ = f.a.Run(ctx) })
 	synctest.Wait() // a holds the lease, and sleeps
 	require.True(t, locker.held())
+	if held {
+		p, err := f.a.Pending(t.Context(), 10)
+		require.NoError(t, err)
+		require.Len(t, p, 1)
+		require.Equal(t, StateHeld, p[0].State, "a held job-1")
+	}
 	wg.Go(func() { _ = f.b.Run(ctx) })
 	synctest.Wait() // b tried it, and sleeps
 	f.stop = func() { cancel(); wg.Wait() }
@@ -63,6 +85,52 @@ func (f *parkedFleet) requeueToCleared(t *testing.T) time.Duration {
 	took := time.Since(start)
 	synctest.Wait() // the marker's delete, after the clear
 	return took
+}
+
+// releaseToCleared lifts the hold of the held marker and releases it
+// through b, and returns how long it took, in the bubble's time, until a,
+// whose memory holds it for a day, cleared it.
+func (f *parkedFleet) releaseToCleared(t *testing.T) time.Duration {
+	t.Helper()
+	f.lifted.Store(true)
+	start := time.Now()
+	n, err := f.b.ReleaseHolds(t.Context(), "job-1")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	for f.cleared.Load() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	took := time.Since(start)
+	synctest.Wait() // the marker's delete, after the clear
+	return took
+}
+
+// TestReleaseHoldsOnAnotherReplicaWakesTheLeaseHolder: a hold released
+// through the replica that does not hold the lease is cleared by the
+// holder, whose memory holds it for a day, within its WakePoll; through
+// the holder's own Sweep, at once.
+func TestReleaseHoldsOnAnotherReplicaWakesTheLeaseHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newHeldFleet(t, Config{})
+		defer f.stop()
+		took := f.releaseToCleared(t)
+		t.Logf("release to cleared under a 1m Interval: %v", took)
+		assert.LessOrEqual(t, took, DefaultWakePoll+20*time.Millisecond)
+		assert.Zero(t, markerCount(t, f.kv, "runs/"), "the marker is deleted")
+	})
+	synctest.Test(t, func(t *testing.T) {
+		f := newHeldFleet(t, Config{})
+		defer f.stop()
+		f.lifted.Store(true)
+		start := time.Now()
+		n, err := f.a.ReleaseHolds(t.Context(), "job-1")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		synctest.Wait()
+		assert.EqualValues(t, 1, f.cleared.Load())
+		assert.Zero(t, time.Since(start), "released through the holder: cleared without waiting")
+		assert.Zero(t, markerCount(t, f.kv, "runs/"), "the marker is deleted")
+	})
 }
 
 // TestRequeueOnAnotherReplicaWakesTheLeaseHolder: a Requeue made through
