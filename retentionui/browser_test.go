@@ -161,6 +161,23 @@ func TestBrowserRequeueMovesTheParkedMarkerBack(t *testing.T) {
 	assert.Zero(t, count(t, tab, "tr[data-parked-id]"), "the page no longer lists it as parked")
 }
 
+// TestBrowserReleaseMakesTheHeldMarkerDue: the held row's Release lifts
+// the hold in the store; the page says so and lists the marker as due.
+func TestBrowserReleaseMakesTheHeldMarkerDue(t *testing.T) {
+	tab := newTab(t)
+	f := newFixture(t)
+	srv := serve(t, f.options())
+	require.NoError(t, chromedp.Do(tab,
+		chromedp.Navigate(srv.URL+"/console/sweep?prefix="+url.QueryEscape(jobs)),
+		chromedp.Click(chromedp.CSS(`tr[data-held-id="`+held+`"] [data-action="release"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-field="released"]`)),
+	))
+	assert.Contains(t, text(t, tab, `[data-field="released"]`), "Released 1: due at once")
+	assert.Empty(t, heldIDs(t, f.jobs), "the store holds no held marker")
+	assert.Zero(t, count(t, tab, "tr[data-held-id]"), "the page no longer lists it as held")
+	assert.Equal(t, 1, count(t, tab, `tr[data-due-id="`+held+`"]`), "it lists it as due")
+}
+
 func TestBrowserCrossSitePostIsRefused(t *testing.T) {
 	tab := newTab(t)
 	f := newFixture(t)

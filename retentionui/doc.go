@@ -14,9 +14,10 @@
 // lease and its lag. A sweep's page lists the markers it has not cleared
 // under their one state, as the overview counts them: due (clearable now:
 // the next pass clears them, longest overdue first), retrying (with their
-// next try), held (until their hold's end; not late) and parked (they wait
-// for a requeue), with a Requeue action for one or all; and it looks an id
-// up: when it will be cleared, and why not yet.
+// next try), held (until their hold's end; not late), with a Release
+// action for one whose hold is lifted, and parked (they wait for a
+// requeue), with a Requeue action for one or all; and it looks an id up:
+// when it will be cleared, and why not yet.
 //
 // # A fleet
 //
@@ -24,21 +25,23 @@
 // reads what the fleet shares in its store (retention.Sweep.Fleet), so
 // that every replica's console shows the same: who sweeps and since when,
 // whether this replica does, the last passes, and the last hour as a chart
-// drawn on the server (FleetStatus). A requeue then wakes the replica that
-// sweeps, wherever it was made, and the answer says by when it passes.
+// drawn on the server (FleetStatus). A requeue or a release then wakes the
+// replica that sweeps, wherever it was made, and the answer says by when
+// it passes.
 //
 // # JSON
 //
 // Every page answers with JSON when asked with "Accept: application/json",
 // at the same URL: GET / gives an Overview, GET /sweep?prefix=P a
-// SweepPage, GET /why?prefix=P&id=X a Why, and POST /requeue (a form of
-// prefix and id, or prefix and all=true) a Requeued: each exactly that
-// type, with no key the type lacks. An error is an
-// ErrorBody with the status: 400 for a malformed request or an id the
-// sweep's rule refuses, 403 for a refused action (read-only, or a
-// cross-origin POST), 404 for an unknown prefix or page, 405 for a wrong
-// method, 409 for requeueing an id that is not parked, 500 for a store
-// error or Options.Timeout.
+// SweepPage, GET /why?prefix=P&id=X a Why, POST /requeue (a form of
+// prefix and id, or prefix and all=true) a Requeued, and POST /release (a
+// form of prefix and id) a Released: each exactly that type, with no key
+// the type lacks. An error is an ErrorBody with the status: 400 for a
+// malformed request or an id the sweep's rule refuses, 403 for a refused
+// action (read-only, or a cross-origin POST), 404 for an unknown prefix or
+// page, 405 for a wrong method, 409 for requeueing an id that is not
+// parked or releasing one that is not held, 500 for a store error or
+// Options.Timeout.
 //
 // # Safety
 //
@@ -56,7 +59,8 @@
 // at most ten Scan calls of Limit keys more. Past the limit the counts
 // read "or more" and the lists say they are cut off; a look-up of an id
 // beyond what it read says so rather than guessing. Only Requeue of every
-// parked marker reads the whole parked range, as Sweep.Requeue does.
+// parked marker reads the whole parked range, as Sweep.Requeue does, and a
+// Release the retry range from now on, as Sweep.ReleaseHolds does.
 //
 // The handler calls the sweeps' read methods, which take no lock a pass
 // needs, and the Recorder holds its mutex only to copy a few fields: a

@@ -14,6 +14,7 @@ var (
 	errUnknownSweep = errors.New("retentionui: no sweep has this prefix")
 	errInvalidID    = errors.New("retentionui: malformed id")
 	errNotParked    = errors.New("retentionui: the id is not parked")
+	errNotHeld      = errors.New("retentionui: the id is not held")
 	errReadOnly     = errors.New("retentionui: the console is read-only")
 	errCrossOrigin  = errors.New("retentionui: cross-origin request refused")
 	errBadRequest   = errors.New("retentionui: bad request")

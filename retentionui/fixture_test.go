@@ -116,3 +116,17 @@ func parkedIDs(t testing.TB, s *retention.Sweep) []string {
 	}
 	return ids
 }
+
+// heldIDs lists the ids s's store has held (retention.StateHeld).
+func heldIDs(t testing.TB, s *retention.Sweep) []string {
+	t.Helper()
+	pending, err := s.Pending(context.Background(), 1000)
+	require.NoError(t, err)
+	ids := []string{}
+	for _, m := range pending {
+		if m.State == retention.StateHeld {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
+}

@@ -68,13 +68,15 @@ func (l *memLease) Release(context.Context) error {
 
 // twoReplicas is a fleet of two replicas of the jobs sweep over one
 // store, each with its console: web-a holds the lease and sweeps; web-b
-// does not. The poison id's clear fails until fixed, and it is parked.
+// does not. The poison id's clear fails until fixed, and it is parked; the
+// held id's clear holds it for a day until lifted.
 type twoReplicas struct {
 	kv       *retention.MemKV
 	a, b     *retention.Sweep
 	srvA     *httptest.Server
 	srvB     *httptest.Server
 	fixed    atomic.Bool
+	lifted   atomic.Bool
 	clearedN atomic.Int64
 }
 
@@ -85,6 +87,9 @@ func newTwoReplicas(t *testing.T) *twoReplicas {
 	clear := func(_ context.Context, id string) error {
 		if id == poison && !f.fixed.Load() {
 			return errors.New("the archive refuses it")
+		}
+		if id == held && !f.lifted.Load() {
+			return retention.Hold(time.Now().Add(24 * time.Hour))
 		}
 		f.clearedN.Add(1)
 		return nil
@@ -103,12 +108,13 @@ func newTwoReplicas(t *testing.T) *twoReplicas {
 		require.NoError(t, f.a.Mark(ctx, f.kv, fmt.Sprintf("job-%03d", i), time.Now().Add(-2*time.Hour)))
 	}
 	require.NoError(t, f.a.Mark(ctx, f.kv, poison, time.Now().Add(-3*time.Hour)))
+	require.NoError(t, f.a.Mark(ctx, f.kv, held, time.Now().Add(-3*time.Hour)))
 	runCtx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	wg.Go(func() { _ = f.a.Run(runCtx) })
-	waitFor(t, "web-a to take the lease and park the poison id", func() bool {
-		return locker.held() && len(parkedIDs(t, f.a)) == 1
+	waitFor(t, "web-a to take the lease, park the poison id and hold the held one", func() bool {
+		return locker.held() && len(parkedIDs(t, f.a)) == 1 && len(heldIDs(t, f.a)) == 1
 	})
 	wg.Go(func() { _ = f.b.Run(runCtx) })
 	for _, r := range []struct {
@@ -195,6 +201,36 @@ func TestRequeueAnswersWhenTheSweepRuns(t *testing.T) {
 	assert.Contains(t, r.Pass, "web-a, which sweeps, reads the wake-up every 1s")
 }
 
+// TestReleaseAnswersWhenTheSweepRuns: a release through the console of the
+// replica that does not sweep names the replica that does and when it
+// passes, and that replica, whose memory holds the id for a day, clears it
+// within its wake-up.
+func TestReleaseAnswersWhenTheSweepRuns(t *testing.T) {
+	f := newTwoReplicas(t)
+	f.lifted.Store(true)
+	before := f.clearedN.Load()
+	req, err := http.NewRequest(http.MethodPost, f.srvB.URL+"/console/release", strings.NewReader(url.Values{"prefix": {jobs}, "id": {held}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var r retentionui.Released
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&r))
+	assert.Equal(t, 1, r.Released)
+	assert.Equal(t, "web-a", r.Sweeper)
+	require.NotNil(t, r.PassBy)
+	assert.WithinDuration(t, start.Add(retention.DefaultWakePoll), *r.PassBy, 2*time.Second)
+	assert.Contains(t, r.Pass, "web-a, which sweeps, reads the wake-up every 1s")
+	waitFor(t, "web-a to clear the released id", func() bool { return f.clearedN.Load() > before })
+	took := time.Since(start)
+	t.Logf("release through web-b's console to cleared by web-a, Interval 1m: %v", took)
+	assert.Less(t, took, 10*time.Second, "within the wake-up and a pass, not the Interval nor the hold's end")
+}
+
 // TestBrowserFleetViewOnTwoReplicas: two replicas, two consoles: both show
 // one fleet (who sweeps, the last passes) and the last hour's chart; a
 // requeue through the console of the replica that does not sweep is
@@ -245,8 +281,32 @@ func TestBrowserFleetViewOnTwoReplicas(t *testing.T) {
 	assert.Less(t, took, 10*time.Second, "within the wake-up and a pass, not the Interval")
 	waitFor(t, "the marker's delete", func() bool {
 		b, err := f.a.Backlog(context.Background(), 10)
-		return err == nil && b == (retention.Backlog{})
+		return err == nil && b == (retention.Backlog{Held: 1}) // the held id stays held
 	})
+}
+
+// TestBrowserReleaseOnTwoReplicas: a release through the console of the
+// replica that does not sweep says which replica clears it and by when,
+// and that replica, whose memory holds the id for a day, clears it within
+// a wake-up and a pass, under a 1m Interval.
+func TestBrowserReleaseOnTwoReplicas(t *testing.T) {
+	tab := newTab(t)
+	f := newTwoReplicas(t)
+	f.lifted.Store(true)
+	before := f.clearedN.Load()
+	require.NoError(t, chromedp.Do(tab, chromedp.Navigate(f.srvB.URL+"/console/sweep?prefix="+url.QueryEscape(jobs))))
+	start := time.Now()
+	require.NoError(t, chromedp.Do(tab,
+		chromedp.Click(chromedp.CSS(`tr[data-held-id="`+held+`"] [data-action="release"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-field="wake"]`)),
+	))
+	assert.Contains(t, text(t, tab, `[data-field="released"]`), "Released 1")
+	assert.Contains(t, text(t, tab, `[data-field="wake"]`), "web-a, which sweeps, reads the wake-up every 1s: it passes by")
+	waitFor(t, "web-a to clear the released id", func() bool { return f.clearedN.Load() > before })
+	took := time.Since(start)
+	t.Logf("click of Release on web-b's console to cleared by web-a, Interval 1m, hold a day: %v", took)
+	assert.Less(t, took, 10*time.Second, "within the wake-up and a pass, not the Interval nor the hold's end")
+	assert.Empty(t, heldIDs(t, f.a))
 }
 
 // TestFleetSaysWhenTheHolderFellSilent: a holder whose next pass is more

@@ -38,6 +38,7 @@ func FuzzRequestParams(f *testing.F) {
 			{"GET", "/sweep?" + q.Encode(), nil},
 			{"GET", "/why?" + q.Encode(), nil},
 			{"POST", "/requeue", q},
+			{"POST", "/release", q},
 		} {
 			code, body := do(t, h, req.method, req.target, req.form, nil)
 			switch code {

@@ -17,17 +17,18 @@ import (
 )
 
 // Handler is the console: an http.Handler serving the overview, a page per
-// sweep, the look-up by id and the Requeue action, each page as HTML or,
-// asked for with "Accept: application/json", as JSON. Create one with New
-// and mount it under any path with http.StripPrefix, behind your
-// authentication: it has none of its own. Its routes, relative to where it
-// is mounted:
+// sweep, the look-up by id and the Requeue and Release actions, each page
+// as HTML or, asked for with "Accept: application/json", as JSON. Create
+// one with New and mount it under any path with http.StripPrefix, behind
+// your authentication: it has none of its own. Its routes, relative to
+// where it is mounted:
 //
 //	GET  /                         the overview (Overview)
 //	GET  /sweep?prefix=P           one sweep's due and parked markers (SweepPage)
 //	GET  /why?prefix=P&id=X        when X will be cleared, and why not yet (Why)
 //	POST /requeue  prefix=P&id=X   put X's parked marker back (Requeued)
 //	POST /requeue  prefix=P&all=1  put every parked marker back
+//	POST /release  prefix=P&id=X   lift X's hold: its marker is due at once (Released)
 //	GET  /style.css                the page's style sheet
 //
 // A Handler is safe for concurrent use. It logs nothing: errors go to the
@@ -63,12 +64,13 @@ func New(opts Options) (*Handler, error) {
 	h.mux.HandleFunc("GET /sweep", h.serveSweep)
 	h.mux.HandleFunc("GET /why", h.serveWhy)
 	h.mux.HandleFunc("POST /requeue", h.serveRequeue)
+	h.mux.HandleFunc("POST /release", h.serveRelease)
 	h.mux.HandleFunc("GET /style.css", serveStyle)
 	h.mux.HandleFunc("/", h.serveOther)
 	return h, nil
 }
 
-// ServeHTTP serves the console's pages and action.
+// ServeHTTP serves the console's pages and actions.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "same-origin")
@@ -88,7 +90,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serveOther answers what no route serves: a known path with the wrong
 // method (405, with Allow), anything else 404, in the format asked for.
 func (h *Handler) serveOther(w http.ResponseWriter, r *http.Request) {
-	allow := map[string]string{"/": "GET, HEAD", "/sweep": "GET, HEAD", "/why": "GET, HEAD", "/style.css": "GET, HEAD", "/requeue": "POST"}[r.URL.Path]
+	allow := map[string]string{"/": "GET, HEAD", "/sweep": "GET, HEAD", "/why": "GET, HEAD", "/style.css": "GET, HEAD", "/requeue": "POST", "/release": "POST"}[r.URL.Path]
 	if allow == "" {
 		h.fail(w, r, errNotFound, http.StatusNotFound)
 		return
@@ -169,7 +171,7 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, errInvalidID), errors.Is(err, errBadRequest):
 		return http.StatusBadRequest
-	case errors.Is(err, errNotParked):
+	case errors.Is(err, errNotParked), errors.Is(err, errNotHeld):
 		return http.StatusConflict
 	case errors.Is(err, errReadOnly), errors.Is(err, errCrossOrigin):
 		return http.StatusForbidden
@@ -220,8 +222,9 @@ func (h *Handler) render(w http.ResponseWriter, status int, page string, v any) 
 	_ = h.pages.ExecuteTemplate(w, page, v) // the client went away: nothing to do
 }
 
-// requeuedOf reads the count a requeue's redirect carries to the page.
-func requeuedOf(values url.Values) (int, bool) {
-	n, err := strconv.Atoi(values.Get("requeued"))
+// countOf reads the count a requeue's or a release's redirect carries to
+// the page, in the parameter name.
+func countOf(values url.Values, name string) (int, bool) {
+	n, err := strconv.Atoi(values.Get(name))
 	return n, err == nil && n >= 0
 }

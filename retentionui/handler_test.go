@@ -336,6 +336,15 @@ func TestRequestsAreValidated(t *testing.T) {
 		{"requeue all=false", "POST", "/requeue", url.Values{"prefix": {jobs}, "all": {"false"}}, http.StatusBadRequest},
 		{"requeue not parked", "POST", "/requeue", url.Values{"prefix": {jobs}, "id": {held}}, http.StatusConflict},
 		{"requeue prefix in URL only", "POST", "/requeue?prefix=jobs/done/&id=" + poison, url.Values{}, http.StatusBadRequest},
+		{"release by GET", "GET", "/release?prefix=jobs/done/&id=" + held, nil, http.StatusMethodNotAllowed},
+		{"release unknown prefix", "POST", "/release", url.Values{"prefix": {"x/"}, "id": {held}}, http.StatusNotFound},
+		{"release malformed id", "POST", "/release", url.Values{"prefix": {jobs}, "id": {"<b>"}}, http.StatusBadRequest},
+		{"release too long an id", "POST", "/release", url.Values{"prefix": {jobs}, "id": {long}}, http.StatusBadRequest},
+		{"release no id", "POST", "/release", url.Values{"prefix": {jobs}}, http.StatusBadRequest},
+		{"release two ids", "POST", "/release", url.Values{"prefix": {jobs}, "id": {held, held}}, http.StatusBadRequest},
+		{"release all", "POST", "/release", url.Values{"prefix": {jobs}, "all": {"true"}}, http.StatusBadRequest},
+		{"release not held", "POST", "/release", url.Values{"prefix": {jobs}, "id": {poison}}, http.StatusConflict},
+		{"release prefix in URL only", "POST", "/release?prefix=jobs/done/&id=" + held, url.Values{}, http.StatusBadRequest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -352,6 +361,7 @@ func TestRequestsAreValidated(t *testing.T) {
 		})
 	}
 	assert.Equal(t, []string{poison}, parkedIDs(t, f.jobs), "no request above requeued")
+	assert.Equal(t, []string{held}, heldIDs(t, f.jobs), "no request above released")
 }
 
 func TestRequeuePutsTheParkedMarkerBack(t *testing.T) {
@@ -460,8 +470,11 @@ func TestCrossOriginPostIsRefused(t *testing.T) {
 			}
 			code, body := do(t, h, "POST", "/requeue", url.Values{"prefix": {jobs}, "id": {poison}}, header)
 			assert.Equal(t, tt.want, code, body)
+			code, body = do(t, h, "POST", "/release", url.Values{"prefix": {jobs}, "id": {held}}, header)
+			assert.Equal(t, tt.want, code, "release: %s", body)
 			if tt.want == http.StatusForbidden {
 				assert.Equal(t, []string{poison}, parkedIDs(t, f.jobs))
+				assert.Equal(t, []string{held}, heldIDs(t, f.jobs))
 			}
 		})
 	}
@@ -481,10 +494,14 @@ func TestReadOnlyHidesAndRefusesActions(t *testing.T) {
 	code, _ = do(t, h, "POST", "/requeue", url.Values{"prefix": {jobs}, "id": {poison}}, asJSON)
 	assert.Equal(t, http.StatusForbidden, code)
 	assert.Equal(t, []string{poison}, parkedIDs(t, f.jobs))
+	code, _ = do(t, h, "POST", "/release", url.Values{"prefix": {jobs}, "id": {held}}, asJSON)
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Equal(t, []string{held}, heldIDs(t, f.jobs))
 
 	opts.ReadOnly = false
 	_, body = do(t, newHandler(t, opts), "GET", "/sweep?prefix="+url.QueryEscape(jobs), nil, nil)
 	assert.Contains(t, body, `data-action="requeue"`, "the control the read-only page hides")
+	assert.Contains(t, body, `data-action="release"`, "the control the read-only page hides")
 }
 
 func TestPagesEscapePrefixesAndIDs(t *testing.T) {

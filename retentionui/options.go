@@ -29,9 +29,9 @@ type Options struct {
 	// shown as not known.
 	Recorder *Recorder
 
-	// ReadOnly hides every action (Requeue) and refuses every POST with
-	// 403. False, the default, lets whoever reaches the handler requeue:
-	// mount it behind your authentication.
+	// ReadOnly hides every action (Requeue, Release) and refuses every
+	// POST with 403. False, the default, lets whoever reaches the handler
+	// requeue and release: mount it behind your authentication.
 	ReadOnly bool
 
 	// Limit bounds what one request reads: the markers a list shows and

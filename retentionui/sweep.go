@@ -12,7 +12,9 @@ type sweepPage struct {
 	SweepPage
 	Requeued    int
 	WasRequeued bool
-	Wake        string // when the sweep tries what was requeued (see wakeNote)
+	Released    int
+	WasReleased bool
+	Wake        string // when the sweep tries what was requeued or released (see wakeNote)
 	Retention   bool
 }
 
@@ -66,8 +68,9 @@ func (h *Handler) serveSweep(w http.ResponseWriter, r *http.Request) {
 		p.Parked = append(p.Parked, pm)
 	}
 	p.ParkedCut = len(parked) == h.opts.Limit
-	p.Requeued, p.WasRequeued = requeuedOf(q)
-	if p.WasRequeued {
+	p.Requeued, p.WasRequeued = countOf(q, "requeued")
+	p.Released, p.WasReleased = countOf(q, "released")
+	if p.WasRequeued || p.WasReleased {
 		_, p.Wake = wakeNote(h.fleet(ctx, s, now), now)
 	}
 	h.answer(w, r, "sweep", p.SweepPage, p)

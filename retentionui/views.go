@@ -164,10 +164,27 @@ type Requeued struct {
 	Pass string `json:"pass,omitempty"`
 }
 
+// Released is the JSON answer to POST /release: the hold of a held marker
+// lifted before its end (retention.Sweep.ReleaseHolds), its marker due at
+// once. The sweep's next pass asks its Clear again: a Clear that still
+// answers Hold holds it again.
+type Released struct {
+	Prefix   string `json:"prefix"`
+	ID       string `json:"id"`
+	Released int    `json:"released"` // held markers made due
+	// Sweeper is the replica that sweeps, woken to clear them, and PassBy
+	// when it passes at the latest; "" and null when the store holds no
+	// fleet record (see FleetStatus).
+	Sweeper string     `json:"sweeper,omitempty"`
+	PassBy  *time.Time `json:"pass_by"`
+	// Pass says when they are cleared, in a sentence.
+	Pass string `json:"pass,omitempty"`
+}
+
 // ErrorBody is the JSON of every error answer, with its HTTP status: 400
 // malformed request or id, 403 read-only or cross-origin, 404 unknown page
-// or prefix, 405 wrong method, 409 requeue of an id not parked, 500 a store
-// error or timeout.
+// or prefix, 405 wrong method, 409 requeue of an id not parked or release
+// of an id not held, 500 a store error or timeout.
 type ErrorBody struct {
 	Status int    `json:"status"`
 	Error  string `json:"error"`

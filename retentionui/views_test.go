@@ -66,11 +66,15 @@ func TestEveryPagesJSONIsExactlyItsDocumentedType(t *testing.T) {
 		{"why not found", "GET", why("job-nope"), nil, nil, nil, http.StatusOK, exactly[retentionui.Why]()},
 		{"requeue one", "POST", "/requeue", url.Values{"prefix": {jobs}, "id": {poison}}, nil, nil, http.StatusOK, exactly[retentionui.Requeued]()},
 		{"requeue all", "POST", "/requeue", url.Values{"prefix": {jobs}, "all": {"true"}}, nil, nil, http.StatusOK, exactly[retentionui.Requeued]()},
+		{"release", "POST", "/release", url.Values{"prefix": {jobs}, "id": {held}}, nil, nil, http.StatusOK, exactly[retentionui.Released]()},
+		{"sweep after a release", "GET", "/sweep?prefix=" + url.QueryEscape(jobs) + "&released=1", nil, nil, nil, http.StatusOK, exactly[retentionui.SweepPage]()},
 		{"bad request", "GET", why("a b"), nil, nil, nil, http.StatusBadRequest, exactly[retentionui.ErrorBody]()},
 		{"read-only requeue", "POST", "/requeue", url.Values{"prefix": {jobs}, "id": {poison}}, readOnly, nil, http.StatusForbidden, exactly[retentionui.ErrorBody]()},
 		{"unknown prefix", "GET", "/sweep?prefix=nope/", nil, nil, nil, http.StatusNotFound, exactly[retentionui.ErrorBody]()},
 		{"wrong method", "GET", "/requeue", nil, nil, nil, http.StatusMethodNotAllowed, exactly[retentionui.ErrorBody]()},
 		{"not parked", "POST", "/requeue", url.Values{"prefix": {jobs}, "id": {held}}, nil, nil, http.StatusConflict, exactly[retentionui.ErrorBody]()},
+		{"read-only release", "POST", "/release", url.Values{"prefix": {jobs}, "id": {held}}, readOnly, nil, http.StatusForbidden, exactly[retentionui.ErrorBody]()},
+		{"not held", "POST", "/release", url.Values{"prefix": {jobs}, "id": {poison}}, nil, nil, http.StatusConflict, exactly[retentionui.ErrorBody]()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
