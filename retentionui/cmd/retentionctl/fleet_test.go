@@ -14,7 +14,7 @@ import (
 
 // TestStatusSaysWhoSweeps: status prints, for a sweep with the fleet's
 // record, who sweeps, the last passes by whom, and the last hour; requeue
-// says when the sweep passes.
+// and release say when the sweep passes.
 func TestStatusSaysWhoSweeps(t *testing.T) {
 	now := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
 	since := now.Add(-time.Hour)
@@ -44,5 +44,13 @@ func TestStatusSaysWhoSweeps(t *testing.T) {
 	require.NoError(t, err)
 	out.Reset()
 	require.NoError(t, printRequeued(&out, body))
+	assert.Contains(t, out.String(), "web-a, which sweeps, reads the wake-up every 1s: it passes by 01:00:01.000 UTC.")
+
+	body, err = json.Marshal(retentionui.Released{Prefix: "jobs/done/", ID: "job-2", Released: 1, Sweeper: "web-a", PassBy: &by,
+		Pass: "web-a, which sweeps, reads the wake-up every 1s: it passes by 01:00:01.000 UTC."})
+	require.NoError(t, err)
+	out.Reset()
+	require.NoError(t, printReleased(&out, body))
+	assert.Contains(t, out.String(), "released 1 (job-2 of jobs/done/): due at once")
 	assert.Contains(t, out.String(), "web-a, which sweeps, reads the wake-up every 1s: it passes by 01:00:01.000 UTC.")
 }

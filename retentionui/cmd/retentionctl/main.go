@@ -6,6 +6,7 @@
 //	retentionctl -addr URL parked PREFIX        the parked markers
 //	retentionctl -addr URL requeue PREFIX ID    put a parked marker back
 //	retentionctl -addr URL requeue PREFIX --all put every parked marker back
+//	retentionctl -addr URL release PREFIX ID    lift a held marker's hold: due at once
 //	retentionctl -addr URL why PREFIX ID        when ID will be cleared, and why not yet
 //
 // URL is where the console is mounted, such as
@@ -28,8 +29,8 @@
 // these flags; the console's own 403 (read-only) is shown as it came.
 //
 // Exit status: 0 on success, 1 when the service refused (any answer but
-// 200, such as 409 for an id that is not parked or 401 for missing
-// credentials) or could not be reached, 2 on a usage error. Errors go to
+// 200, such as 409 for an id that is not parked, or not held, or 401 for
+// missing credentials) or could not be reached, 2 on a usage error. Errors go to
 // stderr; with -json each is also written to stdout as a
 // retentionui.ErrorBody: the console's own when it refused, one with the
 // answer's HTTP status when something in front of it did, and status 0

@@ -134,6 +134,9 @@ func printPending(w io.Writer, body []byte) error {
 	fmt.Fprintf(w, "%s due, %s retrying, %s held, %s parked%s\n",
 		atLeast(len(p.Due), p.PendingCut), atLeast(len(p.Retrying), p.PendingCut), atLeast(len(p.Held), p.PendingCut),
 		atLeast(len(p.Parked), p.ParkedCut), cut(p.PendingCut || p.ParkedCut, p.Limit))
+	if len(p.Held) > 0 {
+		fmt.Fprintf(w, "held ones wait for their hold's end; once a hold is lifted: retentionctl release %s ID\n", clean(p.Prefix))
+	}
 	return nil
 }
 
@@ -215,6 +218,18 @@ func printRequeued(w io.Writer, body []byte) error {
 		what = "every parked marker"
 	}
 	_, err = fmt.Fprintf(w, "requeued %d (%s of %s): the next pass tries them again\n", r.Requeued, what, clean(r.Prefix))
+	if err == nil && r.Pass != "" {
+		_, err = fmt.Fprintln(w, clean(r.Pass))
+	}
+	return err
+}
+
+func printReleased(w io.Writer, body []byte) error {
+	r, err := decode[retentionui.Released](body)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "released %d (%s of %s): due at once; the next pass clears it unless its clear still answers with a hold\n", r.Released, clean(r.ID), clean(r.Prefix))
 	if err == nil && r.Pass != "" {
 		_, err = fmt.Fprintln(w, clean(r.Pass))
 	}

@@ -31,6 +31,7 @@ commands:
   parked PREFIX          the parked markers (they wait for a requeue)
   requeue PREFIX ID      put a parked marker back
   requeue PREFIX --all   put every parked marker back
+  release PREFIX ID      lift a held marker's hold: due at once, its clear asked again
   why PREFIX ID          when ID will be cleared, and why not yet
 Flags go before the command. An argument that starts with '-' is refused
 unless it follows --, which ends the flags: retentionctl requeue PREFIX -- -ID.
@@ -106,7 +107,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if len(cmd) == 0 {
 		return usageErr("no command")
 	}
-	want := map[string]int{"status": 0, "due": 1, "pending": 1, "parked": 1, "requeue": 2, "why": 2}
+	want := map[string]int{"status": 0, "due": 1, "pending": 1, "parked": 1, "requeue": 2, "release": 2, "why": 2}
 	n, ok := want[cmd[0]]
 	if !ok {
 		return usageErr("unknown command %q", cmd[0])
@@ -165,6 +166,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		}
 		body, err = c.post(ctx, "requeue", form)
 		out = printRequeued
+	case "release":
+		body, err = c.post(ctx, "release", url.Values{"prefix": {argv[0].v}, "id": {argv[1].v}})
+		out = printReleased
 	}
 	if err != nil {
 		return o.fail(err)

@@ -40,6 +40,12 @@ var t0 = time.Date(2026, 3, 14, 9, 26, 53, 0, time.UTC)
 // mounted under /admin/.
 func console(t *testing.T, readOnly bool, parked ...string) (*retention.Sweep, string) {
 	t.Helper()
+	return consoleHolding(t, readOnly, []string{held}, parked...)
+}
+
+// consoleHolding is console with the held ids of holding.
+func consoleHolding(t *testing.T, readOnly bool, holding []string, parked ...string) (*retention.Sweep, string) {
+	t.Helper()
 	ctx := context.Background()
 	clock := retention.NewManualClock(t0)
 	kv := retention.NewMemKV()
@@ -50,14 +56,14 @@ func console(t *testing.T, readOnly bool, parked ...string) (*retention.Sweep, s
 			switch {
 			case slices.Contains(parked, id):
 				return errors.New("refused")
-			case id == held:
+			case slices.Contains(holding, id):
 				return retention.Hold(clock.Now().Add(time.Hour))
 			}
 			return nil
 		},
 	})
 	require.NoError(t, err)
-	for _, id := range append(parked, held) {
+	for _, id := range append(parked, holding...) {
 		require.NoError(t, s.Mark(ctx, kv, id, t0.Add(-3*time.Hour)))
 	}
 	_, err = s.Pass(ctx)
@@ -88,6 +94,20 @@ func ctlEnv(env map[string]string, args ...string) (code int, stdout, stderr str
 	return code, out.String(), errOut.String()
 }
 
+// heldIDs lists the ids s's store has held.
+func heldIDs(t *testing.T, s *retention.Sweep) []string {
+	t.Helper()
+	pending, err := s.Pending(context.Background(), 100)
+	require.NoError(t, err)
+	ids := []string{}
+	for _, m := range pending {
+		if m.State == retention.StateHeld {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
+}
+
 // parkedIDs lists the ids s has parked.
 func parkedIDs(t *testing.T, s *retention.Sweep) []string {
 	t.Helper()
@@ -109,7 +129,8 @@ func TestCommandsPrintTables(t *testing.T) {
 	}{
 		{[]string{"status"}, []string{"PREFIX", prefix, "parked", "1 parked"}},
 		{[]string{"due", prefix}, []string{"job-0", "job-2", "3 due: the next pass clears them", "0 retrying, 1 held, 1 parked"}},
-		{[]string{"pending", prefix}, []string{"job-0", held, "held until 2026-03-14T10:26:53Z", poison, "waits for a requeue", "3 due, 0 retrying, 1 held, 1 parked"}},
+		{[]string{"pending", prefix}, []string{"job-0", held, "held until 2026-03-14T10:26:53Z", poison, "waits for a requeue", "3 due, 0 retrying, 1 held, 1 parked",
+			"once a hold is lifted: retentionctl release jobs/done/ ID"}},
 		{[]string{"parked", prefix}, []string{poison, "waits for a requeue", "1 parked"}},
 		{[]string{"why", prefix, held}, []string{held + ": held", "Held", "held until 2026-03-14T10:26:53Z"}},
 		{[]string{"why", prefix, poison}, []string{poison + ": parked", "waits for a requeue"}},
@@ -190,6 +211,35 @@ func TestRequeueExitsOneWhenRefused(t *testing.T) {
 	assert.Contains(t, out, "requeued 0 (every parked marker")
 }
 
+// TestReleaseMakesTheHeldMarkerDue: release lifts the hold of a held id
+// (exit 0, "released 1"); an id that is not held, or no longer, is refused
+// with 409 and exit 1; with -json the answer is the console's Released.
+func TestReleaseMakesTheHeldMarkerDue(t *testing.T) {
+	t.Parallel()
+	s, addr := consoleHolding(t, false, []string{held, "job-held-2"})
+	code, out, errOut := ctl("-addr", addr, "release", prefix, held)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "released 1 (job-held of jobs/done/): due at once")
+	assert.Equal(t, []string{"job-held-2"}, heldIDs(t, s))
+
+	for _, id := range []string{held, poison, "job-nope"} {
+		code, out, errOut = ctl("-addr", addr, "release", prefix, id)
+		assert.Equal(t, exitRefused, code, "release %s: stdout %q", id, out)
+		assert.Contains(t, errOut, "409 Conflict")
+		assert.Contains(t, errOut, "not held")
+	}
+
+	code, out, errOut = ctl("-addr", addr, "-json", "release", prefix, "job-held-2")
+	require.Equal(t, exitOK, code, errOut)
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	var r retentionui.Released
+	require.NoError(t, dec.Decode(&r), out)
+	assert.Equal(t, retentionui.Released{Prefix: prefix, ID: "job-held-2", Released: 1}, r)
+	assert.Empty(t, heldIDs(t, s))
+	assert.Equal(t, []string{poison}, parkedIDs(t, s), "nothing requeued")
+}
+
 func TestRefusalsAndUsageErrors(t *testing.T) {
 	t.Parallel()
 	_, addr := console(t, false)
@@ -213,6 +263,10 @@ func TestRefusalsAndUsageErrors(t *testing.T) {
 		{"unknown prefix", []string{"-addr", addr, "due", "nope/"}, exitRefused, "404 Not Found"},
 		{"malformed id", []string{"-addr", addr, "why", prefix, "a b"}, exitRefused, "400 Bad Request"},
 		{"read-only", []string{"-addr", readOnly, "requeue", prefix, poison}, exitRefused, "403 Forbidden"},
+		{"read-only release", []string{"-addr", readOnly, "release", prefix, held}, exitRefused, "403 Forbidden"},
+		{"release without an id", []string{"-addr", addr, "release", prefix}, exitUsage, "takes 2"},
+		{"release of two ids", []string{"-addr", addr, "release", prefix, held, poison}, exitUsage, "takes 2"},
+		{"release of a malformed id", []string{"-addr", addr, "release", prefix, "a b"}, exitRefused, "400 Bad Request"},
 		{"not a console", []string{"-addr", addr + "/nowhere/x/", "status"}, exitRefused, "404"},
 	}
 	for _, tt := range tests {
@@ -267,6 +321,25 @@ func TestDoubleDashEndsFlags(t *testing.T) {
 			assert.ElementsMatch(t, tt.leftParked, parkedIDs(t, s), "parked after %q", tt.args)
 		})
 	}
+	releases := []struct {
+		name     string
+		args     []string
+		out      string
+		leftHeld []string
+	}{
+		{"release id after --", []string{"release", prefix, "--", "-h"}, "released 1 (-h of", []string{"--all", held}},
+		{"release --all after --: an id", []string{"release", prefix, "--", "--all"}, "released 1 (--all of", []string{"-h", held}},
+	}
+	for _, tt := range releases {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, addr := consoleHolding(t, false, []string{"-h", "--all", held})
+			code, out, errOut := ctl(append([]string{"-addr", addr}, tt.args...)...)
+			require.Equal(t, exitOK, code, "exit status; stderr: %s", errOut)
+			assert.Contains(t, out, tt.out)
+			assert.ElementsMatch(t, tt.leftHeld, heldIDs(t, s), "held after %q", tt.args)
+		})
+	}
 }
 
 // TestArgumentThatLooksLikeAFlagIsRefused: before --, an argument that
@@ -283,6 +356,8 @@ func TestArgumentThatLooksLikeAFlagIsRefused(t *testing.T) {
 		{"id of why", []string{"why", prefix, "-x"}, "retentionctl why jobs/done/ -- -x"},
 		{"prefix", []string{"requeue", "--all", prefix}, "retentionctl requeue -- --all jobs/done/"},
 		{"quoted in the hint", []string{"requeue", prefix, "-a b"}, "retentionctl requeue jobs/done/ -- '-a b'"},
+		{"id of release", []string{"release", prefix, "-all"}, "retentionctl release jobs/done/ -- -all"},
+		{"--all is no release flag", []string{"release", prefix, "--all"}, "retentionctl release jobs/done/ -- --all"},
 		{"flag after the command", []string{"status", "-json"}, "flags go before the command"},
 	}
 	for _, tt := range tests {
@@ -391,6 +466,9 @@ func TestJSONErrorsAreErrorBodiesOnStdout(t *testing.T) {
 		msg    string
 	}{
 		{"not parked", []string{"-addr", addr, "requeue", prefix, held}, exitRefused, http.StatusConflict, "retentionui: the id is not parked"},
+		{"not held", []string{"-addr", addr, "release", prefix, poison}, exitRefused, http.StatusConflict, "retentionui: the id is not held"},
+		{"read-only release", []string{"-addr", readOnly, "release", prefix, held}, exitRefused, http.StatusForbidden, "read-only"},
+		{"release usage", []string{"-addr", addr, "release", prefix, "-x"}, exitUsage, 0, "looks like a flag"},
 		{"unknown prefix", []string{"-addr", addr, "due", "nope/"}, exitRefused, http.StatusNotFound, "retentionui: no sweep has this prefix"},
 		{"read-only", []string{"-addr", readOnly, "requeue", prefix, poison}, exitRefused, http.StatusForbidden, "read-only"},
 		{"credentials missing", []string{"-addr", unauthorized.URL, "status"}, exitRefused, http.StatusUnauthorized, "credentials are missing"},
