@@ -188,19 +188,25 @@ type Config struct {
 	// replica of a fleet that shares the store under a Lease. Then the
 	// replica that holds the lease keeps a record of its passes in the
 	// store, under the prefix outside the markers' ranges, which
-	// Sweep.Fleet reads on any replica; and between passes it reads the
-	// store's wake key every WakePoll, which Sweep.Wake and Sweep.Requeue
-	// write on any replica (docs/fleet.md, "The fleet view"). It needs a
-	// KV that is a Putter and a Mover. Empty means neither: the sweep
-	// writes no key but its markers, and Wake reaches this process's Run
-	// alone. At most MaxReplicaLen bytes of printable ASCII.
+	// Sweep.Fleet reads on any replica; between passes it reads the
+	// store's wake key every WakePoll, which Sweep.Wake, Sweep.Requeue and
+	// Sweep.ReleaseHolds write on any replica; and a Run that releases the
+	// lease as it returns writes a key that the replicas waiting for the
+	// lease read every WakePoll, to take it at once (docs/fleet.md, "The
+	// fleet view"). It needs a KV that is a Putter and a Mover. Empty means
+	// none of this: the sweep writes no key but its markers, Wake reaches
+	// this process's Run alone, and a released lease is taken at the next
+	// try. At most MaxReplicaLen bytes of printable ASCII.
 	Replica string
 
-	// WakePoll is how often Run, while it holds the lease with Replica
-	// set, reads the store's wake key between passes: a Requeue on another
-	// replica starts a pass within it. Each read is one Scan of one key.
-	// Zero means DefaultWakePoll; a negative value means never (a Requeue
-	// on another replica waits for the next pass); otherwise at least 1ms.
+	// WakePoll is how often Run, with Replica set, reads the store between
+	// passes while it holds the lease (the wake key: a Requeue on another
+	// replica starts a pass within it), and between its tries while it
+	// waits for the lease (the key that says it was released: it takes it
+	// within WakePoll). Each read is one Scan of one key. Zero means
+	// DefaultWakePoll; a negative value means never (a Requeue on another
+	// replica waits for the next pass, a released lease for the next try);
+	// otherwise at least 1ms.
 	WakePoll time.Duration
 }
 

@@ -107,19 +107,20 @@ func TestFleetIsTheSameOnEveryReplica(t *testing.T) {
 }
 
 // TestFleetNamesTheNewHolderAfterATakeover: when the holder stops, the
-// record says it released the lease; once another replica takes it, that
-// one is the holder, and the hour's minutes hold the passes of both.
+// record says it released the lease; once another replica takes it (within
+// its WakePoll: it reads the free key), that one is the holder, and the
+// hour's minutes hold the passes of both.
 func TestFleetNamesTheNewHolderAfterATakeover(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		kv := NewMemKV()
 		f := startFleet(t, kv, Config{}, "web-a", "web-b")
 		defer f.stopAll()
-		time.Sleep(90 * time.Second)
+		time.Sleep(90*time.Second + 500*time.Millisecond) // between two of web-b's reads of the free key
 		f.stop(0)
 		fl := fleetOn(t, f.sweeps[1])
 		assert.Equal(t, "web-a", fl.Holder)
 		assert.True(t, fl.Released, "web-a released the lease as it stopped")
-		time.Sleep(time.Minute)
+		time.Sleep(DefaultWakePoll)
 		synctest.Wait()
 		fl = fleetOn(t, f.sweeps[1])
 		assert.Equal(t, "web-b", fl.Holder)

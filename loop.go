@@ -33,6 +33,10 @@ type loop struct {
 	// wake is the channel Wake signals for a member of a running loop.
 	wake chan struct{}
 
+	// freeSeen says the loop's wait for the lease ended on a free key,
+	// which the next try of the lease deletes (see freed).
+	freeSeen bool
+
 	// What the last round did, for the fleet's record (fleet.go): when
 	// the lease was taken, and per member the KV its pass wrote through
 	// (nil: it did not pass), the fence on the writes' context, its error.
@@ -69,7 +73,11 @@ func (l *loop) run(ctx context.Context) error {
 // round makes one round of Run, taking the lease first if it needs to.
 func (l *loop) round(ctx context.Context, lease *Lease, failures *int) (time.Duration, error) {
 	if l.locker != nil && *lease == nil {
-		switch err := l.acquire(ctx, lease); {
+		err := l.acquire(ctx, lease)
+		if err == nil || errors.Is(err, ErrLeaseHeld) && l.freeSeen && ctx.Err() == nil {
+			l.clearFree(ctx) // taken, or held by another: free no more
+		}
+		switch {
 		case err == nil:
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
@@ -295,13 +303,18 @@ func (l *loop) giveUp(ctx context.Context, lease Lease, lost bool) {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
+	released := true
 	if err := lease.Release(rctx); err != nil {
+		released = false
 		l.log.Warn("retention: release lease", "error", err)
 	}
 	for _, m := range l.members {
 		m.recordRelease(rctx)
 	}
 	if !lost {
+		if released && l.wake != nil {
+			l.markFree(rctx) // a Run that returns: another may take the lease now
+		}
 		l.observeLease(LeaseReleased)
 	}
 }

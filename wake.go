@@ -22,11 +22,17 @@ const (
 	fleetInfix  = '#'
 	wakeKind    = 'w' // <prefix>#w: a pass is wanted (Wake)
 	historyKind = 'h' // <prefix>#h<minute, ms:020>-<record>: passes (fleet.go)
+	freeKind    = 'l' // <prefix>#l: the lease was released, and is free to take
 )
 
 // wakeRange returns the bounds of s's wake key: the key and the key after it.
-func (s *Sweep) wakeRange() (key, end []byte) {
-	key = append([]byte(s.prefix), fleetInfix, wakeKind)
+func (s *Sweep) wakeRange() (key, end []byte) { return s.fleetKey(wakeKind) }
+
+// freeRange returns the bounds of s's key that says the lease is free.
+func (s *Sweep) freeRange() (key, end []byte) { return s.fleetKey(freeKind) }
+
+func (s *Sweep) fleetKey(kind byte) (key, end []byte) {
+	key = append([]byte(s.prefix), fleetInfix, kind)
 	return key, append(key[:len(key):len(key)], 0)
 }
 
@@ -65,9 +71,10 @@ func (s *Sweep) Wake(ctx context.Context) error {
 }
 
 // wakePoll is how often the loop reads its members' wake keys while it
-// holds lease: the shortest WakePoll of those with a Replica, or 0.
-func (l *loop) wakePoll(lease Lease) time.Duration {
-	if lease == nil {
+// holds a lease, and their free keys while it waits for one: the shortest
+// WakePoll of those with a Replica, or 0.
+func (l *loop) wakePoll() time.Duration {
+	if l.locker == nil {
 		return 0 // without a lease every replica sweeps: a Wake reaches its own
 	}
 	var d time.Duration
@@ -80,16 +87,21 @@ func (l *loop) wakePoll(lease Lease) time.Duration {
 }
 
 // sleep waits d, or less: until ctx is done, a Wake of this process, or,
-// while it holds lease, a wake key in the store.
+// while it holds lease, a wake key in the store, and while it waits for the
+// lease (lease nil), a free key (see freed).
 func (l *loop) sleep(ctx context.Context, d time.Duration, lease Lease) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	var tick <-chan time.Time
 	reads := time.Duration(0) // the ticks before the wait's end: the one at its end reads nothing
-	if poll := l.wakePoll(lease); poll > 0 && poll < d {
+	if poll := l.wakePoll(); poll > 0 && poll < d {
 		tk := time.NewTicker(poll)
 		defer tk.Stop()
 		tick, reads = tk.C, (d-1)/poll
+	}
+	polled := l.woken
+	if lease == nil {
+		polled = l.freed
 	}
 	for {
 		select {
@@ -103,7 +115,7 @@ func (l *loop) sleep(ctx context.Context, d time.Duration, lease Lease) error {
 			if reads--; reads == 0 {
 				tick = nil
 			}
-			if l.woken(ctx) {
+			if polled(ctx) {
 				return nil
 			}
 		}
@@ -138,4 +150,71 @@ func (l *loop) woken(ctx context.Context) bool {
 		cancel()
 	}
 	return found
+}
+
+// The lease's hand-over after a clean release: the Run that releases the
+// lease as it returns writes its members' free keys (<prefix>#l), which the
+// Runs waiting for the lease read every WakePoll (freed). The first to read
+// one tries the lease at once, rather than at its next try up to an
+// Interval later. A Run that takes the lease deletes the key, and so does
+// one that read it and found the lease held: the key was stale, written
+// as another Run took the lease. A replica restarted with a lowered
+// Retention, say, sweeps with it as soon as the replica it replaces has
+// released the lease.
+
+// freed reads the free key of each member with a Replica, and reports
+// whether it found one. It deletes none: the round that tries the lease
+// does (see clearFree), so that a try that fails in the store leaves it.
+func (l *loop) freed(ctx context.Context) bool {
+	for _, m := range l.members {
+		if m.replica == "" || m.wakePoll <= 0 {
+			continue
+		}
+		key, end := m.freeRange()
+		keys, err := m.scanKV(ctx, m.kv, key, end, 1)
+		if err != nil {
+			m.log.Debug("retention: read the lease's free key", "error", err)
+			continue
+		}
+		if len(keys) > 0 {
+			l.freeSeen = true
+			return true
+		}
+	}
+	return false
+}
+
+// markFree writes the free key of each member with a Replica, once the
+// lease was released; a store that fails leaves the waiting Runs to their
+// next try.
+func (l *loop) markFree(ctx context.Context) {
+	for _, m := range l.members {
+		if m.replica == "" || m.wakePoll <= 0 {
+			continue
+		}
+		key, _ := m.freeRange()
+		cctx, cancel := withTimeout(ctx, m.storeTimeout)
+		if err := m.kv.(Putter).Put(cctx, key, nil); err != nil { // New checked it is a Putter
+			m.log.Debug("retention: write the lease's free key", "error", err)
+		}
+		cancel()
+	}
+}
+
+// clearFree deletes the members' free keys after the loop tried the
+// lease: taken or held by another, it is free no more. One Delete per
+// member with a Replica, when the lease changes hands.
+func (l *loop) clearFree(ctx context.Context) {
+	l.freeSeen = false
+	for _, m := range l.members {
+		if m.replica == "" || m.wakePoll <= 0 {
+			continue
+		}
+		key, _ := m.freeRange()
+		cctx, cancel := withTimeout(ctx, m.storeTimeout)
+		if err := m.kv.Delete(cctx, key); err != nil {
+			m.log.Debug("retention: delete the lease's free key", "error", err)
+		}
+		cancel()
+	}
 }

@@ -204,31 +204,149 @@ func TestWakeWithoutReplicaWakesOnlyThisProcess(t *testing.T) {
 // TestWakePollCost: the holder of the lease reads the wake key once per
 // WakePoll between passes, a Scan of one key, and nothing more: an idle
 // pass still makes its two Scans. The replica that does not hold the lease
-// reads no wake key.
+// reads no wake key, and the free key once per WakePoll between its tries
+// of the lease.
 func TestWakePollCost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newParkedFleet(t, Config{})
 		defer f.stop()
-		wakeBefore, otherBefore := f.kv.wakeScans.Load(), f.kv.otherScans.Load()
+		wakeBefore, freeBefore, otherBefore := f.kv.wakeScans.Load(), f.kv.freeScans.Load(), f.kv.otherScans.Load()
 		time.Sleep(10*time.Minute + time.Millisecond) // ten idle passes, one a minute
 		synctest.Wait()
-		wakeScans, passScans := f.kv.wakeScans.Load()-wakeBefore, f.kv.otherScans.Load()-otherBefore
-		t.Logf("10 idle minutes: %d Scans of the wake key, %d of the passes", wakeScans, passScans)
+		wakeScans, freeScans, passScans := f.kv.wakeScans.Load()-wakeBefore, f.kv.freeScans.Load()-freeBefore, f.kv.otherScans.Load()-otherBefore
+		t.Logf("10 idle minutes: %d Scans of the wake key, %d of the free key, %d of the passes", wakeScans, freeScans, passScans)
 		assert.EqualValues(t, 10*59, wakeScans, "one wake-key Scan a second between passes, none by the replica without the lease")
+		assert.EqualValues(t, 10*59, freeScans, "one free-key Scan a second between tries of the lease, by the replica without it")
 		assert.EqualValues(t, 10*2, passScans, "two Scans per idle pass")
 	})
 }
 
-// wakeCountKV counts the Scans of the wake key apart from the others.
+// TestReleasedLeaseIsTakenWithinWakePoll: a replica restarted with a
+// lowered Retention waits for the lease while the replica it replaces
+// holds it; when that one returns and releases the lease, the new one takes
+// it within its WakePoll and clears at once what the lowered Retention
+// made due, where it waited for its next try of the lease, up to an
+// Interval (WakePoll off). Restarted in place, the first pass is at once.
+func TestReleasedLeaseIsTakenWithinWakePoll(t *testing.T) {
+	tests := []struct {
+		name     string
+		wakePoll time.Duration
+		within   time.Duration // release to cleared, at most
+		least    time.Duration // and at least
+	}{
+		{"free key read every WakePoll", 0, DefaultWakePoll, 0},
+		{"WakePoll off: the next try of the lease", -1, time.Minute, 30 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				kv := &wakeCountKV{fakeKV: newFakeKV(nil)}
+				locker := &fakeLocker{}
+				var cleared atomic.Int64
+				cfg := Config{Prefix: "runs/", Interval: time.Minute, Lease: locker, WakePoll: tt.wakePoll,
+					Clear: func(context.Context, string) error { cleared.Add(1); return nil }}
+				mark(t, kv.MemKV, "runs/", "job-1", time.Now().Add(-2*time.Hour))
+				old, lowered := cfg, cfg
+				old.Replica, old.Retention = "web-a", 3*time.Hour
+				lowered.Replica, lowered.Retention = "web-b", time.Hour
+				a, err := New(kv, old)
+				require.NoError(t, err)
+				b, err := New(kv, lowered)
+				require.NoError(t, err)
+				stopA := runInBackground(t.Context(), a)
+				synctest.Wait()
+				require.True(t, locker.held())
+				stopB := runInBackground(t.Context(), b)
+				defer func() { require.ErrorIs(t, stopB(), context.Canceled) }()
+				time.Sleep(30 * time.Second) // b tried the lease, and waits
+				synctest.Wait()
+				require.Zero(t, cleared.Load(), "not due under a's Retention of 3h")
+
+				start := time.Now()
+				require.ErrorIs(t, stopA(), context.Canceled) // a returns: it releases the lease
+				for cleared.Load() == 0 {
+					time.Sleep(10 * time.Millisecond)
+				}
+				took := time.Since(start)
+				t.Logf("lease released to cleared under the lowered Retention: %v", took)
+				assert.LessOrEqual(t, took, tt.within+10*time.Millisecond)
+				assert.GreaterOrEqual(t, took, tt.least)
+				synctest.Wait()
+				assert.Empty(t, keysUnder(t, kv, "runs/#l"), "the free key deleted by the replica that took the lease")
+			})
+		})
+	}
+	t.Run("restarted in place", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			kv := newFakeKV(nil)
+			locker := &fakeLocker{}
+			var cleared atomic.Int64
+			cfg := Config{Prefix: "runs/", Interval: time.Minute, Lease: locker, Replica: "web-a", Retention: 3 * time.Hour,
+				Clear: func(context.Context, string) error { cleared.Add(1); return nil }}
+			mark(t, kv.MemKV, "runs/", "job-1", time.Now().Add(-2*time.Hour))
+			a, err := New(kv, cfg)
+			require.NoError(t, err)
+			stop := runInBackground(t.Context(), a)
+			time.Sleep(30 * time.Second)
+			require.ErrorIs(t, stop(), context.Canceled)
+			require.Zero(t, cleared.Load())
+			cfg.Retention = time.Hour
+			restarted, err := New(kv, cfg)
+			require.NoError(t, err)
+			start := time.Now()
+			stop = runInBackground(t.Context(), restarted)
+			defer func() { require.ErrorIs(t, stop(), context.Canceled) }()
+			synctest.Wait()
+			assert.EqualValues(t, 1, cleared.Load(), "the first pass under the lowered Retention")
+			assert.Zero(t, time.Since(start), "at once")
+			assert.Empty(t, keysUnder(t, kv, "runs/#l"), "the free key deleted as the lease was taken")
+		})
+	})
+}
+
+// TestStaleFreeKeyCostsOneTryOfTheLease: a free key left while another
+// replica holds the lease (written as that one took it) makes a waiting
+// replica try the lease once sooner, and is then deleted: it tries once a
+// minute again.
+func TestStaleFreeKeyCostsOneTryOfTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newParkedFleet(t, Config{})
+		defer f.stop()
+		locker := f.a.lease.(*fakeLocker)
+		tries := func() int {
+			locker.mu.Lock()
+			defer locker.mu.Unlock()
+			return locker.acquires
+		}
+		time.Sleep(30 * time.Second) // web-b is half way to its next try
+		key, _ := f.a.freeRange()
+		require.NoError(t, f.kv.Put(t.Context(), key, nil))
+		before := tries()
+		time.Sleep(DefaultWakePoll)
+		synctest.Wait()
+		assert.Equal(t, 1, tries()-before, "web-b tried the lease on reading the free key")
+		assert.Empty(t, keysUnder(t, f.kv, "runs/#l"), "the stale free key deleted")
+		before = tries()
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, 10, tries()-before, "then one try a minute")
+	})
+}
+
+// wakeCountKV counts the Scans of the wake key and of the free key apart
+// from the others.
 type wakeCountKV struct {
 	*fakeKV
-	wakeScans, otherScans atomic.Int64
+	wakeScans, freeScans, otherScans atomic.Int64
 }
 
 func (w *wakeCountKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	if bytes.HasSuffix(start, []byte{fleetInfix, wakeKind}) {
+	switch {
+	case bytes.HasSuffix(start, []byte{fleetInfix, wakeKind}):
 		w.wakeScans.Add(1)
-	} else {
+	case bytes.HasSuffix(start, []byte{fleetInfix, freeKind}):
+		w.freeScans.Add(1)
+	default:
 		w.otherScans.Add(1)
 	}
 	return w.fakeKV.Scan(ctx, start, end, limit)
