@@ -254,6 +254,29 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 			return err
 		}
 		bare := len(shadows) == 0
+		if a.ordered() && prefix == a.prefix && lo.less(hi) {
+			// The common case: no side key in the range, and a run that
+			// is the index's first rows.
+			side, err := a.sideRun(ctx, tx, prefix, from, end, limit)
+			if err != nil {
+				return fmt.Errorf("sqlkv: %s: %w", op, err)
+			}
+			if len(side) == 0 {
+				rows, err := a.orderedRun(ctx, tx, lo, hi, limit, bare)
+				if err != nil {
+					return err
+				}
+				if err := a.refuseShadowed(ctx, tx, rows); err != nil {
+					return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, err)
+				}
+				var ids []string
+				keys, ids = a.runKeys(rows, a.clear != nil)
+				if len(keys) == 0 {
+					return nil
+				}
+				return a.clearIDs(ctx, tx, ids)
+			}
+		}
 		var cut *runCut
 		var last []byte
 		if lo.less(hi) {
@@ -478,11 +501,7 @@ func (a *AtomicTableKV) anyRow(ctx context.Context, tx *sql.Tx, lo, hi viewPos) 
 func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPos, cut *runCut, limit int, bare bool) ([]row, error) {
 	w := &where{d: a.d, bare: bare}
 	a.rangeConds(w, lo, hi)
-	if cut != nil {
-		tm := a.col(a.tm)
-		w.and(tm + " <= " + w.arg(a.bound(cut.ms)))
-		w.and("(" + tm + " <= " + w.arg(a.bound(cut.ms-1)) + " OR " + a.col(a.id) + " <= " + w.arg(cut.id) + ")")
-	}
+	a.cutConds(w, cut)
 	if a.returning {
 		q := "DELETE FROM " + a.table + " WHERE " + w.String() + " RETURNING " + a.col(a.id) + ", " + a.col(a.tm)
 		rows, err := a.readRows(ctx, tx, q, w.args, limit)
@@ -497,6 +516,66 @@ func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPo
 	if err != nil || len(rows) == 0 {
 		return nil, wrap(ctx, "read "+a.table, err)
 	}
+	n, err := exec(ctx, a.d, tx, "DELETE FROM "+a.table+" WHERE "+w.String(), w.args)
+	if err != nil {
+		return nil, wrap(ctx, "delete from "+a.table, err)
+	}
+	if n != int64(len(rows)) {
+		return nil, fmt.Errorf("sqlkv: clear a run of %s: %w: %w", a.table, retention.ErrMalformedMarker, errRowsMoved)
+	}
+	return rows, nil
+}
+
+// cutConds adds the condition of the rows up to cut, when not nil.
+func (a *AtomicTableKV) cutConds(w *where, cut *runCut) {
+	if cut == nil {
+		return
+	}
+	tm := a.col(a.tm)
+	w.and(tm + " <= " + w.arg(a.bound(cut.ms)))
+	w.and("(" + tm + " <= " + w.arg(a.bound(cut.ms-1)) + " OR " + a.col(a.id) + " <= " + w.arg(cut.id) + ")")
+}
+
+// ordered reports whether a run is the index's first rows, taken without
+// finding its end first: the Time column holds whole milliseconds, so the
+// index's order (time, id) is the keys' order, on MySQL and SQLite, whose
+// runs read their rows anyway or delete in the index's order. (A
+// PostgreSQL DELETE takes no ORDER BY or LIMIT.)
+func (a *AtomicTableKV) ordered() bool {
+	return a.unit == UnixMilli && a.d != PostgreSQL
+}
+
+// orderedRun deletes the first limit markers of [lo, hi) and returns
+// their rows, when ordered: on MariaDB in one DELETE ... ORDER BY ... LIMIT
+// ... RETURNING, elsewhere by reading them (locked on MySQL; SQLite's
+// transaction holds the write lock) and deleting the range up to the last.
+// It saves the read of the run's end that runEnd makes: on MariaDB that
+// read locked and sent back the run's rows a second time.
+func (a *AtomicTableKV) orderedRun(ctx context.Context, tx *sql.Tx, lo, hi viewPos, limit int, bare bool) ([]row, error) {
+	w := &where{d: a.d, bare: bare}
+	a.rangeConds(w, lo, hi)
+	first := a.order() + fmt.Sprintf(" LIMIT %d", limit)
+	if a.returning {
+		q := "DELETE FROM " + a.table + " WHERE " + w.String() + first + " RETURNING " + a.col(a.id) + ", " + a.col(a.tm)
+		rows, err := a.readRows(ctx, tx, q, w.args, limit)
+		if err != nil {
+			return nil, wrap(ctx, "delete from "+a.table, err)
+		}
+		sortRows(rows)
+		return rows, nil
+	}
+	rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+first+a.forUpdate(), w.args, limit)
+	if err != nil || len(rows) == 0 {
+		return nil, wrap(ctx, "read "+a.table, err)
+	}
+	var cut *runCut
+	if len(rows) == limit {
+		last := rows[len(rows)-1]
+		cut = &runCut{ms: last.ms, id: last.id}
+	}
+	w = &where{d: a.d, bare: bare}
+	a.rangeConds(w, lo, hi)
+	a.cutConds(w, cut)
 	n, err := exec(ctx, a.d, tx, "DELETE FROM "+a.table+" WHERE "+w.String(), w.args)
 	if err != nil {
 		return nil, wrap(ctx, "delete from "+a.table, err)
