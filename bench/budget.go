@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -15,7 +16,18 @@ import (
 
 	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/pgkv"
+	"github.com/marksweep/retention/sqlkv"
 )
+
+// NewRiverTable makes the table sweep's store over schema's river_job,
+// exactly as the peers measure makes it: its partial index on
+// (finalized_at, id), the side table river_side, and no ClearFunc (the
+// rows are the whole state). db is a *sql.DB over pool, such as
+// stdlib.OpenDBFromPool's. The budget curve sweeps river_job with it
+// beside River's cleaner.
+func NewRiverTable(ctx context.Context, pool *pgxpool.Pool, db *sql.DB, schema string) (*sqlkv.AtomicTableKV, error) {
+	return newRiverTable(ctx, pool, db, schema)
+}
 
 // Budget is the delete-budget measure: a foreground workload
 // (point selects and updates at a fixed rate on a table of its own, as a

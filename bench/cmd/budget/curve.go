@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,25 +14,29 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/riverqueue/river/riverdriver"
 	"golang.org/x/time/rate"
 
 	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/bench"
 	"github.com/marksweep/retention/pgkv"
+	"github.com/marksweep/retention/sqlkv"
 )
 
 // curveConfig is the -curve measure: the foreground's latency against
-// the deletion rate, for budgets of a share of the flat-out rate and for
-// River's cleaner at its own pace.
+// the deletion rate, for budgets of a share of the marker sweep's
+// flat-out rate, for River's cleaner at its own pace, and for the table
+// sweep of river_job at River's rate (and at shares of the same rate).
 type curveConfig struct {
-	fg        bench.Budget  // its FG fields: the foreground
-	Rounds    int           // rounds of every contender
-	Window    time.Duration // each window, alone or with a contender
-	Percents  []float64     // budgets, in percent of the flat-out rate
-	BatchTime time.Duration // a budget's batch is what it grants in this long
-	FlatBatch int           // BatchSize (and PageSize) flat out
-	SVG       string        // where to write the plot; "" for none
+	fg            bench.Budget  // its FG fields: the foreground
+	Rounds        int           // rounds of every contender
+	Window        time.Duration // each window, alone or with a contender
+	Percents      []float64     // budgets of the marker sweep, in percent of its flat-out rate
+	TablePercents []float64     // the same for the table sweep of river_job, beside its budget at River's rate
+	BatchTime     time.Duration // a budget's batch is what it grants in this long
+	FlatBatch     int           // BatchSize (and PageSize) flat out
+	SVG           string        // where to write the plot; "" for none
 }
 
 // River's JobCleaner in v0.51 (internal/maintenance/job_cleaner.go, and
@@ -49,29 +54,35 @@ const (
 )
 
 // curveDB is the schema of one -curve run: the foreground's table, the
-// jobs and markers the sweeps delete, and River's tables.
+// jobs and markers the marker sweeps delete, and River's tables, whose
+// river_job both River's cleaner and the table sweeps delete from.
 type curveDB struct {
-	pool    *pgxpool.Pool
-	schema  string
-	fg      string // quoted, schema-qualified
-	jobs    string
-	markers string
-	riverJ  string
-	river   riverdriver.Executor
-	akv     *pgkv.AtomicKV
-	base    time.Time // every job finished this long after the epoch, plus its id in ms
-	nextID  int64     // the next id of the jobs table
-	firstID int64     // the smallest id left: sweeps delete in id order
-	pgLeft  int       // entities left in jobs and markers
-	rvLeft  int       // jobs left in river_job
+	pool      *pgxpool.Pool
+	db        *sql.DB // over pool, for table
+	schema    string
+	fg        string // quoted, schema-qualified
+	jobs      string
+	markers   string
+	riverJ    string
+	side      string // the table sweep's side table
+	river     riverdriver.Executor
+	akv       *pgkv.AtomicKV
+	table     *sqlkv.AtomicTableKV // river_job itself
+	base      time.Time            // every job of both tables finished this long after the epoch, plus its id in ms
+	nextID    int64                // the next id of the jobs table
+	firstID   int64                // the smallest id left: sweeps delete in id order
+	pgLeft    int                  // entities left in jobs and markers
+	rvNextID  int64                // the next id of river_job
+	rvFirstID int64                // the smallest id left in river_job
+	rvLeft    int                  // jobs left in river_job
 }
 
 func newCurveDB(ctx context.Context, pool *pgxpool.Pool, rows int) (*curveDB, error) {
 	schema := fmt.Sprintf("bench_curve_%d", rand.Uint32())
 	q := pgx.Identifier{schema}.Sanitize()
 	d := &curveDB{pool: pool, schema: schema, fg: q + ".fg", jobs: q + ".jobs",
-		markers: pgx.Identifier{schema, "markers"}.Sanitize(), riverJ: q + ".river_job",
-		base: time.Now().Add(-48 * time.Hour).Truncate(time.Millisecond), nextID: 1, firstID: 1}
+		markers: pgx.Identifier{schema, "markers"}.Sanitize(), riverJ: q + ".river_job", side: q + ".river_side",
+		base: time.Now().Add(-48 * time.Hour).Truncate(time.Millisecond), nextID: 1, firstID: 1, rvNextID: 1, rvFirstID: 1}
 	// Autovacuum is off on the deleted tables and each contender's window
 	// is followed by a VACUUM of its tables outside any window: otherwise
 	// a vacuum of one contender's dead rows lands in whichever window
@@ -97,7 +108,11 @@ func newCurveDB(ctx context.Context, pool *pgxpool.Pool, rows int) (*curveDB, er
 	if d.river, err = bench.MigrateRiver(ctx, pool, schema); err != nil {
 		return d, err
 	}
-	for _, t := range []string{d.markers, d.riverJ} {
+	d.db = stdlib.OpenDBFromPool(pool)
+	if d.table, err = bench.NewRiverTable(ctx, pool, d.db, schema); err != nil {
+		return d, err
+	}
+	for _, t := range []string{d.markers, d.riverJ, d.side} {
 		if _, err := pool.Exec(ctx, `ALTER TABLE `+t+` SET (autovacuum_enabled = off)`); err != nil {
 			return d, err
 		}
@@ -121,6 +136,9 @@ func newCurveDB(ctx context.Context, pool *pgxpool.Pool, rows int) (*curveDB, er
 
 func (d *curveDB) drop() error {
 	_, err := d.pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{d.schema}.Sanitize()+` CASCADE`)
+	if d.db != nil {
+		err = errors.Join(err, d.db.Close())
+	}
 	return err
 }
 
@@ -145,45 +163,69 @@ func (d *curveDB) fillJobs(ctx context.Context, n int) error {
 	return err
 }
 
-// fillRiver appends n completed River jobs, finalized two days ago.
+// fillRiver appends n completed River jobs after the ones left, finalized
+// two days ago, each 1 ms after the one before it: id order is
+// finalized_at order, so River's cleaner (by id) and the table sweep (by
+// finalized_at, id) both delete the smallest ids left.
 func (d *curveDB) fillRiver(ctx context.Context, n int) error {
+	first := d.rvNextID
 	err := d.exec(ctx,
-		stmt{`INSERT INTO ` + d.riverJ + ` (args, attempt, attempted_at, created_at, finalized_at, kind, max_attempts, metadata, priority, queue, scheduled_at, state)
-			SELECT '{"n": 1}', 1, t, t, t, 'bench', 25, '{}', 1, 'default', t, 'completed'
-			FROM (SELECT $1::timestamptz + i * interval '1 ms' AS t FROM generate_series(1, $2) AS i) AS s`, []any{d.base, n}},
+		stmt{`INSERT INTO ` + d.riverJ + ` (id, args, attempt, attempted_at, created_at, finalized_at, kind, max_attempts, metadata, priority, queue, scheduled_at, state)
+			SELECT i, '{"n": 1}', 1, t, t, t, 'bench', 25, '{}', 1, 'default', t, 'completed'
+			FROM (SELECT i, $1::timestamptz + i * interval '1 ms' AS t FROM generate_series($2::bigint, $3::bigint) AS i) AS s`,
+			[]any{d.base, first, first + int64(n) - 1}},
 		stmt{`VACUUM ANALYZE ` + d.riverJ, nil},
 		stmt{`CHECKPOINT`, nil})
 	if err == nil {
+		d.rvNextID += int64(n)
 		d.rvLeft += n
 	}
 	return err
 }
 
-// checkLeft checks that the rows left are what was written less what the
-// contenders said they deleted.
+// checkLeft checks that the rows left are what was written less what was
+// counted deleted (swept and sweptRiver count the smallest ids gone, so a
+// deletion out of id order shows here), and that the table sweeps left
+// nothing in their side table.
 func (d *curveDB) checkLeft(ctx context.Context) error {
-	var jobs, markers, river int
-	if err := d.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+d.jobs+`), (SELECT count(*) FROM `+d.markers+`), (SELECT count(*) FROM `+d.riverJ+`)`).Scan(&jobs, &markers, &river); err != nil {
+	var jobs, markers, river, side int
+	if err := d.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+d.jobs+`), (SELECT count(*) FROM `+d.markers+`), (SELECT count(*) FROM `+d.riverJ+`), (SELECT count(*) FROM `+d.side+`)`).
+		Scan(&jobs, &markers, &river, &side); err != nil {
 		return err
 	}
-	if jobs != d.pgLeft || markers != d.pgLeft || river != d.rvLeft {
-		return fmt.Errorf("rows left: %d jobs, %d markers, %d River jobs; want %d, %d, %d", jobs, markers, river, d.pgLeft, d.pgLeft, d.rvLeft)
+	if jobs != d.pgLeft || markers != d.pgLeft || river != d.rvLeft || side != 0 {
+		return fmt.Errorf("rows left: %d jobs, %d markers, %d River jobs, %d side keys; want %d, %d, %d, 0", jobs, markers, river, side, d.pgLeft, d.pgLeft, d.rvLeft)
 	}
 	return nil
 }
 
-// swept returns how many jobs the sweeps deleted since it was last
+// swept returns how many jobs the marker sweeps deleted since it was last
 // called: they delete in id order, so the smallest id left says.
 // Stats.Cleared can fall short of it: a batch that commits as a window's
 // context ends is reported as failed.
 func (d *curveDB) swept(ctx context.Context) (int, error) {
-	var first int64
-	if err := d.pool.QueryRow(ctx, `SELECT coalesce(min(id), $1) FROM `+d.jobs, d.nextID).Scan(&first); err != nil {
+	n, err := d.gone(ctx, d.jobs, d.nextID, &d.firstID)
+	d.pgLeft -= n
+	return n, err
+}
+
+// sweptRiver returns how many jobs of river_job River's cleaner or the
+// table sweep deleted since it was last called, as swept does.
+func (d *curveDB) sweptRiver(ctx context.Context) (int, error) {
+	n, err := d.gone(ctx, d.riverJ, d.rvNextID, &d.rvFirstID)
+	d.rvLeft -= n
+	return n, err
+}
+
+// gone returns how many ids of table, which holds first to next-1 less
+// the smallest ones deleted, are gone since first, and moves first on.
+func (d *curveDB) gone(ctx context.Context, table string, next int64, first *int64) (int, error) {
+	var left int64
+	if err := d.pool.QueryRow(ctx, `SELECT coalesce(min(id), $1) FROM `+table, next).Scan(&left); err != nil {
 		return 0, err
 	}
-	n := int(first - d.firstID)
-	d.firstID = first
-	d.pgLeft -= n
+	n := int(left - *first)
+	*first = left
 	return n, nil
 }
 
@@ -204,24 +246,44 @@ func (d *curveDB) exec(ctx context.Context, stmts ...stmt) error {
 // contender deletes from one backlog for a window at a time.
 type contender struct {
 	name    string
-	percent float64 // budget as a share of flat out; 0 flat out or River
+	percent float64 // budget as a share of the marker sweep's flat out; 0 flat out or River
 	limit   float64 // the budget, entities/s; 0 for none
 	batch   int
 	river   bool // River's cleaner
+	table   bool // a table sweep of river_job itself
 	atRiver bool // the budget set to River's rate
 	offRule bool // its batch is not budgetBatch's: a point off the curve
 	run     func(ctx context.Context, window time.Duration) (int, error)
 }
 
-// sweepContender is a pgkv.AtomicKV sweep with a budget (limit > 0) or
-// flat out. Each window is one Pass cut short by its context; the limiter
-// carries over from window to window, as in a Run that paused.
+// onRiverJob says that c deletes from river_job.
+func (c *contender) onRiverJob() bool { return c.river || c.table }
+
+// sweepContender is a pgkv.AtomicKV sweep of the jobs and their marker
+// table, with a budget (limit > 0) or flat out.
 func (d *curveDB) sweepContender(name string, percent, limit float64, batch, page int) (*contender, error) {
+	return d.passContender(d.akv, "marker table, "+name, percent, limit, batch, page)
+}
+
+// tableContender is a sqlkv.AtomicTableKV sweep of river_job itself by
+// finalized_at, with a budget (limit > 0) or flat out.
+func (d *curveDB) tableContender(name string, percent, limit float64, batch, page int) (*contender, error) {
+	c, err := d.passContender(d.table, "river_job itself, "+name, percent, limit, batch, page)
+	if c != nil {
+		c.table = true
+	}
+	return c, err
+}
+
+// passContender sweeps kv with a budget (limit > 0) or flat out. Each
+// window is one Pass cut short by its context; the limiter carries over
+// from window to window, as in a Run that paused.
+func (d *curveDB) passContender(kv retention.KV, name string, percent, limit float64, batch, page int) (*contender, error) {
 	var lim *rate.Limiter
 	if limit > 0 {
 		lim = rate.NewLimiter(rate.Limit(limit), batch)
 	}
-	s, err := retention.New(d.akv, retention.Config{
+	s, err := retention.New(kv, retention.Config{
 		Prefix: bench.Prefix, Retention: bench.Retention,
 		BatchSize: batch, PageSize: max(page, batch), Limiter: lim,
 		Logger: slog.New(slog.DiscardHandler),
@@ -248,7 +310,8 @@ func (d *curveDB) sweepContender(name string, percent, limit float64, batch, pag
 // riverContender runs River's cleaner loop (see riverBatch) on river_job
 // until the window ends. A batch under way at the end finishes; a pause
 // under way is carried into the contender's next window, so the loop is
-// one loop paused between windows.
+// one loop paused between windows. It returns what JobDeleteBefore said
+// it deleted.
 func (d *curveDB) riverContender() *contender {
 	var owed time.Duration
 	c := &contender{name: "River's cleaner, its own pace", batch: riverBatch, river: true}
@@ -272,7 +335,6 @@ func (d *curveDB) riverContender() *contender {
 			})
 			cancel()
 			total += n
-			d.rvLeft -= n
 			if err != nil {
 				return total, err
 			}

@@ -35,21 +35,43 @@ func (r *curveRun) rows(cs []*contender) []curveRow {
 			if w.c != c {
 				continue
 			}
-			before, after := r.windows[i-1], r.windows[i+1]
-			either := func(f func(window) time.Duration) float64 {
-				return float64(f(w)) / ((float64(f(before)) + float64(f(after))) / 2)
-			}
 			rates = append(rates, w.rate())
 			p50, p99, pmax = append(p50, float64(w.p50)), append(p99, float64(w.p99)), append(pmax, float64(w.max))
-			x50 = append(x50, either(func(w window) time.Duration { return w.p50 }))
-			x99 = append(x99, either(func(w window) time.Duration { return w.p99 }))
-			xmax = append(xmax, either(func(w window) time.Duration { return w.max }))
+			x50 = append(x50, r.either(i, func(w window) time.Duration { return w.p50 }))
+			x99 = append(x99, r.either(i, func(w window) time.Duration { return w.p99 }))
+			xmax = append(xmax, r.either(i, func(w window) time.Duration { return w.max }))
 		}
 		out = append(out, curveRow{c: c, windows: len(rates), rate: median(rates),
 			p50: median(p50), p99: median(p99), max: median(pmax),
 			x50: median(x50), x99: median(x99), xmax: median(xmax)})
 	}
 	return out
+}
+
+// either is a figure of window i over its mean in the alone windows
+// either side.
+func (r *curveRun) either(i int, f func(window) time.Duration) float64 {
+	return float64(f(r.windows[i])) / ((float64(f(r.windows[i-1])) + float64(f(r.windows[i+1]))) / 2)
+}
+
+// paired99 compares the p99 ratios of a's and b's windows round by
+// round: in how many of the rounds both ran a's was lower.
+func (r *curveRun) paired99(a, b *contender) (lower, rounds int) {
+	x := map[*contender]map[int]float64{a: {}, b: {}}
+	for i, w := range r.windows {
+		if w.c == a || w.c == b {
+			x[w.c][w.round] = r.either(i, func(w window) time.Duration { return w.p99 })
+		}
+	}
+	for round, xa := range x[a] {
+		if xb, ok := x[b][round]; ok {
+			rounds++
+			if xa < xb {
+				lower++
+			}
+		}
+	}
+	return lower, rounds
 }
 
 // curveTable writes the rows as a Markdown table.
@@ -73,22 +95,27 @@ func cell(ns, x float64) string {
 	return fmt.Sprintf("%.2f ms (%.2f×)", ns/1e6, x)
 }
 
-// curvePoints returns the rows on the budgets' curve (BatchSize by
-// budgetBatch, and flat out), by rate, the budgets off it, and River's row.
-func curvePoints(rows []curveRow) (budgets, off []curveRow, river curveRow) {
+// curvePoints returns the rows on the marker sweep's curve (BatchSize by
+// budgetBatch, and flat out), by rate, its budgets off it, River's row,
+// and the table sweep's rows, by rate.
+func curvePoints(rows []curveRow) (budgets, off []curveRow, river curveRow, tables []curveRow) {
 	for _, r := range rows {
 		switch {
 		case r.c == nil:
 		case r.c.river:
 			river = r
+		case r.c.table:
+			tables = append(tables, r)
 		case r.c.offRule:
 			off = append(off, r)
 		default:
 			budgets = append(budgets, r)
 		}
 	}
-	slices.SortFunc(budgets, func(a, b curveRow) int { return cmp.Compare(a.rate, b.rate) })
-	return budgets, off, river
+	byRate := func(a, b curveRow) int { return cmp.Compare(a.rate, b.rate) }
+	slices.SortFunc(budgets, byRate)
+	slices.SortFunc(tables, byRate)
+	return budgets, off, river, tables
 }
 
 // interpolate returns the budgets' p99 ratio at rate, linearly between
@@ -103,22 +130,29 @@ func interpolate(budgets []curveRow, rate float64) (float64, bool) {
 	return 0, false
 }
 
-// curveSummary writes the calibration and whether the budgeted sweep
-// disturbs the foreground's p99 less than River's cleaner at its rate.
+// curveSummary writes the calibration and whether the budgeted sweeps
+// disturb the foreground's p99 less than River's cleaner at its rate:
+// the marker sweep's curve there, and the table sweep of river_job
+// budgeted to it, window by window against River's in the same rounds.
 func curveSummary(w io.Writer, r *curveRun, rows []curveRow) {
-	fmt.Fprintf(w, "\nBefore the rounds, in two windows each: flat out %s/s (the budgets' 100%%), River's cleaner %s/s.\n",
+	fmt.Fprintf(w, "\nBefore the rounds, in two windows each: the marker sweep flat out %s/s (the budgets' 100%%), River's cleaner %s/s.\n",
 		count(r.flatRate), count(r.riverRate))
-	budgets, off, river := curvePoints(rows)
+	budgets, off, river, tables := curvePoints(rows)
 	x, ok := interpolate(budgets, river.rate)
 	verdict := "met"
 	if !ok || x >= river.x99 {
 		verdict = "not met"
 	}
-	fmt.Fprintf(w, "At River's rate (%s/s in its windows) River's cleaner costs the foreground's p99 %.2f×; the budgets' curve, interpolated there, %.2f× (ok %v): target %s.",
+	fmt.Fprintf(w, "At River's rate (%s/s in its windows) River's cleaner costs the foreground's p99 %.2f×; the marker sweep's budgets' curve, interpolated there, %.2f× (ok %v): target %s.",
 		count(river.rate), river.x99, x, ok, verdict)
-	for _, b := range append(budgets, off...) {
+	for _, b := range append(append(budgets, off...), tables...) {
 		if b.c.atRiver {
-			fmt.Fprintf(w, " %s (BatchSize %s): %.2f× at %s/s.", b.c.name, count(float64(b.c.batch)), b.x99, count(b.rate))
+			fmt.Fprintf(w, " %s (BatchSize %s): %.2f× at %s/s", b.c.name, count(float64(b.c.batch)), b.x99, count(b.rate))
+			if b.c.table {
+				lower, n := r.paired99(b.c, river.c)
+				fmt.Fprintf(w, ", below River's in %d of %d rounds (its window's ratio against River's window's in the same round)", lower, n)
+			}
+			fmt.Fprint(w, ".")
 		}
 	}
 	fmt.Fprintln(w)
@@ -128,6 +162,9 @@ func curveSummary(w io.Writer, r *curveRun, rows []curveRow) {
 	}
 	fmt.Fprintf(w, "The sweeps' Stats.Cleared fell %d short of the rows they deleted over the run: batches that committed as a window's context ended, reported as failed; the rates count the rows.\n", short)
 	fmt.Fprintln(w, "Each figure is the median over the contender's windows; × is a window's figure over the mean of the alone windows either side, median over windows.")
+	if len(r.loads) > 0 {
+		fmt.Fprintf(w, "Load (1 minute) as the rounds began: %.2f to %.2f.\n", slices.Min(r.loads), slices.Max(r.loads))
+	}
 }
 
 // count formats a rate or a count with thousands separators: 12,345.

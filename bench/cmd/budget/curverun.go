@@ -15,6 +15,7 @@ import (
 // beside a contender.
 type window struct {
 	c             *contender
+	round         int // 1 to Rounds; 0 before the rounds
 	ops           int
 	p50, p99, max time.Duration
 	cleared       int // rows deleted
@@ -33,15 +34,19 @@ type curveRun struct {
 	flatRate  float64 // entities/s, measured flat out before the rounds
 	riverRate float64 // River's jobs/s, measured before the rounds
 	calib     []window
-	windows   []window // alone, contender, alone, ... in the order run
+	warmFloor bool      // the table sweep's first window flat out is next
+	loads     []float64 // the 1-minute load average as each round began
+	windows   []window  // alone, contender, alone, ... in the order run
 }
 
 // runCurve measures the flat-out and River rates in two windows each
 // (after one to warm up), derives the budgets from the flat-out rate,
 // then runs cfg.Rounds rounds of every contender, each window between
-// two windows of the foreground alone. It returns no figures when a
-// window failed, and the figures with an error when the rows left at the
-// end are not what was written less what was counted deleted.
+// two windows of the foreground alone. The table sweep flat out gets one
+// window to warm up too, whose count sizes river_job's backlog. It
+// returns no figures when a window failed, and the figures with an error
+// when the rows left at the end are not what was written less what was
+// counted deleted.
 func runCurve(ctx context.Context, pool *pgxpool.Pool, cfg curveConfig, progress func(string)) (*curveRun, []*contender, error) {
 	db, err := newCurveDB(ctx, pool, cfg.fg.FGRows)
 	if err != nil {
@@ -58,9 +63,18 @@ func runCurve(ctx context.Context, pool *pgxpool.Pool, cfg curveConfig, progress
 		return nil, nil, err
 	}
 	river := db.riverContender()
+	tableFlat, err := db.tableContender("flat out", 0, 0, cfg.FlatBatch, cfg.FlatBatch)
+	if err != nil {
+		return nil, nil, err
+	}
 	// The first window of each runs on a cold cache, right after the fill
-	// and its checkpoint: it warms up and counts for nothing.
-	for i, c := range []*contender{flat, flat, flat, river, river, river} {
+	// and its checkpoint: it warms up and counts for nothing. No budget
+	// needs the table sweep's flat-out rate: its one window sizes
+	// river_job's backlog for the rounds.
+	for i, c := range []*contender{flat, flat, flat, river, river, river, tableFlat} {
+		if c == tableFlat {
+			r.warmFloor = true
+		}
 		if err := r.topUp(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -68,10 +82,11 @@ func runCurve(ctx context.Context, pool *pgxpool.Pool, cfg curveConfig, progress
 		if err != nil {
 			return nil, nil, err
 		}
+		r.warmFloor = false
 		if err := r.tidy(ctx, &w); err != nil {
 			return nil, nil, err
 		}
-		if i%3 != 0 {
+		if i%3 != 0 || c == tableFlat {
 			r.calib = append(r.calib, w)
 		}
 	}
@@ -82,7 +97,11 @@ func runCurve(ctx context.Context, pool *pgxpool.Pool, cfg curveConfig, progress
 	if err != nil {
 		return nil, nil, err
 	}
-	cs = append(cs, flat, river)
+	tables, err := r.tables()
+	if err != nil {
+		return nil, nil, err
+	}
+	cs = append(append(cs, flat, river), append(tables, tableFlat)...)
 	if err := r.rounds(ctx, cs); err != nil {
 		return nil, nil, err
 	}
@@ -122,6 +141,32 @@ func (r *curveRun) budgets() ([]*contender, error) {
 	return cs, nil
 }
 
+// tables returns the budgeted table sweeps of river_job: one at River's
+// rate as measured, in the BatchSize budgetBatch gives it (the marker
+// sweep's at River's rate has the same), and cfg.TablePercents of the
+// marker sweep's flat-out rate, so that each lines up with the marker
+// sweep's budget of the same percent.
+func (r *curveRun) tables() ([]*contender, error) {
+	atRiver := 100 * r.riverRate / r.flatRate
+	pcts := append(slices.Clone(r.cfg.TablePercents), atRiver)
+	slices.Sort(pcts)
+	var cs []*contender
+	for _, p := range pcts {
+		limit := p / 100 * r.flatRate
+		name := fmt.Sprintf("budget %.0f%%", p)
+		if p == atRiver {
+			name = fmt.Sprintf("budget at River's rate (%.0f%%)", p)
+		}
+		c, err := r.db.tableContender(name, p, limit, budgetBatch(limit, r.cfg.BatchTime), r.cfg.FlatBatch)
+		if err != nil {
+			return nil, err
+		}
+		c.atRiver = p == atRiver
+		cs = append(cs, c)
+	}
+	return cs, nil
+}
+
 // rounds runs the alternating windows, starting and ending alone.
 func (r *curveRun) rounds(ctx context.Context, cs []*contender) error {
 	w, err := r.measure(ctx, nil)
@@ -130,12 +175,15 @@ func (r *curveRun) rounds(ctx context.Context, cs []*contender) error {
 	}
 	r.windows = append(r.windows, w)
 	for round := range r.cfg.Rounds {
+		r.progress(fmt.Sprintf("round %d of %d; load %s", round+1, r.cfg.Rounds, loadavg()))
+		r.loads = append(r.loads, load1())
 		for _, c := range rotated(cs, round) {
 			for _, c := range []*contender{c, nil} {
 				w, err := r.measure(ctx, c)
 				if err != nil {
 					return fmt.Errorf("round %d: %w", round+1, err)
 				}
+				w.round = round + 1
 				r.windows = append(r.windows, w)
 				if c != nil {
 					if err := r.tidy(ctx, &r.windows[len(r.windows)-1]); err != nil {
@@ -148,12 +196,13 @@ func (r *curveRun) rounds(ctx context.Context, cs []*contender) error {
 	return nil
 }
 
-// tidy vacuums what w's contender deleted, counts it, and refills the
-// backlogs, between its window and the alone window after it.
+// tidy vacuums what w's contender deleted, counts it in the database
+// (what the contender said it deleted goes to w.reported), and refills
+// the backlogs, between its window and the alone window after it.
 func (r *curveRun) tidy(ctx context.Context, w *window) error {
 	tables := []string{r.db.jobs, r.db.markers}
-	if w.c.river {
-		tables = []string{r.db.riverJ}
+	if w.c.onRiverJob() {
+		tables = []string{r.db.riverJ, r.db.side}
 	}
 	for _, t := range tables {
 		if _, err := r.db.pool.Exec(ctx, `VACUUM `+t); err != nil {
@@ -161,26 +210,38 @@ func (r *curveRun) tidy(ctx context.Context, w *window) error {
 		}
 	}
 	w.reported = w.cleared
-	if !w.c.river {
-		n, err := r.db.swept(ctx)
-		if err != nil {
-			return err
-		}
-		w.cleared = n
+	count := r.db.swept
+	if w.c.onRiverJob() {
+		count = r.db.sweptRiver
 	}
+	n, err := count(ctx)
+	if err != nil {
+		return err
+	}
+	// JobDeleteBefore's count is exact and its batch is never cut short:
+	// a difference says that river_job's jobs were not deleted in id order
+	// and that the counts of the table sweep's windows are wrong too.
+	if w.c.river && n != w.reported {
+		return fmt.Errorf("%s said it deleted %d jobs, and the smallest id left says %d", w.c.name, w.reported, n)
+	}
+	w.cleared = n
 	return r.topUp(ctx)
 }
 
 // topUp refills a backlog that holds less than two windows of its fastest
 // contender (the most a window of it has deleted so far, and at least
-// 100,000/s flat out and 40,000/s for River), with four: no window may
-// run out.
+// 100,000/s on the jobs table and 40,000/s on river_job, 250,000/s
+// before the table sweep's first window flat out), with four: no window
+// may run out.
 func (r *curveRun) topUp(ctx context.Context) error {
 	pgMost, rvMost := 100_000*r.cfg.Window.Seconds(), 40_000*r.cfg.Window.Seconds()
+	if r.warmFloor {
+		rvMost = 250_000 * r.cfg.Window.Seconds()
+	}
 	for _, w := range append(slices.Clone(r.calib), r.windows...) {
 		switch {
 		case w.c == nil:
-		case w.c.river:
+		case w.c.onRiverJob():
 			rvMost = max(rvMost, float64(w.cleared))
 		default:
 			pgMost = max(pgMost, float64(w.cleared))

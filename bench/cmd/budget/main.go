@@ -13,10 +13,13 @@
 // rate of the sweep first, then, in one run of alternating windows
 // (alone, a contender, alone, ...; the contenders' order rotated each
 // round), budgets of -percents of that rate, one at River's rate, flat
-// out, and River's cleaner at its own pace on a river_job backlog. It
-// prints the foreground's p50, p99 and max against the alone windows
-// either side, and each contender's deletion rate, as a Markdown table,
-// and with -svg writes the plot (the path is relative to bench/):
+// out, all of a jobs table and its marker table; River's cleaner at its
+// own pace on a river_job backlog; and the table sweep of that river_job
+// itself (sqlkv.AtomicTableKV by finalized_at) budgeted to River's rate,
+// at -table-percents, and flat out. It prints the foreground's p50, p99
+// and max against the alone windows either side, and each contender's
+// deletion rate, as a Markdown table, and with -svg writes the plot (the
+// path is relative to bench/):
 //
 //	./scripts/test --exec ./scripts/bench budget -curve -svg ../docs/budget-curve.svg
 //
@@ -50,16 +53,17 @@ func main() {
 	flag.IntVar(&cfg.FGRows, "fg-rows", 100_000, "rows of the foreground table")
 	flag.Float64Var(&cfg.FGUpdates, "fg-updates", 0.2, "fraction of foreground operations that are updates")
 	flag.DurationVar(&cfg.Window, "window", 10*time.Second, "length of each window, alone and budgeted")
-	curve := flag.Bool("curve", false, "measure the curve: budgets of -percents of the flat-out rate (-batch flat out) and River's cleaner, in alternating windows")
+	curve := flag.Bool("curve", false, "measure the curve: budgets of -percents of the marker sweep's flat-out rate (-batch flat out), River's cleaner, and the table sweep of river_job, in alternating windows")
 	rounds := flag.Int("rounds", 7, "with -curve: rounds of every contender")
-	percents := flag.String("percents", "2,5,10,25,50", "with -curve: comma-separated budgets in percent of the flat-out rate")
+	percents := flag.String("percents", "2,5,10,25,50", "with -curve: comma-separated budgets of the marker sweep in percent of its flat-out rate")
+	tablePercents := flag.String("table-percents", "", "with -curve: comma-separated budgets of the table sweep of river_job in percent of the marker sweep's flat-out rate, beside its budget at River's rate and flat out")
 	batchTime := flag.Duration("batch-time", 20*time.Millisecond, "with -curve: a budget's BatchSize is what it grants in this long, rounded to 10, 20, 25, 50, ... 1,000")
 	svg := flag.String("svg", "", "with -curve: write the plot to this file")
 	flag.Parse()
 	log.SetFlags(0)
 	var err error
 	if *curve {
-		err = runCurveMain(cfg, *rounds, *percents, *batchTime, *svg)
+		err = runCurveMain(cfg, *rounds, *percents, *tablePercents, *batchTime, *svg)
 	} else {
 		err = run(cfg)
 	}
