@@ -80,12 +80,16 @@ func (s *Sweep) remember(it *item) time.Time {
 	return until
 }
 
-// rememberHolds records the holds of a page the pass leaves unsettled, for
-// the next pass to skip their ids and move their markers.
-func (s *Sweep) rememberHolds(items []item) {
+// rememberWaits records the holds of a page the pass leaves unsettled, for
+// the next pass to skip their ids and move their markers, and notes that
+// these markers and the deferred ones stay where they are.
+func (s *Sweep) rememberWaits(p *passState, items []item) {
 	for i := range items {
-		if items[i].out == held {
-			s.remember(&items[i])
+		switch it := &items[i]; it.out {
+		case held:
+			s.stays(p, it.id, s.remember(it))
+		case deferred:
+			s.stays(p, it.id, s.retries.due(it.id))
 		}
 	}
 }

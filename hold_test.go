@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1159,7 +1160,7 @@ func TestReleaseHoldsClearsOnTheNextPass(t *testing.T) {
 // TestReleasedHoldIsClearedByTheReplicaThatHeldIt: a hold released through
 // another Sweep over the same store (a replica without the lease) is
 // cleared by the next pass of the Sweep whose memory holds it: the store
-// wins, and runs need not wait for the hold's end any more.
+// wins.
 func TestReleasedHoldIsClearedByTheReplicaThatHeldIt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1175,7 +1176,7 @@ func TestReleasedHoldIsClearedByTheReplicaThatHeldIt(t *testing.T) {
 	st, err := holder.Pass(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Held)
-	require.Equal(t, until, holder.retries.latest, "runs wait for the hold's end")
+	require.True(t, holder.retries.byID["a"].stored, "the holder's memory has the hold, in the store")
 
 	n, err := other.ReleaseHolds(ctx, "a")
 	require.NoError(t, err)
@@ -1188,7 +1189,6 @@ func TestReleasedHoldIsClearedByTheReplicaThatHeldIt(t *testing.T) {
 	assert.Equal(t, 2, c.count("a"))
 	assert.Empty(t, keysUnder(t, mem, "runs/"))
 	assert.Empty(t, holder.retries.byID, "the hold forgotten")
-	assert.True(t, holder.retries.latest.IsZero(), "runs wait for no hold: latest = %v", holder.retries.latest)
 }
 
 // TestConcurrentReleasesCountEachMarkerOnce: ReleaseHolds answers how many
@@ -1290,5 +1290,197 @@ func TestReleaseHoldsRefusesBadInput(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.msg)
 			assert.Equal(t, []string{string(held)}, keysUnder(t, mem, "runs/"), "nothing moved")
 		})
+	}
+}
+
+// heldRunKV returns a runKV holding n markers finished at t0 (markN), whose
+// clear answers Hold(until) for the first of them while held is set, and
+// counts the calls that asked for it.
+func heldRunKV(t *testing.T, n int, until time.Time) (kv *runKV, ids []string, held *atomic.Bool, asked *atomic.Int32) {
+	kv, ids = newRunKV(t, n)
+	held, asked = new(atomic.Bool), new(atomic.Int32)
+	held.Store(true)
+	kv.before = func(_ context.Context, _ int, batch []string, _ [][]byte) error {
+		if !slices.Contains(batch, ids[0]) {
+			return nil
+		}
+		asked.Add(1)
+		if held.Load() {
+			return BatchError{ids[0]: Hold(until)}
+		}
+		return nil
+	}
+	return kv, ids, held, asked
+}
+
+// TestMovedHoldKeepsNoRunsOff: over a RunClearer, an id held for a year
+// keeps runs off only while its marker may be in the markers' range. Once
+// the marker is moved to its held key, the rest of the pass and the next
+// passes clear in runs; while its Move fails, the sweep reads pages, and
+// the pass that moves it goes back to runs; a marker that never moves
+// keeps them off until the hold's end. The held id is never asked again
+// before then.
+func TestMovedHoldKeepsNoRunsOff(t *testing.T) {
+	t.Parallel()
+	until := t0.Add(365 * 24 * time.Hour)
+	for _, tc := range []struct {
+		name       string
+		moveFails  int64 // Moves that fail, from the first; -1: all
+		noMover    bool  // the store cannot Move: holds kept in memory
+		firstRuns  int64 // ClearRun calls of the pass that meets the hold
+		secondRuns int64 // of the next pass, with 20 more markers
+	}{
+		// The refused run; then runs of 10, 10, and one that finds the
+		// range empty.
+		{"moved", 0, false, 4, 3},
+		// Pages after the refused run; the next pass moves the marker on
+		// its first page, then clears the other 11 markers in runs of 10
+		// and 1.
+		{"move failed once", 1, false, 1, 2},
+		{"move always fails", -1, false, 1, 0},
+		{"store cannot move", 0, true, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			kv, ids, held, asked := heldRunKV(t, 30, until)
+			kv.onMove = func(_ context.Context, call int64) error {
+				if tc.moveFails < 0 || call <= tc.moveFails {
+					return errBoom
+				}
+				return nil
+			}
+			var store KV = kv
+			if tc.noMover {
+				store = unmovingRunKV{kv}
+			}
+			s, clock := newSweep(t, store, Config{BatchSize: 10, PageSize: 10})
+			clock.Set(t0.Add(2 * time.Hour))
+
+			st, err := s.Pass(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Held)
+			assert.Equal(t, 29, st.Cleared)
+			assert.Equal(t, tc.firstRuns, kv.runs.Load(), "ClearRun calls of the pass that met the hold")
+
+			for i := range 20 {
+				id := fmt.Sprintf("n%02d", i)
+				mark(t, kv.MemKV, "runs/", id, t0.Add(time.Minute+time.Duration(i)*time.Millisecond))
+				kv.entities[id] = true
+			}
+			clock.Advance(time.Hour)
+			before := kv.runs.Load()
+			st, err = s.Pass(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, 20, st.Cleared)
+			assert.Equal(t, tc.secondRuns, kv.runs.Load()-before, "ClearRun calls of the next pass")
+			assert.Equal(t, int32(1), asked.Load(), "%s asked again before the hold's end", ids[0])
+			heldKey := string(appendRetryKey(nil, "runs/", keyHeld, until.UnixMilli(), t0.UnixMilli(), 0, ids[0]))
+			if stays := tc.moveFails < 0 || tc.noMover; stays {
+				assert.Len(t, keysUnder(t, kv, "runs/0"), 1, "the held marker stays where it was")
+			} else {
+				assert.Equal(t, []string{heldKey}, keysUnder(t, kv, "runs/"), "only the held marker is left, at its held key")
+			}
+
+			// At the hold's end the held id is asked again, and cleared.
+			held.Store(false)
+			clock.Set(until.Add(time.Millisecond))
+			before = kv.runs.Load()
+			st, err = s.Pass(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, 1, st.Cleared)
+			assert.Equal(t, int32(2), asked.Load())
+			assert.Equal(t, 1, kv.cleared[ids[0]], "%s cleared once", ids[0])
+			if tc.moveFails < 0 || tc.noMover {
+				assert.Positive(t, kv.runs.Load()-before, "a run takes the marker once the hold is over")
+			}
+			assert.Empty(t, keysUnder(t, kv, "runs/"))
+		})
+	}
+}
+
+// unmovingRunKV is a runKV that cannot Move.
+type unmovingRunKV struct{ r *runKV }
+
+func (u unmovingRunKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	return u.r.Scan(ctx, start, end, limit)
+}
+func (u unmovingRunKV) Delete(ctx context.Context, keys ...[]byte) error {
+	return u.r.Delete(ctx, keys...)
+}
+func (u unmovingRunKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	return u.r.ClearAndDelete(ctx, ids, keys)
+}
+func (u unmovingRunKV) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	return u.r.ClearRun(ctx, prefix, from, end, limit)
+}
+func (u unmovingRunKV) RunStore() RunClearer { return u }
+
+// TestHoldOfAPassCutShortKeepsRunsOff: a hold met in a page the pass
+// leaves unsettled is kept in memory with its marker where it was, so the
+// next pass takes no run over it: it reads the page, moves the marker to
+// its held key without asking again, and then clears in runs.
+func TestHoldOfAPassCutShortKeepsRunsOff(t *testing.T) {
+	t.Parallel()
+	until := t0.Add(365 * 24 * time.Hour)
+	kv, ids, _, asked := heldRunKV(t, 30, until)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held := kv.before
+	kv.before = func(ctx context.Context, call int, batch []string, keys [][]byte) error {
+		if call == 2 { // the refused run's other ids, sent again
+			cancel()
+			return ctx.Err()
+		}
+		return held(ctx, call, batch, keys)
+	}
+	s, clock := newSweep(t, kv, Config{BatchSize: 10, PageSize: 10})
+	clock.Set(t0.Add(2 * time.Hour))
+	_, err := s.Pass(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int64(1), kv.runs.Load())
+	require.Len(t, keysUnder(t, kv, "runs/"), 30, "nothing settled")
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), asked.Load(), "%s asked again before the hold's end", ids[0])
+	assert.Equal(t, 29, st.Cleared)
+	assert.Equal(t, int64(1+3), kv.runs.Load(), "a page, then runs of 10, 10 and an empty one")
+	assert.Equal(t, []string{string(appendRetryKey(nil, "runs/", keyHeld, until.UnixMilli(), t0.UnixMilli(), 0, ids[0]))},
+		keysUnder(t, kv, "runs/"))
+}
+
+// TestRetryOfAHeldIDIsNoRelease: an id whose first marker failed (moved to
+// the retry range) and whose second is held then: the retry key falling
+// due before the hold's end is no release of the hold (only ReleaseHolds
+// makes a held key due early), so Clear is not asked again before the
+// end, and both markers wait for it.
+func TestRetryOfAHeldIDIsNoRelease(t *testing.T) {
+	t.Parallel()
+	mem := NewMemKV()
+	c := newClears()
+	until := t0.Add(24 * time.Hour)
+	s, clock := newSweep(t, mem, Config{Clear: c.clear, PageSize: 2, RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
+	mark(t, mem, "runs/", "a", t0)
+	mark(t, mem, "runs/", "b", t0.Add(time.Millisecond))
+	mark(t, mem, "runs/", "a", t0.Add(2*time.Millisecond)) // page 2
+	c.set("a", errBoom)
+	clock.Set(t0.Add(2 * time.Hour))
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Failed)
+	require.Equal(t, 1, st.Deferred, "the second marker waits for the first's delay")
+
+	c.set("a", Hold(until))
+	clock.Advance(2 * time.Minute)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Held, "the second marker")
+	assert.Equal(t, 2, c.count("a"), "Clear asked again for a hold before its end")
+	for _, key := range keysUnder(t, mem, "runs/") {
+		k, _, err := parseRetryKey("runs/", retryInfix, []byte(key))
+		require.NoError(t, err)
+		assert.NotZero(t, k.kind&keyHeld, "%q waits for the hold", key)
+		assert.Equal(t, until.UnixMilli(), k.at, "%q waits for the hold", key)
 	}
 }

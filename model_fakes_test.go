@@ -59,13 +59,13 @@ func (k modelMove) Move(ctx context.Context, from, to [][]byte) error {
 	return k.move(ctx, from, to)
 }
 func (k modelROAtomic) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	return k.clearAndDelete(ctx, ids, keys)
+	return k.clearAndDelete(ctx, ids, keys, false)
 }
 func (k modelPutAtom) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	return k.clearAndDelete(ctx, ids, keys)
+	return k.clearAndDelete(ctx, ids, keys, false)
 }
 func (k modelMoveAtom) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
-	return k.clearAndDelete(ctx, ids, keys)
+	return k.clearAndDelete(ctx, ids, keys, false)
 }
 
 // kvFor returns the store as process inc sees it.
@@ -653,7 +653,7 @@ func (k *modelKV) clearRun(ctx context.Context, prefix string, from, end []byte,
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	err := k.clearAndDelete(ctx, ids, keys)
+	err := k.clearAndDelete(ctx, ids, keys, true)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return nil, err // the reply was lost: no keys with it
 	}
@@ -664,8 +664,9 @@ func (k *modelKV) clearRun(ctx context.Context, prefix string, from, end []byte,
 // deletes keys under the world's lock, or does neither. It commits only
 // if every key exists (else ErrMarkerGone), and never with a live id in
 // the batch: the clear in its transaction would find the entity live and
-// refuse the whole call with a BatchError.
-func (k *modelKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+// refuse the whole call with a BatchError. run says ClearRun calls it
+// with the keys of a run.
+func (k *modelKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byte, run bool) error {
 	w := k.w
 	w.mu.Lock()
 	desc := "[" + strings.Join(ids, " ") + "] " + w.shortAll(keys)
@@ -697,7 +698,11 @@ func (k *modelKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byt
 	w.checkRemove("ClearAndDelete", keys)
 	var live, held []string
 	for _, id := range uniq {
-		w.checkHold(k.inc, "ClearAndDelete", id)
+		if run {
+			w.checkRunHold(k.inc, id, keys)
+		} else {
+			w.checkHold(k.inc, "ClearAndDelete", id)
+		}
 		switch e := w.entities[id]; {
 		case e != nil && e.heldAt(w.clock.Now()):
 			held = append(held, id)
@@ -780,7 +785,7 @@ func (k *modelKV) clearAndDelete(ctx context.Context, ids []string, keys [][]byt
 				case errors.Is(e, ErrLiveAgain):
 					w.ack(id, true)
 				case errors.Is(e, ErrHeld):
-					w.held(k.inc, id)
+					w.held(k.inc, id, keys...)
 				}
 			}
 		case errors.Is(err, ErrLiveAgain):

@@ -50,6 +50,12 @@ var modelSeeds = []struct {
 	// ClearAndDelete of the rest got its keys out of order.
 	{5835200222994872095, "eb7bace: ClearDeleter+runs, read-only: the rest of a refused run sent as [e004 e014 e006], keys not ascending"},
 	{18173288759257935128, "215d6eb: ClearDeleter+runs: a run's keys deferred by a failed id waiting in memory; a cut-short run with no pending item panicked reading no keys"},
+
+	// The retry key of one marker's failed clear, found due while the
+	// id's second marker was held (moved to its held key), was taken for
+	// a release of the hold, and the held id asked again before its end.
+	{16427, "da7346a: ClearDeleter over a Mover: e010's retry key due, its other marker held until +434s; asked at +300s"},
+	{12348, "da7346a: Clear over a Mover: e017's retry key due, its other marker held until +1340s; asked at +720s"},
 }
 
 // TestModelSeeds replays the seeds of modelSeeds.

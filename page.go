@@ -53,11 +53,13 @@ func (s *Sweep) waiting(p *passState, it *item, now time.Time) bool {
 	if !ok || !now.Before(r.notBefore) {
 		return false
 	}
-	if r.stored && p.inRetry {
+	if r.stored && p.inRetry && it.kind&keyHeld != 0 {
 		// The store has the hold, whose key a pass reads only once it is
-		// due: a key of the id due before then was moved since, by a
+		// due: a held key of the id due before then was moved since, by a
 		// Sweep.ReleaseHolds here or on another replica. The store wins;
-		// deferred, the marker would go back to the hold's end.
+		// deferred, the marker would go back to the hold's end. A key of
+		// another kind is a further marker's (a retry of its failed
+		// clear), which waits for the hold as the first did.
 		s.retries.released(it.id)
 		return false
 	}
@@ -97,7 +99,7 @@ func (s *Sweep) afterClears(ctx context.Context, p *passState, keys [][]byte, it
 		// their markers. Holds are kept in memory, so that the next pass
 		// does not ask for them again before their ends.
 		s.countGone(p, keys, items)
-		s.rememberHolds(items)
+		s.rememberWaits(p, items)
 		s.observePage(p)
 		return err
 	}

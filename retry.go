@@ -17,11 +17,16 @@ type retries struct {
 	first, most time.Duration
 	byID        map[string]retry
 	passes      int
-	// latest is when the last id waits until whose marker may still be in
-	// the markers' range (held, or failed and not moved): runs wait for it
-	// (see startRun). Lowered only when a hold is found released (see
-	// released).
+	// inRange holds the ids that wait while a marker of theirs that the
+	// sweep read may still be in the markers' range (held or failed and not
+	// moved, the Move failed, or the outcome unknown), and until when: a
+	// run would take that marker (see runsWait). An id whose marker moved
+	// to the retry range leaves it.
+	inRange map[string]time.Time
+	// latest is the latest time of inRange, or later when stale: an id
+	// that held it left, and the next runsWait before it reads inRange.
 	latest time.Time
+	stale  bool
 }
 
 type retry struct {
@@ -87,7 +92,6 @@ func (r *retries) hold(id string, until time.Time) {
 	e := r.byID[id]
 	e.notBefore, e.held, e.stored = until, true, false
 	r.byID[id] = e
-	r.waits(until)
 }
 
 // holdStored records that the hold of id is in the store: its marker was
@@ -100,36 +104,62 @@ func (r *retries) holdStored(id string) {
 }
 
 // released forgets id, whose hold the store no longer has (another Sweep
-// released it, see Sweep.ReleaseHolds), and lowers latest to the ids that
-// still wait: runs need not wait for a hold that is over.
+// released it, see Sweep.ReleaseHolds).
 func (r *retries) released(id string) {
-	delete(r.byID, id)
-	var last time.Time
-	for _, e := range r.byID {
-		if e.notBefore.After(last) {
-			last = e.notBefore
+	r.forget(id)
+}
+
+// stays notes that a marker of id, which waits until t, stays in the
+// markers' range: runs wait for it.
+func (r *retries) stays(id string, t time.Time) {
+	if r.inRange == nil {
+		r.inRange = map[string]time.Time{}
+	}
+	if old, ok := r.inRange[id]; ok && t.Before(old) && !old.Before(r.latest) {
+		r.stale = true
+	}
+	r.inRange[id] = t
+	if t.After(r.latest) {
+		r.latest, r.stale = t, false // later than every other
+	}
+}
+
+// left notes that no marker of id the sweep read is in the markers' range
+// any more: it moved to the retry range, or it is gone.
+func (r *retries) left(id string) {
+	if len(r.inRange) == 0 {
+		return
+	}
+	t, ok := r.inRange[id]
+	if !ok {
+		return
+	}
+	delete(r.inRange, id)
+	switch {
+	case len(r.inRange) == 0:
+		r.latest, r.stale = time.Time{}, false
+	case !t.Before(r.latest):
+		r.stale = true
+	}
+}
+
+// runsWait reports whether an id whose marker may be in the markers' range
+// still waits at now, so that a run could take that marker early.
+func (r *retries) runsWait(now time.Time) bool {
+	if !now.Before(r.latest) {
+		return false
+	}
+	if r.stale {
+		// Once per departure of the latest: inRange holds the ids whose
+		// markers did not move, few on a Mover.
+		r.latest, r.stale = time.Time{}, false
+		for _, t := range r.inRange {
+			if t.After(r.latest) {
+				r.latest = t
+			}
 		}
 	}
-	// latest counts only the ids whose markers may be in the markers'
-	// range; the ids still in memory include those, and more.
-	if last.Before(r.latest) {
-		r.latest = last
-	}
-}
-
-// waits notes that an id whose marker stays where it is waits until t.
-func (r *retries) waits(t time.Time) {
-	if t.After(r.latest) {
-		r.latest = t
-	}
-}
-
-// allWait notes that every id in memory may have its marker where it was:
-// a Move failed.
-func (r *retries) allWait() {
-	for _, e := range r.byID {
-		r.waits(e.notBefore)
-	}
+	return now.Before(r.latest)
 }
 
 // failures returns how often in a row id failed, as far as memory knows.
@@ -148,6 +178,7 @@ func (r *retries) forget(id string) {
 	if len(r.byID) != 0 {
 		delete(r.byID, id)
 	}
+	r.left(id)
 }
 
 // prune drops, every few passes, ids whose retry has been due for longer
@@ -161,6 +192,7 @@ func (r *retries) prune(clock Clock) {
 	for id, e := range r.byID {
 		if e.notBefore.Add(r.most).Before(now) {
 			delete(r.byID, id)
+			r.left(id)
 		}
 	}
 }
@@ -179,8 +211,7 @@ func (s *Sweep) retry(p *passState, it *item, old []byte) (key []byte, park bool
 	p.st.Retried++
 	dueMs, err := markerMillis(due)
 	if !p.writes() || err != nil {
-		s.retries.waits(due)
-		s.noteRetry(p, due)
+		s.noteRetry(p, due) // its marker stays (see decide)
 		return nil, false
 	}
 	// The key keeps whole milliseconds, rounded up: a pass at due itself

@@ -802,3 +802,37 @@ func TestRescheduleMovesOnce(t *testing.T) {
 	assert.Equal(t, map[string]int{"a": 1, "b": 1}, markerIDs(t, mem, "runs/"))
 	assert.Equal(t, int64(1), kv.moves.Load())
 }
+
+// TestRunsWaitUntilTheLatestIDLeftInTheRange: runs wait for the latest
+// time among the ids whose markers stay in the markers' range, and no
+// longer once that id is moved out, forgotten or pruned, or its time
+// lowered: then until the next latest, and not at all once none is left.
+func TestRunsWaitUntilTheLatestIDLeftInTheRange(t *testing.T) {
+	t.Parallel()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	r := newRetries(time.Minute, time.Hour)
+	assert.False(t, r.runsWait(t0), "nothing in memory")
+
+	r.stays("a", at(time.Hour))
+	r.stays("b", at(365*24*time.Hour))
+	r.stays("c", at(2*time.Hour))
+	assert.True(t, r.runsWait(at(3*time.Hour)), "b waits a year")
+
+	r.left("b") // moved to its held key
+	assert.True(t, r.runsWait(at(90*time.Minute)), "c waits 2h")
+	assert.False(t, r.runsWait(at(2*time.Hour)), "waits at most until c's time")
+
+	r.stays("c", at(30*time.Minute)) // a later decision, earlier
+	assert.True(t, r.runsWait(at(50*time.Minute)), "a waits 1h")
+	assert.False(t, r.runsWait(at(time.Hour)))
+
+	r.forget("a")
+	assert.True(t, r.runsWait(at(29*time.Minute)), "c waits 30 minutes")
+	assert.False(t, r.runsWait(at(30*time.Minute)))
+	r.byID = map[string]retry{"c": {notBefore: at(30 * time.Minute)}}
+	for range 64 {
+		r.prune(NewManualClock(at(2 * time.Hour)))
+	}
+	assert.Empty(t, r.inRange, "pruned with its memory")
+	assert.False(t, r.runsWait(t0))
+}

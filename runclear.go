@@ -17,14 +17,19 @@ import (
 // sqlkv.KV.WithClear make one.
 //
 // A Sweep over a RunClearer, with Concurrency 1, no Config.ValidateID,
-// Limiter nor DryRun, calls ClearRun for its expired range while no id
-// whose marker may be in that range waits in its memory (one held, or one
-// whose failed clear left its marker in place), one call at a time: the
-// next as soon as one returns all it asked for, which the sweep then
-// settles while the store clears the next. In every other case, and for
-// the rest of a range a run refused, it reads the page and calls
-// ClearAndDelete. A run whose reply is lost is not counted in Stats: the
-// sweep cannot know which markers it took.
+// Limiter nor DryRun, calls ClearRun for its expired range, one call at a
+// time: the next as soon as one returns all it asked for, which the sweep
+// then settles while the store clears the next. It reads the page and
+// calls ClearAndDelete instead while an id waits in its memory (held, or
+// in its retry delay) whose marker it read may still be in that range: it
+// could not move the marker to the retry range (the Move failed, the pass
+// was cut short, the store is no Mover) or the outcome of its clear is
+// unknown; and for the rest of a range a run refused. An id whose marker
+// moved to its held or retry key keeps no run off, however long its hold:
+// a further marker of it (an id the writer marked twice) that a run takes
+// goes to the store's clear with the run, which answers for the id again
+// (keep returning Hold while an entity is held). A run whose reply is lost
+// is not counted in Stats: the sweep cannot know which markers it took.
 type RunClearer interface {
 	ClearDeleter
 	// ClearRun takes the first limit keys k with from <= k < end, or all
@@ -73,7 +78,7 @@ type run struct {
 // nil: the sweep then reads the page itself.
 func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *run {
 	rc, ok := p.kv.(RunClearer)
-	if !ok || !s.runs || s.noRuns || p.inRetry || ctx.Err() != nil || s.clock.Now().Before(s.retries.latest) ||
+	if !ok || !s.runs || s.noRuns || p.inRetry || ctx.Err() != nil || s.retries.runsWait(s.clock.Now()) ||
 		reflect.TypeOf(rc.RunStore()) != reflect.TypeOf(p.kv) {
 		return nil
 	}

@@ -857,6 +857,59 @@ func TestRunsWaitOnlyForIDsLeftInTheRange(t *testing.T) {
 	}
 }
 
+// TestRunsWaitForIDsWhoseOutcomeIsUnknown: a run that failed without
+// saying whether it committed, and whose markers the sweep could not read
+// back, leaves its ids unknown with their markers in the range: the sweep
+// reads pages until their delay is over, so that no run sends them again
+// before it, and then clears in runs, each entity once.
+func TestRunsWaitForIDsWhoseOutcomeIsUnknown(t *testing.T) {
+	t.Parallel()
+	kv, ids := newRunKV(t, 10)
+	var readBack atomic.Bool
+	kv.before = func(_ context.Context, call int, _ []string, _ [][]byte) error {
+		if call == 1 {
+			readBack.Store(true)
+			return errLostReply // not committed
+		}
+		return nil
+	}
+	kv.onScan = func(context.Context, int64) error {
+		if readBack.CompareAndSwap(true, false) {
+			return errBoom // the read of which markers are left
+		}
+		return nil
+	}
+	s, clock := newSweep(t, kv, Config{BatchSize: 5, PageSize: 5, RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
+	clock.Advance(2 * time.Hour)
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 5, st.Failed, "the run's ids, unknown")
+	assert.Equal(t, 5, st.Cleared, "the next page's, read, not run")
+	assert.Equal(t, int64(1), kv.runs.Load())
+
+	for i := range 5 {
+		id := fmt.Sprintf("n%d", i)
+		mark(t, kv.MemKV, "runs/", id, t0.Add(time.Minute))
+		kv.entities[id] = true
+	}
+	clock.Advance(30 * time.Second)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 5, st.Deferred)
+	assert.Equal(t, 5, st.Cleared)
+	assert.Equal(t, int64(1), kv.runs.Load(), "no run while the unknown ids wait in the range")
+
+	clock.Advance(time.Minute)
+	st, err = s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 5, st.Cleared)
+	assert.Greater(t, kv.runs.Load(), int64(1), "runs once their delay is over")
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Empty(t, keysUnder(t, kv, "runs/"))
+}
+
 // TestRunClearsAnotherMarkerOfAWaitingID: a run the store took while a
 // failed id waits in the retry range clears that id's other marker in the
 // expired range, and counts it cleared, not deferred.

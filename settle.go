@@ -49,22 +49,26 @@ type pagePlan struct {
 	del      [][]byte       // markers to delete
 	from, to [][]byte       // markers to move, and where
 	targets  map[int][]byte // where a failed or held marker with duplicates moves, by item
+	moving   []int          // items whose marker moves (not their duplicates)
 	parking  []int          // items whose move parks them
 	holding  []int          // items whose move puts them at their hold's end
 	oldest   int64          // lagMs of the oldest cleared marker, or -1: it has the largest lag
 }
 
 func (pl *pagePlan) reset() {
-	pl.del, pl.from, pl.to, pl.parking, pl.holding = pl.del[:0], pl.from[:0], pl.to[:0], pl.parking[:0], pl.holding[:0]
+	pl.del, pl.from, pl.to = pl.del[:0], pl.from[:0], pl.to[:0]
+	pl.moving, pl.parking, pl.holding = pl.moving[:0], pl.parking[:0], pl.holding[:0]
 	clear(pl.targets)
 	pl.oldest = -1
 }
 
-// move plans the move of keys[i] to key; a nil key moves nothing.
+// move plans the move of keys[i] to key; a nil key moves nothing: the
+// marker stays where it is (see Sweep.stays).
 func (pl *pagePlan) move(keys [][]byte, items []item, i int, key []byte) {
 	if key == nil {
 		return
 	}
+	pl.moving = append(pl.moving, i)
 	pl.from, pl.to = append(pl.from, keys[i]), append(pl.to, key)
 	if items[i].next != 0 {
 		if pl.targets == nil {
@@ -113,7 +117,7 @@ func (s *Sweep) decide(p *passState, pl *pagePlan, keys [][]byte, items []item, 
 		st.Retried++
 		p.notes.noteFailed(it.id, it.err)
 		_, due := s.retries.failed(it.id, s.clock.Now(), int(it.attempts), true)
-		s.retries.waits(due)
+		s.stays(p, it.id, due)
 		s.noteRetry(p, due)
 	case wouldClear:
 		st.WouldClear++
@@ -121,25 +125,44 @@ func (s *Sweep) decide(p *passState, pl *pagePlan, keys [][]byte, items []item, 
 	case deferred:
 		st.Deferred++
 		s.noteRetry(p, s.retries.due(it.id))
-		s.retries.waits(s.retries.due(it.id)) // its marker stays in the range
-		if it.err != nil {
-			// A further marker of an id held in memory goes where the hold
-			// put the first (see markWaiting).
-			pl.move(keys, items, i, s.hold(p, it, keys[i]))
-			pl.holding = append(pl.holding, i)
+		if it.err == nil {
+			s.stays(p, it.id, s.retries.due(it.id))
+			break
 		}
+		// A further marker of an id held in memory goes where the hold put
+		// the first (see markWaiting).
+		s.planMove(p, pl, keys, items, i, s.hold(p, it, keys[i]))
+		pl.holding = append(pl.holding, i)
 	case held:
 		st.Held++
-		pl.move(keys, items, i, s.hold(p, it, keys[i]))
+		s.planMove(p, pl, keys, items, i, s.hold(p, it, keys[i]))
 		pl.holding = append(pl.holding, i)
 	case failed:
 		st.Failed++
 		p.notes.noteFailed(it.id, it.err)
 		key, park := s.retry(p, it, keys[i])
-		pl.move(keys, items, i, key)
+		s.planMove(p, pl, keys, items, i, key)
 		if park {
 			pl.parking = append(pl.parking, i)
 		}
+	}
+}
+
+// planMove plans the move of the marker keys[i] of an id that waits to
+// key, or, with no key, notes that it stays where it is.
+func (s *Sweep) planMove(p *passState, pl *pagePlan, keys [][]byte, items []item, i int, key []byte) {
+	if key == nil {
+		s.stays(p, items[i].id, s.retries.due(items[i].id))
+		return
+	}
+	pl.move(keys, items, i, key)
+}
+
+// stays notes that the marker of id, which waits until t, stays where the
+// pass read it: in the markers' range, runs wait for it (see startRun).
+func (s *Sweep) stays(p *passState, id string, t time.Time) {
+	if !p.inRetry {
+		s.retries.stays(id, t)
 	}
 }
 
@@ -182,7 +205,17 @@ func (s *Sweep) reschedule(ctx context.Context, p *passState, pl *pagePlan, item
 	if err != nil {
 		p.noMove = true
 		p.notes.rescheduleErr = err
-		s.retries.allWait()
+	}
+	if !p.inRetry {
+		// Out of the markers' range, or maybe not (a Move may write some
+		// of its keys and fail): runs wait for those that may be there.
+		for _, i := range pl.moving {
+			if id := items[i].id; err == nil {
+				s.retries.left(id)
+			} else {
+				s.retries.stays(id, s.retries.due(id))
+			}
+		}
 	}
 	for _, i := range pl.parking {
 		if err == nil {

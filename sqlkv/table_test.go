@@ -324,7 +324,8 @@ func TestTableSweepClearsRowsOnce(t *testing.T) {
 // TestTableRetriesHoldsAndRequeue: a failed clear moves its row's marker
 // to the side table (the row stays, shadowed), and the retry clears it
 // later; a held one waits; a parked one waits for Requeue, which makes the
-// row a marker again.
+// row a marker again; a held one released (Sweep.ReleaseHolds) is due at
+// once and cleared by the next pass.
 func TestTableRetriesHoldsAndRequeue(t *testing.T) {
 	forEach(t, func(t *testing.T, dl dialect) {
 		j := newJobsTable(t, dl, true)
@@ -389,6 +390,34 @@ func TestTableRetriesHoldsAndRequeue(t *testing.T) {
 		require.NoError(t, err)
 		jobs, _ = j.ids(t)
 		assert.Equal(t, map[int64]bool{3: true}, jobs, "still held until its hold ends")
+
+		// Released two hours before its hold's end, the held row is due at
+		// once, and the next pass clears it.
+		held := fmt.Sprintf("%020d", 3)
+		n, err = s.ReleaseHolds(ctx, fmt.Sprintf("%020d", 5))
+		require.NoError(t, err)
+		assert.Zero(t, n, "a cleared job has no held marker")
+		mu.Lock()
+		delete(fail, held)
+		mu.Unlock()
+		n, err = s.ReleaseHolds(ctx, held)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		pending, err := s.Pending(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, pending, 1)
+		assert.Equal(t, retention.StateDue, pending[0].State, "released: due at once")
+		assert.Equal(t, held, pending[0].ID)
+		clock.Advance(time.Millisecond)
+		st, err := s.Pass(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, st.Cleared)
+		jobs, _ = j.ids(t)
+		assert.Empty(t, jobs, "the released job was cleared")
+		keys, err = kv.Scan(ctx, []byte(tablePrefix), []byte(tablePrefix+"~"), 100)
+		require.NoError(t, err)
+		assert.Empty(t, keys, "no marker left, in the table or the side table")
+
 		mu.Lock()
 		defer mu.Unlock()
 		for id, n := range cleared {
