@@ -21,7 +21,7 @@ import (
 // TestBudgetPacesTheSweep: a budget of N entities a second clears a
 // backlog of M in about M/N seconds, never faster, in every clear mode.
 func TestBudgetPacesTheSweep(t *testing.T) {
-	for _, mode := range []string{"Clear", "ClearBatch"} {
+	for _, mode := range []string{"Clear", "ClearBatch", "Runs"} {
 		t.Run(mode, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const n, m = 100, 1000
@@ -31,13 +31,19 @@ func TestBudgetPacesTheSweep(t *testing.T) {
 				}
 				lim := rate.NewLimiter(n, 10)
 				cfg := Config{Prefix: "runs/", Retention: time.Hour, Limiter: lim, Concurrency: 4}
-				if mode == "Clear" {
+				var kv KV = mem
+				var rkv *runKV
+				switch mode {
+				case "Clear":
 					cfg.Clear = func(context.Context, string) error { return nil }
-				} else {
+				case "ClearBatch":
 					cfg.ClearBatch = func(context.Context, []string) error { return nil }
 					cfg.BatchSize = 50
+				case "Runs": // a RunClearer's runs, each of BatchSize, charged before it goes
+					rkv = runOver(mem)
+					kv, cfg.Concurrency, cfg.BatchSize = rkv, 1, 10
 				}
-				s, err := New(mem, cfg)
+				s, err := New(kv, cfg)
 				require.NoError(t, err)
 				start := time.Now()
 				st, err := s.Pass(context.Background())
@@ -48,6 +54,10 @@ func TestBudgetPacesTheSweep(t *testing.T) {
 				assert.GreaterOrEqual(t, took, time.Duration(m-10)*time.Second/n, "never faster than the budget")
 				assert.LessOrEqual(t, took, time.Duration(m)*time.Second/n+time.Second, "and not much slower")
 				assert.Greater(t, st.BudgetWait, 9*time.Second, "the wait is counted: %v", st.BudgetWait)
+				if rkv != nil {
+					// Every run but the last (empty) one took all it asked for.
+					assert.Equal(t, int64(m/10+1), rkv.runs.Load(), "runs")
+				}
 			})
 		})
 	}

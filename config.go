@@ -97,8 +97,8 @@ type Config struct {
 	MaxAttempts int
 
 	// Limiter is a delete budget, counted in entities: every clear call
-	// waits for as many tokens as it has ids, the wait counted in
-	// Stats.BudgetWait. Share one between sweeps to give one database one
+	// waits for as many tokens as it has ids, and a RunClearer's run for
+	// as many as it may take, the wait counted in Stats.BudgetWait. Share one between sweeps to give one database one
 	// budget (docs/protecting-the-database.md). Nil means no limit. A
 	// limiter whose burst is below 1 is refused, unless its limit is
 	// rate.Inf.

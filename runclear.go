@@ -16,10 +16,11 @@ import (
 // trip a batch. pgkv.KV.WithClearSQL, rediskv.KV.WithStateKeys and
 // sqlkv.KV.WithClear make one.
 //
-// A Sweep over a RunClearer, with Concurrency 1, no Config.ValidateID,
-// Limiter nor DryRun, calls ClearRun for its expired range, one call at a
-// time: the next as soon as one returns all it asked for, which the sweep
-// then settles while the store clears the next. It reads the page and
+// A Sweep over a RunClearer, with Concurrency 1, no Config.ValidateID nor
+// DryRun, calls ClearRun for its expired range, one call at a time (under
+// a Config.Limiter, each once the budget granted its limit): the next as
+// soon as one returns all it asked for, which the sweep then settles
+// while the store clears the next. It reads the page and
 // calls ClearAndDelete instead while an id waits in its memory (held, or
 // in its retry delay) whose marker it read may still be in that range: it
 // could not move the marker to the retry range (the Move failed, the pass
@@ -87,6 +88,14 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 	r.mark = mark
 	start := s.clock.Now()
 	r.call = s.goGuarded(wctx, func(ctx context.Context) (err error) {
+		if s.limiter != nil {
+			// A run is charged its limit before it goes: the store picks
+			// its keys. The last of a range, short, spends what it asked.
+			if err := s.waitBudget(ctx, p, r.limit); err != nil {
+				return err
+			}
+			start = s.clock.Now() // the store's time, for adapt, not the budget's
+		}
 		r.keys, err = rc.ClearRun(ctx, s.prefix, from, end, r.limit)
 		func() {
 			defer func() {

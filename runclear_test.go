@@ -191,7 +191,8 @@ func TestRunsOnlyWhereNothingNeedsThePage(t *testing.T) {
 		{"Concurrency 1", Config{Concurrency: 1}, true},
 		{"Concurrency 2", Config{Concurrency: 2}, false},
 		{"ValidateID", Config{ValidateID: ValidateID}, false},
-		{"Limiter", Config{Limiter: rate.NewLimiter(rate.Inf, 1)}, false},
+		{"Limiter", Config{Limiter: rate.NewLimiter(rate.Inf, 1)}, true},
+		{"Limiter and Concurrency 2", Config{Limiter: rate.NewLimiter(100, 10), Concurrency: 2}, false},
 		{"DryRun", Config{DryRun: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

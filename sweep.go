@@ -121,7 +121,7 @@ func New(kv KV, cfg Config) (*Sweep, error) {
 		maxAttempts:  cfg.MaxAttempts,
 		replica:      cfg.Replica,
 		wakePoll:     cmp.Or(cfg.WakePoll, DefaultWakePoll),
-		runs: cfg.Clear == nil && cfg.ClearBatch == nil && cfg.ValidateID == nil && cfg.Limiter == nil &&
+		runs: cfg.Clear == nil && cfg.ClearBatch == nil && cfg.ValidateID == nil &&
 			!cfg.DryRun && cfg.Concurrency <= 1,
 	}, busy: make(chan struct{}, 1), requeuing: make(chan struct{}, 1)}
 	s.retries = newRetries(cmp.Or(cfg.RetryDelay, DefaultRetryDelay), cmp.Or(cfg.MaxRetryDelay, DefaultMaxRetryDelay))
