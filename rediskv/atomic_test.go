@@ -190,7 +190,7 @@ func TestClearMarkerGone(t *testing.T) {
 // runSet is a marker set holding expired entities, each with two state
 // keys named by the templates of an AtomicKV made by WithStateKeys.
 type runSet struct {
-	rdb      *redis.Client
+	rdb      redis.UniversalClient
 	set, tag string
 	kv       *rediskv.KV
 	akv      *rediskv.AtomicKV
@@ -199,8 +199,10 @@ type runSet struct {
 	keys     []string // every state key written, for the cleanup
 }
 
-func newRunSet(t testing.TB) *runSet {
-	rdb := connect(t)
+func newRunSet(t testing.TB) *runSet { return newRunSetOn(t, connect(t)) }
+
+// newRunSetOn is newRunSet on rdb: a server or a cluster.
+func newRunSetOn(t testing.TB, rdb redis.UniversalClient) *runSet {
 	set := freshKey(t, rdb)
 	r := &runSet{rdb: rdb, set: set, tag: strings.TrimSuffix(set, ":markers"), now: time.Now()}
 	r.at = r.now.Add(-2 * time.Hour)

@@ -631,7 +631,7 @@ func (m *monitor) line(line string) {
 
 // sync sends token with ECHO and waits until the monitor read it: every
 // command the server ran before is counted then.
-func (m *monitor) sync(t *testing.T, admin *redis.Client, token string) {
+func (m *monitor) sync(t *testing.T, admin redis.Cmdable, token string) {
 	ch := make(chan struct{})
 	m.mu.Lock()
 	m.seen[token] = ch

@@ -20,16 +20,36 @@ import (
 const leaseTTL = 1500 * time.Millisecond
 
 func newHarness(t testing.TB) leasetest.Harness {
-	admin := connect(t)
+	return newHarnessOn(t, connect(t), func(t testing.TB) redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: kvtest.ServerAddr(t, "RETENTION_REDIS_ADDR"), PoolSize: 8})
+	})
+}
+
+// newHarnessOn is the fleet proofs' harness on the Redis of admin, a
+// server or a cluster, whose replicas connect with newClient. Every key of
+// a harness shares one hash tag: the marker set, the lease key and the
+// entities' state keys.
+func newHarnessOn(t testing.TB, admin redis.UniversalClient, newClient func(t testing.TB) redis.UniversalClient) leasetest.Harness {
 	markers := freshKey(t, admin)
 	tag := markers[:len(markers)-len(":markers")]
 	state := func(id string) string { return tag + ":state:" + id }
 	leaseKey := tag + ":lease"
 	t.Cleanup(func() {
 		ctx := context.Background()
-		keys, _ := admin.Keys(ctx, tag+":*").Result()
-		if len(keys) > 0 {
-			admin.Del(ctx, keys...)
+		// On a cluster KEYS asks one node: the master of the tag's slot.
+		var node redis.Cmdable = admin
+		if c, ok := admin.(*redis.ClusterClient); ok {
+			master, err := c.MasterForKey(ctx, markers)
+			if err != nil {
+				return
+			}
+			node = master
+		}
+		keys, _ := node.Keys(ctx, tag+":*").Result()
+		for len(keys) > 0 {
+			n := min(len(keys), 1000)
+			admin.Unlink(ctx, keys[:n]...)
+			keys = keys[n:]
 		}
 	})
 	writer, err := rediskv.New(admin, markers)
@@ -37,7 +57,7 @@ func newHarness(t testing.TB) leasetest.Harness {
 	return leasetest.Harness{
 		TTL: leaseTTL,
 		NewReplica: func(t testing.TB) leasetest.Replica {
-			rdb := redis.NewClient(&redis.Options{Addr: kvtest.ServerAddr(t, "RETENTION_REDIS_ADDR"), PoolSize: 8})
+			rdb := newClient(t)
 			closed := false
 			t.Cleanup(func() {
 				if !closed {

@@ -15,7 +15,7 @@ import (
 )
 
 // members returns the set's members in order.
-func members(t testing.TB, rdb *redis.Client, set string) []string {
+func members(t testing.TB, rdb redis.Cmdable, set string) []string {
 	t.Helper()
 	got, err := rdb.ZRange(context.Background(), set, 0, -1).Result()
 	require.NoError(t, err)
@@ -144,7 +144,7 @@ func leaseKeyOf(set string) string { return set + ":lease" }
 
 // acquire takes a lease on set's lease key with a long TTL, released and
 // deleted when t ends.
-func acquire(t testing.TB, rdb *redis.Client, set string) retention.Lease {
+func acquire(t testing.TB, rdb redis.Cmdable, set string) retention.Lease {
 	t.Helper()
 	ctx := context.Background()
 	l, err := rediskv.NewLocker(rdb, leaseKeyOf(set), &rediskv.LockerOptions{TTL: 10 * time.Second})

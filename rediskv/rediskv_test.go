@@ -37,7 +37,7 @@ var keySeq atomic.Int64
 
 // freshKey returns a set key, hash-tagged as in Redis Cluster, that is
 // deleted when t ends.
-func freshKey(t testing.TB, rdb *redis.Client) string {
+func freshKey(t testing.TB, rdb redis.Cmdable) string {
 	key := fmt.Sprintf("{test-%d-%d}:markers", os.Getpid(), keySeq.Add(1))
 	t.Cleanup(func() { assert.NoError(t, rdb.Del(context.Background(), key).Err()) })
 	return key
