@@ -15,8 +15,10 @@ import (
 
 // KeysFunc returns the keys that hold the state of the entities ids: an
 // AtomicKV deletes them with the ids' markers. It must not fail, and must
-// name keys of the marker set's Redis (on Redis Cluster, of its hash slot).
-// An id may come twice in one call, when it has several markers.
+// name keys of the marker set's Redis (on Redis Cluster, of its hash slot:
+// a clear that names a key of another slot returns ErrCrossSlot, having
+// sent nothing). An id may come twice in one call, when it has several
+// markers.
 type KeysFunc func(ids []string) []string
 
 // AtomicKV is a KV that clears entities itself, deleting their state keys
@@ -144,13 +146,12 @@ func (k *KV) parseTemplate(raw string) (template, error) {
 	if id, ok := t.names(k.key); ok {
 		return template{}, fmt.Errorf("names the marker set %q itself, for the id %q", k.key, id)
 	}
-	switch k.rdb.(type) {
-	case *redis.ClusterClient, *redis.Ring:
+	if clustered(k.rdb) {
 		if hashPart(t.key("a")) != hashPart(t.key("b")) {
 			return template{}, fmt.Errorf("hashes to a slot that depends on the id: give it the marker set %q's hash tag, outside %q", k.key, idPlaceholder)
 		}
 		if !sameSlot(k.rdb, t.key("a"), k.key) {
-			return template{}, fmt.Errorf("hashes to slot %d, the marker set %q to slot %d: give them one hash tag", slot(t.key("a")), k.key, slot(k.key))
+			return template{}, fmt.Errorf("hashes to slot %d, the marker set %q to slot %d: give them one hash tag", Slot(t.key("a")), k.key, Slot(k.key))
 		}
 	}
 	return t, nil
@@ -361,6 +362,9 @@ func (a *AtomicKV) run(ctx context.Context, lease, token string, ids []string, k
 		lease = a.key
 	}
 	state := a.keysOf(ids)
+	if err := a.checkSlots(state); err != nil {
+		return 0, fmt.Errorf("rediskv: clear and delete, nothing sent: %w", err)
+	}
 	scriptKeys := make([]string, 0, 2+len(state))
 	scriptKeys = append(scriptKeys, lease, a.key)
 	scriptKeys = append(scriptKeys, state...)

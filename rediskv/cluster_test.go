@@ -2,13 +2,20 @@ package rediskv_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/marksweep/retention"
 	"github.com/marksweep/retention/kvtest"
 	"github.com/marksweep/retention/leasetest"
 	"github.com/marksweep/retention/rediskv"
@@ -92,4 +99,304 @@ func TestClusterFleet(t *testing.T) {
 			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(kvtest.ServerAddr(t, clusterEnv), ","), PoolSize: 8})
 		})
 	})
+}
+
+func TestShardTags(t *testing.T) {
+	tests := []struct {
+		n         int
+		wantSlots []int
+	}{
+		{1, []int{8192}},
+		{2, []int{4096, 12288}},
+		{3, []int{2730, 8192, 13653}},
+		{4, []int{2048, 6144, 10240, 14336}},
+	}
+	for _, tt := range tests {
+		tags, err := rediskv.ShardTags("sweeps", tt.n)
+		require.NoError(t, err)
+		require.Len(t, tags, tt.n)
+		for i, tag := range tags {
+			assert.True(t, strings.HasPrefix(tag, fmt.Sprintf("{sweeps:%d:", i)) && strings.HasSuffix(tag, "}"), "ShardTags(sweeps, %d)[%d] = %q", tt.n, i, tag)
+			assert.Equal(t, tt.wantSlots[i], rediskv.Slot(tag+":done"), "Slot(%q)", tag+":done")
+		}
+		again, err := rediskv.ShardTags("sweeps", tt.n)
+		require.NoError(t, err)
+		assert.Equal(t, tags, again, "the tags depend on the name and n alone")
+	}
+
+	// Many shards: one slot each, in order, every part of the slot space.
+	tags, err := rediskv.ShardTags("jobs/done", 1000)
+	require.NoError(t, err)
+	for i, tag := range tags {
+		s := rediskv.Slot(tag)
+		require.Equal(t, (2*i+1)*16384/2000, s, "Slot(%q), tag %d of 1000", tag, i)
+	}
+
+	for _, bad := range []struct {
+		name    string
+		n       int
+		wantErr string
+	}{
+		{"", 3, `rediskv: ShardTags: name "" must not be empty nor hold '{' or '}'`},
+		{"a{b", 3, `rediskv: ShardTags: name "a{b" must not be empty nor hold '{' or '}'`},
+		{"a}b", 3, `rediskv: ShardTags: name "a}b" must not be empty nor hold '{' or '}'`},
+		{"sweeps", 0, "rediskv: ShardTags: n must be 1 to 16384, got 0"},
+		{"sweeps", 16385, "rediskv: ShardTags: n must be 1 to 16384, got 16385"},
+	} {
+		tags, err := rediskv.ShardTags(bad.name, bad.n)
+		assert.EqualError(t, err, bad.wantErr)
+		assert.Nil(t, tags)
+	}
+}
+
+// TestShardTagsReach checks the bound of ShardTags' search: the four-digit
+// base-36 numbers reach every slot. CRC16 is linear, so the slots of
+// suffixes of one length after any prefix are those after none, each
+// XORed with one value that depends on the prefix alone: all of them
+// after none means all of them after any.
+func TestShardTagsReach(t *testing.T) {
+	var reached [16384]bool
+	n := 0
+	for k := 36 * 36 * 36; k < 36*36*36*36; k++ {
+		if s := rediskv.Slot(strconv.FormatInt(int64(k), 36)); !reached[s] {
+			reached[s] = true
+			n++
+		}
+	}
+	assert.Equal(t, 16384, n, "slots reached")
+}
+
+// clusterOwners returns the address of the master that serves each slot,
+// as CLUSTER SHARDS tells.
+func clusterOwners(t testing.TB, rdb *redis.ClusterClient) map[int]string {
+	t.Helper()
+	shards, err := rdb.ClusterShards(context.Background()).Result()
+	require.NoError(t, err)
+	owners := map[int]string{}
+	for _, shard := range shards {
+		master := ""
+		for _, node := range shard.Nodes {
+			if node.Role == "master" {
+				master = net.JoinHostPort(node.IP, strconv.FormatInt(node.Port, 10))
+			}
+		}
+		require.NotEmpty(t, master, "shard %v has a master", shard.Slots)
+		for _, r := range shard.Slots {
+			for s := r.Start; s <= r.End; s++ {
+				owners[int(s)] = master
+			}
+		}
+	}
+	require.Len(t, owners, 16384, "every slot is served")
+	return owners
+}
+
+// TestSlotIsClusterKeyslot: Slot agrees with the cluster's CLUSTER KEYSLOT.
+func TestSlotIsClusterKeyslot(t *testing.T) {
+	rdb := connectCluster(t)
+	keys := []string{"runs:done", "{runs}:done", "{runs}:lease", "foo{}{bar}", "{}", "{a}{b}", "a{b", "a}b{c}", "", "\xff\x00"}
+	tags, err := rediskv.ShardTags("sweeps", 16)
+	require.NoError(t, err)
+	keys = append(keys, tags...)
+	for _, key := range keys {
+		want, err := rdb.ClusterKeySlot(context.Background(), key).Result()
+		require.NoError(t, err)
+		assert.Equal(t, int(want), rediskv.Slot(key), "Slot(%q)", key)
+	}
+}
+
+// TestShardTagsSpreadOverMasters: on the test cluster, whose three masters
+// own a third of the slots each (redis-cli --cluster create), n tags of
+// ShardTags spread over the masters within one of even; two sweeps whose
+// keys carry two tags (newShardedSweeps) keep their markers and state on
+// two masters, as the cluster says (CLUSTER SHARDS, and each master's
+// count of the slot's keys), and each clears its runs atomically under
+// its own lease.
+func TestShardTagsSpreadOverMasters(t *testing.T) {
+	rdb := connectCluster(t)
+	ctx := context.Background()
+	owners := clusterOwners(t, rdb)
+	masters := map[string]bool{}
+	for _, addr := range owners {
+		masters[addr] = true
+	}
+	require.Len(t, masters, 3, "the test cluster has three masters")
+
+	for _, n := range []int{2, 3, 4, 6, 16, 100} {
+		tags, err := rediskv.ShardTags("spread", n)
+		require.NoError(t, err)
+		per := map[string]int{}
+		for _, tag := range tags {
+			per[owners[rediskv.Slot(tag)]]++
+		}
+		for addr := range masters {
+			assert.InDelta(t, float64(n)/3, per[addr], 1, "%d tags: %d on %s (%v)", n, per[addr], addr, per)
+		}
+	}
+
+	// Two sweeps, each with its own tag, as newShardedSweeps makes them:
+	// markers, state and lease on its slot.
+	tags, err := rediskv.ShardTags(fmt.Sprintf("runs-%d-%d", os.Getpid(), keySeq.Add(1)), 2)
+	require.NoError(t, err)
+	kvs, sweeps, err := newShardedSweeps(rdb, tags)
+	require.NoError(t, err)
+	const n = 400
+	var stateKeys []string
+	t.Cleanup(func() {
+		for _, tag := range tags {
+			rdb.Del(context.Background(), tag+":done", tag+":lease")
+		}
+		_, _ = rdb.Pipelined(context.Background(), func(pipe redis.Pipeliner) error {
+			for _, k := range stateKeys {
+				pipe.Unlink(context.Background(), k)
+			}
+			return nil
+		})
+	})
+	for i := range n {
+		id := fmt.Sprintf("run-%04d", i)
+		require.NoError(t, finishShardedRun(ctx, rdb, tags, kvs, id, time.Now().Add(-30*24*time.Hour)),
+			"state and marker in one MULTI, on the slot of the run's sweep")
+		for _, tag := range tags {
+			stateKeys = append(stateKeys, tag+":state:"+id)
+		}
+	}
+
+	holders := make([]string, len(tags))
+	total := 0
+	for s, tag := range tags {
+		markers := tag + ":done"
+		slot, err := rdb.ClusterKeySlot(ctx, markers).Result()
+		require.NoError(t, err)
+		require.Equal(t, rediskv.Slot(markers), int(slot))
+		marked, err := rdb.ZCard(ctx, markers).Result()
+		require.NoError(t, err)
+		assert.Greater(t, marked, int64(n/4), "sweep %d has about half the runs", s)
+		total += int(marked)
+		// Each master counts its own keys of the slot: one that does not
+		// serve it would answer EXISTS with MOVED.
+		var mu sync.Mutex
+		var with []string
+		require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			keys, err := m.ClusterCountKeysInSlot(ctx, int(slot)).Result()
+			if err != nil || keys == 0 {
+				return err
+			}
+			assert.Equal(t, marked+1, keys, "the set and the state of each of its runs on one master")
+			assert.Equal(t, int64(1), m.Exists(ctx, markers).Val(), "%s holds the set", m.Options().Addr)
+			mu.Lock()
+			with = append(with, m.Options().Addr)
+			mu.Unlock()
+			return nil
+		}))
+		require.Len(t, with, 1, "one master holds %s", markers)
+		assert.Equal(t, owners[int(slot)], with[0], "the master CLUSTER SHARDS names for slot %d", slot)
+		holders[s] = with[0]
+	}
+	assert.Equal(t, n, total, "every run marked once")
+	assert.NotEqual(t, holders[0], holders[1], "the two sweeps' markers live on two masters")
+
+	cleared := 0
+	for s, sweep := range sweeps {
+		st, err := sweep.LeasedPass(ctx)
+		require.NoError(t, err)
+		cleared += st.Cleared
+		assert.Zero(t, rdb.Exists(ctx, tags[s]+":done").Val(), "sweep %d cleared its markers", s)
+		assert.Zero(t, rdb.Exists(ctx, tags[s]+":lease").Val(), "sweep %d released its lease", s)
+	}
+	assert.Equal(t, n, cleared)
+	exists := make([]*redis.IntCmd, len(stateKeys))
+	_, err = rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for i, k := range stateKeys {
+			exists[i] = pipe.Exists(ctx, k)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for i, k := range stateKeys {
+		require.Zero(t, exists[i].Val(), "%s after the passes", k)
+	}
+}
+
+// wrappedCluster is a client of one's own around a cluster client: the KV
+// cannot see that it is a cluster's.
+type wrappedCluster struct{ *redis.ClusterClient }
+
+// TestClusterCrossSlot: keys that one script names off the marker set's
+// slot are refused before anything is sent, with ErrCrossSlot: a
+// template at WithStateKeys, a state key of WithClear's KeysFunc at the
+// clear, a lease key at the fenced write. Through a client that hides the
+// cluster, Redis refuses the script (CROSSSLOT), which matches
+// ErrCrossSlot too, having changed nothing.
+func TestClusterCrossSlot(t *testing.T) {
+	admin := connectCluster(t)
+	ctx := context.Background()
+	universal := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(kvtest.ServerAddr(t, clusterEnv), ",")})
+	t.Cleanup(func() { assert.NoError(t, universal.Close()) })
+	set := freshKey(t, admin)
+	tag := strings.TrimSuffix(set, ":markers")
+	offSlot := func(id string) string { return "state:" + id } // no hash tag
+	require.NotEqual(t, rediskv.Slot(set), rediskv.Slot(offSlot("a")))
+	t.Cleanup(func() { admin.Del(context.Background(), offSlot("a"), tag+":state:a", tag+":lease", "lease") })
+
+	at := time.Now().Add(-2 * time.Hour)
+	marker, err := retention.MarkerKey("runs/", at, "a")
+	require.NoError(t, err)
+	for _, tt := range []struct {
+		name string
+		rdb  redis.UniversalClient
+		// checked: the KV sees a cluster and refuses before sending.
+		checked bool
+	}{
+		{"UniversalClient", universal, true},
+		{"wrapped", wrappedCluster{admin}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			kv, err := rediskv.New(tt.rdb, set)
+			require.NoError(t, err)
+			require.NoError(t, kv.Put(ctx, marker, nil))
+			require.NoError(t, admin.Set(ctx, offSlot("a"), "done", 0).Err())
+			require.NoError(t, admin.Set(ctx, tag+":state:a", "done", 0).Err())
+
+			_, err = kv.WithStateKeys("state:<id>")
+			if tt.checked {
+				require.ErrorContains(t, err, "give it the marker set")
+			} else {
+				require.NoError(t, err, "no check without a cluster client")
+			}
+
+			akv, err := kv.WithClear(func(ids []string) []string {
+				keys := []string{}
+				for _, id := range ids {
+					keys = append(keys, tag+":state:"+id, offSlot(id))
+				}
+				return keys
+			})
+			require.NoError(t, err)
+			err = akv.ClearAndDelete(ctx, []string{"a"}, [][]byte{marker})
+			require.ErrorIs(t, err, rediskv.ErrCrossSlot)
+			if tt.checked {
+				assert.ErrorContains(t, err, fmt.Sprintf("state key %q", offSlot("a")))
+			} else {
+				assert.ErrorContains(t, err, "CROSSSLOT")
+			}
+			assert.Equal(t, int64(1), admin.Exists(ctx, offSlot("a")).Val(), "no key deleted")
+			assert.Equal(t, int64(1), admin.Exists(ctx, tag+":state:a").Val(), "no key deleted")
+			assert.Equal(t, []string{string(marker)}, members(t, admin, set), "the marker stays")
+
+			locker, err := rediskv.NewLocker(tt.rdb, "lease", &rediskv.LockerOptions{TTL: 5 * time.Second})
+			require.NoError(t, err)
+			lease, err := locker.TryAcquire(ctx)
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, lease.Release(ctx)) }()
+			view, ok := lease.(retention.Fencer).Fence(kv)
+			require.True(t, ok)
+			err = view.Delete(ctx, marker)
+			require.ErrorIs(t, err, rediskv.ErrCrossSlot)
+			if !tt.checked {
+				assert.ErrorContains(t, err, "CROSSSLOT")
+			}
+			assert.Equal(t, []string{string(marker)}, members(t, admin, set), "the marker stays")
+		})
+	}
 }

@@ -3,6 +3,7 @@ package rediskv_test
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"log"
 	"strings"
 	"time"
@@ -184,4 +185,67 @@ func ExampleNewLocker() {
 		log.Fatal(err)
 	}
 	log.Fatal(sweep.Run(context.Background()))
+}
+
+// Sweeps that share a Redis Cluster spread over its masters when each
+// keeps its keys under a tag of its own: ShardTags gives tags that hash to
+// slots spread evenly over the 16384, the same ones wherever and whenever
+// they are computed.
+func ExampleShardTags() {
+	tags, err := rediskv.ShardTags("runs", 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, tag := range tags {
+		fmt.Println(tag+":done", rediskv.Slot(tag+":done"))
+	}
+	// Output:
+	// {runs:0:4mk}:done 2730
+	// {runs:1:1zd}:done 8192
+	// {runs:2:f1k}:done 13653
+}
+
+// newShardedSweeps returns a sweep of finished runs for each tag of
+// rediskv.ShardTags, and the KVs writers mark runs with: sweep i keeps its
+// markers in tags[i]+":done" and its lease in tags[i]+":lease", and deletes
+// its runs' state, tags[i]+":state:<id>", with their markers in one script.
+// Every replica runs every sweep; each sweep takes its own lease, on its
+// own master.
+func newShardedSweeps(rdb *redis.ClusterClient, tags []string) ([]*rediskv.KV, []*retention.Sweep, error) {
+	kvs := make([]*rediskv.KV, len(tags))
+	sweeps := make([]*retention.Sweep, len(tags))
+	for i, tag := range tags {
+		kv, err := rediskv.New(rdb, tag+":done")
+		if err != nil {
+			return nil, nil, err
+		}
+		akv, err := kv.WithStateKeys(tag + ":state:<id>")
+		if err != nil {
+			return nil, nil, err
+		}
+		lease, err := rediskv.NewLocker(rdb, tag+":lease", nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		sweeps[i], err = retention.New(akv, retention.Config{Prefix: "runs/done/", Retention: 7 * 24 * time.Hour, Lease: lease})
+		if err != nil {
+			return nil, nil, err
+		}
+		kvs[i] = kv
+	}
+	return kvs, sweeps, nil
+}
+
+// finishShardedRun records a run's outcome and its marker in one MULTI on
+// the slot of the run's sweep, which a hash of the id picks: the same for
+// every writer, so that whoever reads the run's state finds its key.
+func finishShardedRun(ctx context.Context, rdb *redis.ClusterClient, tags []string, kvs []*rediskv.KV, id string, at time.Time) error {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	i := int(h.Sum32() % uint32(len(tags)))
+	_, err := rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Set(ctx, tags[i]+":state:"+id, "succeeded", 0)
+		return kvs[i].MarkTx(ctx, pipe, "runs/done/", id, at)
+	})
+	return err
 }

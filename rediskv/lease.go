@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -207,12 +206,6 @@ func (r *redisLease) Release(ctx context.Context) error {
 	return nil
 }
 
-// ErrCrossSlot is returned by the writes of a fenced KV whose marker set and
-// lease key would live on different Redis Cluster slots (or Ring shards):
-// the fencing script must read the one and write the other in one step.
-// Give both keys one hash tag, e.g. "{runs}:done" and "{runs}:lease".
-var ErrCrossSlot = errors.New("rediskv: the marker set and the lease key hash to different slots")
-
 // unpackChunk bounds the arguments a script passes to one command (ZREM,
 // ZMSCORE, UNLINK): Lua's unpack fails beyond its C stack (8000 values in
 // Redis).
@@ -356,46 +349,4 @@ func (r *redisLease) isLost() bool {
 	default:
 		return false
 	}
-}
-
-// sameSlot reports whether a script may name both keys on rdb: always on a
-// single server; on a cluster when they hash to one slot; on a ring when
-// they share what the ring hashes (the hash tag, or the whole key).
-func sameSlot(rdb redis.Cmdable, a, b string) bool {
-	switch rdb.(type) {
-	case *redis.ClusterClient:
-		return slot(a) == slot(b)
-	case *redis.Ring:
-		return hashPart(a) == hashPart(b)
-	default:
-		return true
-	}
-}
-
-// hashPart is the part of a key Redis Cluster hashes: the content of the
-// first {...} when it is not empty, else the whole key.
-func hashPart(key string) string {
-	if open := strings.IndexByte(key, '{'); open >= 0 {
-		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
-			return key[open+1 : open+1+n]
-		}
-	}
-	return key
-}
-
-// slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash
-// part, modulo 16384.
-func slot(key string) int {
-	var crc uint16
-	for _, c := range []byte(hashPart(key)) {
-		crc ^= uint16(c) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
 }

@@ -22,14 +22,23 @@
 // # Redis Cluster
 //
 // One sorted set lives in one hash slot, so every marker of a sweep lives on
-// one shard. To write entity state and marker in one MULTI, the entity keys
-// must hash to the same slot: give them the set's hash tag, e.g. the set
-// "{runs}:done" with entity keys "{runs}:state:<id>". That puts the whole
-// family on one shard; shard by using several sweeps with different tags
-// when one shard is not enough. The lease key of a Locker that fences the
-// set must carry the same hash tag ("{runs}:lease"): the fencing script
-// reads the one and writes the other, and a fenced write returns
-// ErrCrossSlot otherwise.
+// one master. The keys that one MULTI or script names must hash to one
+// slot, so a sweep's keys share the set's hash tag: with the set
+// "{runs}:done", entity keys such as "{runs}:state:<id>" (written in the
+// MULTI of MarkTx, and deleted by the scripts of WithStateKeys and
+// WithClear) and the lease key of the Locker that fences it,
+// "{runs}:lease" (its scripts read the lease key and write the set). On a
+// *redis.ClusterClient, which redis.NewUniversalClient returns for a
+// cluster, the KV checks this before it sends anything: WithStateKeys
+// refuses a template off the set's slot, and a fenced write, or a clear
+// whose KeysFunc names a key off the set's slot, returns ErrCrossSlot;
+// go-redis refuses such a MULTI itself (redis.ErrCrossSlot).
+//
+// When one master is not enough for one sweep, split the entities over n
+// sweeps, each with its keys under a tag of its own, and have writers pick
+// an entity's sweep by a hash of its id: ShardTags gives n tags whose
+// slots spread evenly over the 16384, and so over the masters of a cluster
+// whose masters own equal runs of slots; docs/fleet.md shows the pattern.
 //
 // The caller owns the client and closes it; a KV never does.
 package rediskv
@@ -59,7 +68,9 @@ var (
 )
 
 // New returns a KV over the sorted set stored at key. rdb may be a
-// *redis.Client, *redis.ClusterClient or *redis.Ring.
+// *redis.Client, *redis.ClusterClient or *redis.Ring, or a
+// redis.UniversalClient holding one; on a cluster, see the package
+// documentation for the keys a sweep names together.
 func New(rdb redis.Cmdable, key string) (*KV, error) {
 	if rdb == nil {
 		return nil, errors.New("rediskv: client must not be nil")
@@ -290,6 +301,9 @@ func (k *KV) wrap(ctx context.Context, op string, err error) error {
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 		err = fmt.Errorf("%w (%w)", ctxErr, err)
+	}
+	if isCrossSlot(err) {
+		err = fmt.Errorf("%w: %w", ErrCrossSlot, err)
 	}
 	return fmt.Errorf("rediskv: %s %q: %w", op, k.key, err)
 }

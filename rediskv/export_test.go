@@ -1,4 +1,0 @@
-package rediskv
-
-// Slot exposes slot to the tests.
-var Slot = slot
