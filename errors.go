@@ -43,12 +43,13 @@ var ErrLeaseHeld = errors.New("retention: lease held by another replica")
 // refused by the store (see Fencer) matches it too.
 var ErrLeaseLost = errors.New("retention: lease lost")
 
-// ErrNotConfigured is returned by the methods of a Sweep or Group that was
-// not made by New or NewGroup, such as a zero value.
+// ErrNotConfigured is returned by the methods of a Sweep, Group or Sharded
+// that was not made by New, NewGroup or NewSharded, such as a zero value.
 var ErrNotConfigured = errors.New("retention: not configured")
 
-// ErrRunning is returned by Run when the Sweep (or one of a Group's sweeps)
-// is already being run by another Run, of the Sweep or of a Group.
+// ErrRunning is returned by Run when the Sweep (or one of a Group's sweeps
+// or a Sharded's shards) is already being run by another Run, of the
+// Sweep, of a Group or of a Sharded.
 var ErrRunning = errors.New("retention: already running")
 
 // ErrMarkerGone is returned by a ClearDeleter's ClearAndDelete when a
