@@ -1,19 +1,28 @@
 package retention
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
-// MaxShards is the most shards a Sharded sweep has: a shard's number takes
-// shardWidth digits of its prefix.
-const MaxShards = 1000
+// Limits and defaults of ShardConfig fields.
+const (
+	// MaxShards is the most shards a Sharded sweep has: a shard's number
+	// takes shardWidth digits of its prefix.
+	MaxShards = 1000
+
+	DefaultHeartbeat = time.Second
+)
 
 // A shard's prefix is the sweep's prefix, shardInfix and the shard's number
 // in shardWidth digits, then '/': "runs/done/s007/". After the prefix, s is
@@ -78,36 +87,81 @@ type ShardConfig struct {
 	// each of their prefixes (docs/fleet.md, "Sharded sweeps").
 	Shards int
 
+	// Lease returns the Locker of the lease of shard number shard, whose
+	// prefix is prefix, such as a store's NewLocker of a name made from
+	// them; NewSharded calls it once per shard. With it, Run on each
+	// replica holds about Shards / live replicas of the shards, each under
+	// its own lease, taking over those of replicas that stop or die, and
+	// Config.Replica must name the replica. Nil means no lease: Run sweeps
+	// every shard, as a Sweep without a lease does, for one process.
+	Lease func(shard int, prefix string) (Locker, error)
+
 	// KV returns the store of shard number shard's markers, for a store
 	// that places shards apart (the sorted set of a Redis Cluster slot of
 	// its own); NewSharded calls it once per shard. Nil means every shard's
-	// markers in the KV given to NewSharded.
+	// markers in the KV given to NewSharded, which, with a Lease, keeps the
+	// replicas' keys in either case.
 	KV func(shard int, prefix string) (KV, error)
+
+	// Heartbeat is how often Run, with a Lease, writes this replica's key
+	// in the store, reads the other replicas' keys, and takes or gives up
+	// shards: a Put or Move and a Scan of a key per replica each time. A
+	// replica whose key has not changed for three of its Heartbeats is
+	// taken for gone. Zero means DefaultHeartbeat; otherwise at least 1ms.
+	// Keep it at most a third of the leases' TTL: the shards of a replica
+	// that died are then taken within the TTL and a Heartbeat.
+	Heartbeat time.Duration
 }
 
 // Sharded is a sweep split into shards by a hash of the entity's id (see
-// ShardOf): each shard is a Sweep of its own prefix (ShardPrefix). Every
+// ShardOf): each shard is a Sweep of its own prefix (ShardPrefix), under a
+// lease of its own, and the replicas that run the Sharded share the shards
+// out among themselves, so that several of them sweep at once. Every
 // guarantee of a Sweep holds per shard. Create one with NewSharded; most
 // callers want Run, and writers MarkerKey. The zero value is not usable:
 // its methods return an error matching ErrNotConfigured.
 type Sharded struct {
-	prefix string
-	shards []*Sweep
-	loops  []*loop // one per shard, as Sweep.Run would make
+	kv        KV
+	prefix    string
+	shards    []*Sweep
+	loops     []*loop          // one per shard, as Sweep.Run would make
+	observers []*shardObserver // one per shard, with a Lease
+	replica   string
+	heartbeat time.Duration
+	log       *slog.Logger
+	startJit  time.Duration
+	storeTime time.Duration
+
+	// fleetBudget is Config.Limiter, the budget of the whole fleet; budget
+	// is the part of it this process spends, which its shards share:
+	// fleetBudget's limit times sweeping / Shards.
+	fleetBudget *rate.Limiter
+	budget      *rate.Limiter
+	budgetMu    sync.Mutex
+	sweeping    atomic.Int64 // the shards this process sweeps: all of them but under Run with a Lease
 }
 
 // NewSharded returns a sweep of cfg.Prefix's markers split into
 // sc.Shards shards. Each shard is a Sweep made by New from cfg, with the
-// shard's prefix and store (kv, unless ShardConfig.KV); cfg.Lease must be
-// nil. The error matches ErrInvalidConfig and names the field at fault.
+// shard's prefix, lease (cfg.Lease must be nil: see ShardConfig.Lease) and
+// store (kv, unless ShardConfig.KV); a Config.Limiter is the budget of
+// every replica together (see Run). With a lease, kv keeps the replicas'
+// keys and must be a Putter and a Mover. The error matches
+// ErrInvalidConfig and names the field at fault.
 func NewSharded(kv KV, cfg Config, sc ShardConfig) (*Sharded, error) {
 	switch {
 	case sc.Shards < 1 || sc.Shards > MaxShards:
 		return nil, invalidConfig("ShardConfig.Shards must be 1 to %d, got %d", MaxShards, sc.Shards)
+	case sc.Heartbeat < 0 || sc.Heartbeat > 0 && sc.Heartbeat < time.Millisecond:
+		return nil, invalidConfig("ShardConfig.Heartbeat must be 0 (default %v) or at least 1ms, got %v", DefaultHeartbeat, sc.Heartbeat)
 	case cfg.Lease != nil:
-		return nil, invalidConfig("Config.Lease is set: a sharded sweep does not run under one lease")
+		return nil, invalidConfig("Config.Lease is set: a sharded sweep holds a lease per shard; set ShardConfig.Lease, which makes them")
 	case kv == nil:
 		return nil, invalidConfig("kv must not be nil")
+	case sc.Lease != nil && cfg.Replica == "":
+		return nil, invalidConfig("ShardConfig.Lease is set but Config.Replica is empty: the replicas of a sharded sweep find each other by name")
+	case sc.Lease != nil && !putMover(kv):
+		return nil, invalidConfig("ShardConfig.Lease is set but the KV (%T) is not a Putter and a Mover: the replicas' keys need both", kv)
 	}
 	kvs := make([]KV, sc.Shards)
 	for i := range kvs {
@@ -128,10 +182,37 @@ func NewSharded(kv KV, cfg Config, sc ShardConfig) (*Sharded, error) {
 	if err := checkConfig(kvs[0], &cfg); err != nil {
 		return nil, err
 	}
-	s := &Sharded{prefix: cfg.Prefix}
+	s := &Sharded{
+		kv:          kv,
+		prefix:      cfg.Prefix,
+		replica:     cfg.Replica,
+		heartbeat:   cmp.Or(sc.Heartbeat, DefaultHeartbeat),
+		log:         cmp.Or(cfg.Logger, slog.Default()).With("prefix", cfg.Prefix),
+		startJit:    cfg.StartJitter,
+		storeTime:   cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout),
+		fleetBudget: cfg.Limiter,
+	}
+	if cfg.Limiter != nil {
+		s.budget = rate.NewLimiter(cfg.Limiter.Limit(), cfg.Limiter.Burst())
+	}
+	s.sweeping.Store(int64(sc.Shards))
 	for i := range sc.Shards {
 		c := cfg
 		c.Prefix = ShardPrefix(cfg.Prefix, i)
+		c.Limiter = s.budget
+		if sc.Lease != nil {
+			lock, err := sc.Lease(i, c.Prefix)
+			if err != nil {
+				return nil, fmt.Errorf("retention: ShardConfig.Lease(%d, %q): %w", i, c.Prefix, err)
+			}
+			if lock == nil {
+				return nil, invalidConfig("ShardConfig.Lease(%d, %q) returned a nil Locker", i, c.Prefix)
+			}
+			c.Lease = lock
+			obs := &shardObserver{inner: cfg.Observer}
+			s.observers = append(s.observers, obs)
+			c.Observer = obs
+		}
 		sw, err := New(kvs[i], c)
 		if err != nil {
 			return nil, err
@@ -139,6 +220,7 @@ func NewSharded(kv KV, cfg Config, sc ShardConfig) (*Sharded, error) {
 		s.shards = append(s.shards, sw)
 		s.loops = append(s.loops, &loop{
 			members:     []*Sweep{sw},
+			locker:      c.Lease,
 			log:         sw.log,
 			jitter:      sw.jitter,
 			startJitter: sw.startJitter,
@@ -202,6 +284,7 @@ func (s *Sharded) Pass(ctx context.Context) (total Stats, shards []Stats, err er
 	if err := s.configured("Pass"); err != nil {
 		return Stats{}, nil, err
 	}
+	s.setBudget()
 	clock := s.shards[0].clock
 	start := clock.Now()
 	shards = make([]Stats, len(s.shards))
@@ -301,11 +384,49 @@ func (s *Sharded) Pending(ctx context.Context, limit int) ([]PendingMarker, erro
 	return out[:min(len(out), limit)], nil
 }
 
-// Run sweeps every shard until ctx is done, each as Sweep.Run does, then
-// returns ctx.Err(). Run leaves no goroutine behind when it returns; while
-// another Run runs one of its shards, it returns an error matching
-// ErrRunning at once. A panic of Config.OnPass or Config.Observer reaches
-// the caller of Run, as from Sweep.Run.
+// setBudget gives this process its part of the fleet's budget: the fleet's
+// limit times the shards it sweeps over all shards, with the fleet's burst.
+// A change of Config.Limiter takes effect at the next call.
+func (s *Sharded) setBudget() {
+	if s.budget == nil {
+		return
+	}
+	s.budgetMu.Lock()
+	defer s.budgetMu.Unlock()
+	lim := s.fleetBudget.Limit()
+	if lim != rate.Inf {
+		lim = lim * rate.Limit(s.sweeping.Load()) / rate.Limit(len(s.shards))
+	}
+	if s.budget.Limit() != lim {
+		s.budget.SetLimit(lim)
+	}
+	if b := s.fleetBudget.Burst(); s.budget.Burst() != b {
+		s.budget.SetBurst(b)
+	}
+}
+
+// Run sweeps the shards until ctx is done, then returns ctx.Err().
+//
+// With ShardConfig.Lease, Run shares the shards out with the replicas that
+// run the same sweep over the same store: every Heartbeat it writes this
+// replica's key (under the prefix, outside every range a sweep reads) and
+// reads the others', takes free shards while it holds fewer than its
+// share (Shards / live replicas, rounded down, then up), and gives up the
+// shards above it while another replica holds fewer, each after the page
+// under way, so that every replica ends up within one of the even share. A
+// shard it holds it sweeps as Sweep.Run does under the shard's lease:
+// fenced, a pass at once when taken, given up when lost. The shards of a
+// replica that stopped are taken within two Heartbeats, those of one that
+// died or froze within the lease's TTL and a Heartbeat (see
+// ShardConfig.Heartbeat). A Config.Limiter is the budget of the whole
+// fleet: this replica spends the part of it of the shards it holds.
+//
+// Without a Lease, Run sweeps every shard, each as Sweep.Run does, and
+// spends the whole budget. Run releases every lease it holds and leaves no
+// goroutine behind when it returns; while another Run runs one of its
+// shards, it returns an error matching ErrRunning at once. A panic of
+// Config.OnPass or Config.Observer reaches the caller of Run, as from
+// Sweep.Run, once the leases are released.
 func (s *Sharded) Run(ctx context.Context) error {
 	if err := s.configured("Run"); err != nil {
 		return err
@@ -323,10 +444,13 @@ func (s *Sharded) Run(ctx context.Context) error {
 		}
 		releases = append(releases, r)
 	}
-	return s.runAll(ctx)
+	if s.loops[0].locker == nil {
+		return s.runAll(ctx)
+	}
+	return s.balance(ctx)
 }
 
-// runAll runs every shard's loop until ctx is done.
+// runAll runs every shard's loop, without leases, until ctx is done.
 func (s *Sharded) runAll(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -345,7 +469,15 @@ func (s *Sharded) runAll(ctx context.Context) error {
 			_ = l.run(ctx) // without a lease, it ends when ctx does
 		})
 	}
-	<-ctx.Done()
+	t := time.NewTicker(s.heartbeat)
+	defer t.Stop()
+	for ctx.Err() == nil {
+		s.setBudget()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
 	wg.Wait()
 	if p := panicked.Load(); p != nil {
 		panic(p.value) // as Sweep.Run lets a panic of OnPass or the Observer through

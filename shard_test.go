@@ -5,17 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 )
 
 func TestShardOfIsStable(t *testing.T) {
@@ -127,6 +131,7 @@ func TestShardPrefix(t *testing.T) {
 func TestNewShardedRefuses(t *testing.T) {
 	t.Parallel()
 	noop := func(context.Context, string) error { return nil }
+	okLease := func(int, string) (Locker, error) { return &fakeLocker{}, nil }
 	errNoLease := errors.New("no such table")
 	tests := []struct {
 		name string
@@ -137,9 +142,16 @@ func TestNewShardedRefuses(t *testing.T) {
 	}{
 		{"no shards", Config{}, ShardConfig{}, "ShardConfig.Shards must be 1 to 1000, got 0", ErrInvalidConfig},
 		{"too many shards", Config{}, ShardConfig{Shards: MaxShards + 1}, "ShardConfig.Shards", ErrInvalidConfig},
-		{"a sweep's lease", Config{Lease: &fakeLocker{}}, ShardConfig{Shards: 4}, "does not run under one lease", ErrInvalidConfig},
+		{"negative heartbeat", Config{}, ShardConfig{Shards: 4, Heartbeat: -time.Second}, "ShardConfig.Heartbeat", ErrInvalidConfig},
+		{"sub-millisecond heartbeat", Config{}, ShardConfig{Shards: 4, Heartbeat: time.Microsecond}, "ShardConfig.Heartbeat", ErrInvalidConfig},
+		{"a sweep's lease", Config{Lease: &fakeLocker{}}, ShardConfig{Shards: 4}, "set ShardConfig.Lease", ErrInvalidConfig},
+		{"lease without replica", Config{}, ShardConfig{Shards: 4, Lease: okLease}, "Config.Replica is empty", ErrInvalidConfig},
 		{"prefix ending in an id byte", Config{Prefix: "runs"}, ShardConfig{Shards: 4}, "Config.Prefix \"runs\" ends in", ErrInvalidConfig},
 		{"no retention", Config{Retention: -1}, ShardConfig{Shards: 4}, "Config.Retention", ErrInvalidConfig},
+		{"lease error", Config{Replica: "a"}, ShardConfig{Shards: 4, Lease: func(int, string) (Locker, error) { return nil, errNoLease }},
+			`ShardConfig.Lease(0, "runs/s000/")`, errNoLease},
+		{"nil locker", Config{Replica: "a"}, ShardConfig{Shards: 4, Lease: func(int, string) (Locker, error) { return nil, nil }},
+			"returned a nil Locker", ErrInvalidConfig},
 		{"KV error", Config{}, ShardConfig{Shards: 4, KV: func(int, string) (KV, error) { return nil, errNoLease }},
 			"ShardConfig.KV(0)", errNoLease},
 		{"nil KV", Config{}, ShardConfig{Shards: 4, KV: func(int, string) (KV, error) { return nil, nil }},
@@ -415,6 +427,953 @@ func TestShardedRunWithoutLease(t *testing.T) {
 		require.ErrorIs(t, <-done, context.Canceled)
 		_, err = s.Shards()[3].Pass(t.Context())
 		assert.NoError(t, err, "a shard passes on its own once Run returned")
+	})
+}
+
+func TestMemberKeyRoundTrip(t *testing.T) {
+	t.Parallel()
+	m := member{name: "web-7/a#b", heartbeat: 1500 * time.Millisecond, run: 1 << 60, beat: 12345, failing: true, held: []byte{0b1010_0001, 0, 0x80}}
+	key := appendMemberKey(nil, "runs/", &m)
+	require.True(t, strings.HasPrefix(string(key), "runs/#m"), "key %q", key)
+	got, err := parseMemberKey("runs/", key)
+	require.NoError(t, err)
+	assert.Equal(t, m, got)
+	assert.Equal(t, 4, got.count())
+	for i, want := range map[int]bool{0: true, 1: false, 5: true, 7: true, 23: true, 22: false, 24: false, 1000: false} {
+		assert.Equal(t, want, got.holds(i), "holds(%d)", i)
+	}
+	lower, upper := memberRange("runs/")
+	assert.True(t, string(key) >= string(lower) && string(key) < string(upper), "%q lies outside the members' range", key)
+	// No sweep reads it: it is no marker of any prefix.
+	assert.Error(t, CheckMarkerKey(key))
+
+	for _, bad := range []string{"runs/", "runs/#m", "runs/#mAA", "runs/#h" + string(key[len("runs/#m"):]), "other/#m" + string(key[len("runs/#m"):])} {
+		_, err := parseMemberKey("runs/", []byte(bad))
+		assert.Error(t, err, "parseMemberKey(%q)", bad)
+	}
+}
+
+func FuzzParseMemberKey(f *testing.F) {
+	f.Add(appendMemberKey(nil, "runs/", &member{name: "a", heartbeat: time.Second, held: []byte{1}}))
+	f.Add([]byte("runs/#m"))
+	f.Fuzz(func(t *testing.T, key []byte) {
+		m, err := parseMemberKey("runs/", key)
+		if err != nil {
+			return
+		}
+		again, err := parseMemberKey("runs/", appendMemberKey(nil, "runs/", &m))
+		require.NoError(t, err)
+		require.Equal(t, m, again)
+	})
+}
+
+// The fleet of a test: replicas (goroutines, each its own Sharded) over one
+// MemKV, with a lease table in the bubble's time, as a store's is.
+
+// leaseTable is the leases of a store: a lease is held until TTL after its
+// holder's last renewal.
+type leaseTable struct {
+	mu   sync.Mutex
+	ttl  time.Duration
+	rows map[string]*tableLease
+}
+
+func newLeaseTable(ttl time.Duration) *leaseTable {
+	return &leaseTable{ttl: ttl, rows: map[string]*tableLease{}}
+}
+
+// owners returns the replica that holds each name's lease, "" for none.
+func (t *leaseTable) owners(names []string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, len(names))
+	for i, name := range names {
+		if r := t.rows[name]; r != nil && time.Now().Before(r.expires) {
+			out[i] = r.owner
+		}
+	}
+	return out
+}
+
+// node is one replica's way to the store. freeze makes it a paused
+// process: its store calls wait, and its leases are not renewed.
+type node struct {
+	mem   *MemKV
+	name  string
+	table *leaseTable
+	mu    sync.Mutex
+	gate  chan struct{} // nil, or closed when thawed
+}
+
+func (n *node) freeze() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.gate = make(chan struct{})
+}
+
+func (n *node) thaw() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.gate != nil {
+		close(n.gate)
+		n.gate = nil
+	}
+}
+
+func (n *node) frozen() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.gate != nil
+}
+
+// wait returns once the node is not frozen, or ctx is done.
+func (n *node) wait(ctx context.Context) error {
+	n.mu.Lock()
+	g := n.gate
+	n.mu.Unlock()
+	if g == nil {
+		return ctx.Err()
+	}
+	select {
+	case <-g:
+		return ctx.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// nodeKV is the store as a node reaches it.
+type nodeKV struct{ n *node }
+
+func (k nodeKV) Scan(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
+	if err := k.n.wait(ctx); err != nil {
+		return nil, err
+	}
+	return k.n.mem.Scan(ctx, start, end, limit)
+}
+
+func (k nodeKV) Delete(ctx context.Context, keys ...[]byte) error {
+	if err := k.n.wait(ctx); err != nil {
+		return err
+	}
+	return k.n.mem.Delete(ctx, keys...)
+}
+
+func (k nodeKV) Put(ctx context.Context, key, value []byte) error {
+	if err := k.n.wait(ctx); err != nil {
+		return err
+	}
+	return k.n.mem.Put(ctx, key, value)
+}
+
+func (k nodeKV) Move(ctx context.Context, from, to [][]byte) error {
+	if err := k.n.wait(ctx); err != nil {
+		return err
+	}
+	return k.n.mem.Move(ctx, from, to)
+}
+
+// atomicNodeKV is a nodeKV whose store clears entities in the transaction
+// that deletes their markers: clear is that transaction's work, under the
+// store's lock.
+type atomicNodeKV struct {
+	nodeKV
+	clear func(ids []string)
+}
+
+func (k atomicNodeKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	if err := k.n.wait(ctx); err != nil {
+		return err
+	}
+	k.n.table.mu.Lock() // the store's one lock, as fencedNode takes it
+	defer k.n.table.mu.Unlock()
+	return k.commit(ctx, ids, keys)
+}
+
+func (k atomicNodeKV) commit(ctx context.Context, ids []string, keys [][]byte) error {
+	for _, key := range keys {
+		if _, ok, _ := k.n.mem.Get(ctx, key); !ok {
+			return fmt.Errorf("%w: %q", ErrMarkerGone, key)
+		}
+	}
+	k.clear(ids)
+	return k.n.mem.Delete(ctx, keys...)
+}
+
+// nodeLocker makes a node's leases of one name.
+type nodeLocker struct {
+	n    *node
+	name string
+}
+
+type tableLease struct {
+	t       *leaseTable
+	n       *node
+	name    string
+	owner   string
+	expires time.Time // guarded by t.mu
+	lost    chan struct{}
+	lose    sync.Once
+	done    chan struct{}
+	release sync.Once
+}
+
+func (l *nodeLocker) TryAcquire(ctx context.Context) (Lease, error) {
+	if err := l.n.wait(ctx); err != nil {
+		return nil, err
+	}
+	t := l.n.table
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if r := t.rows[l.name]; r != nil && time.Now().Before(r.expires) {
+		return nil, fmt.Errorf("%s holds %s: %w", r.owner, l.name, ErrLeaseHeld)
+	}
+	lease := &tableLease{t: t, n: l.n, name: l.name, owner: l.n.name, expires: time.Now().Add(t.ttl),
+		lost: make(chan struct{}), done: make(chan struct{})}
+	t.rows[l.name] = lease
+	go lease.keep()
+	return lease, nil
+}
+
+// keep renews the lease every third of the TTL, but not while its node is
+// frozen, and gives it up a tenth of the TTL before it could expire,
+// counted from the last renewal sent, as the adapters' lockers do.
+func (l *tableLease) keep() {
+	ttl := l.t.ttl
+	renew := time.NewTicker(ttl / 3)
+	defer renew.Stop()
+	deadline := time.NewTimer(ttl * 9 / 10)
+	defer deadline.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-deadline.C:
+			l.gone()
+			return
+		case <-renew.C:
+			if l.n.frozen() {
+				continue
+			}
+			sent := time.Now()
+			l.t.mu.Lock()
+			ok := l.t.rows[l.name] == l && sent.Before(l.expires)
+			if ok {
+				l.expires = sent.Add(ttl)
+			}
+			l.t.mu.Unlock()
+			if !ok {
+				l.gone()
+				return
+			}
+			deadline.Reset(ttl * 9 / 10)
+		}
+	}
+}
+
+func (l *tableLease) gone() { l.lose.Do(func() { close(l.lost) }) }
+
+func (l *tableLease) Lost() <-chan struct{} { return l.lost }
+
+func (l *tableLease) Release(ctx context.Context) error {
+	l.release.Do(func() { close(l.done) })
+	l.gone()
+	if err := l.n.wait(ctx); err != nil {
+		return err // a frozen replica cannot reach the store: the lease expires
+	}
+	l.t.mu.Lock()
+	defer l.t.mu.Unlock()
+	if l.t.rows[l.name] == l {
+		delete(l.t.rows, l.name)
+	}
+	return nil
+}
+
+// held reports, under the table's lock, whether the lease is still held.
+func (l *tableLease) held() bool {
+	return l.t.rows[l.name] == l && time.Now().Before(l.expires)
+}
+
+func (l *tableLease) Fence(kv KV) (KV, bool) {
+	switch k := kv.(type) {
+	case atomicNodeKV:
+		if k.n == l.n {
+			return fencedAtomicNode{fencedNode{k.nodeKV, l}, k}, true
+		}
+	case nodeKV:
+		if k.n == l.n {
+			return fencedNode{k, l}, true
+		}
+	}
+	return nil, false
+}
+
+// fencedNode writes only while its lease is held, checked under the lease
+// table's lock in the same step as the write.
+type fencedNode struct {
+	nodeKV
+	l *tableLease
+}
+
+func (f fencedNode) fenced(ctx context.Context, write func() error) error {
+	if err := f.n.wait(ctx); err != nil {
+		return err
+	}
+	f.l.t.mu.Lock()
+	defer f.l.t.mu.Unlock()
+	if !f.l.held() {
+		f.l.gone()
+		return fmt.Errorf("fence of %s: %w", f.l.name, ErrLeaseLost)
+	}
+	return write()
+}
+
+func (f fencedNode) Delete(ctx context.Context, keys ...[]byte) error {
+	return f.fenced(ctx, func() error { return f.n.mem.Delete(ctx, keys...) })
+}
+
+func (f fencedNode) Put(ctx context.Context, key, value []byte) error {
+	return f.fenced(ctx, func() error { return f.n.mem.Put(ctx, key, value) })
+}
+
+func (f fencedNode) Move(ctx context.Context, from, to [][]byte) error {
+	return f.fenced(ctx, func() error { return f.n.mem.Move(ctx, from, to) })
+}
+
+type fencedAtomicNode struct {
+	fencedNode
+	a atomicNodeKV
+}
+
+func (f fencedAtomicNode) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
+	return f.fenced(ctx, func() error { return f.a.commit(ctx, ids, keys) })
+}
+
+// fleetLog records what the replicas of a fleet test cleared, and when.
+type fleetLog struct {
+	mu        sync.Mutex
+	shards    int
+	retention time.Duration
+	start     time.Time
+	finished  map[string]time.Time
+	cleared   map[string][]string // id: the replicas that cleared it
+	inflight  []int               // by shard: clears under way
+	overlaps  int                 // clears of a shard while another replica's was under way
+	early     []string
+	perSecond map[int]int // clears by second of the test
+}
+
+func newFleetLog(shards int, retention time.Duration) *fleetLog {
+	return &fleetLog{shards: shards, retention: retention, start: time.Now(), finished: map[string]time.Time{},
+		cleared: map[string][]string{}, inflight: make([]int, shards), perSecond: map[int]int{}}
+}
+
+func (g *fleetLog) finish(id string, at time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.finished[id] = at
+}
+
+func (g *fleetLog) record(replica string, ids []string) {
+	now := time.Now()
+	for _, id := range ids {
+		g.cleared[id] = append(g.cleared[id], replica)
+		if at, ok := g.finished[id]; ok && !now.After(at.Add(g.retention)) {
+			g.early = append(g.early, id)
+		}
+		g.perSecond[int(now.Sub(g.start)/time.Second)]++
+	}
+}
+
+// clear is the Config.Clear of a replica: it takes a while, and notes a
+// clear of a shard while another is under way.
+func (g *fleetLog) clear(replica string, takes time.Duration) func(context.Context, string) error {
+	return func(_ context.Context, id string) error {
+		shard := ShardOf(id, g.shards)
+		g.mu.Lock()
+		g.inflight[shard]++
+		if g.inflight[shard] > 1 {
+			g.overlaps++
+		}
+		g.mu.Unlock()
+		if takes > 0 {
+			time.Sleep(takes)
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.inflight[shard]--
+		g.record(replica, []string{id})
+		return nil
+	}
+}
+
+// atomicClear is the work of an atomic store's transaction for a replica.
+func (g *fleetLog) atomicClear(replica string) func([]string) {
+	return func(ids []string) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.record(replica, ids)
+	}
+}
+
+// shardFleet runs the replicas of a test.
+type shardFleet struct {
+	t        testing.TB
+	mem      *MemKV
+	table    *leaseTable
+	log      *fleetLog
+	atomic   bool
+	clearFor time.Duration
+	cfg      Config
+	sc       ShardConfig
+	budget   func() *rate.Limiter // each replica's Config.Limiter, nil for none
+	nodes    map[string]*node
+	stops    map[string]func() error
+}
+
+func (f *shardFleet) start(name string) {
+	n := &node{mem: f.mem, name: name, table: f.table}
+	f.nodes[name] = n
+	cfg := f.cfg
+	cfg.Replica = name
+	if os.Getenv("SHARD_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", name)
+	}
+	var kv KV = nodeKV{n}
+	if f.atomic {
+		kv = atomicNodeKV{nodeKV{n}, f.log.atomicClear(name)}
+	} else {
+		cfg.Clear = f.log.clear(name, f.clearFor)
+	}
+	if f.budget != nil {
+		cfg.Limiter = f.budget()
+	}
+	sc := f.sc
+	sc.Lease = func(_ int, prefix string) (Locker, error) { return &nodeLocker{n: n, name: prefix}, nil }
+	s, err := NewSharded(kv, cfg, sc)
+	require.NoError(f.t, err)
+	ctx, cancel := context.WithCancel(f.t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	f.stops[name] = func() error {
+		cancel()
+		return <-done
+	}
+}
+
+func (f *shardFleet) stop(name string) {
+	require.ErrorIs(f.t, f.stops[name](), context.Canceled, "%s's Run", name)
+	delete(f.stops, name)
+}
+
+// held returns who holds each shard, and how many each replica holds.
+func (f *shardFleet) held() (owners []string, counts map[string]int) {
+	names := make([]string, f.sc.Shards)
+	for i := range names {
+		names[i] = ShardPrefix(f.cfg.Prefix, i)
+	}
+	owners = f.table.owners(names)
+	counts = map[string]int{}
+	for _, o := range owners {
+		if o != "" {
+			counts[o]++
+		}
+	}
+	return owners, counts
+}
+
+// balanced reports whether every shard is held, by the replicas named
+// alone, each within one of the even share.
+func (f *shardFleet) balanced(names ...string) bool {
+	owners, counts := f.held()
+	even := float64(len(owners)) / float64(len(names))
+	total := 0
+	for _, name := range names {
+		if math.Abs(float64(counts[name])-even) > 1 {
+			return false
+		}
+		total += counts[name]
+	}
+	return total == len(owners)
+}
+
+// waitBalanced polls every 100ms until balanced (names), at most limit,
+// and returns how long it took.
+func (f *shardFleet) waitBalanced(limit time.Duration, names ...string) time.Duration {
+	start := time.Now()
+	for !f.balanced(names...) && time.Since(start) < limit {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// takenFrom polls every 50ms until none of shards is held by from, at
+// most limit after since, and returns how long after since each was held
+// by another replica, -1 for one that was not.
+func (f *shardFleet) takenFrom(from string, shards []int, since time.Time, limit time.Duration) []time.Duration {
+	took := make([]time.Duration, len(shards))
+	done := make([]bool, len(shards))
+	for left := len(shards); left > 0 && time.Since(since) <= limit; time.Sleep(50 * time.Millisecond) {
+		owners, _ := f.held()
+		for k, i := range shards {
+			if !done[k] && owners[i] != "" && owners[i] != from {
+				took[k], done[k] = time.Since(since), true
+				left--
+			}
+		}
+	}
+	for k := range took {
+		if !done[k] {
+			took[k] = -1
+		}
+	}
+	return took
+}
+
+func heldBy(owners []string, name string) []int {
+	var out []int
+	for i, o := range owners {
+		if o == name {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// TestShardedFleetBalancesAndTakesOver runs 16 shards on 4 replicas while
+// entities finish: the shards spread 4 a replica; one replica stops and
+// another freezes (its store calls hang, its leases are not renewed), and
+// the other two take their shards, each within TTL + Interval; both come
+// back and get their share. No shard is swept by two replicas at once,
+// nothing is cleared early, every entity is cleared (exactly once on the
+// atomic path).
+func TestShardedFleetBalancesAndTakesOver(t *testing.T) {
+	for _, atomic := range []bool{false, true} {
+		name := "Clear"
+		if atomic {
+			name = "atomic"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { fleetScenario(t, atomic) })
+		})
+	}
+}
+
+func fleetScenario(t *testing.T, atomic bool) {
+	const (
+		shards    = 16
+		ttl       = 3 * time.Second
+		heartbeat = 500 * time.Millisecond
+		interval  = 5 * time.Second
+		retention = time.Second
+	)
+	mem := NewMemKV()
+	f := &shardFleet{
+		t: t, mem: mem, table: newLeaseTable(ttl), log: newFleetLog(shards, retention), atomic: atomic, clearFor: 5 * time.Millisecond,
+		cfg:   Config{Prefix: "jobs/", Retention: retention, Interval: interval, StoreTimeout: time.Second},
+		sc:    ShardConfig{Shards: shards, Heartbeat: heartbeat},
+		nodes: map[string]*node{}, stops: map[string]func() error{},
+	}
+	writer, err := NewSharded(mem, Config{Prefix: "jobs/", Retention: retention, Clear: func(context.Context, string) error { return nil }},
+		ShardConfig{Shards: shards})
+	require.NoError(t, err)
+	wctx, stopWriting := context.WithCancel(t.Context())
+	written := 0
+	writing := make(chan struct{})
+	go func() {
+		defer close(writing)
+		for wctx.Err() == nil {
+			for range 2 {
+				id := "job-" + strconv.Itoa(written)
+				now := time.Now()
+				key, err := writer.MarkerKey(now, id)
+				if !assert.NoError(t, err) {
+					return
+				}
+				f.log.finish(id, now)
+				assert.NoError(t, mem.Put(t.Context(), key, nil))
+				written++
+			}
+			_ = sleep(wctx, 50*time.Millisecond)
+		}
+	}()
+
+	all := []string{"r0", "r1", "r2", "r3"}
+	for _, name := range all {
+		f.start(name)
+	}
+	took := f.waitBalanced(4*ttl, all...)
+	time.Sleep(4*ttl - took)
+	owners, counts := f.held()
+	assert.True(t, f.balanced(all...), "after 4 TTLs: held %v (%v)", counts, owners)
+	t.Logf("4 replicas, 16 shards: 4 each within one after %v; after 4 TTLs %v", took, counts)
+
+	// r0 stops: its Run returns, its leases are released. The others take
+	// them up to lo at their next Heartbeat, the rest at the one after.
+	gone := heldBy(owners, "r0")
+	stopped := time.Now()
+	f.stop("r0")
+	times := f.takenFrom("r0", gone, stopped, ttl+interval)
+	t.Logf("r0 stopped: its shards %v taken after %v", gone, times)
+	for k, d := range times {
+		assert.True(t, d >= 0 && d <= 2*heartbeat+100*time.Millisecond, "r0's shard %d taken after %v, want within two Heartbeats", gone[k], d)
+	}
+	took = f.waitBalanced(4*ttl, "r1", "r2", "r3")
+	_, counts = f.held()
+	t.Logf("3 replicas: within one of even after %v: %v", took, counts)
+	assert.True(t, f.balanced("r1", "r2", "r3"), "3 replicas: %v", counts)
+
+	// r1 freezes: its store calls hang and its leases are not renewed.
+	owners, _ = f.held()
+	frozen := heldBy(owners, "r1")
+	f.nodes["r1"].freeze()
+	times = f.takenFrom("r1", frozen, time.Now(), ttl+interval)
+	t.Logf("r1 frozen: its shards %v taken after %v (TTL %v, Heartbeat %v, Interval %v)", frozen, times, ttl, heartbeat, interval)
+	for k, d := range times {
+		assert.True(t, d >= 0 && d <= ttl+interval, "r1's shard %d taken after %v, want within TTL + Interval", frozen[k], d)
+	}
+	took = f.waitBalanced(4*ttl, "r2", "r3")
+	_, counts = f.held()
+	t.Logf("2 replicas: within one of even after %v: %v", took, counts)
+	assert.True(t, f.balanced("r2", "r3"), "2 replicas: %v", counts)
+
+	// r1 resumes and r0 starts again: each gets its share.
+	f.nodes["r1"].thaw()
+	f.start("r0")
+	took = f.waitBalanced(6*ttl, all...)
+	owners, counts = f.held()
+	t.Logf("r1 resumed and r0 restarted: 4 replicas within one of even after %v: %v", took, counts)
+	assert.True(t, f.balanced(all...), "after r1 and r0 came back: %v (%v)", counts, owners)
+
+	stopWriting()
+	<-writing
+	time.Sleep(retention + interval)
+	for _, name := range all {
+		f.stop(name)
+	}
+
+	g := f.log
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	assert.Zero(t, g.overlaps, "clears of a shard by two replicas at once")
+	assert.Empty(t, g.early, "ids cleared before Retention")
+	twice := 0
+	for i := range written {
+		id := "job-" + strconv.Itoa(i)
+		by := g.cleared[id]
+		require.NotEmpty(t, by, "%s was never cleared (of %d written)", id, written)
+		if len(by) > 1 {
+			twice++
+			assert.False(t, atomic, "%s cleared by %v on the atomic path", id, by)
+		}
+	}
+	t.Logf("%d entities, %d cleared more than once", written, twice)
+	for i := range shards {
+		prefix := ShardPrefix("jobs/", i)
+		for _, key := range keysUnder(t, mem, prefix) {
+			_, _, err := ParseMarkerKey(prefix, []byte(key))
+			assert.Error(t, err, "marker %q left", key)
+		}
+	}
+	lower, upper := memberRange("jobs/")
+	keys, err := mem.Scan(t.Context(), lower, upper, 10)
+	require.NoError(t, err)
+	assert.Empty(t, keys, "replicas' keys left after every Run returned")
+}
+
+// TestShardedFleetBudget gives a fleet of 1 and of 4 replicas one budget
+// of 200 clears a second over 16 shards with a deep backlog: the fleet
+// clears within 5% of it, whichever replicas hold the shards.
+func TestShardedFleetBudget(t *testing.T) {
+	for _, replicas := range []int{1, 4} {
+		t.Run(fmt.Sprintf("%d replicas", replicas), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const (
+					shards = 16
+					limit  = 200
+					from   = 10 // seconds: measured from here, after the shards are shared out
+					until  = 60
+				)
+				mem := NewMemKV()
+				f := &shardFleet{
+					t: t, mem: mem, table: newLeaseTable(3 * time.Second), log: newFleetLog(shards, time.Hour),
+					cfg:    Config{Prefix: "jobs/", Retention: time.Hour, StoreTimeout: time.Second},
+					sc:     ShardConfig{Shards: shards, Heartbeat: 500 * time.Millisecond},
+					budget: func() *rate.Limiter { return rate.NewLimiter(limit, 4) },
+					nodes:  map[string]*node{}, stops: map[string]func() error{},
+				}
+				for i := range 16000 {
+					require.NoError(t, Mark(t.Context(), mem, ShardPrefix("jobs/", ShardOf("job-"+strconv.Itoa(i), shards)),
+						"job-"+strconv.Itoa(i), time.Now().Add(-2*time.Hour)))
+				}
+				var names []string
+				for i := range replicas {
+					names = append(names, "r"+strconv.Itoa(i))
+					f.start(names[i])
+				}
+				// Under a deep backlog a shard changes hands after the page
+				// under way: 256 markers at 200/16 a second a shard.
+				took := f.waitBalanced((until-1)*time.Second, names...)
+				time.Sleep(until*time.Second - took)
+				assert.True(t, f.balanced(names...), "the shards are shared out")
+				_, counts := f.held()
+				for _, name := range names {
+					f.stop(name)
+				}
+				g := f.log
+				g.mu.Lock()
+				defer g.mu.Unlock()
+				total, lo, hi := 0, math.MaxInt, 0
+				for s := from; s < until; s++ {
+					total += g.perSecond[s]
+					lo, hi = min(lo, g.perSecond[s]), max(hi, g.perSecond[s])
+				}
+				got := float64(total) / (until - from)
+				t.Logf("%d replicas holding %v (within one of even after %v): %.1f clears/s from %ds to %ds (budget %d/s, error %+.2f%%), per second %d to %d",
+					replicas, counts, took, got, from, until, limit, 100*(got/limit-1), lo, hi)
+				assert.InEpsilon(t, limit, got, 0.05, "the fleet's rate")
+			})
+		})
+	}
+}
+
+// TestShardedRunUnfenced: a shard's lease that cannot fence the store ends
+// Run with ErrUnfenced, as Sweep.Run does, leases released.
+func TestShardedRunUnfenced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		s, err := NewSharded(mem, Config{Prefix: "runs/", Retention: time.Hour, Replica: "a", Clear: newClears().clear},
+			ShardConfig{Shards: 4, Lease: func(int, string) (Locker, error) { return fenceLocker{}, nil }})
+		require.NoError(t, err)
+		key := mark(t, mem, ShardPrefix("runs/", 1), "r1", time.Now().Add(-2*time.Hour))
+		err = s.Run(t.Context())
+		require.ErrorIs(t, err, ErrUnfenced, "Run() = %v", err)
+		assert.True(t, has(t, mem, key), "nothing swept unfenced")
+		assert.Empty(t, keysUnder(t, mem, "runs/#m"), "the replica's key is deleted")
+	})
+}
+
+// TestShardedRunPanics: a panic of OnPass on a shard's goroutine reaches
+// the caller of Run, as it does from Sweep.Run, once every lease is
+// released and every goroutine has ended.
+func TestShardedRunPanics(t *testing.T) {
+	for _, leased := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lease %v", leased), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := NewMemKV()
+				table := newLeaseTable(3 * time.Second)
+				n := &node{mem: mem, name: "a", table: table}
+				cfg := Config{Prefix: "runs/", Retention: time.Hour, Clear: newClears().clear, OnPass: func(st Stats, _ error) {
+					if st.Cleared > 0 {
+						panic("boom")
+					}
+				}}
+				sc := ShardConfig{Shards: 4}
+				var kv KV = mem
+				if leased {
+					cfg.Replica, kv = "a", nodeKV{n}
+					sc.Lease = func(_ int, p string) (Locker, error) { return &nodeLocker{n: n, name: p}, nil }
+				}
+				s, err := NewSharded(kv, cfg, sc)
+				require.NoError(t, err)
+				mark(t, mem, ShardPrefix("runs/", 2), "r1", time.Now().Add(-2*time.Hour))
+				got := func() (v any) {
+					defer func() { v = recover() }()
+					_ = s.Run(t.Context())
+					return nil
+				}()
+				assert.Equal(t, "boom", got, "Run's panic")
+				owners := table.owners([]string{ShardPrefix("runs/", 0), ShardPrefix("runs/", 1), ShardPrefix("runs/", 2), ShardPrefix("runs/", 3)})
+				assert.Equal(t, []string{"", "", "", ""}, owners, "leases left held")
+			})
+		})
+	}
+}
+
+// TestShardedForgetsGoneReplicas: the key of a replica that died (it no
+// longer changes) stops counting after three of its Heartbeats, and is
+// deleted after thirty; a replica's own key goes when its Run returns.
+func TestShardedForgetsGoneReplicas(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		n := &node{mem: mem, name: "a", table: newLeaseTable(3 * time.Second)}
+		dead := appendMemberKey(nil, "runs/", &member{name: "dead", heartbeat: time.Second, beat: 9, held: []byte{0, 0}})
+		require.NoError(t, mem.Put(t.Context(), dead, nil))
+		s, err := NewSharded(nodeKV{n}, Config{Prefix: "runs/", Retention: time.Hour, Replica: "a", Clear: newClears().clear},
+			ShardConfig{Shards: 16, Heartbeat: time.Second, Lease: func(_ int, p string) (Locker, error) { return &nodeLocker{n: n, name: p}, nil }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		held := func() int {
+			names := make([]string, 16)
+			for i := range names {
+				names[i] = ShardPrefix("runs/", i)
+			}
+			k := 0
+			for _, o := range n.table.owners(names) {
+				if o == "a" {
+					k++
+				}
+			}
+			return k
+		}
+		time.Sleep(1500 * time.Millisecond) // a replica takes shards from its second round on
+		assert.Equal(t, 8, held(), "the dead replica counts while its key is fresh: half the shards")
+		time.Sleep(2 * time.Second)
+		assert.Equal(t, 16, held(), "after three of its Heartbeats it is gone: every shard")
+		assert.True(t, has(t, mem, dead), "its key stays until it is stale")
+		time.Sleep(28 * time.Second)
+		assert.False(t, has(t, mem, dead), "deleted after thirty of its Heartbeats")
+		assert.Len(t, keysUnder(t, mem, "runs/#m"), 1, "this replica's own key")
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		assert.Empty(t, keysUnder(t, mem, "runs/#m"), "deleted when Run returned")
+	})
+}
+
+// TestShardedBudgetFollowsTheLimiter: a replica's part of the budget is the
+// fleet's limit times the shards it holds over all shards, and follows a
+// change of Config.Limiter within a Heartbeat; outside a Run with leases
+// it is the whole budget.
+func TestShardedBudgetFollowsTheLimiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		table := newLeaseTable(3 * time.Second)
+		fleet := rate.NewLimiter(160, 8)
+		var shardeds []*Sharded
+		var stops []func() error
+		for _, name := range []string{"a", "b"} {
+			n := &node{mem: mem, name: name, table: table}
+			s, err := NewSharded(nodeKV{n}, Config{Prefix: "runs/", Retention: time.Hour, Replica: name, Clear: newClears().clear, Limiter: fleet},
+				ShardConfig{Shards: 16, Heartbeat: time.Second, Lease: func(_ int, p string) (Locker, error) { return &nodeLocker{n: n, name: p}, nil }})
+			require.NoError(t, err)
+			assert.Equal(t, rate.Limit(160), s.budget.Limit(), "before Run: the whole budget")
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+			shardeds = append(shardeds, s)
+			stops = append(stops, func() error { cancel(); return <-done })
+			time.Sleep(100 * time.Millisecond) // b joins after a has taken every shard
+		}
+		time.Sleep(5 * time.Second)
+		for _, s := range shardeds {
+			assert.Equal(t, rate.Limit(80), s.budget.Limit(), "8 of 16 shards: half the budget")
+			assert.Equal(t, 8, s.budget.Burst())
+		}
+		fleet.SetLimit(320)
+		fleet.SetBurst(2)
+		time.Sleep(time.Second)
+		for _, s := range shardeds {
+			assert.Equal(t, rate.Limit(160), s.budget.Limit(), "the fleet's new limit, halved")
+			assert.Equal(t, 2, s.budget.Burst())
+		}
+		require.ErrorIs(t, stops[0](), context.Canceled)
+		assert.Equal(t, rate.Limit(320), shardeds[0].budget.Limit(), "after Run: the whole budget")
+		time.Sleep(2 * time.Second)
+		assert.Equal(t, rate.Limit(320), shardeds[1].budget.Limit(), "b holds every shard")
+		require.ErrorIs(t, stops[1](), context.Canceled)
+	})
+}
+
+// failingLocker fails every TryAcquire, as a lease store that is down does.
+type failingLocker struct{ tries *atomic.Int64 }
+
+func (l failingLocker) TryAcquire(context.Context) (Lease, error) {
+	l.tries.Add(1)
+	return nil, errBoom
+}
+
+// TestShardedLeaseStoreDownTriesOneShardARound: while every try of a
+// lease fails in the store, a replica tries one shard a Heartbeat, not
+// every shard.
+func TestShardedLeaseStoreDownTriesOneShardARound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var tries atomic.Int64
+		s, err := NewSharded(NewMemKV(), Config{Prefix: "runs/", Retention: time.Hour, Replica: "a", Clear: newClears().clear},
+			ShardConfig{Shards: 16, Heartbeat: time.Second, Lease: func(int, string) (Locker, error) { return failingLocker{&tries}, nil }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second+time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, s.Run(ctx), context.DeadlineExceeded)
+		assert.Equal(t, int64(16+9), tries.Load(), "none in the first round, 16 in the second, then one in each of 9")
+	})
+}
+
+// TestNewShardedLeaseNeedsAPutMover: with a lease, the KV given to
+// NewSharded keeps the replicas' keys: a read-only one is refused, even
+// when every shard has a KV of its own.
+func TestNewShardedLeaseNeedsAPutMover(t *testing.T) {
+	t.Parallel()
+	_, err := NewSharded(readOnlyKV{NewMemKV()}, Config{Prefix: "runs/", Retention: time.Hour, Replica: "a", Clear: newClears().clear},
+		ShardConfig{Shards: 2, Lease: func(int, string) (Locker, error) { return &fakeLocker{}, nil },
+			KV: func(int, string) (KV, error) { return NewMemKV(), nil }})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.ErrorContains(t, err, "not a Putter and a Mover")
+}
+
+// TestShardedKVPerShard keeps each shard's markers in a store of its own,
+// as the sets of a Redis Cluster's slots, and the replicas' keys in
+// another: two replicas share the shards out, each under a lease fenced
+// on its shard's store, and clear every marker from the store it lies in.
+func TestShardedKVPerShard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const shards = 4
+		fleetMem := NewMemKV()
+		mems := make([]*MemKV, shards)
+		for i := range mems {
+			mems[i] = NewMemKV()
+		}
+		table := newLeaseTable(3 * time.Second)
+		log := newFleetLog(shards, time.Hour)
+		var stops []func() error
+		for _, name := range []string{"a", "b"} {
+			fleetNode := &node{mem: fleetMem, name: name, table: table}
+			nodes := make([]*node, shards)
+			for i := range nodes {
+				nodes[i] = &node{mem: mems[i], name: name, table: table}
+			}
+			s, err := NewSharded(nodeKV{fleetNode}, Config{Prefix: "runs/", Retention: time.Hour, Replica: name, Clear: log.clear(name, 0)},
+				ShardConfig{Shards: shards, Heartbeat: 500 * time.Millisecond,
+					KV:    func(i int, _ string) (KV, error) { return nodeKV{nodes[i]}, nil },
+					Lease: func(i int, p string) (Locker, error) { return &nodeLocker{n: nodes[i], name: p}, nil }})
+			require.NoError(t, err)
+			if name == "a" {
+				for i := range 200 {
+					id := "run-" + strconv.Itoa(i)
+					key, err := s.MarkerKey(time.Now().Add(-2*time.Hour), id)
+					require.NoError(t, err)
+					require.NoError(t, mems[s.Shard(id)].Put(t.Context(), key, nil))
+				}
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+			stops = append(stops, func() error { cancel(); return <-done })
+		}
+		time.Sleep(5 * time.Second)
+		names := []string{ShardPrefix("runs/", 0), ShardPrefix("runs/", 1), ShardPrefix("runs/", 2), ShardPrefix("runs/", 3)}
+		owners := table.owners(names)
+		counts := map[string]int{}
+		for _, o := range owners {
+			counts[o]++
+		}
+		assert.Equal(t, map[string]int{"a": 2, "b": 2}, counts, "shard holders %v", owners)
+		assert.Len(t, keysUnder(t, fleetMem, "runs/#m"), 2, "the replicas' keys, in the KV given to NewSharded")
+		for _, stop := range stops {
+			require.ErrorIs(t, stop(), context.Canceled)
+		}
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		assert.Len(t, log.cleared, 200)
+		assert.Zero(t, log.overlaps)
+		for i, mem := range mems {
+			for _, key := range keysUnder(t, mem, "runs/") {
+				_, _, err := ParseMarkerKey(names[i], []byte(key))
+				assert.Error(t, err, "marker %q left in shard %d's store", key, i)
+			}
+			assert.Empty(t, keysUnder(t, mem, "runs/#m"), "no replica's key in shard %d's store", i)
+		}
 	})
 }
 
