@@ -1404,3 +1404,47 @@ func TestShardedAtomicKVPerShard(t *testing.T) {
 		assert.NotEmpty(t, a.cleared, "shard %d cleared in its own store", i)
 	}
 }
+
+// TestShardedJoinUnderBacklog: a replica that joins three busy with a deep
+// backlog under a budget gets its share once the pages under way are
+// over, PageSize markers at a shard's part of the budget, not the passes.
+func TestShardedJoinUnderBacklog(t *testing.T) {
+	for _, page := range []int{256, 32} {
+		t.Run(fmt.Sprintf("pages of %d", page), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const (
+					shards = 16
+					limit  = 200
+				)
+				mem := NewMemKV()
+				f := &shardFleet{
+					t: t, mem: mem, table: newLeaseTable(3 * time.Second), log: newFleetLog(shards, time.Hour),
+					cfg:    Config{Prefix: "jobs/", Retention: time.Hour, StoreTimeout: time.Second, PageSize: page},
+					sc:     ShardConfig{Shards: shards, Heartbeat: 500 * time.Millisecond},
+					budget: func() *rate.Limiter { return rate.NewLimiter(limit, 4) },
+					nodes:  map[string]*node{}, stops: map[string]func() error{},
+				}
+				for i := range 16000 {
+					id := "job-" + strconv.Itoa(i)
+					require.NoError(t, Mark(t.Context(), mem, ShardPrefix("jobs/", ShardOf(id, shards)), id, time.Now().Add(-2*time.Hour)))
+				}
+				all := []string{"r0", "r1", "r2", "r3"}
+				for _, name := range all[:3] {
+					f.start(name)
+				}
+				f.waitBalanced(time.Minute, all[:3]...)
+				require.True(t, f.balanced(all[:3]...))
+				f.start("r3")
+				took := f.waitBalanced(2*time.Minute, all...)
+				_, counts := f.held()
+				pageTime := time.Duration(float64(page) / (float64(limit) / shards) * float64(time.Second))
+				t.Logf("pages of %d (%v at a shard's part of the budget): r3 joined, within one of even after %v: %v", page, pageTime, took, counts)
+				assert.True(t, f.balanced(all...), "%v", counts)
+				assert.LessOrEqual(t, took, pageTime+2*time.Second, "r3 waited longer than a page")
+				for _, name := range all {
+					f.stop(name)
+				}
+			})
+		})
+	}
+}
