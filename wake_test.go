@@ -318,7 +318,9 @@ func TestStaleFreeKeyCostsOneTryOfTheLease(t *testing.T) {
 			defer locker.mu.Unlock()
 			return locker.acquires
 		}
-		time.Sleep(30 * time.Second) // web-b is half way to its next try
+		// web-b is half way to its next try, and half way between two
+		// reads of the free key: none races the Put and the count.
+		time.Sleep(30*time.Second + DefaultWakePoll/2)
 		key, _ := f.a.freeRange()
 		require.NoError(t, f.kv.Put(t.Context(), key, nil))
 		before := tries()
