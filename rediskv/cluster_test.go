@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -207,14 +205,10 @@ func TestSlotIsClusterKeyslot(t *testing.T) {
 
 // TestShardTagsSpreadOverMasters: on the test cluster, whose three masters
 // own a third of the slots each (redis-cli --cluster create), n tags of
-// ShardTags spread over the masters within one of even; two sweeps whose
-// keys carry two tags (newShardedSweeps) keep their markers and state on
-// two masters, as the cluster says (CLUSTER SHARDS, and each master's
-// count of the slot's keys), and each clears its runs atomically under
-// its own lease.
+// ShardTags spread over the masters within one of even (where the markers
+// of sharded sweeps go: TestClusterShardedMarkersSpread).
 func TestShardTagsSpreadOverMasters(t *testing.T) {
 	rdb := connectCluster(t)
-	ctx := context.Background()
 	owners := clusterOwners(t, rdb)
 	masters := map[string]bool{}
 	for _, addr := range owners {
@@ -232,89 +226,6 @@ func TestShardTagsSpreadOverMasters(t *testing.T) {
 		for addr := range masters {
 			assert.InDelta(t, float64(n)/3, per[addr], 1, "%d tags: %d on %s (%v)", n, per[addr], addr, per)
 		}
-	}
-
-	// Two sweeps, each with its own tag, as newShardedSweeps makes them:
-	// markers, state and lease on its slot.
-	tags, err := rediskv.ShardTags(fmt.Sprintf("runs-%d-%d", os.Getpid(), keySeq.Add(1)), 2)
-	require.NoError(t, err)
-	kvs, sweeps, err := newShardedSweeps(rdb, tags)
-	require.NoError(t, err)
-	const n = 400
-	var stateKeys []string
-	t.Cleanup(func() {
-		for _, tag := range tags {
-			rdb.Del(context.Background(), tag+":done", tag+":lease")
-		}
-		_, _ = rdb.Pipelined(context.Background(), func(pipe redis.Pipeliner) error {
-			for _, k := range stateKeys {
-				pipe.Unlink(context.Background(), k)
-			}
-			return nil
-		})
-	})
-	for i := range n {
-		id := fmt.Sprintf("run-%04d", i)
-		require.NoError(t, finishShardedRun(ctx, rdb, tags, kvs, id, time.Now().Add(-30*24*time.Hour)),
-			"state and marker in one MULTI, on the slot of the run's sweep")
-		for _, tag := range tags {
-			stateKeys = append(stateKeys, tag+":state:"+id)
-		}
-	}
-
-	holders := make([]string, len(tags))
-	total := 0
-	for s, tag := range tags {
-		markers := tag + ":done"
-		slot, err := rdb.ClusterKeySlot(ctx, markers).Result()
-		require.NoError(t, err)
-		require.Equal(t, rediskv.Slot(markers), int(slot))
-		marked, err := rdb.ZCard(ctx, markers).Result()
-		require.NoError(t, err)
-		assert.Greater(t, marked, int64(n/4), "sweep %d has about half the runs", s)
-		total += int(marked)
-		// Each master counts its own keys of the slot: one that does not
-		// serve it would answer EXISTS with MOVED.
-		var mu sync.Mutex
-		var with []string
-		require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			keys, err := m.ClusterCountKeysInSlot(ctx, int(slot)).Result()
-			if err != nil || keys == 0 {
-				return err
-			}
-			assert.Equal(t, marked+1, keys, "the set and the state of each of its runs on one master")
-			assert.Equal(t, int64(1), m.Exists(ctx, markers).Val(), "%s holds the set", m.Options().Addr)
-			mu.Lock()
-			with = append(with, m.Options().Addr)
-			mu.Unlock()
-			return nil
-		}))
-		require.Len(t, with, 1, "one master holds %s", markers)
-		assert.Equal(t, owners[int(slot)], with[0], "the master CLUSTER SHARDS names for slot %d", slot)
-		holders[s] = with[0]
-	}
-	assert.Equal(t, n, total, "every run marked once")
-	assert.NotEqual(t, holders[0], holders[1], "the two sweeps' markers live on two masters")
-
-	cleared := 0
-	for s, sweep := range sweeps {
-		st, err := sweep.LeasedPass(ctx)
-		require.NoError(t, err)
-		cleared += st.Cleared
-		assert.Zero(t, rdb.Exists(ctx, tags[s]+":done").Val(), "sweep %d cleared its markers", s)
-		assert.Zero(t, rdb.Exists(ctx, tags[s]+":lease").Val(), "sweep %d released its lease", s)
-	}
-	assert.Equal(t, n, cleared)
-	exists := make([]*redis.IntCmd, len(stateKeys))
-	_, err = rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for i, k := range stateKeys {
-			exists[i] = pipe.Exists(ctx, k)
-		}
-		return nil
-	})
-	require.NoError(t, err)
-	for i, k := range stateKeys {
-		require.Zero(t, exists[i].Val(), "%s after the passes", k)
 	}
 }
 

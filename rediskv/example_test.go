@@ -3,7 +3,6 @@ package rediskv_test
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"log"
 	"strings"
 	"time"
@@ -205,47 +204,54 @@ func ExampleShardTags() {
 	// {runs:2:f1k}:done 13653
 }
 
-// newShardedSweeps returns a sweep of finished runs for each tag of
-// rediskv.ShardTags, and the KVs writers mark runs with: sweep i keeps its
-// markers in tags[i]+":done" and its lease in tags[i]+":lease", and deletes
-// its runs' state, tags[i]+":state:<id>", with their markers in one script.
-// Every replica runs every sweep; each sweep takes its own lease, on its
-// own master.
-func newShardedSweeps(rdb *redis.ClusterClient, tags []string) ([]*rediskv.KV, []*retention.Sweep, error) {
-	kvs := make([]*rediskv.KV, len(tags))
-	sweeps := make([]*retention.Sweep, len(tags))
-	for i, tag := range tags {
-		kv, err := rediskv.New(rdb, tag+":done")
-		if err != nil {
-			return nil, nil, err
-		}
-		akv, err := kv.WithStateKeys(tag + ":state:<id>")
-		if err != nil {
-			return nil, nil, err
-		}
-		lease, err := rediskv.NewLocker(rdb, tag+":lease", nil)
-		if err != nil {
-			return nil, nil, err
-		}
-		sweeps[i], err = retention.New(akv, retention.Config{Prefix: "runs/done/", Retention: 7 * 24 * time.Hour, Lease: lease})
-		if err != nil {
-			return nil, nil, err
-		}
-		kvs[i] = kv
+// newClusterSweep returns one replica's sweep of finished runs in
+// sc.Shards shards spread over the masters of a Redis Cluster. Shard i keeps
+// its keys under the tag rediskv.ShardTags(name, sc.Shards)[i]: its markers
+// in <tag>:done, its runs' state in <tag>:state:<id>, deleted with their
+// markers in one script, and the lease that fences it in <tag>:lease. The
+// replicas' keys, which they share the shards out by, live in a set of
+// their own, {<name>}:replicas. cfg is a sweep's Config, Replica included;
+// sc's Shards and Heartbeat are kept, its KV and Lease made here.
+func newClusterSweep(rdb *redis.ClusterClient, name string, cfg retention.Config, sc retention.ShardConfig,
+	lease *rediskv.LockerOptions) (*retention.Sharded, error) {
+	tags, err := rediskv.ShardTags(name, sc.Shards)
+	if err != nil {
+		return nil, err
 	}
-	return kvs, sweeps, nil
+	replicas, err := rediskv.New(rdb, "{"+name+"}:replicas")
+	if err != nil {
+		return nil, err
+	}
+	sc.KV = func(shard int, _ string) (retention.KV, error) {
+		kv, err := rediskv.New(rdb, tags[shard]+":done")
+		if err != nil {
+			return nil, err
+		}
+		return kv.WithStateKeys(tags[shard] + ":state:<id>")
+	}
+	sc.Lease = func(shard int, _ string) (retention.Locker, error) {
+		return rediskv.NewLocker(rdb, tags[shard]+":lease", lease)
+	}
+	return retention.NewSharded(replicas, cfg, sc)
 }
 
 // finishShardedRun records a run's outcome and its marker in one MULTI on
-// the slot of the run's sweep, which a hash of the id picks: the same for
-// every writer, so that whoever reads the run's state finds its key.
-func finishShardedRun(ctx context.Context, rdb *redis.ClusterClient, tags []string, kvs []*rediskv.KV, id string, at time.Time) error {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	i := int(h.Sum32() % uint32(len(tags)))
-	_, err := rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.Set(ctx, tags[i]+":state:"+id, "succeeded", 0)
-		return kvs[i].MarkTx(ctx, pipe, "runs/done/", id, at)
+// the slot of the run's shard: tags are rediskv.ShardTags(name, n) of the
+// sweep's name and number of shards, computed once. Every writer and
+// replica finds the run's keys under the same tag.
+func finishShardedRun(ctx context.Context, rdb *redis.ClusterClient, sweep *retention.Sharded, tags []string, id string, at time.Time) error {
+	key, err := sweep.MarkerKey(at, id)
+	if err != nil {
+		return err
+	}
+	tag := tags[sweep.Shard(id)]
+	kv, err := rediskv.New(rdb, tag+":done")
+	if err != nil {
+		return err
+	}
+	_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Set(ctx, tag+":state:"+id, "succeeded", 0)
+		return kv.MarkKeyTx(ctx, pipe, key)
 	})
 	return err
 }

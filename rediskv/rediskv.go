@@ -34,11 +34,13 @@
 // whose KeysFunc names a key off the set's slot, returns ErrCrossSlot;
 // go-redis refuses such a MULTI itself (redis.ErrCrossSlot).
 //
-// When one master is not enough for one sweep, split the entities over n
-// sweeps, each with its keys under a tag of its own, and have writers pick
-// an entity's sweep by a hash of its id: ShardTags gives n tags whose
-// slots spread evenly over the 16384, and so over the masters of a cluster
-// whose masters own equal runs of slots; docs/fleet.md shows the pattern.
+// When one master is not enough for one sweep, shard it
+// (retention.NewSharded) and give each shard its keys under a tag of its
+// own: ShardTags gives n tags whose slots spread evenly over the 16384, and
+// so over the masters of a cluster whose masters own equal runs of slots.
+// ShardConfig.KV returns shard i's KV over a set under the i-th tag, and
+// ShardConfig.Lease a Locker on a key under the same tag; docs/fleet.md
+// shows the pattern.
 //
 // The caller owns the client and closes it; a KV never does.
 package rediskv
