@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -473,9 +474,10 @@ func FuzzParseMemberKey(f *testing.F) {
 // leaseTable is the leases of a store: a lease is held until TTL after its
 // holder's last renewal.
 type leaseTable struct {
-	mu   sync.Mutex
-	ttl  time.Duration
-	rows map[string]*tableLease
+	mu       sync.Mutex
+	ttl      time.Duration
+	rows     map[string]*tableLease
+	acquired int // leases taken
 }
 
 func newLeaseTable(ttl time.Duration) *leaseTable {
@@ -631,6 +633,7 @@ func (l *nodeLocker) TryAcquire(ctx context.Context) (Lease, error) {
 	lease := &tableLease{t: t, n: l.n, name: l.name, owner: l.n.name, expires: time.Now().Add(t.ttl),
 		lost: make(chan struct{}), done: make(chan struct{})}
 	t.rows[l.name] = lease
+	t.acquired++
 	go lease.keep()
 	return lease, nil
 }
@@ -829,13 +832,17 @@ type shardFleet struct {
 	budget   func() *rate.Limiter // each replica's Config.Limiter, nil for none
 	nodes    map[string]*node
 	stops    map[string]func() error
+	shardeds map[string]*Sharded // by process, if not nil
 }
 
-func (f *shardFleet) start(name string) {
+func (f *shardFleet) start(name string) { f.startAs(name, name, f.sc) }
+
+// startAs starts the process name as the replica named replica, with sc.
+func (f *shardFleet) startAs(name, replica string, sc ShardConfig) {
 	n := &node{mem: f.mem, name: name, table: f.table}
 	f.nodes[name] = n
 	cfg := f.cfg
-	cfg.Replica = name
+	cfg.Replica = replica
 	if os.Getenv("SHARD_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", name)
 	}
@@ -848,10 +855,12 @@ func (f *shardFleet) start(name string) {
 	if f.budget != nil {
 		cfg.Limiter = f.budget()
 	}
-	sc := f.sc
 	sc.Lease = func(_ int, prefix string) (Locker, error) { return &nodeLocker{n: n, name: prefix}, nil }
 	s, err := NewSharded(kv, cfg, sc)
 	require.NoError(f.t, err)
+	if f.shardeds != nil {
+		f.shardeds[name] = s
+	}
 	ctx, cancel := context.WithCancel(f.t.Context())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -1447,4 +1456,295 @@ func TestShardedJoinUnderBacklog(t *testing.T) {
 			})
 		})
 	}
+}
+
+// newIdleFleet is a fleet of a test over shards shards with no markers
+// written: a 3s lease TTL, a 500ms Heartbeat and a 5s Interval.
+func newIdleFleet(t testing.TB, shards int) *shardFleet {
+	return &shardFleet{
+		t: t, mem: NewMemKV(), table: newLeaseTable(3 * time.Second), log: newFleetLog(shards, time.Hour),
+		cfg:   Config{Prefix: "jobs/", Retention: time.Hour, Interval: 5 * time.Second, StoreTimeout: time.Second},
+		sc:    ShardConfig{Shards: shards, Heartbeat: 500 * time.Millisecond},
+		nodes: map[string]*node{}, stops: map[string]func() error{},
+	}
+}
+
+// acquired is how many leases were taken so far.
+func (f *shardFleet) acquired() int {
+	f.table.mu.Lock()
+	defer f.table.mu.Unlock()
+	return f.table.acquired
+}
+
+// evenly reports whether every shard is held, by the replicas named alone,
+// each holding the shards over them rounded down or up.
+func (f *shardFleet) evenly(names ...string) bool {
+	owners, counts := f.held()
+	lo, hi := len(owners)/len(names), (len(owners)+len(names)-1)/len(names)
+	total := 0
+	for _, n := range names {
+		if counts[n] < lo || counts[n] > hi {
+			return false
+		}
+		total += counts[n]
+	}
+	return total == len(owners)
+}
+
+// TestShardedSettlesWithoutFlapping starts replicas at random moments over
+// shard counts below, at and above their number, then stops one and maybe
+// starts another, three times: each time the fleet settles with every
+// replica at the shards over them rounded down or up, and then no lease
+// changes hands for 20 Heartbeats.
+func TestShardedSettlesWithoutFlapping(t *testing.T) {
+	for _, c := range []struct{ shards, replicas int }{{1, 2}, {2, 3}, {4, 6}, {7, 4}, {17, 5}, {33, 6}} {
+		t.Run(fmt.Sprintf("%d shards %d replicas", c.shards, c.replicas), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(c.replicas), uint64(c.shards)))
+				f := newIdleFleet(t, c.shards)
+				var names []string
+				next := 0
+				startOne := func() {
+					name := "r" + strconv.Itoa(next)
+					next++
+					names = append(names, name)
+					f.start(name)
+				}
+				for range c.replicas {
+					time.Sleep(time.Duration(rng.IntN(700)) * time.Millisecond)
+					startOne()
+				}
+				for step := range 3 {
+					start := time.Now()
+					for !f.evenly(names...) && time.Since(start) < time.Minute {
+						time.Sleep(100 * time.Millisecond)
+					}
+					took := time.Since(start)
+					_, counts := f.held()
+					require.True(t, f.evenly(names...), "step %d: %v after %v", step, counts, took)
+					before, owners := f.acquired(), slices.Clone(f.table.owners(shardNames(f)))
+					time.Sleep(20 * f.sc.Heartbeat)
+					after, counts2 := f.held()
+					assert.Equal(t, before, f.acquired(), "step %d: leases taken once settled: %v, then %v", step, counts, counts2)
+					assert.Equal(t, owners, after, "step %d", step)
+					t.Logf("step %d: %v of %d replicas after %v", step, counts2, len(names), took)
+					k := rng.IntN(len(names))
+					f.stop(names[k])
+					names = slices.Delete(names, k, k+1)
+					if len(names) == 0 || rng.IntN(2) == 0 {
+						time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+						startOne()
+					}
+				}
+				for _, n := range names {
+					f.stop(n)
+				}
+			})
+		})
+	}
+}
+
+func shardNames(f *shardFleet) []string {
+	names := make([]string, f.sc.Shards)
+	for i := range names {
+		names[i] = ShardPrefix(f.cfg.Prefix, i)
+	}
+	return names
+}
+
+// TestShardedChurnKeepsEveryGuarantee runs three replicas over 7 shards
+// while entities finish, under a budget, with pages of 16, and at random
+// moments stops one, starts one, freezes one or thaws it, 25 times: no
+// shard is cleared by two replicas at once, nothing early, every entity
+// is cleared, and on the atomic path once.
+func TestShardedChurnKeepsEveryGuarantee(t *testing.T) {
+	for _, atomic := range []bool{false, true} {
+		for seed := range 2 {
+			t.Run(fmt.Sprintf("atomic %v seed %d", atomic, seed), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) { churnScenario(t, atomic, uint64(seed)) })
+			})
+		}
+	}
+}
+
+func churnScenario(t *testing.T, atomic bool, seed uint64) {
+	const shards = 7
+	rng := rand.New(rand.NewPCG(seed, 99))
+	f := newIdleFleet(t, shards)
+	f.atomic, f.clearFor = atomic, 3*time.Millisecond
+	f.log = newFleetLog(shards, time.Second)
+	f.cfg.Retention, f.cfg.PageSize = time.Second, 16
+	if atomic {
+		f.cfg.BatchSize = 4
+	}
+	f.budget = func() *rate.Limiter { return rate.NewLimiter(400, 8) }
+	writer, err := NewSharded(f.mem, Config{Prefix: "jobs/", Retention: time.Second, Clear: func(context.Context, string) error { return nil }},
+		ShardConfig{Shards: shards})
+	require.NoError(t, err)
+	wctx, stopWriting := context.WithCancel(t.Context())
+	written := 0
+	writing := make(chan struct{})
+	go func() {
+		defer close(writing)
+		for wctx.Err() == nil {
+			for range 5 {
+				id := "job-" + strconv.Itoa(written)
+				now := time.Now()
+				key, err := writer.MarkerKey(now, id)
+				if !assert.NoError(t, err) {
+					return
+				}
+				f.log.finish(id, now)
+				assert.NoError(t, f.mem.Put(t.Context(), key, nil))
+				written++
+			}
+			_ = sleep(wctx, 20*time.Millisecond)
+		}
+	}()
+	var live []string
+	next := 0
+	startOne := func() {
+		name := "r" + strconv.Itoa(next)
+		next++
+		f.start(name)
+		live = append(live, name)
+	}
+	for range 3 {
+		startOne()
+	}
+	frozen := ""
+	for range 25 {
+		time.Sleep(time.Duration(200+rng.IntN(2500)) * time.Millisecond)
+		switch op, k := rng.IntN(4), rng.IntN(len(live)); {
+		case op == 0 && len(live) > 1 && live[k] != frozen:
+			f.stop(live[k])
+			live = slices.Delete(live, k, k+1)
+		case op == 1:
+			startOne()
+		case op == 2 && frozen == "" && len(live) > 1:
+			frozen = live[k]
+			f.nodes[frozen].freeze()
+		case op == 3 && frozen != "":
+			f.nodes[frozen].thaw()
+			frozen = ""
+		}
+	}
+	if frozen != "" {
+		f.nodes[frozen].thaw()
+	}
+	stopWriting()
+	<-writing
+	time.Sleep(20 * time.Second)
+	for _, n := range live {
+		f.stop(n)
+	}
+	g := f.log
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	assert.Zero(t, g.overlaps, "clears of a shard by two replicas at once")
+	assert.Empty(t, g.early, "ids cleared before Retention")
+	lost, twice := 0, 0
+	for i := range written {
+		switch by := g.cleared["job-"+strconv.Itoa(i)]; {
+		case len(by) == 0:
+			lost++
+		case len(by) > 1:
+			twice++
+		}
+	}
+	assert.Zero(t, lost, "entities never cleared, of %d", written)
+	if atomic {
+		assert.Zero(t, twice, "entities cleared twice on the atomic path, of %d", written)
+	}
+	t.Logf("%d entities, %d cleared more than once", written, twice)
+}
+
+// TestShardedIgnoresKeysThatDoNotParse: keys in the replicas' range that
+// are no replica's key are neither counted nor deleted.
+func TestShardedIgnoresKeysThatDoNotParse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newIdleFleet(t, 8)
+		garbage := []string{"jobs/#m", "jobs/#m!!!", "jobs/#mAQ", "jobs/#m" + strings.Repeat("A", 300)}
+		for _, k := range garbage {
+			require.NoError(t, f.mem.Put(t.Context(), []byte(k), nil))
+		}
+		f.start("a")
+		f.start("b")
+		time.Sleep(10 * time.Second)
+		_, counts := f.held()
+		assert.True(t, f.evenly("a", "b"), "held %v", counts)
+		f.stop("a")
+		f.stop("b")
+		assert.ElementsMatch(t, garbage, keysUnder(t, f.mem, "jobs/#m"))
+	})
+}
+
+// TestShardedFrozenPastStaleRejoins: a replica frozen for longer than
+// thirty Heartbeats finds its key deleted when it thaws; it writes it
+// anew and gets its share back.
+func TestShardedFrozenPastStaleRejoins(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newIdleFleet(t, 8)
+		f.start("a")
+		f.start("b")
+		f.waitBalanced(10*time.Second, "a", "b")
+		require.True(t, f.evenly("a", "b"))
+		f.nodes["b"].freeze()
+		time.Sleep(40 * time.Second)
+		assert.Len(t, keysUnder(t, f.mem, "jobs/#m"), 1, "b's key deleted as stale")
+		_, counts := f.held()
+		assert.Equal(t, map[string]int{"a": 8}, counts)
+		f.nodes["b"].thaw()
+		took := f.waitBalanced(20*time.Second, "a", "b")
+		_, counts = f.held()
+		assert.True(t, f.evenly("a", "b"), "after b thawed: %v", counts)
+		t.Logf("b thawed: within one of even after %v", took)
+		assert.Len(t, keysUnder(t, f.mem, "jobs/#m"), 2)
+		f.stop("a")
+		f.stop("b")
+	})
+}
+
+// TestShardedLogsTwoReplicasOfOneName: two Runs under one Config.Replica
+// are seen as one replica by the others, so that a third can be left with
+// no shard: each of the two logs an error within a few Heartbeats. A
+// replica restarted under its name, whose earlier Run's key is left in
+// the store, logs none.
+func TestShardedLogsTwoReplicasOfOneName(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newIdleFleet(t, 16)
+		logs := map[string]*syncBuffer{}
+		startLogged := func(proc, replica string) {
+			logs[proc] = &syncBuffer{mu: make(chan struct{}, 1)}
+			f.cfg.Logger = slog.New(slog.NewTextHandler(logs[proc], nil))
+			f.startAs(proc, replica, f.sc)
+		}
+		const twin = "another replica runs under this Config.Replica"
+		// An earlier Run of c that died: its key stays, unchanged.
+		dead := appendMemberKey(nil, "jobs/", &member{name: "c", heartbeat: 500 * time.Millisecond, run: 7, beat: 3, held: []byte{0, 0}})
+		require.NoError(t, f.mem.Put(t.Context(), dead, nil))
+		startLogged("c", "c")
+		startLogged("b", "b")
+		time.Sleep(5 * time.Second)
+		f.stop("b")
+		startLogged("b", "b") // restarted cleanly
+		time.Sleep(5 * time.Second)
+		for _, proc := range []string{"b", "c"} {
+			assert.NotContains(t, logs[proc].String(), twin, "%s", proc)
+		}
+
+		startLogged("a1", "a")
+		time.Sleep(300 * time.Millisecond)
+		startLogged("a2", "a")
+		time.Sleep(3 * time.Second)
+		for _, proc := range []string{"a1", "a2"} {
+			assert.Equal(t, 1, strings.Count(logs[proc].String(), twin), "%s's log:\n%s", proc, logs[proc])
+		}
+		for _, proc := range []string{"b", "c"} {
+			assert.NotContains(t, logs[proc].String(), twin, "%s", proc)
+		}
+		for _, proc := range []string{"a1", "a2", "b", "c"} {
+			f.stop(proc)
+		}
+	})
 }

@@ -108,12 +108,14 @@ type balancer struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 
-	me      member
-	key     []byte // this replica's key as last written, nil if none
-	stored  bool   // the last read of the keys found it
-	tick    int64
-	seen    map[string]int64 // the keys of the last read, and the tick each was first read at
-	failing bool
+	me        member
+	key       []byte // this replica's key as last written, nil if none
+	stored    bool   // the last read of the keys found it
+	tick      int64
+	firstRead int64            // the tick of the first read of the keys, 0 before it
+	seen      map[string]int64 // the keys of the last read, and the tick each was first read at
+	failing   bool
+	twinSeen  bool // another Run under this replica's name was found
 }
 
 // holder is one shard this replica holds, swept on a goroutine of its own.
@@ -278,6 +280,9 @@ func (b *balancer) read(ctx context.Context) ([]member, error) {
 		}
 		from = keyAfter(page[len(page)-1])
 	}
+	if b.firstRead == 0 {
+		b.firstRead = b.tick
+	}
 	seen := make(map[string]int64, len(keys))
 	newest := map[string]member{}
 	firstOf := map[string]int64{}
@@ -302,6 +307,13 @@ func (b *balancer) read(ctx context.Context) ([]member, error) {
 		if still >= memberStale*m.heartbeat {
 			stale = append(stale, k)
 			continue
+		}
+		if m.name == b.me.name && m.run != b.me.run && first > b.firstRead && !b.twinSeen {
+			// Written since this Run's first read, so not by an earlier
+			// Run: the others count the two as one replica, and a third
+			// may never get its share.
+			b.twinSeen = true
+			b.s.log.Error("retention: another replica runs under this Config.Replica: give each replica a name of its own", "replica", b.me.name)
 		}
 		if m.name == b.me.name || still >= memberLive*m.heartbeat {
 			continue // this replica's own from an earlier Run, or one gone
