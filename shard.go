@@ -385,22 +385,26 @@ func (s *Sharded) Pending(ctx context.Context, limit int) ([]PendingMarker, erro
 }
 
 // setBudget gives this process its part of the fleet's budget: the fleet's
-// limit times the shards it sweeps over all shards, with the fleet's burst.
-// A change of Config.Limiter takes effect at the next call.
+// limit and burst times the shards it sweeps over all shards, the burst
+// rounded up and at least 1 (replicas that each had the fleet's burst
+// spent it several times over when a backlog fell due at once). A change
+// of Config.Limiter takes effect at the next call.
 func (s *Sharded) setBudget() {
 	if s.budget == nil {
 		return
 	}
 	s.budgetMu.Lock()
 	defer s.budgetMu.Unlock()
-	lim := s.fleetBudget.Limit()
+	lim, b := s.fleetBudget.Limit(), s.fleetBudget.Burst()
 	if lim != rate.Inf {
-		lim = lim * rate.Limit(s.sweeping.Load()) / rate.Limit(len(s.shards))
+		held, n := int(s.sweeping.Load()), len(s.shards)
+		lim = lim * rate.Limit(held) / rate.Limit(n)
+		b = max(1, (b*held+n-1)/n)
 	}
 	if s.budget.Limit() != lim {
 		s.budget.SetLimit(lim)
 	}
-	if b := s.fleetBudget.Burst(); s.budget.Burst() != b {
+	if s.budget.Burst() != b {
 		s.budget.SetBurst(b)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -1268,14 +1269,14 @@ func TestShardedBudgetFollowsTheLimiter(t *testing.T) {
 		time.Sleep(5 * time.Second)
 		for _, s := range shardeds {
 			assert.Equal(t, rate.Limit(80), s.budget.Limit(), "8 of 16 shards: half the budget")
-			assert.Equal(t, 8, s.budget.Burst())
+			assert.Equal(t, 4, s.budget.Burst(), "and half the burst")
 		}
 		fleet.SetLimit(320)
 		fleet.SetBurst(2)
 		time.Sleep(time.Second)
 		for _, s := range shardeds {
 			assert.Equal(t, rate.Limit(160), s.budget.Limit(), "the fleet's new limit, halved")
-			assert.Equal(t, 2, s.budget.Burst())
+			assert.Equal(t, 1, s.budget.Burst(), "the fleet's new burst, halved")
 		}
 		require.ErrorIs(t, stops[0](), context.Canceled)
 		assert.Equal(t, rate.Limit(320), shardeds[0].budget.Limit(), "after Run: the whole budget")
@@ -1453,6 +1454,53 @@ func TestShardedJoinUnderBacklog(t *testing.T) {
 				for _, name := range all {
 					f.stop(name)
 				}
+			})
+		})
+	}
+}
+
+// TestShardedFleetBurstIsShared: replicas spend the fleet's burst between
+// them, not each the whole of it: a backlog that falls due at once on an
+// idle fleet of 4 is cleared in its first second at most the burst and
+// the limit of one budget (each replica with the fleet's burst cleared 408
+// under a 100/s budget of burst 100; one replica 109).
+func TestShardedFleetBurstIsShared(t *testing.T) {
+	for _, replicas := range []int{1, 4} {
+		t.Run(strconv.Itoa(replicas), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newIdleFleet(t, 16)
+				fleet := rate.NewLimiter(100, 100)
+				f.budget = func() *rate.Limiter { return fleet }
+				var names []string
+				for i := range replicas {
+					names = append(names, "r"+strconv.Itoa(i))
+					f.start(names[i])
+				}
+				defer func() {
+					for _, n := range names {
+						f.stop(n)
+					}
+				}()
+				f.waitBalanced(time.Minute, names...)
+				time.Sleep(10 * time.Second)
+				due := time.Now().Add(2 * time.Second)
+				for i := range 3000 {
+					id := "job-" + strconv.Itoa(i)
+					require.NoError(t, Mark(t.Context(), f.mem, ShardPrefix("jobs/", ShardOf(id, 16)), id, due.Add(-time.Hour)))
+				}
+				f.log.mu.Lock()
+				f.log.start, f.log.perSecond = due, map[int]int{}
+				f.log.mu.Unlock()
+				time.Sleep(8 * time.Second)
+				f.log.mu.Lock()
+				busiest, seconds := 0, maps.Clone(f.log.perSecond)
+				f.log.mu.Unlock()
+				for _, n := range seconds {
+					busiest = max(busiest, n)
+				}
+				t.Logf("%d replicas: clears by second %v", replicas, seconds)
+				assert.LessOrEqual(t, busiest, 200+16, "a second of one budget: its burst and its limit (and a batch per shard in flight)")
+				assert.Greater(t, busiest, 50, "the backlog is cleared")
 			})
 		})
 	}
