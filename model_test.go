@@ -19,6 +19,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // This file checks Sweep.Pass against a model of what a pass may do,
@@ -131,6 +133,7 @@ type modelConfig struct {
 	rng         *rand.Rand      // the rest of the run's draws: entities, writes
 	calm        bool            // no duplicate markers and no live-again entities (TestModelCalm)
 	runs        bool            // the ClearDeleter is a RunClearer too
+	budget      bool            // a Config.Limiter that grants at once: its waits, runs' included, in every call
 }
 
 func newModelConfig(seed uint64) modelConfig {
@@ -139,6 +142,7 @@ func newModelConfig(seed uint64) modelConfig {
 	c.mode = modelMode(r.IntN(3))
 	// Drawn apart, so that a seed draws the rest as it did before runs.
 	c.runs = c.mode == modelAtomic && rand.New(rand.NewPCG(seed, 0x72756e73)).IntN(2) == 0
+	c.budget = rand.New(rand.NewPCG(seed, 0x62756467)).IntN(3) == 0
 	switch x := r.IntN(20); {
 	case x < 12:
 		c.store = modelMover
@@ -172,6 +176,9 @@ func (c modelConfig) String() string {
 	mode := c.mode.String()
 	if c.runs {
 		mode += "+runs"
+	}
+	if c.budget {
+		mode += "+budget"
 	}
 	return fmt.Sprintf("mode=%v store=%v concurrency=%d page=%d batch=%d entities=%d passes=%d faults=%.2f crashes=%.3f",
 		mode, c.store, c.concurrency, c.pageSize, c.batchSize, c.entities, len(c.steps), c.faultRate, c.crashRate)
@@ -756,6 +763,11 @@ func (w *modelWorld) newProcess() *modelProcess {
 	if w.cfg.mode != modelClear {
 		// A batch is cut from one page: a larger size means the page's.
 		cfg.BatchSize = min(w.cfg.batchSize, w.cfg.pageSize)
+	}
+	if w.cfg.budget {
+		// Real time, which the model does not advance: a budget that
+		// grants at once, so that its path runs and the model stays fast.
+		cfg.Limiter = rate.NewLimiter(1e9, 1)
 	}
 	s, err := New(w.kvFor(inc), cfg)
 	if err != nil {
