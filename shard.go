@@ -82,9 +82,13 @@ func ShardPrefix(prefix string, shard int) string {
 type ShardConfig struct {
 	// Shards is how many shards the sweep has: 1 to MaxShards. The marker
 	// of an entity lies in shard ShardOf(id, Shards). Raising it later
-	// keeps every marker written swept, since a shard keeps its prefix;
-	// lowering it leaves the markers of the shards dropped to a Sweep of
-	// each of their prefixes (docs/fleet.md, "Sharded sweeps").
+	// keeps every marker written swept, since a shard keeps its prefix,
+	// unless KV places a shard by Shards too (rediskv.ShardTags does: a
+	// new Shards is a new set for every shard, swept beside the old ones
+	// until they are empty); lowering it leaves the markers of the shards
+	// dropped to a Sweep of each of their prefixes. While replicas of two
+	// values of Shards run together, some shards may wait for the last
+	// replica of the old one to stop (docs/fleet.md, "Sharded sweeps").
 	Shards int
 
 	// Lease returns the Locker of the lease of shard number shard, whose
