@@ -16,6 +16,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -636,13 +638,14 @@ func (r soakRunKV) RunStore() RunClearer { return r }
 // interleaving of goroutines); -run picks the variant.
 func TestSoakFaults(t *testing.T) {
 	for _, v := range []soakVariant{
-		{"mover/concurrency=1", 1, soakMover, soakClear},
-		{"mover/concurrency=8", 8, soakMover, soakClear},
-		{"put-only/concurrency=4", 4, soakPutOnly, soakClear},
-		{"no-put/concurrency=4", 4, soakNoPut, soakClear},
-		{"batch/concurrency=4", 4, soakMover, soakBatch},
-		{"atomic/concurrency=4", 4, soakMover, soakAtomic},
-		{"runs/concurrency=1", 1, soakMover, soakRuns},
+		{"mover/concurrency=1", 1, soakMover, soakClear, 0},
+		{"mover/concurrency=8", 8, soakMover, soakClear, 0},
+		{"put-only/concurrency=4", 4, soakPutOnly, soakClear, 0},
+		{"no-put/concurrency=4", 4, soakNoPut, soakClear, 0},
+		{"batch/concurrency=4", 4, soakMover, soakBatch, 0},
+		{"atomic/concurrency=4", 4, soakMover, soakAtomic, 0},
+		{"runs/concurrency=1", 1, soakMover, soakRuns, 0},
+		{"runs/budget", 1, soakMover, soakRuns, 2000},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
@@ -663,6 +666,7 @@ type soakVariant struct {
 	concurrency int
 	store       soakStore
 	mode        soakMode
+	budget      float64 // a Config.Limiter of this many entities a second (fake time), 0 for none
 }
 
 func soak(t *testing.T, v soakVariant, seed uint64) {
@@ -705,6 +709,9 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 		StoreTimeout:  50 * time.Millisecond,
 		RetryDelay:    10 * time.Millisecond,
 		MaxRetryDelay: soakMaxRetry,
+	}
+	if v.budget > 0 {
+		cfg.Limiter = rate.NewLimiter(rate.Limit(v.budget), 50)
 	}
 	switch v.mode {
 	case soakClear:
