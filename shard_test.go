@@ -1242,6 +1242,69 @@ func TestShardedForgetsGoneReplicas(t *testing.T) {
 	})
 }
 
+// lostMemberWrites writes the replicas' keys, then fails the first lose
+// writes as if their replies were lost.
+type lostMemberWrites struct {
+	nodeKV
+	lose atomic.Int32
+}
+
+func (k *lostMemberWrites) lost() error {
+	if k.lose.Add(-1) >= 0 {
+		return fmt.Errorf("write reply lost: %w", errInjected)
+	}
+	return nil
+}
+
+func (k *lostMemberWrites) Put(ctx context.Context, key, value []byte) error {
+	if err := k.nodeKV.Put(ctx, key, value); err != nil {
+		return err
+	}
+	return k.lost()
+}
+
+func (k *lostMemberWrites) Move(ctx context.Context, from, to [][]byte) error {
+	if err := k.nodeKV.Move(ctx, from, to); err != nil {
+		return err
+	}
+	return k.lost()
+}
+
+// TestShardedDeletesItsOwnKeysLeft: a replica's key written by a call whose
+// reply was lost is deleted at the next read, and at Run's end if Run ends
+// first; the key of an earlier Run under the replica's name is deleted at
+// the first read, not counted as a replica until it is stale.
+func TestShardedDeletesItsOwnKeysLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemKV()
+		n := &node{mem: mem, name: "a", table: newLeaseTable(3 * time.Second)}
+		earlier := appendMemberKey(nil, "runs/", &member{name: "a", heartbeat: time.Second, run: 7, beat: 9, held: []byte{0xff, 0xff}})
+		require.NoError(t, mem.Put(t.Context(), earlier, nil))
+		kv := &lostMemberWrites{nodeKV: nodeKV{n}}
+		kv.lose.Store(2) // the first round's write and the next
+		s, err := NewSharded(kv, Config{Prefix: "runs/", Retention: time.Hour, Replica: "a", Clear: newClears().clear, AllowUnfenced: true},
+			ShardConfig{Shards: 16, Heartbeat: time.Second, Lease: func(_ int, p string) (Locker, error) { return &nodeLocker{n: n, name: p}, nil }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		synctest.Wait()
+		assert.False(t, has(t, mem, earlier), "the earlier Run's key, at the first read")
+		assert.Empty(t, keysUnder(t, mem, "runs/#m"), "the first write's, its reply lost, deleted by the read after it")
+		time.Sleep(500 * time.Millisecond) // between rounds
+		for range 6 {
+			time.Sleep(time.Second)
+			assert.Len(t, keysUnder(t, mem, "runs/#m"), 1, "the answered write's key alone")
+		}
+
+		kv.lose.Store(1 << 20) // every write's reply lost from now on
+		time.Sleep(1500 * time.Millisecond)
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		assert.Empty(t, keysUnder(t, mem, "runs/#m"), "deleted when Run returned, the unanswered ones too")
+	})
+}
+
 // TestShardedBudgetFollowsTheLimiter: a replica's part of the budget is the
 // fleet's limit times the shards it holds over all shards, and follows a
 // change of Config.Limiter within a Heartbeat; outside a Run with leases

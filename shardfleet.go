@@ -109,8 +109,9 @@ type balancer struct {
 	wg    sync.WaitGroup
 
 	me        member
-	key       []byte // this replica's key as last written, nil if none
-	stored    bool   // the last read of the keys found it
+	key       []byte   // this replica's key as last written, nil if none
+	stored    bool     // the last read of the keys found it
+	unsure    [][]byte // keys whose write failed since the last read: a lost reply may have left them in the store
 	tick      int64
 	firstRead int64            // the tick of the first read of the keys, 0 before it
 	seen      map[string]int64 // the keys of the last read, and the tick each was first read at
@@ -165,9 +166,14 @@ func (s *Sharded) balance(ctx context.Context) error {
 func (b *balancer) end(ctx context.Context) {
 	b.stop()
 	b.wg.Wait()
-	if b.key != nil {
+	if b.key != nil || len(b.unsure) > 0 {
+		// A write cut short by Run's end may have reached the store.
+		keys := b.unsure
+		if b.key != nil {
+			keys = append(keys, b.key)
+		}
 		cctx, cancel := withTimeout(context.WithoutCancel(ctx), b.s.storeTime)
-		if err := b.s.kv.Delete(cctx, b.key); err != nil {
+		if err := b.s.kv.Delete(cctx, keys...); err != nil {
 			b.s.log.Warn("retention: delete this replica's key", "error", err)
 		}
 		cancel()
@@ -248,6 +254,7 @@ func (b *balancer) write(ctx context.Context) {
 		err = b.s.kv.(Putter).Put(cctx, key, nil)
 	}
 	if err != nil {
+		b.unsure = append(b.unsure, key)
 		if ctx.Err() == nil {
 			b.s.log.Warn("retention: write this replica's key", "error", err)
 		}
@@ -286,7 +293,7 @@ func (b *balancer) read(ctx context.Context) ([]member, error) {
 	seen := make(map[string]int64, len(keys))
 	newest := map[string]member{}
 	firstOf := map[string]int64{}
-	var stale [][]byte
+	var stale, mine [][]byte
 	b.stored = false
 	for _, k := range keys {
 		if bytes.Equal(k, b.key) {
@@ -297,9 +304,22 @@ func (b *balancer) read(ctx context.Context) ([]member, error) {
 		if err != nil {
 			continue // not a member's key: never deleted
 		}
+		if m.name == b.me.name && m.run == b.me.run {
+			// A write of this Run whose reply was lost.
+			stale = append(stale, k)
+			mine = append(mine, k)
+			continue
+		}
 		first, ok := b.seen[string(k)]
 		if !ok {
 			first = b.tick
+		}
+		if m.name == b.me.name && b.firstRead == b.tick {
+			// An earlier Run's, whose end could not delete it (or a
+			// process killed): the others would count it for memberLive
+			// Heartbeats more.
+			stale = append(stale, k)
+			continue
 		}
 		seen[string(k)] = first
 		// Unchanged for so long: in this replica's Heartbeats.
@@ -323,6 +343,7 @@ func (b *balancer) read(ctx context.Context) ([]member, error) {
 		}
 	}
 	b.seen = seen
+	b.unsure = mine // read since: the others are not in the store
 	if len(stale) > 0 {
 		cctx, cancel := withTimeout(ctx, b.s.storeTime)
 		if err := b.s.kv.Delete(cctx, stale...); err != nil && ctx.Err() == nil {
