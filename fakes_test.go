@@ -328,3 +328,56 @@ func (r *runKV) ClearRun(ctx context.Context, prefix string, from, end []byte, l
 
 // RunStore implements RunClearer.
 func (r *runKV) RunStore() RunClearer { return r }
+
+// countKV is a runKV that counts its runs: CountRun clears a run as
+// ClearRun does and answers with its count, reshaped when reshape is set;
+// a run that would take two markers of one id is refused, changing
+// nothing. With loseCount, a run that committed answers errLostReply.
+type countKV struct {
+	*runKV
+	counts      atomic.Int64
+	uncountable bool // CountRun says it cannot count its runs
+	loseCount   bool
+	reshape     func(RunCount) RunCount
+}
+
+func countOver(mem *MemKV) *countKV { return &countKV{runKV: runOver(mem)} }
+
+func (c *countKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+	c.counts.Add(1)
+	if c.uncountable {
+		return RunCount{}, fmt.Errorf("the clear needs the ids: %w", errors.ErrUnsupported)
+	}
+	keys, err := c.MemKV.Scan(ctx, from, end, limit)
+	if err != nil {
+		return RunCount{}, err
+	}
+	seen := map[string]bool{}
+	for _, key := range keys {
+		if _, id, err := ParseMarkerKey(prefix, key); err == nil {
+			if seen[string(id)] {
+				return RunCount{}, fmt.Errorf("%w: two markers of %s", ErrMalformedMarker, id)
+			}
+			seen[string(id)] = true
+		}
+	}
+	if keys, err = c.runKV.ClearRun(ctx, prefix, from, end, limit); err != nil {
+		return RunCount{}, err
+	}
+	var rc RunCount
+	for _, key := range keys {
+		ts, _, _ := ParseMarkerKey(prefix, key)
+		rc.Times = append(rc.Times, ts.UnixMilli())
+		rc.Last = key
+	}
+	if c.reshape != nil {
+		rc = c.reshape(rc)
+	}
+	if c.loseCount && len(keys) > 0 {
+		return RunCount{}, errLostReply
+	}
+	return rc, nil
+}
+
+// RunStore implements RunClearer.
+func (c *countKV) RunStore() RunClearer { return c }

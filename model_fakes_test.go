@@ -33,7 +33,30 @@ type (
 	modelRORun    struct{ modelROAtomic }
 	modelPutRun   struct{ modelPutAtom }
 	modelMoveRun  struct{ modelMoveAtom }
+	// The RunCounters.
+	modelROCount   struct{ modelRORun }
+	modelPutCount  struct{ modelPutRun }
+	modelMoveCount struct{ modelMoveRun }
 )
+
+func (k modelROCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+	return k.countRun(ctx, prefix, from, end, limit)
+}
+
+// RunStore implements RunClearer.
+func (k modelROCount) RunStore() RunClearer { return k }
+func (k modelPutCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+	return k.countRun(ctx, prefix, from, end, limit)
+}
+
+// RunStore implements RunClearer.
+func (k modelPutCount) RunStore() RunClearer { return k }
+func (k modelMoveCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+	return k.countRun(ctx, prefix, from, end, limit)
+}
+
+// RunStore implements RunClearer.
+func (k modelMoveCount) RunStore() RunClearer { return k }
 
 func (k modelRORun) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	return k.clearRun(ctx, prefix, from, end, limit)
@@ -80,6 +103,12 @@ func (w *modelWorld) kvFor(inc *modelProcess) KV {
 		return put
 	case w.cfg.mode != modelAtomic:
 		return ro
+	case w.cfg.store == modelMover && w.cfg.counts:
+		return modelMoveCount{modelMoveRun{modelMoveAtom{move}}}
+	case w.cfg.store == modelPutter && w.cfg.counts:
+		return modelPutCount{modelPutRun{modelPutAtom{put}}}
+	case w.cfg.counts:
+		return modelROCount{modelRORun{modelROAtomic{ro}}}
 	case w.cfg.store == modelMover && w.cfg.runs:
 		return modelMoveRun{modelMoveAtom{move}}
 	case w.cfg.store == modelMover:
@@ -658,6 +687,37 @@ func (k *modelKV) clearRun(ctx context.Context, prefix string, from, end []byte,
 		return nil, err // the reply was lost: no keys with it
 	}
 	return keys, err
+}
+
+// countRun is the RunCounter: it refuses a run that would take two
+// markers of one id, changing nothing, and takes the others as clearRun
+// does, answering with their count, or with its error and the keys
+// clearRun returns with it.
+func (k *modelKV) countRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+	w := k.w
+	w.mu.Lock()
+	keys, _ := w.mem.Scan(ctx, from, end, limit)
+	w.mu.Unlock()
+	seen := map[string]bool{}
+	for _, key := range keys {
+		if _, id, err := ParseMarkerKey(prefix, key); err == nil {
+			if seen[string(id)] {
+				return RunCount{}, fmt.Errorf("%w: two markers of %s in the run", ErrMalformedMarker, id)
+			}
+			seen[string(id)] = true
+		}
+	}
+	keys, err := k.clearRun(ctx, prefix, from, end, limit)
+	if err != nil {
+		return RunCount{Keys: keys}, err
+	}
+	var c RunCount
+	for _, key := range keys {
+		at, _, _ := ParseMarkerKey(prefix, key)
+		c.Times = append(c.Times, at.UnixMilli())
+		c.Last = key
+	}
+	return c, nil
 }
 
 // clearAndDelete is the ClearDeleter: it clears the entities of ids and

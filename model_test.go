@@ -133,6 +133,7 @@ type modelConfig struct {
 	rng         *rand.Rand      // the rest of the run's draws: entities, writes
 	calm        bool            // no duplicate markers and no live-again entities (TestModelCalm)
 	runs        bool            // the ClearDeleter is a RunClearer too
+	counts      bool            // and a RunCounter
 	budget      bool            // a Config.Limiter that grants at once: its waits, runs' included, in every call
 }
 
@@ -143,6 +144,7 @@ func newModelConfig(seed uint64) modelConfig {
 	// Drawn apart, so that a seed draws the rest as it did before runs.
 	c.runs = c.mode == modelAtomic && rand.New(rand.NewPCG(seed, 0x72756e73)).IntN(2) == 0
 	c.budget = rand.New(rand.NewPCG(seed, 0x62756467)).IntN(3) == 0
+	c.counts = c.runs && rand.New(rand.NewPCG(seed, 0x636f756e)).IntN(2) == 0
 	switch x := r.IntN(20); {
 	case x < 12:
 		c.store = modelMover
@@ -176,6 +178,9 @@ func (c modelConfig) String() string {
 	mode := c.mode.String()
 	if c.runs {
 		mode += "+runs"
+	}
+	if c.counts {
+		mode += "+counts"
 	}
 	if c.budget {
 		mode += "+budget"

@@ -73,36 +73,42 @@ func (e LeaseEvent) String() string {
 	return "unknown"
 }
 
+// lagBase returns the start of the lag of a marker cleared at now: lag =
+// now - (ms + Retention) = base - ms, in whole milliseconds of base plus
+// its remainder, integer arithmetic per marker, no time.Time.
+func (s *Sweep) lagBase(now time.Time) (int64, time.Duration) {
+	b := now.Add(-s.retention)
+	return b.UnixMilli(), b.Sub(time.UnixMilli(b.UnixMilli()))
+}
+
+// lag returns the lag of a marker of time ms from lagBase's base.
+func lag(baseMs int64, rem time.Duration, ms int64) time.Duration {
+	switch d := baseMs - ms; {
+	case d < 0: // a clock that stepped back
+		return 0
+	case d > int64(maxDuration/time.Millisecond)-1:
+		return maxDuration
+	default:
+		return time.Duration(d)*time.Millisecond + rem
+	}
+}
+
 // observeLags hands the observer the lags of the page's cleared markers
 // (gone: only those a ClearDeleter deleted).
 func (s *Sweep) observeLags(items []item, gone bool) {
-	// lag = now - (ms + Retention) = base - ms, in whole milliseconds of
-	// base plus its remainder: integer arithmetic per marker, no time.Time.
-	base := func(now time.Time) (int64, time.Duration) {
-		b := now.Add(-s.retention)
-		return b.UnixMilli(), b.Sub(time.UnixMilli(b.UnixMilli()))
-	}
-	baseMs, rem := base(s.clock.Now())
+	baseMs, rem := s.lagBase(s.clock.Now())
 	lags := s.lags[:0]
 	for i := range items {
 		if out := items[i].out; out != clearedGone && (gone || out != cleared) {
 			continue
 		}
-		var lag time.Duration
 		bMs, bRem := baseMs, rem
 		if at := items[i].doneAt; at != 0 {
 			// Lag to the commit, not to the end of the page, which may
 			// wait for slower batches.
-			bMs, bRem = base(time.Unix(0, at))
+			bMs, bRem = s.lagBase(time.Unix(0, at))
 		}
-		switch d := bMs - items[i].lagMs; {
-		case d < 0: // a clock that stepped back
-		case d > int64(maxDuration/time.Millisecond)-1:
-			lag = maxDuration
-		default:
-			lag = time.Duration(d)*time.Millisecond + bRem
-		}
-		lags = append(lags, lag)
+		lags = append(lags, lag(bMs, bRem, items[i].lagMs))
 	}
 	s.lags = lags
 	// Markers of the retry range keep their finish times in no order: the
@@ -113,6 +119,18 @@ func (s *Sweep) observeLags(items []item, gone bool) {
 	if len(lags) > 0 {
 		s.obs.ObserveLags(s.prefix, lags)
 	}
+}
+
+// observeTimes hands the observer the lags of a counted run's markers, of
+// the times given ascending, deleted at done.
+func (s *Sweep) observeTimes(times []int64, done time.Time) {
+	baseMs, rem := s.lagBase(done)
+	lags := s.lags[:0]
+	for _, ms := range times {
+		lags = append(lags, lag(baseMs, rem, ms))
+	}
+	s.lags = lags
+	s.obs.ObserveLags(s.prefix, lags)
 }
 
 func (l *loop) observeLease(e LeaseEvent) {

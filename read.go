@@ -16,32 +16,36 @@ func (s *Sweep) walk(ctx context.Context, p *passState, from, end []byte) (empty
 	empty = true
 	var next *run // started before the last one was settled
 	for {
-		var keys [][]byte
-		var limit int
+		var n, limit int
+		var last []byte
 		r := next
 		next = nil // settleRun settles it, and awaits the run it starts even on a panic
 		if r == nil {
 			r = s.startRun(ctx, p, from, end)
 		}
 		if r != nil {
-			keys, limit, next, err = s.settleRun(ctx, p, r, end, true)
+			n, last, limit, next, err = s.settleRun(ctx, p, r, end, true)
 		}
 		if limit == 0 && err == nil {
 			limit = s.pageSize
+			var keys [][]byte
 			keys, err = s.scan(ctx, p, from, end, limit)
 			if err == nil && len(keys) > 0 {
 				err = s.finishPage(ctx, p, keys, s.preparePage(p, keys))
 			}
+			if n = len(keys); n > 0 {
+				last = keys[n-1]
+			}
 		}
-		empty = empty && len(keys) == 0
-		if err != nil || len(keys) < limit {
+		empty = empty && n == 0
+		if err != nil || n < limit {
 			if next != nil { // it may have cleared: settled, no other started
 				r, next = next, nil
-				_, _, _, _ = s.settleRun(ctx, p, r, end, false)
+				_, _, _, _, _ = s.settleRun(ctx, p, r, end, false)
 			}
 			return empty, err
 		}
-		p.buf.after = append(append(p.buf.after[:0], keys[len(keys)-1]...), 0)
+		p.buf.after = append(append(p.buf.after[:0], last...), 0)
 		from = p.buf.after
 	}
 }

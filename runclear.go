@@ -62,15 +62,52 @@ type RunClearer interface {
 	RunStore() RunClearer
 }
 
-// run is a ClearRun in flight.
+// RunCounter is a RunClearer whose runs can answer with less than their
+// keys: the run's last key and its markers' times, all the sweep needs of
+// a run that cleared every marker it took. A store that deletes its runs
+// by a range of an index then sends nothing back a row (sqlkv's
+// AtomicTableKV without a ClearFunc: BENCHMARKS.md, "Your table is the
+// marker").
+//
+// A Sweep that would call ClearRun calls CountRun instead, and counts each
+// marker of Times as Cleared: a RunCounter's run must not take two
+// markers of one id. CountRun returns an error matching
+// errors.ErrUnsupported when the store cannot count its runs (its clear
+// needs the ids), and the Sweep calls ClearRun from then on.
+type RunCounter interface {
+	RunClearer
+	// CountRun takes, clears and deletes a run as ClearRun does, with
+	// the same errors, and returns what it took. With an error, only
+	// RunCount.Keys is read.
+	CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error)
+}
+
+// RunCount is what a RunCounter's run took.
+type RunCount struct {
+	// Last is the run's last key; nil when it took none.
+	Last []byte
+	// Times holds the time of each marker the run deleted, the Unix
+	// milliseconds its key carries, ascending with the keys: one per
+	// marker, the last Last's.
+	Times []int64
+	// Keys, with CountRun's error, are the keys ClearRun would return
+	// with it (see ClearRun): the sweep acts on the error as on
+	// ClearRun's. Nil when the store does not know them.
+	Keys [][]byte
+}
+
+// run is a ClearRun (or a CountRun) in flight.
 type run struct {
 	rc         RunClearer
+	counted    bool // CountRun: its reply is count, not keys
 	from       []byte
 	limit      int
 	mark       *fenceMark
 	call       guardedCall
 	keys       [][]byte      // the reply, once call is done
+	count      RunCount      // CountRun's reply
 	took       time.Duration // how long the store took, for adapt
+	doneAt     time.Time     // when the store answered, for the lags of a count
 	clockPanic *caughtPanic  // the Clock's, read after the run
 }
 
@@ -84,6 +121,8 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 		return nil
 	}
 	r := &run{rc: rc, from: from, limit: int(s.curBatch.Load())}
+	rcount, counts := rc.(RunCounter)
+	r.counted = counts && !s.noCount
 	wctx, mark := p.writeCtx(ctx)
 	r.mark = mark
 	start := s.clock.Now()
@@ -96,14 +135,19 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 			}
 			start = s.clock.Now() // the store's time, for adapt, not the budget's
 		}
-		r.keys, err = rc.ClearRun(ctx, s.prefix, from, end, r.limit)
+		if r.counted {
+			r.count, err = rcount.CountRun(ctx, s.prefix, from, end, r.limit)
+		} else {
+			r.keys, err = rc.ClearRun(ctx, s.prefix, from, end, r.limit)
+		}
 		func() {
 			defer func() {
 				if v := recover(); v != nil {
 					r.clockPanic = &caughtPanic{value: v}
 				}
 			}()
-			r.took = s.clock.Now().Sub(start)
+			r.doneAt = s.clock.Now()
+			r.took = r.doneAt.Sub(start)
 		}()
 		return err
 	})
@@ -118,39 +162,34 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 // all it was asked for and ahead is set, the next run is started before
 // this one is settled, and returned: the store works while the sweep
 // counts (BENCHMARKS.md, "Runs").
-func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte, ahead bool) (keys [][]byte, limit int, next *run, err error) {
+func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte, ahead bool) (n int, last []byte, limit int, next *run, err error) {
 	err = s.await(ctx, r.call)
 	if r.clockPanic != nil {
 		panic(r.clockPanic.value)
 	}
-	keys, limit = r.keys, r.limit
+	if r.counted && (err == nil || r.count.Keys == nil) {
+		return s.settleCount(ctx, p, r, end, ahead, err)
+	}
+	if r.counted {
+		r.keys = r.count.Keys // a failed run's, settled as ClearRun's
+	}
+	keys, limit := r.keys, r.limit
 	if errors.Is(err, errors.ErrUnsupported) {
 		s.noRuns = true
-		return nil, 0, nil, nil
+		return 0, nil, 0, nil, nil
 	}
 	s.adapt(len(keys), r.took, err)
 	p.st.ClearCalls++
 	if errors.Is(err, ErrMalformedMarker) {
-		return nil, 0, nil, nil // refused, changing nothing: the page sorts the keys out
+		return 0, nil, 0, nil, nil // refused, changing nothing: the page sorts the keys out
 	}
 	if bad := badRun(keys, r.from, end, limit); bad != "" {
-		return nil, limit, nil, s.brokenRun(r, bad)
+		return 0, nil, limit, nil, s.brokenRun(r, bad)
 	}
 	ferr := checkFenced(r.mark, p.kv, "ClearRun")
 	if len(keys) == 0 {
-		switch {
-		case ferr != nil:
-			return nil, limit, nil, ferr
-		case err == nil: // the range is empty
-			return nil, limit, nil, nil
-		case ctx.Err() != nil:
-			return nil, limit, nil, ctx.Err()
-		case errors.Is(err, ErrLeaseLost):
-			return nil, limit, nil, err
-		}
-		p.callFailed(err)
-		p.foldCalls()
-		return nil, 0, nil, nil
+		limit, err = emptyRun(ctx, p, limit, err, ferr)
+		return 0, nil, limit, nil, err
 	}
 	settled := false
 	if ahead && err == nil && ferr == nil && len(keys) == limit {
@@ -167,7 +206,7 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	// clears the next run: 10,000 comparisons would keep it waiting.
 	if bad := outOfOrder(keys); bad != "" {
 		settled = true // the caller settles next
-		return nil, limit, next, s.brokenRun(r, bad)
+		return 0, nil, limit, next, s.brokenRun(r, bad)
 	}
 	// Not preparePage: the store took the run whatever waits in memory; a
 	// failed run's ids that wait are deferred before the rest go again.
@@ -185,7 +224,94 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	calls, err := b.end()
 	err = s.afterClears(ctx, p, keys, items, calls, err)
 	settled = true
-	return keys, limit, next, err
+	return len(keys), keys[len(keys)-1], limit, next, err
+}
+
+// emptyRun settles a run that took no key, or whose keys are unknown,
+// and answered err (ferr: it went out unfenced). It returns the limit the
+// walk goes on with, 0 to read the page itself, and the pass's error.
+func emptyRun(ctx context.Context, p *passState, limit int, err, ferr error) (int, error) {
+	switch {
+	case ferr != nil:
+		return limit, ferr
+	case err == nil: // the range is empty
+		return limit, nil
+	case ctx.Err() != nil:
+		return limit, ctx.Err()
+	case errors.Is(err, ErrLeaseLost):
+		return limit, err
+	}
+	p.callFailed(err)
+	p.foldCalls()
+	return 0, nil
+}
+
+// settleCount settles r, a CountRun of [.., end) that answered err, as
+// settleRun does a ClearRun whose keys were all cleared: a failed run's
+// keys are unknown, so the sweep reads that part of the range itself.
+func (s *Sweep) settleCount(ctx context.Context, p *passState, r *run, end []byte, ahead bool, err error) (n int, last []byte, limit int, next *run, _ error) {
+	c, limit := r.count, r.limit
+	if errors.Is(err, errors.ErrUnsupported) {
+		s.noCount = true
+		return 0, nil, 0, nil, nil
+	}
+	if err != nil {
+		c = RunCount{} // not read: the sweep reads that part of the range
+	}
+	n = len(c.Times)
+	s.adapt(n, r.took, err)
+	p.st.ClearCalls++
+	if errors.Is(err, ErrMalformedMarker) {
+		return 0, nil, 0, nil, nil // refused, changing nothing: the page sorts the keys out
+	}
+	if bad := s.badCount(c, r.from, end, limit); bad != "" {
+		return 0, nil, limit, nil, s.brokenRun(r, bad)
+	}
+	ferr := checkFenced(r.mark, p.kv, "CountRun")
+	if n == 0 {
+		limit, err = emptyRun(ctx, p, limit, err, ferr)
+		return 0, nil, limit, nil, err
+	}
+	if ahead && ferr == nil && n == limit {
+		next = s.startRun(ctx, p, keyAfter(c.Last), end)
+	}
+	// What it did stands, unfenced or not; an unfenced one fails the pass.
+	if ferr == nil {
+		p.ok()
+	}
+	p.st.Cleared += n
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(c.Times[0])))
+	if s.obs != nil {
+		s.observeTimes(c.Times, r.doneAt)
+		s.observePage(p)
+	}
+	return n, c.Last, limit, next, ferr
+}
+
+// badCount says how what a CountRun returned breaks its contract, or "":
+// more times than the limit, a last key outside [from, end) or that is no
+// marker of the last time, or times out of order.
+func (s *Sweep) badCount(c RunCount, from, end []byte, limit int) string {
+	n := len(c.Times)
+	switch {
+	case n > limit:
+		return fmt.Sprintf("%d markers counted for a limit of %d", n, limit)
+	case n == 0 && c.Last != nil:
+		return fmt.Sprintf("a last key %q for no marker", c.Last)
+	case n == 0:
+		return ""
+	case bytes.Compare(c.Last, from) < 0 || bytes.Compare(c.Last, end) >= 0:
+		return fmt.Sprintf("key %q returned outside [%q, %q)", c.Last, from, end)
+	}
+	if ms, _, _, err := parseKey(s.prefix, c.Last); err != nil || ms != c.Times[n-1] {
+		return fmt.Sprintf("last key %q is no marker of the last time, %d", c.Last, c.Times[n-1])
+	}
+	for i := 1; i < n; i++ {
+		if c.Times[i] < c.Times[i-1] {
+			return fmt.Sprintf("times returned out of order: %d after %d", c.Times[i], c.Times[i-1])
+		}
+	}
+	return ""
 }
 
 // badRun says how the keys a ClearRun returned break its contract, or "":

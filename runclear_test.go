@@ -1053,3 +1053,148 @@ func TestWrapperEmbeddingARunClearerTakesNoRuns(t *testing.T) {
 		assert.Zero(t, kv.runs.Load())
 	})
 }
+
+// newCountKV returns a countKV holding n markers finished at t0 (markN)
+// and their entities, and the markers' ids.
+func newCountKV(t testing.TB, n int) (*countKV, []string) {
+	mem := NewMemKV()
+	kv := countOver(mem)
+	ids := markN(t, mem, n, t0)
+	for _, id := range ids {
+		kv.entities[id] = true
+	}
+	return kv, ids
+}
+
+// TestCountedRunsClearWithoutTheirKeys: a RunCounter's runs answer with
+// their count, and the pass counts and observes them as it would their
+// keys: every entity cleared once, each marker's lag, the oldest's as
+// MaxLag, no Scan of the expired range.
+func TestCountedRunsClearWithoutTheirKeys(t *testing.T) {
+	t.Parallel()
+	kv, ids := newCountKV(t, 25)
+	late := mark(t, kv.MemKV, "runs/", "late", t0.Add(2*time.Hour))
+	rec := &recorder{}
+	s, clock := newSweep(t, kv, Config{BatchSize: 10, Observer: rec})
+	clock.Advance(time.Hour + time.Second)
+	kv.reset()
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 25, st.Cleared)
+	assert.Equal(t, 3, st.ClearCalls, "runs of 10, 10 and 5")
+	assert.Equal(t, int64(3), kv.counts.Load())
+	assert.Equal(t, int64(2), kv.scans.Load(), "Scans: the key past the expired range and the retry range, none of the expired range")
+	assert.Equal(t, time.Second, st.MaxLag)
+	assert.Equal(t, t0.Add(3*time.Hour), st.NextDue)
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Equal(t, []string{string(late)}, keysUnder(t, kv, "runs/"))
+	require.Len(t, rec.lags, 25)
+	for i, lag := range rec.lags {
+		assert.Equal(t, time.Second-time.Duration(i)*time.Millisecond, lag, "marker %d finished %dms after the first", i, i)
+	}
+	assert.Equal(t, []int{10, 10, 5}, clearedPerPage(rec.pages))
+}
+
+// TestUncountableRunsGoByTheirKeys: a RunCounter that says it cannot
+// count its runs is asked once; the sweep calls ClearRun from then on.
+func TestUncountableRunsGoByTheirKeys(t *testing.T) {
+	t.Parallel()
+	kv, ids := newCountKV(t, 12)
+	kv.uncountable = true
+	s, clock := newSweep(t, kv, Config{BatchSize: 5, PageSize: 5})
+	clock.Advance(2 * time.Hour)
+	for range 2 {
+		st, err := s.Pass(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, st.FailedCalls)
+	}
+	assert.Equal(t, int64(1), kv.counts.Load())
+	assert.Equal(t, int64(3), kv.runs.Load(), "after a page of 5, runs of 5 and 2 by their keys; the next pass's, empty")
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+}
+
+// TestCountedRunRefusedGoesByPage: a run the store refuses (two markers
+// of one id) is read as a page, whose duplicate is counted as such, and
+// the sweep counts its runs again after it.
+func TestCountedRunRefusedGoesByPage(t *testing.T) {
+	t.Parallel()
+	kv, ids := newCountKV(t, 12)
+	mark(t, kv.MemKV, "runs/", ids[0], t0.Add(time.Millisecond)) // sorts right before ids[1]'s
+	s, clock := newSweep(t, kv, Config{BatchSize: 4, PageSize: 4})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 12, st.Cleared)
+	assert.Equal(t, 1, st.Duplicates)
+	assert.Equal(t, int64(4), kv.counts.Load(), "refused, then after the page: 4, 4 and 1")
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Empty(t, keysUnder(t, kv, "runs/"))
+}
+
+// TestLostCountReplyClearsNothingTwice: a counted run that committed but
+// whose answer was lost is not counted; the sweep reads that part of the
+// range itself and finds those markers gone.
+func TestLostCountReplyClearsNothingTwice(t *testing.T) {
+	t.Parallel()
+	kv, ids := newCountKV(t, 9)
+	kv.loseCount = true
+	s, clock := newSweep(t, kv, Config{BatchSize: 4, PageSize: 4})
+	clock.Advance(2 * time.Hour)
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.FailedCalls, "the lost runs")
+	assert.Equal(t, 4, st.Cleared, "a page of 4 between two lost runs, whose 5 markers are not counted")
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Empty(t, keysUnder(t, kv, "runs/"))
+}
+
+// TestCountBreakingTheContractFailsThePass: a count that is too long,
+// out of order, or whose last key is outside the range or not of the
+// last time fails the pass naming the store's fault, and the sweep reads
+// pages from then on.
+func TestCountBreakingTheContractFailsThePass(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		reshape func(RunCount) RunCount
+		want    string
+	}{
+		{"beyond the limit", func(c RunCount) RunCount { c.Times = append(c.Times, c.Times...); return c }, "for a limit of 4"},
+		{"descending", func(c RunCount) RunCount { slices.Reverse(c.Times); return c }, "last key"},
+		{"out of order", func(c RunCount) RunCount { c.Times[0], c.Times[1] = c.Times[1], c.Times[0]; return c }, "out of order"},
+		{"past the range", func(c RunCount) RunCount { c.Last = []byte("runs/99999999999999999999/late"); return c }, "outside"},
+		{"no last key", func(c RunCount) RunCount { c.Last = nil; return c }, "outside"},
+		{"a last key for none", func(c RunCount) RunCount { c.Times = nil; return c }, "for no marker"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kv, ids := newCountKV(t, 6)
+			kv.reshape = tc.reshape
+			s, clock := newSweep(t, kv, Config{BatchSize: 4})
+			clock.Advance(2 * time.Hour)
+			_, err := s.Pass(context.Background())
+			require.ErrorContains(t, err, "broke its contract")
+			assert.ErrorContains(t, err, tc.want)
+
+			st, err := s.Pass(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), kv.counts.Load())
+			assert.Zero(t, st.FailedCalls)
+			for _, id := range ids {
+				assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+			}
+			assert.Empty(t, keysUnder(t, kv, "runs/"))
+		})
+	}
+}

@@ -571,6 +571,7 @@ const (
 	soakBatch                  // Config.ClearBatch
 	soakAtomic                 // a ClearDeleter
 	soakRuns                   // a RunClearer
+	soakCounts                 // a RunCounter
 )
 
 // soakAtomicKV is the soak's ClearDeleter: a faultAtomic whose calls count
@@ -623,6 +624,41 @@ func (r soakRunKV) ClearRun(ctx context.Context, prefix string, from, end []byte
 // RunStore implements RunClearer.
 func (r soakRunKV) RunStore() RunClearer { return r }
 
+// soakCountKV is the soak's RunCounter: its runs are soakRunKV's, refused
+// when they would take two markers of one id, and answered with their
+// count, or with the keys soakRunKV returns with an error.
+type soakCountKV struct{ soakRunKV }
+
+func (c soakCountKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+	keys, err := c.Scan(ctx, from, end, limit)
+	if err != nil {
+		return RunCount{}, err
+	}
+	seen := map[string]bool{}
+	for _, key := range keys {
+		if _, id, err := ParseMarkerKey(prefix, key); err == nil {
+			if seen[string(id)] {
+				return RunCount{}, fmt.Errorf("%w: two markers of %s in the run", ErrMalformedMarker, id)
+			}
+			seen[string(id)] = true
+		}
+	}
+	keys, err = c.ClearRun(ctx, prefix, from, end, limit)
+	if err != nil {
+		return RunCount{Keys: keys}, err
+	}
+	var rc RunCount
+	for _, key := range keys {
+		at, _, _ := ParseMarkerKey(prefix, key)
+		rc.Times = append(rc.Times, at.UnixMilli())
+		rc.Last = key
+	}
+	return rc, nil
+}
+
+// RunStore implements RunClearer.
+func (c soakCountKV) RunStore() RunClearer { return c }
+
 // TestSoakFaults runs Run over a store and clears that fail in every way
 // faultKV, faultClear and faultAtomic know, while a writer keeps finishing
 // entities, and checks the invariants all along: (a) no id loses its last
@@ -646,6 +682,7 @@ func TestSoakFaults(t *testing.T) {
 		{"atomic/concurrency=4", 4, soakMover, soakAtomic, 0},
 		{"runs/concurrency=1", 1, soakMover, soakRuns, 0},
 		{"runs/budget", 1, soakMover, soakRuns, 2000},
+		{"runs/counted", 1, soakMover, soakCounts, 0},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
@@ -733,14 +770,17 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 			state.returnedBatch(ids, err)
 			return err
 		}
-	case soakAtomic, soakRuns:
+	case soakAtomic, soakRuns, soakCounts:
 		require.Equal(t, soakMover, v.store, "an atomic clear needs a Mover, or a reschedule may leave two markers")
 		state.atomic = true
 		cfg.BatchSize = 4
 		kv = soakAtomicKV{&faultAtomic{faultKV: fkv, c: fc, commit: state.committed, refuse: state.holds}, state}
-		if v.mode == soakRuns {
+		if v.mode == soakRuns || v.mode == soakCounts {
 			runs, committed := new(atomic.Int64), new(atomic.Int64)
 			kv = soakRunKV{kv.(soakAtomicKV), runs, committed}
+			if v.mode == soakCounts {
+				kv = soakCountKV{kv.(soakRunKV)}
+			}
 			defer func() { t.Logf("runs: %d, %d committed", runs.Load(), committed.Load()) }()
 		}
 	}

@@ -70,6 +70,7 @@ type memory struct {
 	foreignWarned time.Time // when they were last logged at Warn
 	idle          bool      // the last pass found nothing expired (see stillIdle)
 	noRuns        bool      // the KV said it cannot clear runs (see startRun)
+	noCount       bool      // the RunCounter said it cannot count its runs
 }
 
 // scratch is one pass's state and buffers, which the next pass reuses: an
