@@ -42,6 +42,8 @@ type Store struct {
 	// PutMany, when not nil, writes many keys at once; Benchmark uses it to
 	// fill a store quickly. Nil means Put is called for each key.
 	PutMany func(ctx context.Context, keys [][]byte) error
+
+	counting bool // the ClearRun behaviours call CountRun (see runClearer)
 }
 
 // Factory returns a fresh, empty Store. It is called once per behaviour (or
@@ -118,6 +120,12 @@ var behaviours = []struct {
 	{"ClearRunStartInclusiveEndExclusive", testClearRunBounds},
 	{"ClearRunRefusesNonMarkers", testClearRunRefused},
 	{"ClearRunCancelledContext", testClearRunCancelled},
+	// A KV that is a retention.RunCounter: the ClearRun behaviours again,
+	// each run by CountRun, whose answer must tell what the run deleted.
+	{"CountRunLimitAndOrder", counting(testClearRunLimit)},
+	{"CountRunStartInclusiveEndExclusive", counting(testClearRunBounds)},
+	{"CountRunRefusesNonMarkers", counting(testClearRunRefused)},
+	{"CountRunCancelledContext", counting(testClearRunCancelled)},
 }
 
 // opTimeout bounds each store call so a hung store fails instead of stalling.

@@ -58,13 +58,22 @@ var broken = map[string]struct {
 	"run store embedded":   {func(m *retention.MemKV) retention.KV { return runStoreEmbedded{newRunMem(m)} }, []string{"ClearRunStore"}},
 	"run unsupported late": {func(m *retention.MemKV) retention.KV { return runUnsupportedLate{newRunMem(m)} }, []string{"ClearRunLimitAndOrder", "ClearRunStartInclusiveEndExclusive"}},
 	"run ignores context":  {func(m *retention.MemKV) retention.KV { return runIgnoresCtx{newRunMem(m)} }, []string{"ClearRunCancelledContext"}},
+	// RunCounters, each a countMem with one rule broken.
+	"count times wrong": {func(m *retention.MemKV) retention.KV { return countMem{newRunMem(m), countTimesWrong} }, []string{"CountRunLimitAndOrder", "CountRunStartInclusiveEndExclusive"}},
+	"count last wrong":  {func(m *retention.MemKV) retention.KV { return countMem{newRunMem(m), countLastWrong} }, []string{"CountRunLimitAndOrder", "CountRunStartInclusiveEndExclusive"}},
 }
 
-// runBehaviours are the behaviours of Run that check a RunClearer.
-var runBehaviours = []string{
-	"ClearRunStore", "ClearRunLimitAndOrder", "ClearRunStartInclusiveEndExclusive",
-	"ClearRunRefusesNonMarkers", "ClearRunCancelledContext",
-}
+// runBehaviours are the behaviours of Run that check a RunClearer, and
+// countBehaviours those that check a RunCounter.
+var (
+	runBehaviours = []string{
+		"ClearRunStore", "ClearRunLimitAndOrder", "ClearRunStartInclusiveEndExclusive",
+		"ClearRunRefusesNonMarkers", "ClearRunCancelledContext",
+	}
+	countBehaviours = []string{
+		"CountRunLimitAndOrder", "CountRunStartInclusiveEndExclusive", "CountRunRefusesNonMarkers", "CountRunCancelledContext",
+	}
+)
 
 // TestRunClearers runs the suite over RunClearers that keep the contract,
 // in a child process to read which behaviours ran: a runMem passes every
@@ -80,6 +89,7 @@ func TestRunClearers(t *testing.T) {
 	}{
 		{"run", "PASS"},
 		{"unsupported", "SKIP"},
+		{"count", "PASS"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -92,6 +102,10 @@ func TestRunClearers(t *testing.T) {
 				}
 				require.Contains(t, string(out), "--- "+state+": TestGoodChild/"+behaviour, "output:\n%s", out)
 			}
+			for _, behaviour := range countBehaviours {
+				state := cmp.Or(map[bool]string{true: "PASS"}[tt.name == "count"], "SKIP")
+				require.Contains(t, string(out), "--- "+state+": TestGoodChild/"+behaviour, "output:\n%s", out)
+			}
 		})
 	}
 }
@@ -100,6 +114,7 @@ func TestGoodChild(t *testing.T) {
 	good := map[string]func(*retention.MemKV) retention.KV{
 		"run":         func(m *retention.MemKV) retention.KV { return newRunMem(m) },
 		"unsupported": func(m *retention.MemKV) retention.KV { return runUnsupported{newRunMem(m)} },
+		"count":       func(m *retention.MemKV) retention.KV { return countMem{newRunMem(m), nil} },
 	}
 	wrap, ok := good[os.Getenv("KVTEST_GOOD")]
 	if !ok {
@@ -412,6 +427,49 @@ func (k runPartway) ClearRun(ctx context.Context, prefix string, from, end []byt
 }
 
 func (k runPartway) RunStore() retention.RunClearer { return k }
+
+// countMem is a RunCounter over a runMem: its runs answer with their
+// count, reshaped by broken when not nil.
+type countMem struct {
+	runMem
+	broken func(retention.RunCount) retention.RunCount
+}
+
+func (k countMem) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+	keys, err := k.ClearRun(ctx, prefix, from, end, limit)
+	if err != nil {
+		return retention.RunCount{}, err
+	}
+	var c retention.RunCount
+	for _, key := range keys {
+		at, _, _ := retention.ParseMarkerKey(prefix, key)
+		c.Times = append(c.Times, at.UnixMilli())
+		c.Last = key
+	}
+	if k.broken != nil && len(keys) > 0 {
+		c = k.broken(c)
+	}
+	return c, nil
+}
+
+func (k countMem) RunStore() retention.RunClearer { return k }
+
+// countTimesWrong answers every time but the last a millisecond late.
+func countTimesWrong(c retention.RunCount) retention.RunCount {
+	for i := range len(c.Times) - 1 {
+		c.Times[i]++
+	}
+	if len(c.Times) == 1 {
+		c.Times = append(c.Times, c.Times[0])
+	}
+	return c
+}
+
+// countLastWrong answers the first key as the last.
+func countLastWrong(c retention.RunCount) retention.RunCount {
+	c.Last = append(c.Last[:len(c.Last):len(c.Last)], 'x')
+	return c
+}
 
 // runStoreEmbedded inherits the RunStore of the runMem it embeds, as a
 // wrapper that declares only ClearRun would.

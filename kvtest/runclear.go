@@ -1,6 +1,7 @@
 package kvtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,14 +16,75 @@ import (
 
 // runClearer returns the store's KV as a retention.RunClearer, or skips
 // the test when it is not one: the ClearRun behaviours check an optional
-// ability.
+// ability. Counting, it returns the store's CountRun as a ClearRun (see
+// counter), or skips the test when the KV is no retention.RunCounter.
 func runClearer(t *testing.T, s Store) retention.RunClearer {
 	t.Helper()
 	rc, ok := s.KV.(retention.RunClearer)
 	if !ok {
 		t.Skipf("the KV (%T) is not a retention.RunClearer", s.KV)
 	}
+	if s.counting {
+		c, ok := s.KV.(retention.RunCounter)
+		if !ok {
+			t.Skipf("the KV (%T) is not a retention.RunCounter", s.KV)
+		}
+		return counter{c, t, s}
+	}
 	return rc
+}
+
+// counting returns behaviour run with the store's runs taken by CountRun.
+func counting(behaviour func(*testing.T, Store)) func(*testing.T, Store) {
+	return func(t *testing.T, s Store) {
+		s.counting = true
+		behaviour(t, s)
+	}
+}
+
+// counter is a RunCounter seen as a RunClearer by the ClearRun behaviours:
+// its ClearRun calls CountRun, checks that the answer tells what the run
+// deleted (one time per key gone, in order, and the last key gone), and
+// returns the keys gone; with an error, the answer's Keys.
+type counter struct {
+	retention.RunCounter
+	t *testing.T
+	s Store
+}
+
+func (c counter) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
+	c.t.Helper()
+	before := allKeys(c.t, c.s)
+	rc, err := c.CountRun(ctx, prefix, from, end, limit)
+	if err != nil {
+		return rc.Keys, err
+	}
+	gone := missing(before, allKeys(c.t, c.s))
+	call := fmt.Sprintf("CountRun(%q, %q, %q, %d)", prefix, from, end, limit)
+	var want []int64
+	for _, k := range gone {
+		at, _, perr := retention.ParseMarkerKey(prefix, []byte(k))
+		if perr != nil {
+			c.t.Errorf("%s deleted %q, no marker of %q: %v", call, k, prefix, perr)
+			continue
+		}
+		want = append(want, at.UnixMilli())
+	}
+	if !slices.Equal(rc.Times, want) {
+		c.t.Errorf("%s answered the times %v for the keys it deleted, %q: want %v, one per key, ascending", call, rc.Times, gone, want)
+	}
+	var last []byte
+	if len(gone) > 0 {
+		last = []byte(gone[len(gone)-1])
+	}
+	if !bytes.Equal(rc.Last, last) {
+		c.t.Errorf("%s answered the last key %q, having deleted %q: want %q", call, rc.Last, gone, last)
+	}
+	keys := make([][]byte, len(gone))
+	for i, k := range gone {
+		keys[i] = []byte(k)
+	}
+	return keys, nil
 }
 
 // runCall is the arguments of one ClearRun.
