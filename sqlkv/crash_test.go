@@ -117,7 +117,8 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 	}
 	require.NoError(t, tx.Commit())
 
-	worst, runs := killChildren(t, rng, "TestCrashAtomicSQLite", file, func() crashState { return crashCheck(t, admin) })
+	worst, said := killChildren(t, rng, "TestCrashAtomicSQLite", file, func() crashState { return crashCheck(t, admin) })
+	runs := said["run"]
 
 	// A clean sweep: no poison, no sleep, every retry due.
 	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
@@ -149,8 +150,12 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 // timed-out batch, crashKills times, every other child with Concurrency 1.
 // After every kill, check reads the state of the store; it returns the
 // worst state seen and how many runs the children cleared.
-func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func() crashState) (worst crashState, runs int) {
+// killChildren starts and kills the children of test, checking the file
+// after each kill, and returns the worst state seen and how many times
+// the children said each word.
+func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func() crashState) (worst crashState, said map[string]int) {
 	start := time.Now()
+	said = map[string]int{}
 	modes := map[string]int{}
 	for kill := 1; kill <= crashKills; kill++ {
 		// Where to kill: at a random moment, after the k-th batch cleared,
@@ -219,10 +224,12 @@ func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func()
 		st := check()
 		t.Logf("kill %2d (concurrency %d, %s %d; child saw %v): %s", kill, conc, mode, k, seen, st)
 		worst = worst.max(st)
-		runs += seen["run"]
+		for word, n := range seen {
+			said[word] += n
+		}
 	}
 	t.Logf("%d kills in %v (%v)", crashKills, time.Since(start).Round(time.Millisecond), modes)
-	return worst, runs
+	return worst, said
 }
 
 // crashState is what the file shows after a kill.
@@ -428,6 +435,24 @@ func (c *crashKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 		c.say(fmt.Sprintf("cleared %d", len(keys)))
 	}
 	return keys, err
+}
+
+// CountRun implements retention.RunCounter, for a store that is one.
+func (c *crashKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+	rc, ok := c.akv.(retention.RunCounter)
+	if !ok {
+		return retention.RunCount{}, fmt.Errorf("a %T counts no runs: %w", c.akv, errors.ErrUnsupported)
+	}
+	n, err := rc.CountRun(ctx, prefix, from, end, limit)
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		c.say(fmt.Sprintf("timeout run err=%v", err != nil))
+	case err == nil && len(n.Times) > 0:
+		c.say(fmt.Sprintf("run %d", len(n.Times)))
+		c.say(fmt.Sprintf("counted %d", len(n.Times)))
+		c.say(fmt.Sprintf("cleared %d", len(n.Times)))
+	}
+	return n, err
 }
 
 // RunStore implements retention.RunClearer.

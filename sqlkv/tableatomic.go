@@ -27,7 +27,7 @@ type AtomicTableKV struct {
 }
 
 var (
-	_ retention.RunClearer = (*AtomicTableKV)(nil)
+	_ retention.RunCounter = (*AtomicTableKV)(nil)
 	_ retention.Mover      = (*AtomicTableKV)(nil)
 )
 
@@ -188,9 +188,9 @@ func (a *AtomicTableKV) ClearRun(ctx context.Context, prefix string, from, end [
 	case err != nil:
 		return nil, err
 	case f != nil:
-		return a.clearRun(ctx, prefix, from, end, limit, f.lease)
+		return a.clearRun(ctx, prefix, from, end, limit, f.lease, nil)
 	}
-	return a.clearRun(ctx, prefix, from, end, limit, nil)
+	return a.clearRun(ctx, prefix, from, end, limit, nil, nil)
 }
 
 // shadows returns the ids of the rows the side table shadows, as
@@ -233,6 +233,56 @@ func (a *AtomicTableKV) refuseShadowed(ctx context.Context, tx *sql.Tx, rows []r
 	return nil
 }
 
+// CountRun implements retention.RunCounter: it clears a run as ClearRun
+// does, and returns the run's last key and its markers' times instead of
+// its keys, which a run of the table's own rows never builds. An
+// AtomicTableKV with a ClearFunc, which needs the ids, returns an error
+// matching errors.ErrUnsupported.
+func (a *AtomicTableKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+	var c retention.RunCount
+	if a.clear != nil {
+		return c, fmt.Errorf("sqlkv: count a run of %s: its ClearFunc needs the ids: %w", a.table, errors.ErrUnsupported)
+	}
+	f, err := a.fencedAtomic(ctx)
+	var lease *sqlLease
+	switch {
+	case err != nil:
+		return c, err
+	case f != nil:
+		lease = f.lease
+	}
+	if _, err := a.clearRun(ctx, prefix, from, end, limit, lease, &c); err != nil {
+		return retention.RunCount{}, err
+	}
+	return c, nil
+}
+
+// countRows sets c to the count of rows, in key order.
+func (a *AtomicTableKV) countRows(c *retention.RunCount, rows []row) {
+	if len(rows) == 0 {
+		return
+	}
+	c.Times = make([]int64, len(rows))
+	for i, r := range rows {
+		c.Times[i] = r.ms
+	}
+	last := rows[len(rows)-1]
+	c.Last = a.rowKey(nil, last.ms, last.id)
+}
+
+// countKeys sets c to the count of keys, markers of prefix in key order.
+func countKeys(c *retention.RunCount, prefix string, keys [][]byte) {
+	if len(keys) == 0 {
+		return
+	}
+	c.Times = make([]int64, len(keys))
+	for i, k := range keys {
+		t, _, _ := retention.ParseMarkerKey(prefix, k)
+		c.Times[i] = t.UnixMilli()
+	}
+	c.Last = keys[len(keys)-1]
+}
+
 // RunStore implements retention.RunClearer.
 func (a *AtomicTableKV) RunStore() retention.RunClearer { return a }
 
@@ -240,7 +290,7 @@ func (a *AtomicTableKV) RunStore() retention.RunClearer { return a }
 // deletion.
 var errRowsMoved = errors.New("rows changed while the run was picked")
 
-func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end []byte, limit int, lease *sqlLease) ([][]byte, error) {
+func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end []byte, limit int, lease *sqlLease, count *retention.RunCount) ([][]byte, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("sqlkv: ClearRun limit must be at least 1, got %d", limit)
 	}
@@ -249,6 +299,9 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 	var keys [][]byte
 	err := a.inTx(ctx, "clear a run of", lease, func(tx *sql.Tx) error {
 		keys = nil
+		if count != nil {
+			*count = retention.RunCount{}
+		}
 		shadows, err := a.shadows(ctx, tx, false)
 		if err != nil {
 			return err
@@ -268,6 +321,10 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 				}
 				if err := a.refuseShadowed(ctx, tx, rows); err != nil {
 					return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, err)
+				}
+				if count != nil {
+					a.countRows(count, rows)
+					return nil // no ClearFunc (see CountRun)
 				}
 				var ids []string
 				keys, ids = a.runKeys(rows, a.clear != nil)
@@ -307,6 +364,10 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 			// The page path asks ClearAndDelete, whose answer says so.
 			return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, err)
 		}
+		if count != nil && bare && cut != nil && len(side) == 0 && a.returning && prefix == a.prefix {
+			// The run's end is known: only the times come back.
+			return a.countRun(ctx, tx, count, lo, hi, cut, limit)
+		}
 		var rows []row
 		if prefix == a.prefix && lo.less(hi) {
 			if rows, err = a.deleteRun(ctx, tx, lo, hi, cut, limit, bare); err != nil {
@@ -329,10 +390,18 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 			return nil
 		}
 		sortRows(rows)
+		if count != nil && len(side) == 0 {
+			a.countRows(count, rows)
+			return nil // no ClearFunc (see CountRun)
+		}
 		var ids []string
 		keys, ids = a.runKeys(rows, a.clear != nil)
 		if len(side) > 0 {
 			keys, ids = mergeKeys(prefix, keys, side)
+		}
+		if count != nil {
+			countKeys(count, prefix, keys)
+			keys = nil
 		}
 		return a.clearIDs(ctx, tx, ids)
 	})
@@ -526,6 +595,55 @@ func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPo
 	return rows, nil
 }
 
+// countRun deletes the limit markers of [lo, hi) up to cut, found with no
+// shadow, and sets c to their count: only their times come back.
+func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.RunCount, lo, hi viewPos, cut *runCut, limit int) error {
+	op := "clear a run of " + a.table
+	w := &where{d: a.d, bare: true}
+	a.rangeConds(w, lo, hi)
+	a.cutConds(w, cut)
+	rs, err := query(ctx, a.d, tx, "DELETE FROM "+a.table+" WHERE "+w.String()+" RETURNING "+a.col(a.tm), w.args)
+	if err != nil {
+		return wrap(ctx, "delete from "+a.table, err)
+	}
+	defer rs.Close()
+	times := make([]int64, 0, limit)
+	var at time.Time
+	var ms int64
+	dst := any(&ms)
+	if a.unit == Timestamp {
+		dst = &at
+	}
+	for rs.Next() {
+		if err := rs.Scan(dst); err != nil {
+			return fmt.Errorf("sqlkv: table %s: %w", a.table, err)
+		}
+		if a.unit == Timestamp {
+			ms = ceilMs(at)
+		}
+		times = append(times, ms)
+	}
+	if err := rs.Err(); err != nil {
+		return wrap(ctx, "delete from "+a.table, err)
+	}
+	if len(times) != limit {
+		// Rows came or went since the run's end was found.
+		return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+	}
+	// A Move that committed while the deletion waited for a row's lock
+	// made it no marker (see refuseShadowed): which row, the times do not
+	// say.
+	if shadows, err := a.shadows(ctx, tx, true); err != nil || len(shadows) > 0 {
+		if err == nil {
+			err = fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+		}
+		return err
+	}
+	slices.Sort(times)
+	c.Times, c.Last = times, a.rowKey(nil, cut.ms, cut.id)
+	return nil
+}
+
 // cutConds adds the condition of the rows up to cut, when not nil.
 func (a *AtomicTableKV) cutConds(w *where, cut *runCut) {
 	if cut == nil {
@@ -593,14 +711,25 @@ type fencedAtomicTable struct {
 	a *AtomicTableKV
 }
 
-var _ retention.RunClearer = (*fencedAtomicTable)(nil)
+var _ retention.RunCounter = (*fencedAtomicTable)(nil)
 
 func (f *fencedAtomicTable) ClearAndDelete(ctx context.Context, ids []string, keys [][]byte) error {
 	return f.a.clearAndDelete(ctx, ids, keys, f.lease)
 }
 
 func (f *fencedAtomicTable) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
-	return f.a.clearRun(ctx, prefix, from, end, limit, f.lease)
+	return f.a.clearRun(ctx, prefix, from, end, limit, f.lease, nil)
+}
+
+func (f *fencedAtomicTable) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+	if f.a.clear != nil {
+		return f.a.CountRun(ctx, prefix, from, end, limit)
+	}
+	var c retention.RunCount
+	if _, err := f.a.clearRun(ctx, prefix, from, end, limit, f.lease, &c); err != nil {
+		return retention.RunCount{}, err
+	}
+	return c, nil
 }
 
 func (f *fencedAtomicTable) RunStore() retention.RunClearer { return f }
