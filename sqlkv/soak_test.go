@@ -77,6 +77,9 @@ type soakStore struct {
 	prefix  string
 	expired int // expired jobs
 	check   func(t testing.TB) crashState
+	// counted: no ClearFunc, so no log of the ids cleared; the rows'
+	// deletions are the clears, and runs are counted (RunCounter).
+	counted bool
 }
 
 // markerSoak is a soak's store of jobs with a marker each in a marker
@@ -246,8 +249,8 @@ func soak(t *testing.T, seed uint64, concurrency int, newStore func(*soakFaults)
 	}
 	final := check("after the clean passes")
 	runs := fkv.runs.Load()
-	t.Logf("seed %d: %d of %d faulty passes failed, %d runs (%d failed), %s; %d clean passes timed out; then %s",
-		seed, failedPasses, soakPasses, runs, fkv.failedRuns.Load(), fkv.report(), timeouts, final)
+	t.Logf("seed %d: %d of %d faulty passes failed, %d runs (%d failed, %d counted), %s; %d clean passes timed out; then %s",
+		seed, failedPasses, soakPasses, runs, fkv.failedRuns.Load(), fkv.counts.Load(), fkv.report(), timeouts, final)
 	require.True(t, done, "no clean pass was left with nothing to do")
 	if concurrency == 1 {
 		assert.Positive(t, runs, "runs")
@@ -255,6 +258,11 @@ func soak(t *testing.T, seed uint64, concurrency int, newStore func(*soakFaults)
 		assert.Zero(t, runs, "runs with Concurrency %d", concurrency)
 	}
 	assert.Zero(t, final.expiredLeft, "expired jobs left")
+	if st.counted {
+		assert.Positive(t, fkv.counts.Load(), "counted runs")
+		return
+	}
+	assert.Zero(t, fkv.counts.Load(), "counted runs of a store with a ClearFunc")
 	assert.Equal(t, st.expired, final.clearedIDs, "expired ids cleared")
 }
 
@@ -266,7 +274,7 @@ func soak(t *testing.T, seed uint64, concurrency int, newStore func(*soakFaults)
 type faultKV struct {
 	akv                        atomicStore
 	faults                     *soakFaults
-	runs, failedRuns           atomic.Int64
+	runs, failedRuns, counts   atomic.Int64
 	hangs, partials, lostCalls atomic.Int64
 }
 
@@ -369,6 +377,30 @@ func (f *faultKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 		return nil, err
 	}
 	return keys, nil
+}
+
+// CountRun implements retention.RunCounter, for a store that is one.
+func (f *faultKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+	rc, ok := f.akv.(retention.RunCounter)
+	if !ok {
+		return retention.RunCount{}, fmt.Errorf("a %T counts no runs: %w", f.akv, errors.ErrUnsupported)
+	}
+	f.runs.Add(1)
+	var c retention.RunCount
+	err := f.around(ctx, func() (err error) {
+		c, err = rc.CountRun(ctx, prefix, from, end, limit)
+		return err
+	})
+	if errors.Is(err, errors.ErrUnsupported) {
+		f.runs.Add(-1)
+		return c, err
+	}
+	if err != nil {
+		f.failedRuns.Add(1)
+		return retention.RunCount{}, err
+	}
+	f.counts.Add(1)
+	return c, nil
 }
 
 // RunStore implements retention.RunClearer.

@@ -3,6 +3,7 @@ package sqlkv_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -27,7 +28,15 @@ func TestTableFaultSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault soak")
 	}
-	soakEach(t, tableSoak)
+	soakEach(t, func(t testing.TB, dl dialect, faults *soakFaults) soakStore { return tableSoak(t, dl, faults, true) })
+	forEach(t, func(t *testing.T, dl dialect) {
+		for _, seed := range []uint64{8, 9} {
+			t.Run(fmt.Sprint("counted/seed", seed), func(t *testing.T) {
+				t.Parallel()
+				soak(t, seed, 1, func(f *soakFaults) soakStore { return tableSoak(t, dl, f, false) })
+			})
+		}
+	})
 }
 
 // tableSoakOthers is how many jobs of a table soak run, and how many
@@ -36,10 +45,12 @@ const tableSoakOthers = 100
 
 // tableSoak is a soak's store over a jobs table: soakExpired expired and
 // soakUnexpired unexpired done jobs, three a millisecond, and
-// tableSoakOthers running and cancelled ones; the ClearFunc records each
-// clear with its transaction's token. On PostgreSQL the finish time is a
-// timestamptz, elsewhere Unix milliseconds.
-func tableSoak(t testing.TB, dl dialect, faults *soakFaults) soakStore {
+// tableSoakOthers running and cancelled ones; withClear, the ClearFunc
+// records each clear with its transaction's token, and otherwise there
+// is none: the rows are the whole state, and runs are counted. On
+// PostgreSQL the finish time is a timestamptz, elsewhere Unix
+// milliseconds.
+func tableSoak(t testing.TB, dl dialect, faults *soakFaults, withClear bool) soakStore {
 	db := dl.open(t, "")
 	db.SetMaxOpenConns(8)
 	ctx := context.Background()
@@ -89,7 +100,7 @@ func tableSoak(t testing.TB, dl dialect, faults *soakFaults) soakStore {
 	table, err := sqlkv.NewTable(ctx, kv, sqlkv.Table{Name: jobs, ID: "id", Time: "finished", TimeUnit: unit,
 		Filter: "state = 'done'", Prefix: "soak/"})
 	require.NoError(t, err)
-	akv := table.WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
+	clearIDs := func(ctx context.Context, tx *sql.Tx, ids []string) error {
 		token := txToken()
 		for _, id := range ids {
 			n, err := strconv.ParseInt(id, 10, 64)
@@ -101,8 +112,12 @@ func tableSoak(t testing.TB, dl dialect, faults *soakFaults) soakStore {
 			}
 		}
 		return faults.clear(ctx)
-	})
+	}
+	if !withClear {
+		clearIDs = nil
+	}
+	akv := table.WithClear(clearIDs)
 	c := jobsCheck{db: db, d: dl.d, jobs: jobs, side: side, cleared: cleared, prefix: "soak/",
 		cutoff: timeArg(soakNow.Add(-time.Hour)), untouched: soakUnexpired + 2*tableSoakOthers}
-	return soakStore{kv: akv, prefix: "soak/", expired: soakExpired, check: c.check}
+	return soakStore{kv: akv, prefix: "soak/", expired: soakExpired, check: c.check, counted: !withClear}
 }
