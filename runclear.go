@@ -73,7 +73,8 @@ type RunClearer interface {
 // marker of Times as Cleared: a RunCounter's run must not take two
 // markers of one id. CountRun returns an error matching
 // errors.ErrUnsupported when the store cannot count its runs (its clear
-// needs the ids), and the Sweep calls ClearRun from then on.
+// needs the ids), having changed nothing, and the Sweep calls ClearRun at
+// once and from then on.
 type RunCounter interface {
 	RunClearer
 	// CountRun takes, clears and deletes a run as ClearRun does, with
@@ -98,17 +99,18 @@ type RunCount struct {
 
 // run is a ClearRun (or a CountRun) in flight.
 type run struct {
-	rc         RunClearer
-	counted    bool // CountRun: its reply is count, not keys
-	from       []byte
-	limit      int
-	mark       *fenceMark
-	call       guardedCall
-	keys       [][]byte      // the reply, once call is done
-	count      RunCount      // CountRun's reply
-	took       time.Duration // how long the store took, for adapt
-	doneAt     time.Time     // when the store answered, for the lags of a count
-	clockPanic *caughtPanic  // the Clock's, read after the run
+	rc          RunClearer
+	counted     bool // CountRun: its reply is count, not keys
+	uncountable bool // CountRun said errors.ErrUnsupported, and ClearRun went
+	from        []byte
+	limit       int
+	mark        *fenceMark
+	call        guardedCall
+	keys        [][]byte      // the reply, once call is done
+	count       RunCount      // CountRun's reply
+	took        time.Duration // how long the store took, for adapt
+	doneAt      time.Time     // when the store answered, for the lags of a count
+	clockPanic  *caughtPanic  // the Clock's, read after the run
 }
 
 // startRun asks the store for the next run of [from, end) when it is a
@@ -137,7 +139,11 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 		}
 		if r.counted {
 			r.count, err = rcount.CountRun(ctx, s.prefix, from, end, r.limit)
-		} else {
+			if errors.Is(err, errors.ErrUnsupported) {
+				r.counted, r.uncountable = false, true // ClearRun at once
+			}
+		}
+		if !r.counted {
 			r.keys, err = rc.ClearRun(ctx, s.prefix, from, end, r.limit)
 		}
 		func() {
@@ -166,6 +172,9 @@ func (s *Sweep) settleRun(ctx context.Context, p *passState, r *run, end []byte,
 	err = s.await(ctx, r.call)
 	if r.clockPanic != nil {
 		panic(r.clockPanic.value)
+	}
+	if r.uncountable {
+		s.noCount = true
 	}
 	if r.counted && (err == nil || r.count.Keys == nil) {
 		return s.settleCount(ctx, p, r, end, ahead, err)
@@ -251,10 +260,6 @@ func emptyRun(ctx context.Context, p *passState, limit int, err, ferr error) (in
 // keys are unknown, so the sweep reads that part of the range itself.
 func (s *Sweep) settleCount(ctx context.Context, p *passState, r *run, end []byte, ahead bool, err error) (n int, last []byte, limit int, next *run, _ error) {
 	c, limit := r.count, r.limit
-	if errors.Is(err, errors.ErrUnsupported) {
-		s.noCount = true
-		return 0, nil, 0, nil, nil
-	}
 	if err != nil {
 		c = RunCount{} // not read: the sweep reads that part of the range
 	}

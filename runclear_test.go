@@ -1104,7 +1104,7 @@ func TestUncountableRunsGoByTheirKeys(t *testing.T) {
 	t.Parallel()
 	kv, ids := newCountKV(t, 12)
 	kv.uncountable = true
-	s, clock := newSweep(t, kv, Config{BatchSize: 5, PageSize: 5})
+	s, clock := newSweep(t, kv, Config{BatchSize: 5})
 	clock.Advance(2 * time.Hour)
 	for range 2 {
 		st, err := s.Pass(context.Background())
@@ -1112,7 +1112,8 @@ func TestUncountableRunsGoByTheirKeys(t *testing.T) {
 		assert.Zero(t, st.FailedCalls)
 	}
 	assert.Equal(t, int64(1), kv.counts.Load())
-	assert.Equal(t, int64(3), kv.runs.Load(), "after a page of 5, runs of 5 and 2 by their keys; the next pass's, empty")
+	assert.Equal(t, int64(4), kv.runs.Load(), "runs of 5, 5 and 2 by their keys, the first right after the count was refused; the next pass's, empty")
+	assert.Equal(t, int64(4), kv.scans.Load(), "two a pass, the key past the expired range and the retry range: no page of the expired range")
 	for _, id := range ids {
 		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
 	}

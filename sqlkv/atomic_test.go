@@ -380,8 +380,9 @@ type runCounter struct {
 	atomicStore
 	pause time.Duration
 	mu    sync.Mutex
-	scans [][2][]byte
-	runs  int
+	scans  [][2][]byte
+	runs   int
+	counts int // CountRun calls but those the store said it cannot count
 }
 
 func (c *runCounter) Unwrap() retention.KV { return c.atomicStore }
@@ -399,6 +400,22 @@ func (c *runCounter) ClearRun(ctx context.Context, prefix string, from, end []by
 	c.mu.Unlock()
 	defer time.Sleep(c.pause)
 	return c.atomicStore.ClearRun(ctx, prefix, from, end, limit)
+}
+
+// CountRun implements retention.RunCounter, for a store that is one.
+func (c *runCounter) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+	rc, ok := c.atomicStore.(retention.RunCounter)
+	if !ok {
+		return retention.RunCount{}, fmt.Errorf("a %T counts no runs: %w", c.atomicStore, errors.ErrUnsupported)
+	}
+	n, err := rc.CountRun(ctx, prefix, from, end, limit)
+	if !errors.Is(err, errors.ErrUnsupported) {
+		c.mu.Lock()
+		c.counts++
+		c.mu.Unlock()
+		time.Sleep(c.pause)
+	}
+	return n, err
 }
 
 // RunStore implements retention.RunClearer.

@@ -545,12 +545,17 @@ func TestTableConformance(t *testing.T) {
 func TestTableModel(t *testing.T) {
 	forEach(t, func(t *testing.T, dl dialect) {
 		for seed := range uint64(3) {
-			t.Run(fmt.Sprint(seed), func(t *testing.T) { tableModel(t, dl, seed) })
+			t.Run(fmt.Sprint(seed), func(t *testing.T) { tableModel(t, dl, seed, false) })
+		}
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprint("counted/", seed), func(t *testing.T) { tableModel(t, dl, seed, true) })
 		}
 	})
 }
 
-func tableModel(t *testing.T, dl dialect, seed uint64) {
+// tableModel runs the model of seed; counted, the rows are the whole
+// state (no ClearFunc), and the sweep's runs are counted.
+func tableModel(t *testing.T, dl dialect, seed uint64, counted bool) {
 	j := newJobsTable(t, dl, true)
 	rng := rand.New(rand.NewPCG(seed, 42))
 	now := time.UnixMilli(1_800_000_000_000)
@@ -563,7 +568,7 @@ func tableModel(t *testing.T, dl dialect, seed uint64) {
 	var mu sync.Mutex
 	clears := map[int64]int{}
 	fails := map[int64]bool{}
-	a := j.kv(t).WithClear(func(_ context.Context, _ *sql.Tx, ids []string) error {
+	clearIDs := func(_ context.Context, _ *sql.Tx, ids []string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		bad := retention.BatchError{}
@@ -582,7 +587,11 @@ func tableModel(t *testing.T, dl dialect, seed uint64) {
 			clears[id]++
 		}
 		return nil
-	})
+	}
+	if counted {
+		clearIDs = nil
+	}
+	a := &runCounter{atomicStore: j.kv(t).WithClear(clearIDs)}
 	const retentionD = time.Hour
 	s, err := retention.New(a, retention.Config{Prefix: tablePrefix, Retention: retentionD, Clock: clock,
 		BatchSize: 8, PageSize: 32, RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
@@ -605,7 +614,7 @@ func tableModel(t *testing.T, dl dialect, seed uint64) {
 			}
 			st := []string{"done", "failed", "running", "cancelled"}[rng.IntN(4)]
 			mu.Lock()
-			fails[id] = round < 9 && rng.IntN(6) == 0
+			fails[id] = !counted && round < 9 && rng.IntN(6) == 0
 			mu.Unlock()
 			j.finish(t, id, st, at)
 			jobs[id] = job{st, at}
@@ -643,6 +652,11 @@ func tableModel(t *testing.T, dl dialect, seed uint64) {
 	defer mu.Unlock()
 	for id, n := range clears {
 		assert.LessOrEqual(t, n, 1, "job %d cleared %d times", id, n)
+	}
+	if counted {
+		assert.Positive(t, a.counts, "counted runs")
+	} else {
+		assert.Zero(t, a.counts, "counted runs with a ClearFunc")
 	}
 }
 
