@@ -378,8 +378,8 @@ func (f *jobsFixture) clearCalls() [][]string {
 // context (retention.Fenced).
 type runCounter struct {
 	atomicStore
-	pause time.Duration
-	mu    sync.Mutex
+	pause  time.Duration
+	mu     sync.Mutex
 	scans  [][2][]byte
 	runs   int
 	counts int // CountRun calls but those the store said it cannot count
