@@ -13,6 +13,14 @@
 // must call ReplicaMain from TestMain) against the engine's real server:
 // the lease taken away from outside, the holder's host crashing behind a
 // black-holed proxy, and the holder frozen with SIGSTOP.
+//
+// RunShardedProcesses proves a retention.Sharded sweep the same way, over a
+// ShardEngine: 4 replica processes of 16 shards, each shard under its own
+// fenced lease, one replica SIGKILLed and another SIGSTOPped mid-run, then
+// resumed and restarted, then one stopped; every shard of a struck replica
+// must be taken within TTL + Interval, the shares be within one of even,
+// and every entity be cleared exactly once. Its replicas re-execute the
+// test that calls it (its own -test.run), so it needs no TestMain hook.
 package leasetest
 
 import (
