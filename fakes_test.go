@@ -336,15 +336,19 @@ func (r *runKV) RunStore() RunClearer { return r }
 type countKV struct {
 	*runKV
 	counts      atomic.Int64
-	uncountable bool // CountRun says it cannot count its runs
+	timesAsked  atomic.Int64 // CountRun calls asked for each marker's time
+	uncountable bool         // CountRun says it cannot count its runs
 	loseCount   bool
 	reshape     func(RunCount) RunCount
 }
 
 func countOver(mem *MemKV) *countKV { return &countKV{runKV: runOver(mem)} }
 
-func (c *countKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+func (c *countKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (RunCount, error) {
 	c.counts.Add(1)
+	if times {
+		c.timesAsked.Add(1)
+	}
 	if c.uncountable {
 		return RunCount{}, fmt.Errorf("the clear needs the ids: %w", errors.ErrUnsupported)
 	}
@@ -364,12 +368,7 @@ func (c *countKV) CountRun(ctx context.Context, prefix string, from, end []byte,
 	if keys, err = c.runKV.ClearRun(ctx, prefix, from, end, limit); err != nil {
 		return RunCount{}, err
 	}
-	var rc RunCount
-	for _, key := range keys {
-		ts, _, _ := ParseMarkerKey(prefix, key)
-		rc.Times = append(rc.Times, ts.UnixMilli())
-		rc.Last = key
-	}
+	rc := countOfKeys(prefix, keys, times)
 	if c.reshape != nil {
 		rc = c.reshape(rc)
 	}
@@ -381,3 +380,20 @@ func (c *countKV) CountRun(ctx context.Context, prefix string, from, end []byte,
 
 // RunStore implements RunClearer.
 func (c *countKV) RunStore() RunClearer { return c }
+
+// countOfKeys is the RunCount of a run that deleted keys, markers of
+// prefix in key order, with each key's time when times is set.
+func countOfKeys(prefix string, keys [][]byte, times bool) RunCount {
+	var c RunCount
+	for i, key := range keys {
+		at, _, _ := ParseMarkerKey(prefix, key)
+		if i == 0 {
+			c.First = at.UnixMilli()
+		}
+		if times {
+			c.Times = append(c.Times, at.UnixMilli())
+		}
+		c.N, c.Last = i+1, key
+	}
+	return c
+}

@@ -39,20 +39,20 @@ type (
 	modelMoveCount struct{ modelMoveRun }
 )
 
-func (k modelROCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
-	return k.countRun(ctx, prefix, from, end, limit)
+func (k modelROCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (RunCount, error) {
+	return k.countRun(ctx, prefix, from, end, limit, times)
 }
 
 // RunStore implements RunClearer.
 func (k modelROCount) RunStore() RunClearer { return k }
-func (k modelPutCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
-	return k.countRun(ctx, prefix, from, end, limit)
+func (k modelPutCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (RunCount, error) {
+	return k.countRun(ctx, prefix, from, end, limit, times)
 }
 
 // RunStore implements RunClearer.
 func (k modelPutCount) RunStore() RunClearer { return k }
-func (k modelMoveCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
-	return k.countRun(ctx, prefix, from, end, limit)
+func (k modelMoveCount) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (RunCount, error) {
+	return k.countRun(ctx, prefix, from, end, limit, times)
 }
 
 // RunStore implements RunClearer.
@@ -693,7 +693,7 @@ func (k *modelKV) clearRun(ctx context.Context, prefix string, from, end []byte,
 // markers of one id, changing nothing, and takes the others as clearRun
 // does, answering with their count, or with its error and the keys
 // clearRun returns with it.
-func (k *modelKV) countRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+func (k *modelKV) countRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (RunCount, error) {
 	w := k.w
 	w.mu.Lock()
 	keys, _ := w.mem.Scan(ctx, from, end, limit)
@@ -711,13 +711,7 @@ func (k *modelKV) countRun(ctx context.Context, prefix string, from, end []byte,
 	if err != nil {
 		return RunCount{Keys: keys}, err
 	}
-	var c RunCount
-	for _, key := range keys {
-		at, _, _ := ParseMarkerKey(prefix, key)
-		c.Times = append(c.Times, at.UnixMilli())
-		c.Last = key
-	}
-	return c, nil
+	return countOfKeys(prefix, keys, times), nil
 }
 
 // clearAndDelete is the ClearDeleter: it clears the entities of ids and

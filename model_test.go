@@ -134,6 +134,7 @@ type modelConfig struct {
 	calm        bool            // no duplicate markers and no live-again entities (TestModelCalm)
 	runs        bool            // the ClearDeleter is a RunClearer too
 	counts      bool            // and a RunCounter
+	observe     bool            // an Observer: counted runs are asked for their times
 	budget      bool            // a Config.Limiter that grants at once: its waits, runs' included, in every call
 }
 
@@ -145,6 +146,7 @@ func newModelConfig(seed uint64) modelConfig {
 	c.runs = c.mode == modelAtomic && rand.New(rand.NewPCG(seed, 0x72756e73)).IntN(2) == 0
 	c.budget = rand.New(rand.NewPCG(seed, 0x62756467)).IntN(3) == 0
 	c.counts = c.runs && rand.New(rand.NewPCG(seed, 0x636f756e)).IntN(2) == 0
+	c.observe = rand.New(rand.NewPCG(seed, 0x6f627376)).IntN(2) == 0
 	switch x := r.IntN(20); {
 	case x < 12:
 		c.store = modelMover
@@ -184,6 +186,9 @@ func (c modelConfig) String() string {
 	}
 	if c.budget {
 		mode += "+budget"
+	}
+	if c.observe {
+		mode += "+observed"
 	}
 	return fmt.Sprintf("mode=%v store=%v concurrency=%d page=%d batch=%d entities=%d passes=%d faults=%.2f crashes=%.3f",
 		mode, c.store, c.concurrency, c.pageSize, c.batchSize, c.entities, len(c.steps), c.faultRate, c.crashRate)
@@ -768,6 +773,9 @@ func (w *modelWorld) newProcess() *modelProcess {
 	if w.cfg.mode != modelClear {
 		// A batch is cut from one page: a larger size means the page's.
 		cfg.BatchSize = min(w.cfg.batchSize, w.cfg.pageSize)
+	}
+	if w.cfg.observe {
+		cfg.Observer = &recorder{}
 	}
 	if w.cfg.budget {
 		// Real time, which the model does not advance: a budget that

@@ -63,33 +63,39 @@ type RunClearer interface {
 }
 
 // RunCounter is a RunClearer whose runs can answer with less than their
-// keys: the run's last key and its markers' times, all the sweep needs of
-// a run that cleared every marker it took. A store that deletes its runs
-// by a range of an index then sends nothing back a row (sqlkv's
-// AtomicTableKV without a ClearFunc: BENCHMARKS.md, "Your table is the
-// marker").
+// keys: how many markers the run deleted, its first marker's time and its
+// last key, all the sweep needs of a run that cleared every marker it
+// took; and each marker's time when the sweep observes each lag (an
+// Observer is set). A store that deletes its runs by a range of an index
+// then sends nothing back a row (sqlkv's AtomicTableKV without a
+// ClearFunc: BENCHMARKS.md, "Your table is the marker").
 //
-// A Sweep that would call ClearRun calls CountRun instead, and counts each
-// marker of Times as Cleared: a RunCounter's run must not take two
-// markers of one id. CountRun returns an error matching
+// A Sweep that would call ClearRun calls CountRun instead, and counts N
+// markers as Cleared: a RunCounter's run must not take two markers of one
+// id. CountRun returns an error matching
 // errors.ErrUnsupported when the store cannot count its runs (its clear
 // needs the ids), having changed nothing, and the Sweep calls ClearRun at
 // once and from then on.
 type RunCounter interface {
 	RunClearer
 	// CountRun takes, clears and deletes a run as ClearRun does, with
-	// the same errors, and returns what it took. With an error, only
-	// RunCount.Keys is read.
-	CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error)
+	// the same errors, and returns what it took, with RunCount.Times
+	// when times is set. With an error, only RunCount.Keys is read.
+	CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (RunCount, error)
 }
 
 // RunCount is what a RunCounter's run took.
 type RunCount struct {
+	// N is how many markers the run deleted.
+	N int
+	// First is the time of the run's first marker, the Unix milliseconds
+	// its key carries: the oldest, whose lag is the run's.
+	First int64
 	// Last is the run's last key; nil when it took none.
 	Last []byte
-	// Times holds the time of each marker the run deleted, the Unix
-	// milliseconds its key carries, ascending with the keys: one per
-	// marker, the last Last's.
+	// Times holds, when CountRun was asked for times, the time of each
+	// marker the run deleted, ascending with the keys: N of them, the
+	// first First, the last Last's. Otherwise it may be nil.
 	Times []int64
 	// Keys, with CountRun's error, are the keys ClearRun would return
 	// with it (see ClearRun): the sweep acts on the error as on
@@ -138,7 +144,7 @@ func (s *Sweep) startRun(ctx context.Context, p *passState, from, end []byte) *r
 			start = s.clock.Now() // the store's time, for adapt, not the budget's
 		}
 		if r.counted {
-			r.count, err = rcount.CountRun(ctx, s.prefix, from, end, r.limit)
+			r.count, err = rcount.CountRun(ctx, s.prefix, from, end, r.limit, s.obs != nil)
 			if errors.Is(err, errors.ErrUnsupported) {
 				r.counted, r.uncountable = false, true // ClearRun at once
 			}
@@ -263,13 +269,13 @@ func (s *Sweep) settleCount(ctx context.Context, p *passState, r *run, end []byt
 	if err != nil {
 		c = RunCount{} // not read: the sweep reads that part of the range
 	}
-	n = len(c.Times)
+	n = c.N
 	s.adapt(n, r.took, err)
 	p.st.ClearCalls++
 	if errors.Is(err, ErrMalformedMarker) {
 		return 0, nil, 0, nil, nil // refused, changing nothing: the page sorts the keys out
 	}
-	if bad := s.badCount(c, r.from, end, limit); bad != "" {
+	if bad := s.badCount(c, r.from, end, limit, s.obs != nil); bad != "" {
 		return 0, nil, limit, nil, s.brokenRun(r, bad)
 	}
 	ferr := checkFenced(r.mark, p.kv, "CountRun")
@@ -285,7 +291,7 @@ func (s *Sweep) settleCount(ctx context.Context, p *passState, r *run, end []byt
 		p.ok()
 	}
 	p.st.Cleared += n
-	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(c.Times[0])))
+	p.st.MaxLag = max(p.st.MaxLag, p.cutoff.Sub(time.UnixMilli(c.First)))
 	if s.obs != nil {
 		s.observeTimes(c.Times, r.doneAt)
 		s.observePage(p)
@@ -294,22 +300,33 @@ func (s *Sweep) settleCount(ctx context.Context, p *passState, r *run, end []byt
 }
 
 // badCount says how what a CountRun returned breaks its contract, or "":
-// more times than the limit, a last key outside [from, end) or that is no
-// marker of the last time, or times out of order.
-func (s *Sweep) badCount(c RunCount, from, end []byte, limit int) string {
-	n := len(c.Times)
+// a count below 0 or above the limit, a last key outside [from, end) or
+// that is no marker, a first time after the last key's; and with times,
+// not N of them, out of order, or not from First to the last key's.
+func (s *Sweep) badCount(c RunCount, from, end []byte, limit int, times bool) string {
+	n := c.N
 	switch {
-	case n > limit:
+	case n < 0 || n > limit:
 		return fmt.Sprintf("%d markers counted for a limit of %d", n, limit)
-	case n == 0 && c.Last != nil:
-		return fmt.Sprintf("a last key %q for no marker", c.Last)
+	case n == 0 && (c.Last != nil || len(c.Times) > 0):
+		return fmt.Sprintf("a last key %q or times %v for no marker", c.Last, c.Times)
 	case n == 0:
 		return ""
 	case bytes.Compare(c.Last, from) < 0 || bytes.Compare(c.Last, end) >= 0:
 		return fmt.Sprintf("key %q returned outside [%q, %q)", c.Last, from, end)
 	}
-	if ms, _, _, err := parseKey(s.prefix, c.Last); err != nil || ms != c.Times[n-1] {
-		return fmt.Sprintf("last key %q is no marker of the last time, %d", c.Last, c.Times[n-1])
+	lastMs, _, _, err := parseKey(s.prefix, c.Last)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("last key %q is no marker: %v", c.Last, err)
+	case c.First > lastMs:
+		return fmt.Sprintf("first time %d after the last key %q", c.First, c.Last)
+	case !times && c.Times == nil:
+		return ""
+	case len(c.Times) != n:
+		return fmt.Sprintf("%d times for %d markers", len(c.Times), n)
+	case c.Times[0] != c.First || c.Times[n-1] != lastMs:
+		return fmt.Sprintf("times from %d to %d where the first is %d and the last key %q", c.Times[0], c.Times[n-1], c.First, c.Last)
 	}
 	for i := 1; i < n; i++ {
 		if c.Times[i] < c.Times[i-1] {

@@ -1096,6 +1096,29 @@ func TestCountedRunsClearWithoutTheirKeys(t *testing.T) {
 		assert.Equal(t, time.Second-time.Duration(i)*time.Millisecond, lag, "marker %d finished %dms after the first", i, i)
 	}
 	assert.Equal(t, []int{10, 10, 5}, clearedPerPage(rec.pages))
+	assert.Equal(t, int64(3), kv.timesAsked.Load(), "an Observer takes each lag: every run is asked for its times")
+}
+
+// TestCountedRunsWithoutObserverAskNoTimes: with no Observer, the sweep
+// asks a run for no times, and counts and takes its lag from the count,
+// the first time and the last key.
+func TestCountedRunsWithoutObserverAskNoTimes(t *testing.T) {
+	t.Parallel()
+	kv, ids := newCountKV(t, 25)
+	s, clock := newSweep(t, kv, Config{BatchSize: 10})
+	clock.Advance(time.Hour + time.Second)
+	kv.reset()
+
+	st, err := s.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 25, st.Cleared)
+	assert.Equal(t, int64(3), kv.counts.Load())
+	assert.Zero(t, kv.timesAsked.Load())
+	assert.Equal(t, time.Second, st.MaxLag, "the first marker's")
+	for _, id := range ids {
+		assert.Equal(t, 1, kv.cleared[id], "id %s", id)
+	}
+	assert.Empty(t, keysUnder(t, kv, "runs/"))
 }
 
 // TestUncountableRunsGoByTheirKeys: a RunCounter that says it cannot
@@ -1168,21 +1191,31 @@ func TestCountBreakingTheContractFailsThePass(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
+		observe bool // an Observer: the run is asked for its times
 		reshape func(RunCount) RunCount
 		want    string
 	}{
-		{"beyond the limit", func(c RunCount) RunCount { c.Times = append(c.Times, c.Times...); return c }, "for a limit of 4"},
-		{"descending", func(c RunCount) RunCount { slices.Reverse(c.Times); return c }, "last key"},
-		{"out of order", func(c RunCount) RunCount { c.Times[0], c.Times[1] = c.Times[1], c.Times[0]; return c }, "out of order"},
-		{"past the range", func(c RunCount) RunCount { c.Last = []byte("runs/99999999999999999999/late"); return c }, "outside"},
-		{"no last key", func(c RunCount) RunCount { c.Last = nil; return c }, "outside"},
-		{"a last key for none", func(c RunCount) RunCount { c.Times = nil; return c }, "for no marker"},
+		{"beyond the limit", false, func(c RunCount) RunCount { c.N += 4; return c }, "for a limit of 4"},
+		{"below zero", false, func(c RunCount) RunCount { c.N = -1; return c }, "-1 markers counted"},
+		{"first after the last", false, func(c RunCount) RunCount { c.First += time.Hour.Milliseconds(); return c }, "first time"},
+		{"past the range", false, func(c RunCount) RunCount { c.Last = []byte("runs/99999999999999999999/late"); return c }, "outside"},
+		{"no last key", false, func(c RunCount) RunCount { c.Last = nil; return c }, "outside"},
+		{"a last key for none", false, func(c RunCount) RunCount { c.N = 0; return c }, "for no marker"},
+		{"times for none", true, func(c RunCount) RunCount { c.N, c.Last = 0, nil; return c }, "for no marker"},
+		{"no times asked for", true, func(c RunCount) RunCount { c.Times = nil; return c }, "0 times for 4 markers"},
+		{"a time too many", true, func(c RunCount) RunCount { c.Times = append(c.Times, c.Times[3]); return c }, "5 times for 4 markers"},
+		{"descending", true, func(c RunCount) RunCount { slices.Reverse(c.Times); return c }, "times from"},
+		{"out of order", true, func(c RunCount) RunCount { c.Times[1], c.Times[2] = c.Times[2], c.Times[1]; return c }, "out of order"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			kv, ids := newCountKV(t, 6)
 			kv.reshape = tc.reshape
-			s, clock := newSweep(t, kv, Config{BatchSize: 4})
+			cfg := Config{BatchSize: 4}
+			if tc.observe {
+				cfg.Observer = &recorder{}
+			}
+			s, clock := newSweep(t, kv, cfg)
 			clock.Advance(2 * time.Hour)
 			_, err := s.Pass(context.Background())
 			require.ErrorContains(t, err, "broke its contract")

@@ -629,7 +629,7 @@ func (r soakRunKV) RunStore() RunClearer { return r }
 // count, or with the keys soakRunKV returns with an error.
 type soakCountKV struct{ soakRunKV }
 
-func (c soakCountKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (RunCount, error) {
+func (c soakCountKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (RunCount, error) {
 	keys, err := c.Scan(ctx, from, end, limit)
 	if err != nil {
 		return RunCount{}, err
@@ -647,13 +647,7 @@ func (c soakCountKV) CountRun(ctx context.Context, prefix string, from, end []by
 	if err != nil {
 		return RunCount{Keys: keys}, err
 	}
-	var rc RunCount
-	for _, key := range keys {
-		at, _, _ := ParseMarkerKey(prefix, key)
-		rc.Times = append(rc.Times, at.UnixMilli())
-		rc.Last = key
-	}
-	return rc, nil
+	return countOfKeys(prefix, keys, times), nil
 }
 
 // RunStore implements RunClearer.
@@ -674,15 +668,16 @@ func (c soakCountKV) RunStore() RunClearer { return c }
 // interleaving of goroutines); -run picks the variant.
 func TestSoakFaults(t *testing.T) {
 	for _, v := range []soakVariant{
-		{"mover/concurrency=1", 1, soakMover, soakClear, 0},
-		{"mover/concurrency=8", 8, soakMover, soakClear, 0},
-		{"put-only/concurrency=4", 4, soakPutOnly, soakClear, 0},
-		{"no-put/concurrency=4", 4, soakNoPut, soakClear, 0},
-		{"batch/concurrency=4", 4, soakMover, soakBatch, 0},
-		{"atomic/concurrency=4", 4, soakMover, soakAtomic, 0},
-		{"runs/concurrency=1", 1, soakMover, soakRuns, 0},
-		{"runs/budget", 1, soakMover, soakRuns, 2000},
-		{"runs/counted", 1, soakMover, soakCounts, 0},
+		{"mover/concurrency=1", 1, soakMover, soakClear, 0, false},
+		{"mover/concurrency=8", 8, soakMover, soakClear, 0, false},
+		{"put-only/concurrency=4", 4, soakPutOnly, soakClear, 0, false},
+		{"no-put/concurrency=4", 4, soakNoPut, soakClear, 0, false},
+		{"batch/concurrency=4", 4, soakMover, soakBatch, 0, false},
+		{"atomic/concurrency=4", 4, soakMover, soakAtomic, 0, false},
+		{"runs/concurrency=1", 1, soakMover, soakRuns, 0, false},
+		{"runs/budget", 1, soakMover, soakRuns, 2000, false},
+		{"runs/counted", 1, soakMover, soakCounts, 0, false},
+		{"runs/counted/observed", 1, soakMover, soakCounts, 0, true},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
@@ -704,6 +699,7 @@ type soakVariant struct {
 	store       soakStore
 	mode        soakMode
 	budget      float64 // a Config.Limiter of this many entities a second (fake time), 0 for none
+	observe     bool    // an Observer: counted runs are asked for their times
 }
 
 func soak(t *testing.T, v soakVariant, seed uint64) {
@@ -746,6 +742,9 @@ func soak(t *testing.T, v soakVariant, seed uint64) {
 		StoreTimeout:  50 * time.Millisecond,
 		RetryDelay:    10 * time.Millisecond,
 		MaxRetryDelay: soakMaxRetry,
+	}
+	if v.observe {
+		cfg.Observer = &recorder{}
 	}
 	if v.budget > 0 {
 		cfg.Limiter = rate.NewLimiter(rate.Limit(v.budget), 50)

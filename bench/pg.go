@@ -155,10 +155,25 @@ func (p *PG) Table(size int) Contender {
 	}
 }
 
+// TableObserved is Table with an Observer (a Recorder, which keeps every
+// lag as a metrics module would bucket it): each run is then asked for
+// its markers' times, which come back a row each.
+func (p *PG) TableObserved(size int) Contender {
+	c := p.Table(size)
+	c.Name = fmt.Sprintf("retention table sweep of river_job, runs of %d, observed (each lag)", size)
+	c.Clear = func(ctx context.Context) (int, error) {
+		cfg := runsOf(size)
+		cfg.Observer = &Recorder{}
+		return sweep(ctx, p.table, cfg, p.Timing)
+	}
+	return c
+}
+
 // RiverContenders returns the contenders on river_job: the floor, River,
 // and the table sweep.
 func (p *PG) RiverContenders() []Contender {
-	return []Contender{p.RiverFloor(), p.River(), p.Table(RiverBatch), p.Table(retention.MaxPageSize), p.TableRunsOnly(RiverBatch)}
+	return []Contender{p.RiverFloor(), p.River(), p.Table(RiverBatch), p.TableObserved(RiverBatch),
+		p.Table(retention.MaxPageSize), p.TableRunsOnly(RiverBatch)}
 }
 
 // MigrateRiver creates River's tables in schema and returns River's
@@ -580,9 +595,9 @@ func (p *PG) Contenders() []Contender {
 	}
 }
 
-// TableRunsOnly calls the table store's ClearRun in a loop, with no
-// sweep: the bound of the table sweep, what the store costs without the
-// core.
+// TableRunsOnly calls the table store's CountRun in a loop, asking for no
+// times, as a sweep with no Observer does, with no sweep: the bound of the
+// table sweep, what the store costs without the core.
 func (p *PG) TableRunsOnly(size int) Contender {
 	return Contender{
 		Name:  fmt.Sprintf("bound: the table store's runs of %d (no sweep)", size),
@@ -591,12 +606,12 @@ func (p *PG) TableRunsOnly(size int) Contender {
 			total := 0
 			from, end := []byte(Prefix), expiredEnd()
 			for {
-				keys, err := p.table.ClearRun(ctx, Prefix, from, end, size)
-				total += len(keys)
-				if err != nil || len(keys) < size {
+				c, err := p.table.CountRun(ctx, Prefix, from, end, size, false)
+				total += c.N
+				if err != nil || c.N < size {
 					return total, err
 				}
-				from = append(keys[len(keys)-1], 0)
+				from = append(c.Last, 0)
 			}
 		},
 		Check: func(ctx context.Context) error { return p.checkEmpty(ctx, p.riverJob()) },

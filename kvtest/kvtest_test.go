@@ -61,6 +61,12 @@ var broken = map[string]struct {
 	// RunCounters, each a countMem with one rule broken.
 	"count times wrong": {func(m *retention.MemKV) retention.KV { return countMem{newRunMem(m), countTimesWrong} }, []string{"CountRunLimitAndOrder", "CountRunStartInclusiveEndExclusive"}},
 	"count last wrong":  {func(m *retention.MemKV) retention.KV { return countMem{newRunMem(m), countLastWrong} }, []string{"CountRunLimitAndOrder", "CountRunStartInclusiveEndExclusive"}},
+	"count one too many": {func(m *retention.MemKV) retention.KV {
+		return countMem{newRunMem(m), func(c retention.RunCount) retention.RunCount { c.N++; return c }}
+	}, []string{"CountRunLimitAndOrder", "CountRunStartInclusiveEndExclusive"}},
+	"count first wrong": {func(m *retention.MemKV) retention.KV {
+		return countMem{newRunMem(m), func(c retention.RunCount) retention.RunCount { c.First--; return c }}
+	}, []string{"CountRunLimitAndOrder", "CountRunStartInclusiveEndExclusive"}},
 }
 
 // runBehaviours are the behaviours of Run that check a RunClearer, and
@@ -435,16 +441,21 @@ type countMem struct {
 	broken func(retention.RunCount) retention.RunCount
 }
 
-func (k countMem) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+func (k countMem) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (retention.RunCount, error) {
 	keys, err := k.ClearRun(ctx, prefix, from, end, limit)
 	if err != nil {
 		return retention.RunCount{}, err
 	}
 	var c retention.RunCount
-	for _, key := range keys {
+	for i, key := range keys {
 		at, _, _ := retention.ParseMarkerKey(prefix, key)
-		c.Times = append(c.Times, at.UnixMilli())
-		c.Last = key
+		if i == 0 {
+			c.First = at.UnixMilli()
+		}
+		if times {
+			c.Times = append(c.Times, at.UnixMilli())
+		}
+		c.N, c.Last = i+1, key
 	}
 	if k.broken != nil && len(keys) > 0 {
 		c = k.broken(c)

@@ -29,7 +29,7 @@ func runClearer(t *testing.T, s Store) retention.RunClearer {
 		if !ok {
 			t.Skipf("the KV (%T) is not a retention.RunCounter", s.KV)
 		}
-		return counter{c, t, s}
+		return counter{c, t, s, new(int)}
 	}
 	return rc
 }
@@ -43,24 +43,29 @@ func counting(behaviour func(*testing.T, Store)) func(*testing.T, Store) {
 }
 
 // counter is a RunCounter seen as a RunClearer by the ClearRun behaviours:
-// its ClearRun calls CountRun, checks that the answer tells what the run
-// deleted (one time per key gone, in order, and the last key gone), and
-// returns the keys gone; with an error, the answer's Keys.
+// its ClearRun calls CountRun, asking for the times at every other call
+// (the first included), checks that the answer tells what the run deleted
+// (how many, the first key's time, the last key gone, and when asked one
+// time per key gone, in order), and returns the keys gone; with an error,
+// the answer's Keys.
 type counter struct {
 	retention.RunCounter
-	t *testing.T
-	s Store
+	t     *testing.T
+	s     Store
+	calls *int
 }
 
 func (c counter) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
 	c.t.Helper()
 	before := allKeys(c.t, c.s)
-	rc, err := c.CountRun(ctx, prefix, from, end, limit)
+	times := *c.calls%2 == 0
+	*c.calls++
+	rc, err := c.CountRun(ctx, prefix, from, end, limit, times)
 	if err != nil {
 		return rc.Keys, err
 	}
 	gone := missing(before, allKeys(c.t, c.s))
-	call := fmt.Sprintf("CountRun(%q, %q, %q, %d)", prefix, from, end, limit)
+	call := fmt.Sprintf("CountRun(%q, %q, %q, %d, %t)", prefix, from, end, limit, times)
 	var want []int64
 	for _, k := range gone {
 		at, _, perr := retention.ParseMarkerKey(prefix, []byte(k))
@@ -70,7 +75,13 @@ func (c counter) ClearRun(ctx context.Context, prefix string, from, end []byte, 
 		}
 		want = append(want, at.UnixMilli())
 	}
-	if !slices.Equal(rc.Times, want) {
+	if rc.N != len(gone) {
+		c.t.Errorf("%s answered a count of %d, having deleted %q", call, rc.N, gone)
+	}
+	if len(want) > 0 && rc.First != want[0] {
+		c.t.Errorf("%s answered the first time %d, having deleted %q: want %d", call, rc.First, gone, want[0])
+	}
+	if (times || rc.Times != nil) && !slices.Equal(rc.Times, want) {
 		c.t.Errorf("%s answered the times %v for the keys it deleted, %q: want %v, one per key, ascending", call, rc.Times, gone, want)
 	}
 	var last []byte

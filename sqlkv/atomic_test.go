@@ -402,13 +402,21 @@ func (c *runCounter) ClearRun(ctx context.Context, prefix string, from, end []by
 	return c.atomicStore.ClearRun(ctx, prefix, from, end, limit)
 }
 
+// lagCounter is an Observer that counts the lags it is given.
+type lagCounter struct{ n atomic.Int64 }
+
+func (o *lagCounter) ObservePass(string, retention.Stats, error) {}
+func (o *lagCounter) ObservePage(string, retention.Stats)        {}
+func (o *lagCounter) ObserveLease(string, retention.LeaseEvent)  {}
+func (o *lagCounter) ObserveLags(_ string, lags []time.Duration) { o.n.Add(int64(len(lags))) }
+
 // CountRun implements retention.RunCounter, for a store that is one.
-func (c *runCounter) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+func (c *runCounter) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (retention.RunCount, error) {
 	rc, ok := c.atomicStore.(retention.RunCounter)
 	if !ok {
 		return retention.RunCount{}, fmt.Errorf("a %T counts no runs: %w", c.atomicStore, errors.ErrUnsupported)
 	}
-	n, err := rc.CountRun(ctx, prefix, from, end, limit)
+	n, err := rc.CountRun(ctx, prefix, from, end, limit, times)
 	if !errors.Is(err, errors.ErrUnsupported) {
 		c.mu.Lock()
 		c.counts++

@@ -438,19 +438,19 @@ func (c *crashKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 }
 
 // CountRun implements retention.RunCounter, for a store that is one.
-func (c *crashKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+func (c *crashKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (retention.RunCount, error) {
 	rc, ok := c.akv.(retention.RunCounter)
 	if !ok {
 		return retention.RunCount{}, fmt.Errorf("a %T counts no runs: %w", c.akv, errors.ErrUnsupported)
 	}
-	n, err := rc.CountRun(ctx, prefix, from, end, limit)
+	n, err := rc.CountRun(ctx, prefix, from, end, limit, times)
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		c.say(fmt.Sprintf("timeout run err=%v", err != nil))
-	case err == nil && len(n.Times) > 0:
-		c.say(fmt.Sprintf("run %d", len(n.Times)))
-		c.say(fmt.Sprintf("counted %d", len(n.Times)))
-		c.say(fmt.Sprintf("cleared %d", len(n.Times)))
+	case err == nil && n.N > 0:
+		c.say(fmt.Sprintf("run %d", n.N))
+		c.say(fmt.Sprintf("counted %d", n.N))
+		c.say(fmt.Sprintf("cleared %d", n.N))
 	}
 	return n, err
 }

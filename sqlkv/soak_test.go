@@ -80,6 +80,8 @@ type soakStore struct {
 	// counted: no ClearFunc, so no log of the ids cleared; the rows'
 	// deletions are the clears, and runs are counted (RunCounter).
 	counted bool
+	// observe sets an Observer: counted runs are asked for their times.
+	observe bool
 }
 
 // markerSoak is a soak's store of jobs with a marker each in a marker
@@ -204,14 +206,20 @@ func soak(t *testing.T, seed uint64, concurrency int, newStore func(*soakFaults)
 	ctx := context.Background()
 	clock := retention.NewManualClock(soakNow)
 	fkv := &faultKV{akv: st.kv, faults: faults}
-	s, err := retention.New(fkv, retention.Config{
+	cfg := retention.Config{
 		Prefix: st.prefix, Retention: time.Hour, Clock: clock,
 		PageSize: 200, BatchSize: batch, Concurrency: concurrency,
 		// A hung store call ends with StoreTimeout.
 		ClearTimeout: 200 * time.Millisecond, StoreTimeout: time.Second,
 		RetryDelay: time.Second, MaxRetryDelay: time.Second,
 		Logger: slog.New(slog.DiscardHandler),
-	})
+	}
+	lags := &lagCounter{}
+	if st.observe {
+		cfg.Observer = lags
+		defer func() { assert.Positive(t, lags.n.Load(), "lags observed") }()
+	}
+	s, err := retention.New(fkv, cfg)
 	require.NoError(t, err)
 	check := func(when string) crashState {
 		state := st.check(t)
@@ -380,7 +388,7 @@ func (f *faultKV) ClearRun(ctx context.Context, prefix string, from, end []byte,
 }
 
 // CountRun implements retention.RunCounter, for a store that is one.
-func (f *faultKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+func (f *faultKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (retention.RunCount, error) {
 	rc, ok := f.akv.(retention.RunCounter)
 	if !ok {
 		return retention.RunCount{}, fmt.Errorf("a %T counts no runs: %w", f.akv, errors.ErrUnsupported)
@@ -388,7 +396,7 @@ func (f *faultKV) CountRun(ctx context.Context, prefix string, from, end []byte,
 	f.runs.Add(1)
 	var c retention.RunCount
 	err := f.around(ctx, func() (err error) {
-		c, err = rc.CountRun(ctx, prefix, from, end, limit)
+		c, err = rc.CountRun(ctx, prefix, from, end, limit, times)
 		return err
 	})
 	if errors.Is(err, errors.ErrUnsupported) {

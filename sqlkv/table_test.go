@@ -593,8 +593,14 @@ func tableModel(t *testing.T, dl dialect, seed uint64, counted bool) {
 	}
 	a := &runCounter{atomicStore: j.kv(t).WithClear(clearIDs)}
 	const retentionD = time.Hour
-	s, err := retention.New(a, retention.Config{Prefix: tablePrefix, Retention: retentionD, Clock: clock,
-		BatchSize: 8, PageSize: 32, RetryDelay: time.Minute, MaxRetryDelay: time.Minute})
+	cfg := retention.Config{Prefix: tablePrefix, Retention: retentionD, Clock: clock,
+		BatchSize: 8, PageSize: 32, RetryDelay: time.Minute, MaxRetryDelay: time.Minute}
+	lags := &lagCounter{}
+	if seed%2 == 1 {
+		cfg.Observer = lags // counted runs asked for their times
+		defer func() { assert.Positive(t, lags.n.Load(), "lags observed") }()
+	}
+	s, err := retention.New(a, cfg)
 	require.NoError(t, err)
 	ctx := context.Background()
 	next := int64(1)

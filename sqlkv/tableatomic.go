@@ -188,9 +188,9 @@ func (a *AtomicTableKV) ClearRun(ctx context.Context, prefix string, from, end [
 	case err != nil:
 		return nil, err
 	case f != nil:
-		return a.clearRun(ctx, prefix, from, end, limit, f.lease, nil)
+		return a.clearRun(ctx, prefix, from, end, limit, f.lease, nil, false)
 	}
-	return a.clearRun(ctx, prefix, from, end, limit, nil, nil)
+	return a.clearRun(ctx, prefix, from, end, limit, nil, nil, false)
 }
 
 // shadows returns the ids of the rows the side table shadows, as
@@ -234,11 +234,12 @@ func (a *AtomicTableKV) refuseShadowed(ctx context.Context, tx *sql.Tx, rows []r
 }
 
 // CountRun implements retention.RunCounter: it clears a run as ClearRun
-// does, and returns the run's last key and its markers' times instead of
-// its keys, which a run of the table's own rows never builds. An
-// AtomicTableKV with a ClearFunc, which needs the ids, returns an error
-// matching errors.ErrUnsupported.
-func (a *AtomicTableKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+// does, and returns the run's count, first time and last key, and its
+// markers' times when times is set, instead of its keys, which a run of
+// the table's own rows never builds; on PostgreSQL, a run asked for no
+// times sends back no row. An AtomicTableKV with a ClearFunc, which needs
+// the ids, returns an error matching errors.ErrUnsupported.
+func (a *AtomicTableKV) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (retention.RunCount, error) {
 	var c retention.RunCount
 	if a.clear != nil {
 		return c, fmt.Errorf("sqlkv: count a run of %s: its ClearFunc needs the ids: %w", a.table, errors.ErrUnsupported)
@@ -251,36 +252,47 @@ func (a *AtomicTableKV) CountRun(ctx context.Context, prefix string, from, end [
 	case f != nil:
 		lease = f.lease
 	}
-	if _, err := a.clearRun(ctx, prefix, from, end, limit, lease, &c); err != nil {
+	if _, err := a.clearRun(ctx, prefix, from, end, limit, lease, &c, times); err != nil {
 		return retention.RunCount{}, err
 	}
 	return c, nil
 }
 
-// countRows sets c to the count of rows, in key order.
-func (a *AtomicTableKV) countRows(c *retention.RunCount, rows []row) {
+// countRows sets c to the count of rows, in key order, with their times
+// when times is set.
+func (a *AtomicTableKV) countRows(c *retention.RunCount, rows []row, times bool) {
 	if len(rows) == 0 {
 		return
 	}
-	c.Times = make([]int64, len(rows))
-	for i, r := range rows {
-		c.Times[i] = r.ms
+	if times {
+		c.Times = make([]int64, len(rows))
+		for i, r := range rows {
+			c.Times[i] = r.ms
+		}
 	}
 	last := rows[len(rows)-1]
-	c.Last = a.rowKey(nil, last.ms, last.id)
+	c.N, c.First, c.Last = len(rows), rows[0].ms, a.rowKey(nil, last.ms, last.id)
 }
 
-// countKeys sets c to the count of keys, markers of prefix in key order.
-func countKeys(c *retention.RunCount, prefix string, keys [][]byte) {
+// countKeys sets c to the count of keys, markers of prefix in key order,
+// with their times when times is set.
+func countKeys(c *retention.RunCount, prefix string, keys [][]byte, times bool) {
 	if len(keys) == 0 {
 		return
 	}
-	c.Times = make([]int64, len(keys))
+	if times {
+		c.Times = make([]int64, len(keys))
+	}
 	for i, k := range keys {
 		t, _, _ := retention.ParseMarkerKey(prefix, k)
-		c.Times[i] = t.UnixMilli()
+		if times {
+			c.Times[i] = t.UnixMilli()
+		}
+		if i == 0 {
+			c.First = t.UnixMilli()
+		}
 	}
-	c.Last = keys[len(keys)-1]
+	c.N, c.Last = len(keys), keys[len(keys)-1]
 }
 
 // RunStore implements retention.RunClearer.
@@ -290,7 +302,7 @@ func (a *AtomicTableKV) RunStore() retention.RunClearer { return a }
 // deletion.
 var errRowsMoved = errors.New("rows changed while the run was picked")
 
-func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end []byte, limit int, lease *sqlLease, count *retention.RunCount) ([][]byte, error) {
+func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end []byte, limit int, lease *sqlLease, count *retention.RunCount, times bool) ([][]byte, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("sqlkv: ClearRun limit must be at least 1, got %d", limit)
 	}
@@ -323,7 +335,7 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 					return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, err)
 				}
 				if count != nil {
-					a.countRows(count, rows)
+					a.countRows(count, rows, times)
 					return nil // no ClearFunc (see CountRun)
 				}
 				var ids []string
@@ -366,7 +378,7 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 		}
 		if count != nil && bare && cut != nil && len(side) == 0 && a.returning && prefix == a.prefix {
 			// The run's end is known: only the times come back.
-			return a.countRun(ctx, tx, count, lo, hi, cut, limit)
+			return a.countRun(ctx, tx, count, lo, hi, cut, limit, times)
 		}
 		var rows []row
 		if prefix == a.prefix && lo.less(hi) {
@@ -391,7 +403,7 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 		}
 		sortRows(rows)
 		if count != nil && len(side) == 0 {
-			a.countRows(count, rows)
+			a.countRows(count, rows, times)
 			return nil // no ClearFunc (see CountRun)
 		}
 		var ids []string
@@ -400,7 +412,7 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 			keys, ids = mergeKeys(prefix, keys, side)
 		}
 		if count != nil {
-			countKeys(count, prefix, keys)
+			countKeys(count, prefix, keys, times)
 			keys = nil
 		}
 		return a.clearIDs(ctx, tx, ids)
@@ -596,15 +608,62 @@ func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPo
 }
 
 // countRun deletes the limit markers of [lo, hi) up to cut, found with no
-// shadow, and sets c to their count: only their times come back.
-func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.RunCount, lo, hi viewPos, cut *runCut, limit int) error {
+// shadow, and sets c to their count: with times, only their times come
+// back; without, no row does, and the first time is read before.
+func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.RunCount, lo, hi viewPos, cut *runCut, limit int, times bool) error {
 	op := "clear a run of " + a.table
 	w := &where{d: a.d, bare: true}
 	a.rangeConds(w, lo, hi)
-	a.cutConds(w, cut)
+	var got []int64
+	var first int64
+	n := 0 // rows deleted
+	if times {
+		a.cutConds(w, cut)
+		var err error
+		if got, err = a.deleteTimes(ctx, tx, w, limit); err != nil {
+			return err
+		}
+		if n = len(got); n > 0 {
+			slices.Sort(got)
+			first = got[0]
+		}
+	} else {
+		rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.order()+" LIMIT 1", w.args, 1)
+		if err != nil {
+			return wrap(ctx, "read "+a.table, err)
+		}
+		a.cutConds(w, cut)
+		m, err := exec(ctx, a.d, tx, "DELETE FROM "+a.table+" WHERE "+w.String(), w.args)
+		if err != nil {
+			return wrap(ctx, "delete from "+a.table, err)
+		}
+		if len(rows) == 1 {
+			n, first = int(m), rows[0].ms
+		}
+	}
+	if n != limit {
+		// Rows came or went since the run's end was found.
+		return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+	}
+	// A Move that committed while the deletion waited for a row's lock
+	// made it no marker (see refuseShadowed): which row, the count does
+	// not say.
+	if shadows, err := a.shadows(ctx, tx, true); err != nil || len(shadows) > 0 {
+		if err == nil {
+			err = fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+		}
+		return err
+	}
+	c.N, c.First, c.Last, c.Times = n, first, a.rowKey(nil, cut.ms, cut.id), got
+	return nil
+}
+
+// deleteTimes deletes the rows of w and returns their times, or nil with
+// an error.
+func (a *AtomicTableKV) deleteTimes(ctx context.Context, tx *sql.Tx, w *where, limit int) ([]int64, error) {
 	rs, err := query(ctx, a.d, tx, "DELETE FROM "+a.table+" WHERE "+w.String()+" RETURNING "+a.col(a.tm), w.args)
 	if err != nil {
-		return wrap(ctx, "delete from "+a.table, err)
+		return nil, wrap(ctx, "delete from "+a.table, err)
 	}
 	defer rs.Close()
 	times := make([]int64, 0, limit)
@@ -616,7 +675,7 @@ func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.R
 	}
 	for rs.Next() {
 		if err := rs.Scan(dst); err != nil {
-			return fmt.Errorf("sqlkv: table %s: %w", a.table, err)
+			return nil, fmt.Errorf("sqlkv: table %s: %w", a.table, err)
 		}
 		if a.unit == Timestamp {
 			ms = ceilMs(at)
@@ -624,24 +683,9 @@ func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.R
 		times = append(times, ms)
 	}
 	if err := rs.Err(); err != nil {
-		return wrap(ctx, "delete from "+a.table, err)
+		return nil, wrap(ctx, "delete from "+a.table, err)
 	}
-	if len(times) != limit {
-		// Rows came or went since the run's end was found.
-		return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
-	}
-	// A Move that committed while the deletion waited for a row's lock
-	// made it no marker (see refuseShadowed): which row, the times do not
-	// say.
-	if shadows, err := a.shadows(ctx, tx, true); err != nil || len(shadows) > 0 {
-		if err == nil {
-			err = fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
-		}
-		return err
-	}
-	slices.Sort(times)
-	c.Times, c.Last = times, a.rowKey(nil, cut.ms, cut.id)
-	return nil
+	return times, nil
 }
 
 // cutConds adds the condition of the rows up to cut, when not nil.
@@ -718,15 +762,15 @@ func (f *fencedAtomicTable) ClearAndDelete(ctx context.Context, ids []string, ke
 }
 
 func (f *fencedAtomicTable) ClearRun(ctx context.Context, prefix string, from, end []byte, limit int) ([][]byte, error) {
-	return f.a.clearRun(ctx, prefix, from, end, limit, f.lease, nil)
+	return f.a.clearRun(ctx, prefix, from, end, limit, f.lease, nil, false)
 }
 
-func (f *fencedAtomicTable) CountRun(ctx context.Context, prefix string, from, end []byte, limit int) (retention.RunCount, error) {
+func (f *fencedAtomicTable) CountRun(ctx context.Context, prefix string, from, end []byte, limit int, times bool) (retention.RunCount, error) {
 	if f.a.clear != nil {
-		return f.a.CountRun(ctx, prefix, from, end, limit)
+		return f.a.CountRun(ctx, prefix, from, end, limit, times)
 	}
 	var c retention.RunCount
-	if _, err := f.a.clearRun(ctx, prefix, from, end, limit, f.lease, &c); err != nil {
+	if _, err := f.a.clearRun(ctx, prefix, from, end, limit, f.lease, &c, times); err != nil {
 		return retention.RunCount{}, err
 	}
 	return c, nil

@@ -184,6 +184,9 @@ func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, 
 			cfg.Limiter = rate.NewLimiter(20_000, batch)
 		}
 	}
+	if counted && mrand.IntN(2) == 0 {
+		cfg.Observer = &lagCounter{} // its runs asked for their times
+	}
 	s, err := retention.New(&crashKV{akv: akv, say: say}, cfg)
 	require.NoError(t, err)
 	return s
