@@ -319,9 +319,10 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 			return err
 		}
 		bare := len(shadows) == 0
-		if a.ordered() && prefix == a.prefix && lo.less(hi) {
+		if a.ordered() && prefix == a.prefix && lo.less(hi) && (count == nil || times) {
 			// The common case: no side key in the range, and a run that
-			// is the index's first rows.
+			// is the index's first rows, sent back (a count asked for no
+			// times sends none: see countRun).
 			side, err := a.sideRun(ctx, tx, prefix, from, end, limit)
 			if err != nil {
 				return fmt.Errorf("sqlkv: %s: %w", op, err)
@@ -376,8 +377,8 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 			// The page path asks ClearAndDelete, whose answer says so.
 			return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, err)
 		}
-		if count != nil && bare && cut != nil && len(side) == 0 && a.returning && prefix == a.prefix {
-			// The run's end is known: only the times come back.
+		if count != nil && bare && cut != nil && len(side) == 0 && (a.returning || !times) && prefix == a.prefix {
+			// The run's end is known: only the times come back, or no row.
 			return a.countRun(ctx, tx, count, lo, hi, cut, limit, times)
 		}
 		var rows []row
@@ -633,7 +634,14 @@ func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.R
 			return wrap(ctx, "read "+a.table, err)
 		}
 		a.cutConds(w, cut)
-		m, err := exec(ctx, a.d, tx, "DELETE FROM "+a.table+" WHERE "+w.String(), w.args)
+		q := "DELETE FROM " + a.table + " WHERE " + w.String()
+		if a.d == MySQL {
+			// Else planned on the primary key, or as a scan of the table.
+			// One row more than the run: a row that came into its range
+			// since its end was found is then counted, and refused.
+			q += a.order() + fmt.Sprintf(" LIMIT %d", limit+1)
+		}
+		m, err := exec(ctx, a.d, tx, q, w.args)
 		if err != nil {
 			return wrap(ctx, "delete from "+a.table, err)
 		}
