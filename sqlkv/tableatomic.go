@@ -611,15 +611,49 @@ func (a *AtomicTableKV) deleteRun(ctx context.Context, tx *sql.Tx, lo, hi viewPo
 // countRun deletes the limit markers of [lo, hi) up to cut, found with no
 // shadow, and sets c to their count: with times, only their times come
 // back; without, no row does, and the first time is read before.
+//
+// The cut's row, and without times the first row, are locked before the
+// DELETE (SQLite's transaction holds the write lock): neither can leave
+// the run meanwhile, so Last and First are rows the DELETE takes, and a
+// row that comes into the run meanwhile makes the count exceed the limit,
+// which refuses the run. (A row that comes in before the first while
+// another of the run leaves would make First a little late: a MaxLag a
+// little short, no more.)
 func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.RunCount, lo, hi viewPos, cut *runCut, limit int, times bool) error {
 	op := "clear a run of " + a.table
-	w := &where{d: a.d, bare: true}
-	a.rangeConds(w, lo, hi)
-	var got []int64
+	moved := fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+	inRange := func() *where {
+		w := &where{d: a.d, bare: true}
+		a.rangeConds(w, lo, hi)
+		return w
+	}
 	var first int64
+	if !times {
+		w := inRange()
+		rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.order()+" LIMIT 1"+a.forUpdate(), w.args, 1)
+		if err != nil {
+			return wrap(ctx, "read "+a.table, err)
+		}
+		if len(rows) != 1 {
+			return moved
+		}
+		first = rows[0].ms
+	}
+	w := inRange()
+	w.and(a.col(a.tm) + " > " + w.arg(a.bound(cut.ms-1)))
+	w.and(a.col(a.tm) + " <= " + w.arg(a.bound(cut.ms)))
+	w.and(a.col(a.id) + " = " + w.arg(cut.id))
+	if rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.forUpdate(), w.args, 1); err != nil || len(rows) != 1 {
+		if err != nil {
+			return wrap(ctx, "read "+a.table, err)
+		}
+		return moved // the cut left the run
+	}
+	w = inRange()
+	a.cutConds(w, cut)
+	var got []int64
 	n := 0 // rows deleted
 	if times {
-		a.cutConds(w, cut)
 		var err error
 		if got, err = a.deleteTimes(ctx, tx, w, limit); err != nil {
 			return err
@@ -629,11 +663,6 @@ func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.R
 			first = got[0]
 		}
 	} else {
-		rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.order()+" LIMIT 1", w.args, 1)
-		if err != nil {
-			return wrap(ctx, "read "+a.table, err)
-		}
-		a.cutConds(w, cut)
 		q := "DELETE FROM " + a.table + " WHERE " + w.String()
 		if a.d == MySQL {
 			// Else planned on the primary key, or as a scan of the table.
@@ -645,13 +674,10 @@ func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.R
 		if err != nil {
 			return wrap(ctx, "delete from "+a.table, err)
 		}
-		if len(rows) == 1 {
-			n, first = int(m), rows[0].ms
-		}
+		n = int(m)
 	}
 	if n != limit {
-		// Rows came or went since the run's end was found.
-		return fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+		return moved // rows came or went since the run's end was found
 	}
 	// A Move that committed while the deletion waited for a row's lock
 	// made it no marker (see refuseShadowed): which row, the count does
