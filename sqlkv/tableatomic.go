@@ -545,10 +545,7 @@ func (a *AtomicTableKV) runEnd(ctx context.Context, tx *sql.Tx, lo, hi viewPos, 
 	// millisecond as the index put before n, plus one: those of the
 	// smallest ids. Counted and picked in the database, which sorts only
 	// the millisecond's rows (River finalizes a batch at one time).
-	inBucket := func(w *where) {
-		w.and(a.col(a.tm) + " > " + w.arg(a.bound(n.ms-1)))
-		w.and(a.col(a.tm) + " <= " + w.arg(a.bound(n.ms)))
-	}
+	inBucket := func(w *where) { a.inMs(w, n.ms) }
 	w = a.rebuild(w, lo, hi, func(w *where) {
 		inBucket(w)
 		w.and("(" + a.col(a.tm) + ", " + a.col(a.id) + ") < (" + w.arg(a.timeArg(n)) + ", " + w.arg(n.id) + ")")
@@ -640,8 +637,7 @@ func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.R
 		first = rows[0].ms
 	}
 	w := inRange()
-	w.and(a.col(a.tm) + " > " + w.arg(a.bound(cut.ms-1)))
-	w.and(a.col(a.tm) + " <= " + w.arg(a.bound(cut.ms)))
+	a.inMs(w, cut.ms)
 	w.and(a.col(a.id) + " = " + w.arg(cut.id))
 	if rows, err := a.readRows(ctx, tx, a.selectRows()+w.String()+a.forUpdate(), w.args, 1); err != nil || len(rows) != 1 {
 		if err != nil {
@@ -684,7 +680,7 @@ func (a *AtomicTableKV) countRun(ctx context.Context, tx *sql.Tx, c *retention.R
 	// not say.
 	if shadows, err := a.shadows(ctx, tx, true); err != nil || len(shadows) > 0 {
 		if err == nil {
-			err = fmt.Errorf("sqlkv: %s: %w: %w", op, retention.ErrMalformedMarker, errRowsMoved)
+			err = moved
 		}
 		return err
 	}
@@ -720,6 +716,13 @@ func (a *AtomicTableKV) deleteTimes(ctx context.Context, tx *sql.Tx, w *where, l
 		return nil, wrap(ctx, "delete from "+a.table, err)
 	}
 	return times, nil
+}
+
+// inMs adds the condition of the rows whose key's millisecond is ms: their
+// time rounded up to it.
+func (a *AtomicTableKV) inMs(w *where, ms int64) {
+	w.and(a.col(a.tm) + " > " + w.arg(a.bound(ms-1)))
+	w.and(a.col(a.tm) + " <= " + w.arg(a.bound(ms)))
 }
 
 // cutConds adds the condition of the rows up to cut, when not nil.

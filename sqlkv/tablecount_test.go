@@ -178,66 +178,41 @@ func forEachServer(t *testing.T, f func(t *testing.T, dl dialect)) {
 
 var crBase = time.UnixMilli(1_700_000_000_000)
 
-// TestCountedRunTellsItsRowsWhenItsFirstRowLeaves: the run's first row is
-// un-finished and another row finishes inside the run just before its
-// DELETE. The answer (N, First, Last, Times) is the rows deleted, or the
-// run is refused having deleted nothing.
-func TestCountedRunTellsItsRowsWhenItsFirstRowLeaves(t *testing.T) {
+// TestCountedRunTellsItsRowsWhenOneLeaves: a row of the run, its first or
+// its last (its cut), is un-finished and another row finishes inside the
+// run just before its DELETE. The answer (N, First, Last, Times) is the
+// rows deleted, or the run is refused having deleted nothing.
+func TestCountedRunTellsItsRowsWhenOneLeaves(t *testing.T) {
 	forEachServer(t, func(t *testing.T, dl dialect) {
-		for _, times := range []bool{false, true} {
-			t.Run(fmt.Sprint("times=", times), func(t *testing.T) {
-				c := newCRTable(t, dl)
-				ctx := context.Background()
-				var rows []crRow
-				for i := int64(1); i <= 5; i++ {
-					r := crRow{i, crBase.Add(time.Duration(i) * time.Millisecond)}
-					c.finish(t, r.id, "done", r.at)
-					rows = append(rows, r)
-				}
-				in := crRow{10, crBase.Add(2 * time.Millisecond)}
-				rows = append(rows, in)
-				wait := c.beforeRunDelete(t, func() error { return c.swap(1, in.id, in.at) })
-				got, err := c.sweep.CountRun(ctx, tablePrefix, []byte(tablePrefix), tableEnd(crBase.UnixMilli()+100), 3, times)
-				require.NoError(t, wait(), "the concurrent write")
-				t.Logf("CountRun = N %d First %d Last %q Times %v, %v", got.N, got.First, got.Last, got.Times, err)
-				if err != nil {
-					require.ErrorIs(t, err, retention.ErrMalformedMarker)
-					left, _ := c.ids(t)
-					require.Len(t, left, 6, "a refused run deletes nothing")
-					return
-				}
-				checkCount(t, c.jobsTable, got, rows)
-			})
-		}
-	})
-}
-
-// TestCountedRunTellsItsRowsWhenItsCutLeaves: the run's last row (its
-// cut) is un-finished and another row finishes inside the run just before
-// its DELETE. The answer is the rows deleted, or the run is refused.
-func TestCountedRunTellsItsRowsWhenItsCutLeaves(t *testing.T) {
-	forEachServer(t, func(t *testing.T, dl dialect) {
-		for _, times := range []bool{false, true} {
-			t.Run(fmt.Sprint("times=", times), func(t *testing.T) {
-				c := newCRTable(t, dl)
-				ctx := context.Background()
-				var rows []crRow
-				for i := int64(1); i <= 5; i++ {
-					r := crRow{i, crBase.Add(time.Duration(i) * time.Millisecond)}
-					c.finish(t, r.id, "done", r.at)
-					rows = append(rows, r)
-				}
-				in := crRow{10, crBase.Add(2 * time.Millisecond)}
-				wait := c.beforeRunDelete(t, func() error { return c.swap(3, in.id, in.at) })
-				got, err := c.sweep.CountRun(ctx, tablePrefix, []byte(tablePrefix), tableEnd(crBase.UnixMilli()+100), 3, times)
-				require.NoError(t, wait(), "the concurrent write")
-				t.Logf("CountRun = N %d First %d Last %q Times %v, %v", got.N, got.First, got.Last, got.Times, err)
-				if err != nil {
-					require.ErrorIs(t, err, retention.ErrMalformedMarker)
-					return
-				}
-				checkCount(t, c.jobsTable, got, append(rows, in))
-			})
+		for _, tc := range []struct {
+			name string
+			out  int64 // the id of the row that leaves
+		}{{"first row", 1}, {"cut", 3}} {
+			for _, times := range []bool{false, true} {
+				t.Run(fmt.Sprint(tc.name, "/times=", times), func(t *testing.T) {
+					c := newCRTable(t, dl)
+					ctx := context.Background()
+					var rows []crRow
+					for i := int64(1); i <= 5; i++ {
+						r := crRow{i, crBase.Add(time.Duration(i) * time.Millisecond)}
+						c.finish(t, r.id, "done", r.at)
+						rows = append(rows, r)
+					}
+					in := crRow{10, crBase.Add(2 * time.Millisecond)}
+					rows = append(rows, in)
+					wait := c.beforeRunDelete(t, func() error { return c.swap(tc.out, in.id, in.at) })
+					got, err := c.sweep.CountRun(ctx, tablePrefix, []byte(tablePrefix), tableEnd(crBase.UnixMilli()+100), 3, times)
+					require.NoError(t, wait(), "the concurrent write")
+					t.Logf("CountRun = N %d First %d Last %q Times %v, %v", got.N, got.First, got.Last, got.Times, err)
+					if err != nil {
+						require.ErrorIs(t, err, retention.ErrMalformedMarker)
+						left, _ := c.ids(t)
+						require.Len(t, left, 6, "a refused run deletes nothing")
+						return
+					}
+					checkCount(t, c.jobsTable, got, rows)
+				})
+			}
 		}
 	})
 }
