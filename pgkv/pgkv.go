@@ -29,6 +29,15 @@
 // that locks the lease row is always sent as one simple-protocol message,
 // so a holder cut off mid-send cannot keep the row locked.
 //
+// # Your table as the marker
+//
+// When the entities are the rows of one table with a finish-time column,
+// the rows can be the markers, and no marker row is written: Tables gives
+// the table store of package sqlkv (sqlkv.Table, sqlkv.TableKV) over the
+// pool, with a Locker whose leases fence it, and TableClear clears what
+// depends on the rows with a ClearFunc's statements, in the transaction
+// that deletes them.
+//
 // # Vacuum after a big sweep
 //
 // A sweep deletes markers oldest first, so the dead index entries it leaves

@@ -5,8 +5,8 @@
 //
 //	RETENTION_POSTGRES_DSN=postgres://user@127.0.0.1:5432/db go run ./examples/river
 //
-// The finished jobs are the markers: a sqlkv.TableKV reads the rows of
-// river_job that pass a filter, oldest finalized_at first, through an
+// The finished jobs are the markers: a sqlkv.TableKV, made over the pgx
+// pool by pgkv.Tables, reads the rows of river_job that pass a filter, oldest finalized_at first, through an
 // index on (finalized_at, id); no marker row is written, and River's
 // JobCleaner keeps everything (its retention periods are -1). Three sweeps
 // share the table, each with a filter and a prefix of its own:
@@ -26,7 +26,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,12 +40,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/pgkv"
 	"github.com/marksweep/retention/retentionui"
 	"github.com/marksweep/retention/sqlkv"
 )
@@ -220,12 +219,15 @@ func setUp(ctx context.Context, admin *pgxpool.Pool) error {
 			return err
 		}
 	}
-	db := stdlib.OpenDBFromPool(admin)
-	defer db.Close()
-	if err := sqlkv.Migrate(ctx, db, sqlkv.PostgreSQL, side); err != nil {
+	tables, err := pgkv.NewTables(admin, side)
+	if err != nil {
 		return err
 	}
-	return sqlkv.MigrateLeases(ctx, db, sqlkv.PostgreSQL, leases)
+	defer tables.Close()
+	if err := tables.Migrate(ctx); err != nil {
+		return err
+	}
+	return pgkv.MigrateLeases(ctx, admin, leases)
 }
 
 // A job's args say how it ends, so that the example knows what to expect.
@@ -301,7 +303,7 @@ func (w *worker[T]) Work(ctx context.Context, job *river.Job[T]) error {
 type replica struct {
 	name   string
 	pool   *pgxpool.Pool
-	db     *sql.DB
+	tables *pgkv.Tables
 	river  *river.Client[pgx.Tx]
 	sweeps []*retention.Sweep
 	kvs    []*sqlkv.AtomicTableKV
@@ -319,7 +321,7 @@ func newReplica(ctx context.Context, name, dsn string, rs *results) (*replica, e
 	if err != nil {
 		return nil, err
 	}
-	r := &replica{name: name, pool: pool, db: stdlib.OpenDBFromPool(pool)}
+	r := &replica{name: name, pool: pool}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &worker[EmailArgs]{pool: pool})
 	river.AddWorker(workers, &worker[ReportArgs]{pool: pool})
@@ -349,14 +351,13 @@ func newReplica(ctx context.Context, name, dsn string, rs *results) (*replica, e
 	}()
 
 	// The side table holds the few keys a row cannot: retry, held and
-	// parked markers. The lease is made over the same *sql.DB as the
-	// TableKVs' side KV, so that its leases fence their clears.
-	sideKV, err := sqlkv.New(r.db, sqlkv.PostgreSQL, side)
-	if err != nil {
+	// parked markers. The lease is made by the same Tables as the
+	// TableKVs, so that its leases fence their clears.
+	if r.tables, err = pgkv.NewTables(pool, side); err != nil {
 		r.close()
 		return nil, err
 	}
-	locker, err := sqlkv.NewLocker(sideKV, "river-retention", &sqlkv.LockerOptions{Table: leases})
+	locker, err := r.tables.NewLocker("river-retention", &pgkv.LockerOptions{Table: leases})
 	if err != nil {
 		r.close()
 		return nil, err
@@ -365,12 +366,12 @@ func newReplica(ctx context.Context, name, dsn string, rs *results) (*replica, e
 	r.rec = &retentionui.Recorder{Next: r.leases}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for _, p := range policies {
-		t, err := sqlkv.NewTable(ctx, sideKV, sqlkv.Table{Name: riverJob, ID: "id", Time: "finalized_at", Filter: p.filter, Prefix: p.prefix})
+		t, err := r.tables.Table(ctx, sqlkv.Table{Name: riverJob, ID: "id", Time: "finalized_at", Filter: p.filter, Prefix: p.prefix})
 		if err != nil {
 			r.close()
 			return nil, err
 		}
-		kv := t.WithClear(clearArtifacts(name))
+		kv := t.WithClear(pgkv.TableClear(clearArtifacts(name)))
 		s, err := retention.New(kv, retention.Config{Prefix: p.prefix, Retention: p.keep, Observer: r.rec, Logger: logger})
 		if err != nil {
 			r.close()
@@ -390,8 +391,8 @@ func newReplica(ctx context.Context, name, dsn string, rs *results) (*replica, e
 // clearArtifacts is the sweeps' ClearFunc: it runs in the transaction
 // that deleted the jobs' rows, so a job and its artifacts go together or
 // not at all.
-func clearArtifacts(replica string) sqlkv.ClearFunc {
-	return func(ctx context.Context, tx *sql.Tx, ids []string) error {
+func clearArtifacts(replica string) pgkv.ClearFunc {
+	return func(_ context.Context, b *pgx.Batch, ids []string) error {
 		jobIDs := make([]int64, len(ids))
 		for i, id := range ids {
 			n, err := strconv.ParseInt(id, 10, 64) // ids are zero-padded to 20 digits
@@ -400,11 +401,9 @@ func clearArtifacts(replica string) sqlkv.ClearFunc {
 			}
 			jobIDs[i] = n
 		}
-		if _, err := tx.ExecContext(ctx, "DELETE FROM "+artifacts+" WHERE job_id = ANY($1)", jobIDs); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, "INSERT INTO "+cleared+" SELECT unnest($1::bigint[]), $2::text, $3::timestamptz", jobIDs, replica, time.Now())
-		return err
+		b.Queue("DELETE FROM "+artifacts+" WHERE job_id = ANY($1)", jobIDs)
+		b.Queue("INSERT INTO "+cleared+" SELECT unnest($1::bigint[]), $2::text, $3::timestamptz", jobIDs, replica, time.Now())
+		return nil
 	}
 }
 
@@ -439,7 +438,9 @@ func (r *replica) stop() {
 
 func (r *replica) close() {
 	r.stop()
-	_ = r.db.Close()
+	if r.tables != nil {
+		_ = r.tables.Close()
+	}
 	r.pool.Close()
 }
 
