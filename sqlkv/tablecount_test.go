@@ -13,12 +13,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/marksweep/retention"
@@ -237,4 +239,47 @@ func TestCountedRunsSurviveAJobRetriedMidRun(t *testing.T) {
 		t.Logf("Pass = %+v, %v", st, err)
 		require.NoError(t, err, "a retried job made the pass fail")
 	})
+}
+
+// TestCountedRunOnSQLiteTakesNoLock: SQLite's transaction holds the write
+// lock from its start, so a counted run there neither locks its cut's row
+// nor reads the shadows again after its DELETE, which the servers need
+// (TestCountedRunTellsItsRowsWhenOneLeaves): one statement a read it
+// needs, and the DELETE.
+func TestCountedRunOnSQLiteTakesNoLock(t *testing.T) {
+	ctx := context.Background()
+	dsn := sqliteDSN(filepath.Join(t.TempDir(), "jobs.db"))
+	plain, err := sql.Open("sqlite", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = plain.Close() })
+	var stmts []string
+	db := sql.OpenDB(hookConnector{drv: plain.Driver(), dsn: dsn, before: func(q string) { stmts = append(stmts, q) }})
+	t.Cleanup(func() { _ = db.Close() })
+	for _, s := range []string{
+		"CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL, finished INTEGER)",
+		"CREATE INDEX jobs_finished ON jobs (finished, id)",
+	} {
+		_, err := plain.ExecContext(ctx, s)
+		require.NoError(t, err)
+	}
+	for id := range int64(10) {
+		_, err := plain.ExecContext(ctx, "INSERT INTO jobs VALUES (?, 'done', ?)", id+1, 1_000+id)
+		require.NoError(t, err)
+	}
+	require.NoError(t, sqlkv.Migrate(ctx, plain, sqlkv.SQLite, "side"))
+	side, err := sqlkv.New(db, sqlkv.SQLite, "side")
+	require.NoError(t, err)
+	table, err := sqlkv.NewTable(ctx, side, sqlkv.Table{Name: "jobs", ID: "id", Time: "finished",
+		TimeUnit: sqlkv.UnixMilli, Filter: "state = 'done'", Prefix: tablePrefix})
+	require.NoError(t, err)
+
+	stmts = nil
+	c, err := table.WithClear(nil).CountRun(ctx, tablePrefix, []byte(tablePrefix), []byte(tablePrefix+"~"), 5, false)
+	require.NoError(t, err)
+	assert.Equal(t, 5, c.N)
+	assert.Equal(t, int64(1_000), c.First)
+	assert.Len(t, stmts, 5, "the shadows, the run's end, the side keys in it, its first row, the DELETE; got:\n%s", strings.Join(stmts, "\n"))
+	var left int
+	require.NoError(t, plain.QueryRowContext(ctx, "SELECT count(*) FROM jobs").Scan(&left))
+	assert.Equal(t, 5, left)
 }
