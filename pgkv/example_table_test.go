@@ -31,7 +31,7 @@ func ExampleTables() {
 	defer pool.Close()
 	// The side table holds the few keys a row cannot: retry, held and
 	// parked markers.
-	tables, err := pgkv.NewTables(pool, "retention_side")
+	tables, err := pgkv.NewTables(pool, "retention_side", nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,7 +72,7 @@ func newTableOfJobs(t *testing.T, pool *pgxpool.Pool) *tableOfJobs {
 		_, err = pool.Exec(ctx, "INSERT INTO "+j.artifacts+" VALUES ($1, 'log'), ($1, 'report')", id)
 		require.NoError(t, err)
 	}
-	j.tables, err = pgkv.NewTables(pool, side)
+	j.tables, err = pgkv.NewTables(pool, side, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, j.tables.Close()) })
 	require.NoError(t, j.tables.Migrate(ctx))
@@ -202,7 +205,7 @@ func TestTablesLockerFencesItsTables(t *testing.T) {
 	leases := fmt.Sprintf("leases_%d_%d", os.Getpid(), tableSeq.Add(1))
 	require.NoError(t, pgkv.MigrateLeases(ctx, pool, leases))
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+leases) })
-	other, err := pgkv.NewTables(pool, "other_side")
+	other, err := pgkv.NewTables(pool, "other_side", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, other.Close()) })
 
@@ -228,9 +231,213 @@ func TestTablesLockerFencesItsTables(t *testing.T) {
 // TestNewTablesRefusesBadInput: a nil pool and an empty side table name
 // are refused, naming what is wrong.
 func TestNewTablesRefusesBadInput(t *testing.T) {
-	_, err := pgkv.NewTables(nil, "side")
+	_, err := pgkv.NewTables(nil, "side", nil)
 	assert.ErrorContains(t, err, "pool must not be nil")
-	_, err = pgkv.NewTables(connect(t), "")
+	_, err = pgkv.NewTables(connect(t), "", nil)
 	assert.ErrorIs(t, err, sqlkv.ErrInvalidTable)
 	assert.ErrorContains(t, err, "side table")
+}
+
+// sideOf returns the side table of j's Tables.
+func sideOf(j *tableOfJobs) string { return strings.TrimSuffix(j.jobs, "_jobs") }
+
+// tableSpec is j's jobs table as the markers of the prefix "jobs/".
+func tableSpec(j *tableOfJobs) sqlkv.Table {
+	return sqlkv.Table{Name: j.jobs, ID: "id", Time: "finished_at", Filter: "state = 'done'", Prefix: "jobs/"}
+}
+
+// freshLeases returns a new lease table made by pgkv.MigrateLeases.
+func freshLeases(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	leases := fmt.Sprintf("leases_%d_%d", os.Getpid(), tableSeq.Add(1))
+	require.NoError(t, pgkv.MigrateLeases(context.Background(), pool, leases))
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+leases) })
+	return leases
+}
+
+// TestTablesNewLockerRefusesBadOptions: a TTL too short is refused,
+// naming pgkv's LockerOptions field; a lease table MigrateLeases did not
+// make fails TryAcquire with an error matching sqlkv.ErrNoLeaseTable, as
+// NewLocker's doc says.
+func TestTablesNewLockerRefusesBadOptions(t *testing.T) {
+	t.Parallel()
+	pool := connect(t)
+	j := newTableOfJobs(t, pool)
+
+	_, err := j.tables.NewLocker("jobs", &pgkv.LockerOptions{TTL: time.Millisecond})
+	assert.ErrorContains(t, err, "pgkv: LockerOptions.TTL must be at least")
+
+	missing := fmt.Sprintf("no_leases_%d_%d", os.Getpid(), tableSeq.Add(1))
+	l, err := j.tables.NewLocker("jobs", &pgkv.LockerOptions{Table: missing})
+	require.NoError(t, err)
+	_, err = l.TryAcquire(context.Background())
+	assert.ErrorIs(t, err, sqlkv.ErrNoLeaseTable)
+}
+
+// TestTablesLockerSharesLeasesWithPgkvLocker: a fleet part on
+// pgkv.NewLocker, part on Tables.NewLocker (mid-upgrade), over one lease
+// table of pgkv.MigrateLeases: one lease, one holder at a time, and the
+// fence grows across both. A nil opts is the defaults (the lease table
+// DefaultLeaseTable, the TTL DefaultLeaseTTL).
+func TestTablesLockerSharesLeasesWithPgkvLocker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := connect(t)
+	j := newTableOfJobs(t, pool)
+	leases := freshLeases(t, pool)
+	name := "shared_" + leases
+
+	tl, err := j.tables.NewLocker(name, &pgkv.LockerOptions{Table: leases})
+	require.NoError(t, err)
+	pl, err := pgkv.NewLocker(pool, name, &pgkv.LockerOptions{Table: leases})
+	require.NoError(t, err)
+	fence := func() int64 {
+		var f int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT fence FROM "+leases+" WHERE name = $1", name).Scan(&f))
+		return f
+	}
+
+	a, err := tl.TryAcquire(ctx)
+	require.NoError(t, err)
+	_, err = pl.TryAcquire(ctx)
+	assert.ErrorIs(t, err, retention.ErrLeaseHeld, "pgkv's TryAcquire() under a Tables lease")
+	require.NoError(t, a.Release(ctx))
+	b, err := pl.TryAcquire(ctx)
+	require.NoError(t, err)
+	_, err = tl.TryAcquire(ctx)
+	assert.ErrorIs(t, err, retention.ErrLeaseHeld, "Tables' TryAcquire() under a pgkv lease")
+	require.NoError(t, b.Release(ctx))
+	assert.Equal(t, int64(2), fence())
+
+	// nil opts: the defaults.
+	require.NoError(t, pgkv.MigrateLeases(ctx, pool, pgkv.DefaultLeaseTable))
+	dl, err := j.tables.NewLocker(name, nil)
+	require.NoError(t, err)
+	d, err := dl.TryAcquire(ctx)
+	require.NoError(t, err)
+	var left time.Duration
+	require.NoError(t, pool.QueryRow(ctx, "SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1e6)::bigint * 1000 FROM "+
+		pgkv.DefaultLeaseTable+" WHERE name = $1", name).Scan(&left))
+	assert.InDelta(t, pgkv.DefaultLeaseTTL.Seconds(), left.Seconds(), 1, "the default TTL")
+	require.NoError(t, d.Release(ctx))
+}
+
+// TestTablesLeaseLostMidClearCommitsNothing: a takeover while a call's
+// ClearFunc runs (inside the rows' transaction) fails the pass with
+// ErrLeaseLost, and that call commits nothing: no job goes without its
+// artifacts, and none after the takeover.
+func TestTablesLeaseLostMidClearCommitsNothing(t *testing.T) {
+	for _, concurrency := range []int{1, 2} {
+		t.Run(fmt.Sprint("concurrency ", concurrency), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := connect(t)
+			j := newTableOfJobs(t, pool)
+			leases := freshLeases(t, pool)
+			locker, err := j.tables.NewLocker("jobs", &pgkv.LockerOptions{Table: leases, TTL: 2 * time.Second})
+			require.NoError(t, err)
+			var calls atomic.Int32
+			clear := func(ctx context.Context, b *pgx.Batch, ids []string) error {
+				if calls.Add(1) == 2 {
+					// Another replica takes the lease over: the row names it now.
+					_, err := pool.Exec(ctx, "UPDATE "+leases+" SET holder = 'thief', fence = fence + 1, expires_at = clock_timestamp() + interval '1 hour'")
+					if err != nil {
+						return err
+					}
+				}
+				return j.clearArtifacts(ctx, b, ids)
+			}
+			s, err := retention.New(j.table(t).WithClear(pgkv.TableClear(clear)), retention.Config{
+				Prefix: "jobs/", Retention: time.Hour, BatchSize: 5, PageSize: 5, Concurrency: concurrency, Lease: locker,
+			})
+			require.NoError(t, err)
+			st, err := s.LeasedPass(ctx)
+			t.Logf("LeasedPass() = %+v, %v", st, err)
+			assert.ErrorIs(t, err, retention.ErrLeaseLost)
+			j.noOrphans(t)
+			gone := 30 - len(j.ids(t, "SELECT id FROM "+j.jobs))
+			assert.LessOrEqual(t, gone, 5*concurrency, "jobs cleared: the first call's, and with 2 calls at a time one more at most")
+			assert.Equal(t, gone, st.Cleared, "Stats.Cleared")
+		})
+	}
+}
+
+// TestTablesCloseLeavesThePool: Close twice is fine, the pool stays open
+// and holds no connection of the closed handle; closing while a pass runs
+// commits or rolls back each call whole, and the pass ends with an error.
+func TestTablesCloseLeavesThePool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := connect(t)
+	j := newTableOfJobs(t, pool)
+	tables, err := pgkv.NewTables(pool, sideOf(j), nil)
+	require.NoError(t, err)
+	tkv, err := tables.Table(ctx, tableSpec(j))
+	require.NoError(t, err)
+
+	inClear := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	clear := func(ctx context.Context, b *pgx.Batch, ids []string) error {
+		once.Do(func() {
+			close(inClear)
+			<-release
+		})
+		return j.clearArtifacts(ctx, b, ids)
+	}
+	s, err := retention.New(tkv.WithClear(pgkv.TableClear(clear)), retention.Config{
+		Prefix: "jobs/", Retention: time.Hour, BatchSize: 5, PageSize: 5, Concurrency: 2,
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	var st retention.Stats
+	go func() {
+		var err error
+		st, err = s.Pass(ctx)
+		done <- err
+	}()
+	<-inClear
+	require.NoError(t, tables.Close())
+	close(release)
+	err = <-done
+	t.Logf("Pass() = %+v, %v", st, err)
+	assert.Error(t, err, "a pass over a closed handle")
+	j.noOrphans(t)
+
+	assert.NoError(t, tables.Close(), "Close again")
+	assert.NoError(t, pool.Ping(ctx), "the pool after Close")
+	assert.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"pool connections left acquired")
+}
+
+// TestTablesFencedClearIdleEndsWithTheTTL: under a lease of
+// Tables.NewLocker, a ClearFunc that stalls in Go (a frozen client, as
+// far as the server can tell) inside the rows' transaction longer than
+// the TTL has its session ended by the server
+// (idle_in_transaction_session_timeout), and its call commits nothing.
+func TestTablesFencedClearIdleEndsWithTheTTL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := connect(t)
+	j := newTableOfJobs(t, pool)
+	leases := freshLeases(t, pool)
+	locker, err := j.tables.NewLocker("jobs", &pgkv.LockerOptions{Table: leases, TTL: 300 * time.Millisecond})
+	require.NoError(t, err)
+	var once sync.Once
+	stalled := false
+	clear := func(ctx context.Context, b *pgx.Batch, ids []string) error {
+		once.Do(func() {
+			stalled = true
+			time.Sleep(time.Second) // ignores ctx, as a frozen process would
+		})
+		return j.clearArtifacts(ctx, b, ids)
+	}
+	s, err := retention.New(j.table(t).WithClear(pgkv.TableClear(clear)), retention.Config{
+		Prefix: "jobs/", Retention: time.Hour, BatchSize: 5, PageSize: 5, Lease: locker,
+	})
+	require.NoError(t, err)
+	st, err := s.LeasedPass(ctx)
+	t.Logf("LeasedPass() = %+v, %v", st, err)
+	require.True(t, stalled)
+	j.noOrphans(t)
 }

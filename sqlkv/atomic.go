@@ -42,8 +42,9 @@ type ClearFunc func(ctx context.Context, tx *sql.Tx, ids []string) error
 // fenced call therefore bounds that wait by the lease's TTL (see Locker),
 // while an unfenced one waits for the server's own timeouts (MySQL's
 // wait_timeout, 8 hours by default; PostgreSQL's
-// idle_in_transaction_session_timeout, off by default). The pgkv module
-// sends a whole clear as one message and has no such window.
+// idle_in_transaction_session_timeout, off by default). The pgkv module's
+// KV and AtomicKV send a whole clear as one message and have no such
+// window (its Tables, this package's table store over a pgx pool, has it).
 type AtomicKV struct {
 	*KV
 	clear ClearFunc

@@ -33,7 +33,8 @@ const (
 	// PostgreSQL is PostgreSQL 13 or later through database/sql, for example
 	// with github.com/jackc/pgx/v5/stdlib or github.com/lib/pq. Keys are
 	// bytea; placeholders are $1, $2, ... Code on pgx itself is better
-	// served by the pgkv module, whose writes each go out as one message.
+	// served by the pgkv module, whose writes each go out as one message
+	// (and whose Tables gives this package's table store over a pgx pool).
 	PostgreSQL
 )
 

@@ -86,18 +86,21 @@ func (j *jobsTable) kv(t testing.TB) *sqlkv.TableKV {
 
 // atomic returns an AtomicTableKV whose clear deletes the jobs' artifacts.
 func (j *jobsTable) atomic(t testing.TB) *sqlkv.AtomicTableKV {
-	return j.kv(t).WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
-		for _, id := range ids {
-			n, err := strconv.ParseInt(id, 10, 64)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, q(j.dl.d, "DELETE FROM "+j.artifacts+" WHERE job_id = ?"), n); err != nil {
-				return err
-			}
+	return j.kv(t).WithClear(j.deleteArtifacts)
+}
+
+// deleteArtifacts is a ClearFunc that deletes the jobs' artifacts.
+func (j *jobsTable) deleteArtifacts(ctx context.Context, tx *sql.Tx, ids []string) error {
+	for _, id := range ids {
+		n, err := strconv.ParseInt(id, 10, 64)
+		if err != nil {
+			return err
 		}
-		return nil
-	})
+		if _, err := tx.ExecContext(ctx, q(j.dl.d, "DELETE FROM "+j.artifacts+" WHERE job_id = ?"), n); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // timeArg returns the finish time as the table's column holds it.

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -34,17 +35,54 @@ var (
 // WithClear returns an AtomicTableKV over t's table. clear runs after the
 // rows' deletion in its transaction, with the ids of the rows deleted
 // (their values zero-padded to 20 digits); nil means the rows are the
-// whole state.
+// whole state. A retention.ErrLiveAgain of clear, for an id or the whole
+// call, fails the id instead: its marker is its row, still finished,
+// which the sweep would delete with nothing cleared. A row is live again
+// when its Time column is NULL again or it fails the Filter; the store
+// then says so itself.
 func (t *TableKV) WithClear(clear ClearFunc) *AtomicTableKV {
 	return &AtomicTableKV{TableKV: t, clear: clear}
 }
 
-// clearIDs runs the ClearFunc, if any.
+// clearIDs runs the ClearFunc, if any, and refuses its ErrLiveAgain (see
+// notLiveAgain).
 func (a *AtomicTableKV) clearIDs(ctx context.Context, tx *sql.Tx, ids []string) error {
 	if a.clear == nil || len(ids) == 0 {
 		return nil
 	}
-	return a.clear(ctx, tx, ids)
+	return a.notLiveAgain(a.clear(ctx, tx, ids))
+}
+
+// notLiveAgain turns a ClearFunc's retention.ErrLiveAgain, for the whole
+// call or for an id of a BatchError, into a failure of the id. The sweep
+// drops the marker of an entity live again, and here that marker is the
+// entity's row, still finished: it would go without what depends on it.
+// A row is live again when its Time column is NULL again, or it fails the
+// Filter: then it is no marker, and the table store says so itself.
+func (a *AtomicTableKV) notLiveAgain(err error) error {
+	refused := func(what string, e error) error {
+		return fmt.Errorf("sqlkv: the ClearFunc says %s is live again, but its row in %s is still a finished row, its marker, which the sweep would delete with nothing cleared: set its %s to NULL, or make it fail the filter, to keep it (%v)",
+			what, a.name, a.tm, e)
+	}
+	var be retention.BatchError
+	switch {
+	case errors.As(err, &be):
+		var out retention.BatchError
+		for id, e := range be {
+			if errors.Is(e, retention.ErrLiveAgain) {
+				if out == nil {
+					out = maps.Clone(be)
+				}
+				out[id] = refused("id "+id, e)
+			}
+		}
+		if out != nil {
+			return out
+		}
+	case errors.Is(err, retention.ErrLiveAgain):
+		return refused("every id of the call", err)
+	}
+	return err
 }
 
 // fencedAtomic returns the view of a fenced by the lease whose fence ctx
@@ -418,6 +456,12 @@ func (a *AtomicTableKV) clearRun(ctx context.Context, prefix string, from, end [
 		}
 		return a.clearIDs(ctx, tx, ids)
 	})
+	var be retention.BatchError
+	if err != nil && keys != nil && errors.As(err, &be) {
+		// The ClearFunc's answers, per id of the keys the run took: a
+		// hold is no failure of the call.
+		return keys, err
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -279,3 +279,48 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestTableLiveAgainOfAFinishedRowFailsTheID: a ClearFunc that says an
+// entity is live again, for one id of a BatchError or for the whole call,
+// while its row is still finished (its marker) would have the sweep drop
+// that marker: the row would go with nothing cleared. The id fails
+// instead, in runs and in batches, on every dialect: each job left keeps
+// its artifact, each job gone went with it, and the live-again job stays.
+func TestTableLiveAgainOfAFinishedRowFailsTheID(t *testing.T) {
+	forEach(t, func(t *testing.T, dl dialect) {
+		for _, tc := range []struct {
+			name        string
+			concurrency int
+			answer      error
+		}{
+			{"an id, runs", 1, retention.BatchError{fmt.Sprintf("%020d", 3): retention.ErrLiveAgain}},
+			{"an id, batches", 2, retention.BatchError{fmt.Sprintf("%020d", 3): retention.ErrLiveAgain}},
+			{"the whole call, batches", 2, fmt.Errorf("job 3 runs again: %w", retention.ErrLiveAgain)},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				j := newJobsTable(t, dl, true)
+				old := time.Now().Add(-2 * time.Hour)
+				for id := int64(1); id <= 8; id++ {
+					j.finish(t, id, "done", old.Add(time.Duration(id)*time.Second))
+				}
+				akv := j.kv(t).WithClear(func(ctx context.Context, tx *sql.Tx, ids []string) error {
+					if slices.Contains(ids, fmt.Sprintf("%020d", 3)) {
+						return tc.answer
+					}
+					return j.deleteArtifacts(ctx, tx, ids)
+				})
+				s, err := retention.New(akv, retention.Config{Prefix: tablePrefix, Retention: time.Hour,
+					BatchSize: 4, PageSize: 4, Concurrency: tc.concurrency, MaxAttempts: 1})
+				require.NoError(t, err)
+				st, err := s.Pass(context.Background())
+				require.NoError(t, err)
+				assert.Zero(t, st.LiveAgain, "ids taken as live again")
+				assert.Equal(t, 1, st.Parked, "the live-again id fails, and with MaxAttempts 1 is parked")
+				jobs, artifacts := j.ids(t)
+				assert.True(t, jobs[3], "the live-again job stays")
+				assert.Equal(t, jobs, artifacts, "jobs left and the jobs of the artifacts left")
+				assert.Len(t, jobs, 1, "the other jobs went")
+			})
+		}
+	})
+}

@@ -219,7 +219,7 @@ func setUp(ctx context.Context, admin *pgxpool.Pool) error {
 			return err
 		}
 	}
-	tables, err := pgkv.NewTables(admin, side)
+	tables, err := pgkv.NewTables(admin, side, nil)
 	if err != nil {
 		return err
 	}
@@ -353,7 +353,7 @@ func newReplica(ctx context.Context, name, dsn string, rs *results) (*replica, e
 	// The side table holds the few keys a row cannot: retry, held and
 	// parked markers. The lease is made by the same Tables as the
 	// TableKVs, so that its leases fence their clears.
-	if r.tables, err = pgkv.NewTables(pool, side); err != nil {
+	if r.tables, err = pgkv.NewTables(pool, side, nil); err != nil {
 		r.close()
 		return nil, err
 	}
