@@ -2,18 +2,20 @@ package sqlkv_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,17 +29,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/marksweep/retention"
+	"github.com/marksweep/retention/kvtest"
 	"github.com/marksweep/retention/sqlkv"
 )
 
-// The SQLite crash test kills a process that sweeps through an AtomicKV
-// with SIGKILL, again and again, and checks the database file after every
-// kill. The child process is this test binary run again with crashEnvFile
-// set.
+// The crash tests kill a process that sweeps through an AtomicKV or an
+// AtomicTableKV with SIGKILL, again and again, and check the database
+// after every kill. The child process is this test binary run again with
+// crashEnvStore set.
 const (
-	crashEnvFile = "RETENTION_SQLITECRASH_FILE"
-	crashEnvSeed = "RETENTION_SQLITECRASH_SEED"
-	crashEnvConc = "RETENTION_SQLITECRASH_CONCURRENCY"
+	crashEnvStore = "RETENTION_CRASH_STORE" // see crashStore
+	crashEnvSeed  = "RETENTION_CRASH_SEED"
+	crashEnvConc  = "RETENTION_CRASH_CONCURRENCY"
+	crashEnvClear = "RETENTION_CRASH_CLEAR" // see crashChildren.clears
 
 	crashPrefix = "crash/"
 	// 24 kills cleared 2,300 ids of 20,000, whatever the backlog beyond
@@ -75,8 +79,8 @@ const (
 // cleared by two committed transactions, and no unexpired job touched. A
 // final clean sweep, in runs, must leave no expired job.
 func TestCrashAtomicSQLite(t *testing.T) {
-	if file := os.Getenv(crashEnvFile); file != "" {
-		crashChild(t, file, crashSweep)
+	if st, ok := crashStoreFromEnv(t); ok {
+		crashChild(t, st, crashSweep)
 		return
 	}
 	if testing.Short() {
@@ -117,7 +121,8 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 	}
 	require.NoError(t, tx.Commit())
 
-	worst, said := killChildren(t, rng, "TestCrashAtomicSQLite", file, func() crashState { return crashCheck(t, admin) })
+	worst, said := crashChildren{test: "TestCrashAtomicSQLite", store: crashStore{dl: dialects[0], name: file}, kills: crashKills,
+		check: func([]string) crashState { return crashCheck(t, admin) }}.run(t, rng)
 	runs := said["run"]
 
 	// A clean sweep: no poison, no sleep, every retry due.
@@ -144,20 +149,68 @@ BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END`)
 	assert.Positive(t, runs, "no child cleared a run")
 }
 
-// killChildren starts the test binary again as a child that runs test
-// (with crashEnvFile set to file) and kills it with SIGKILL at a random
-// moment of its sweep, or right after a reschedule, a cleared batch or a
-// timed-out batch, crashKills times, every other child with Concurrency 1.
-// After every kill, check reads the state of the store; it returns the
-// worst state seen and how many runs the children cleared.
-// killChildren starts and kills the children of test, checking the file
-// after each kill, and returns the worst state seen and how many times
-// the children said each word.
-func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func() crashState) (worst crashState, said map[string]int) {
+// crashStore is the store a child sweeps: a SQLite file, or tables of a
+// server whose address the child inherits (RETENTION_POSTGRES_DSN,
+// RETENTION_MYSQL_DSN). crashEnvStore holds the dialect's name, a colon
+// and name.
+type crashStore struct {
+	dl dialect
+	// name is the SQLite file, or what the server's tables are named
+	// after.
+	name string
+}
+
+func (s crashStore) env() string { return crashEnvStore + "=" + s.dl.name + ":" + s.name }
+
+// crashStoreFromEnv returns the store of crashEnvStore: ok is false in
+// the parent, where it is not set.
+func crashStoreFromEnv(t testing.TB) (st crashStore, ok bool) {
+	v := os.Getenv(crashEnvStore)
+	if v == "" {
+		return crashStore{}, false
+	}
+	name, rest, _ := strings.Cut(v, ":")
+	for _, dl := range dialects {
+		if dl.name == name {
+			return crashStore{dl: dl, name: rest}, true
+		}
+	}
+	t.Fatalf("%s=%q: no such dialect", crashEnvStore, v)
+	return crashStore{}, false
+}
+
+// crashChildren is how a crash test starts its children and kills them.
+type crashChildren struct {
+	test  string // the test function the child runs
+	store crashStore
+	kills int
+	// clears are the ways a child of Concurrency 1 may clear, told in
+	// crashEnvClear (not set when there are none, and for Concurrency
+	// 2). Each such child takes the way whose children cleared the
+	// fewest runs so far, so that every way is covered however the kills
+	// fall.
+	clears []string
+	// check reads the store after a kill. sessions are the ids of the
+	// server sessions the child opened (none on SQLite): the server may
+	// still run a statement the killed child sent, and land its COMMIT,
+	// until it sees the socket close, so a check on a server waits for
+	// them to end (waitSessionsGone) before it reads, and the next child
+	// starts only then.
+	check func(sessions []string) crashState
+}
+
+// run starts the test binary again as a child that runs c.test, and kills
+// it with SIGKILL at a random moment of its sweep, or right after a
+// reschedule, a cleared batch or a timed-out batch, c.kills times, every
+// other child with Concurrency 1. After every kill it checks the store;
+// it returns the worst state seen and how many times the children said
+// each word.
+func (c crashChildren) run(t *testing.T, rng *mrand.Rand) (worst crashState, said map[string]int) {
 	start := time.Now()
 	said = map[string]int{}
 	modes := map[string]int{}
-	for kill := 1; kill <= crashKills; kill++ {
+	runs, given := map[string]int{}, map[string]int{} // of each way of clearing: the runs its children cleared, its children
+	for kill := 1; kill <= c.kills; kill++ {
 		// Where to kill: at a random moment, after the k-th batch cleared,
 		// right after the k-th reschedule, or right after the k-th batch
 		// whose timeout fired.
@@ -167,9 +220,17 @@ func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func()
 		modes[mode]++
 
 		conc := 1 + kill%2
-		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-		cmd.Env = append(os.Environ(), crashEnvFile+"="+file, crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
+		cmd := exec.Command(os.Args[0], "-test.run=^"+c.test+"$", "-test.count=1")
+		cmd.Env = append(os.Environ(), c.store.env(), crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
 			crashEnvConc+"="+strconv.Itoa(conc))
+		way := ""
+		if conc == 1 && len(c.clears) > 0 {
+			way = slices.MinFunc(c.clears, func(a, b string) int {
+				return cmp.Or(cmp.Compare(runs[a], runs[b]), cmp.Compare(given[a], given[b]))
+			})
+			given[way]++
+			cmd.Env = append(cmd.Env, crashEnvClear+"="+way)
+		}
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		var stderr strings.Builder
@@ -184,6 +245,7 @@ func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func()
 			close(lines)
 		}()
 		seen := map[string]int{}
+		var sessions []string
 		// The moments count from when the child starts sweeping, not from
 		// when its process starts, which takes longer on a loaded machine:
 		// a kill before the first Scan would find nothing.
@@ -197,8 +259,12 @@ func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func()
 				if !ok {
 					require.Failf(t, "child exited by itself", "kill %d:\n%s", kill, stderr.String())
 				}
-				word, _, _ := strings.Cut(line, " ")
-				if word == "start" {
+				word, rest, _ := strings.Cut(line, " ")
+				switch word {
+				case "session":
+					sessions = append(sessions, rest)
+					continue
+				case "start":
 					if mode == "time" {
 						timer.Reset(delay)
 					} else {
@@ -214,21 +280,33 @@ func killChildren(t *testing.T, rng *mrand.Rand, test, file string, check func()
 		}
 		timer.Stop()
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		go func() { _, _ = io.Copy(io.Discard, stdout) }()
-		for range lines {
+		for line := range lines { // what the child wrote before it died
+			if rest, ok := strings.CutPrefix(line, "session "); ok {
+				sessions = append(sessions, rest)
+			}
 		}
 		err = cmd.Wait()
 		var exitErr *exec.ExitError
 		require.ErrorAs(t, err, &exitErr, "kill %d:\n%s", kill, stderr.String())
+		if way != "" {
+			runs[way] += seen["run"]
+		}
 
-		st := check()
-		t.Logf("kill %2d (concurrency %d, %s %d; child saw %v): %s", kill, conc, mode, k, seen, st)
+		st := c.check(sessions)
+		how := fmt.Sprintf("concurrency %d", conc)
+		if way != "" {
+			how += ", " + way
+		}
+		t.Logf("kill %2d (%s, %s %d; child saw %v): %s", kill, how, mode, k, seen, st)
 		worst = worst.max(st)
 		for word, n := range seen {
 			said[word] += n
 		}
 	}
-	t.Logf("%d kills in %v (%v)", crashKills, time.Since(start).Round(time.Millisecond), modes)
+	t.Logf("%d kills in %v (%v)", c.kills, time.Since(start).Round(time.Millisecond), modes)
+	if len(c.clears) > 0 {
+		t.Logf("children of concurrency 1 by their way of clearing: %v, the runs they cleared: %v", given, runs)
+	}
 	return worst, said
 }
 
@@ -420,6 +498,7 @@ func (c *crashKV) ClearAndDelete(ctx context.Context, ids []string, keys [][]byt
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		c.say(fmt.Sprintf("timeout %d err=%v", len(ids), err != nil))
 	case err == nil:
+		c.say(fmt.Sprintf("batch %d", len(ids)))
 		c.say(fmt.Sprintf("cleared %d", len(ids)))
 	}
 	return err
@@ -450,6 +529,9 @@ func (c *crashKV) CountRun(ctx context.Context, prefix string, from, end []byte,
 	case err == nil && n.N > 0:
 		c.say(fmt.Sprintf("run %d", n.N))
 		c.say(fmt.Sprintf("counted %d", n.N))
+		if times {
+			c.say(fmt.Sprintf("timed %d", n.N)) // asked by an Observer
+		}
 		c.say(fmt.Sprintf("cleared %d", n.N))
 	}
 	return n, err
@@ -458,9 +540,9 @@ func (c *crashKV) CountRun(ctx context.Context, prefix string, from, end []byte,
 // RunStore implements retention.RunClearer.
 func (c *crashKV) RunStore() retention.RunClearer { return c }
 
-// crashChild sweeps the SQLite file with the sweep that sweepOf makes,
-// until it is killed.
-func crashChild(t *testing.T, file string, sweepOf func(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep func() time.Duration, say func(string)) *retention.Sweep) {
+// crashChild sweeps the store with the sweep that sweepOf makes, until it
+// is killed.
+func crashChild(t *testing.T, st crashStore, sweepOf func(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep func() time.Duration, say func(string)) *retention.Sweep) {
 	seed, err := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
 	require.NoError(t, err)
 	rng := mrand.New(mrand.NewPCG(seed, seed))
@@ -489,7 +571,12 @@ func crashChild(t *testing.T, file string, sweepOf func(t testing.TB, db *sql.DB
 		defer out.Unlock()
 		fmt.Fprintln(os.Stdout, line)
 	}
-	db := openSQLite(t, file)
+	var db *sql.DB
+	if st.dl.d == sqlkv.SQLite {
+		db = openSQLite(t, st.name)
+	} else {
+		db = openTelling(t, st.dl, say)
+	}
 	// A connection open before the first clear, whose ClearTimeout opening
 	// one under the race detector would take up.
 	require.NoError(t, db.PingContext(context.Background()))
@@ -497,4 +584,95 @@ func crashChild(t *testing.T, file string, sweepOf func(t testing.TB, db *sql.DB
 	say("start")
 	err = s.Run(context.Background())
 	t.Fatalf("Run returned: %v", err)
+}
+
+// openTelling opens the server of dl through a connector that says
+// "session ID" of every connection it opens, before it is used: the
+// parent waits for them to end after a kill.
+func openTelling(t testing.TB, dl dialect, say func(string)) *sql.DB {
+	plain := dl.open(t, "")
+	env, id := "RETENTION_MYSQL_DSN", "SELECT CONNECTION_ID()"
+	if dl.d == sqlkv.PostgreSQL {
+		env, id = "RETENTION_POSTGRES_DSN", "SELECT pg_backend_pid()"
+	}
+	db := sql.OpenDB(tellingConnector{drv: plain.Driver(), dsn: kvtest.ServerAddr(t, env), id: id, say: say})
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// tellingConnector opens connections of drv, and says the server's id
+// of each with say, which query id reads.
+type tellingConnector struct {
+	drv     driver.Driver
+	dsn, id string
+	say     func(string)
+}
+
+func (c tellingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	id, err := func() (driver.Value, error) {
+		rows, err := conn.(driver.QueryerContext).QueryContext(ctx, c.id, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		v := make([]driver.Value, 1)
+		if err := rows.Next(v); err != nil {
+			return nil, err
+		}
+		return v[0], nil
+	}()
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	if b, ok := id.([]byte); ok { // MySQL's text protocol
+		id = string(b)
+	}
+	c.say(fmt.Sprint("session ", id))
+	return conn, nil
+}
+
+func (c tellingConnector) Driver() driver.Driver { return c.drv }
+
+// waitSessionsGone waits until none of the server sessions of ids is
+// left, up to a minute: a session's transaction has then ended. It
+// returns how long it waited, and what those left when it began were
+// doing.
+func waitSessionsGone(t testing.TB, db *sql.DB, d sqlkv.Dialect, ids []string) (waited time.Duration, left []string) {
+	t.Helper()
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	for _, id := range ids {
+		_, err := strconv.ParseUint(id, 10, 64)
+		require.NoError(t, err, "session id %q", id)
+	}
+	query := "SELECT concat_ws(' ', command, state, left(info, 60)) FROM information_schema.processlist WHERE id IN (" + strings.Join(ids, ", ") + ")"
+	if d == sqlkv.PostgreSQL {
+		query = "SELECT concat_ws(' ', state, left(query, 60)) FROM pg_stat_activity WHERE pid IN (" + strings.Join(ids, ", ") + ")"
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		var now []string
+		rows, err := db.QueryContext(context.Background(), query)
+		require.NoError(t, err)
+		for rows.Next() {
+			var s string
+			require.NoError(t, rows.Scan(&s))
+			now = append(now, s)
+		}
+		require.NoError(t, rows.Err())
+		if i == 0 {
+			left = now
+		}
+		if len(now) == 0 {
+			return time.Since(start), left
+		}
+		require.Less(t, time.Since(start), time.Minute, "sessions of a killed child still there: %q", now)
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -3,11 +3,13 @@ package sqlkv_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,42 +22,49 @@ import (
 	"github.com/marksweep/retention/sqlkv"
 )
 
-// TestCrashTableSQLite is TestCrashAtomicSQLite over a table whose rows
-// are the markers (an AtomicTableKV): a child process sweeps 8,000
-// expired and 800 unexpired finished jobs, and 400 still running, of a
-// SQLite file (4,000 expired more whenever a kill leaves fewer than
-// half); a trigger fails the delete of poison jobs (one in 16) half the
-// time, so batches fail, bisect and move their rows' markers to the side
-// table; some batches sleep about as long as the ClearTimeout. The child is
-// killed with SIGKILL at random moments, again and again. After every
-// kill the file must show: every finished job present has exactly one
-// marker (its row, or a key of the side table that shadows it), no side
-// key or shadow without its job, no id cleared by two committed
-// transactions, no unexpired or running job touched. A final clean sweep
-// must leave no expired job.
-func TestCrashTableSQLite(t *testing.T) {
-	if file := os.Getenv(crashEnvFile); file != "" {
-		crashChild(t, file, tableCrashSweep)
+// TestCrashTable is TestCrashAtomicSQLite over a table whose rows are the
+// markers (an AtomicTableKV), on each dialect: a child process sweeps
+// 8,000 expired and 800 unexpired finished jobs, and 400 still running
+// (4,000 expired more whenever a kill leaves fewer than half); a trigger
+// fails the delete of poison jobs (one in 16) half the time, so batches
+// fail, bisect and move their rows' markers to the side table; some
+// batches sleep about as long as the ClearTimeout. Children of
+// Concurrency 1 clear in runs: with a ClearFunc, or as the table's whole
+// state in runs the store counts (RunCounter, the jobs table's trigger
+// then logs the ids deleted), with or without an Observer, which asks for
+// the runs' times (on PostgreSQL, without one the DELETE returns no row).
+// The child is killed with SIGKILL at random moments, again and again.
+// After every kill, once the server has ended the child's sessions, the
+// tables must show: every finished job present has exactly one marker
+// (its row, or a key of the side table that shadows it), no side key or
+// shadow without its job, no id cleared by two committed transactions, no
+// unexpired or running job touched. A final clean sweep must leave no
+// expired job.
+func TestCrashTable(t *testing.T) {
+	if st, ok := crashStoreFromEnv(t); ok {
+		c := newTableCrash(st.dl.d, st.name)
+		c.clear = os.Getenv(crashEnvClear)
+		crashChild(t, st, c.sweep)
 		return
 	}
 	if testing.Short() {
 		t.Skip("crash test: starts and kills dozens of processes")
 	}
 	t.Parallel()
-	file := filepath.Join(t.TempDir(), "crash.db")
-	admin := openSQLite(t, file)
+	forEach(t, tableCrashTest)
+}
+
+// tableCrashTest is TestCrashTable on one dialect: on a server, in tables
+// of its own.
+func tableCrashTest(t *testing.T, dl dialect) {
 	ctx := context.Background()
-	require.NoError(t, sqlkv.Migrate(ctx, admin, sqlkv.SQLite, "markers"))
-	_, err := admin.ExecContext(ctx, `CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL, finished INTEGER, poison INTEGER NOT NULL);
-CREATE INDEX jobs_finished ON jobs (finished, id);
-CREATE TABLE cleared (id INTEGER NOT NULL, tx TEXT NOT NULL);
-CREATE TRIGGER poison BEFORE DELETE ON jobs WHEN OLD.poison AND abs(random()) % 2 = 0
-BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END;
-CREATE TABLE mode (counted INTEGER NOT NULL);
-INSERT INTO mode VALUES (0);
-CREATE TRIGGER log_delete AFTER DELETE ON jobs WHEN (SELECT counted FROM mode)
-BEGIN INSERT INTO cleared (id, tx) VALUES (OLD.id, hex(randomblob(8))); END`)
-	require.NoError(t, err)
+	st := crashStore{dl: dl, name: fmt.Sprintf("crash_%d_%d", os.Getpid(), tableSeq.Add(1))}
+	if dl.d == sqlkv.SQLite {
+		st.name = filepath.Join(t.TempDir(), "crash.db")
+	}
+	admin := dl.open(t, st.name)
+	c := newTableCrash(dl.d, st.name)
+	c.create(t, admin)
 
 	seed := mrand.Uint64()
 	t.Logf("seed %d", seed)
@@ -65,19 +74,26 @@ BEGIN INSERT INTO cleared (id, tx) VALUES (OLD.id, hex(randomblob(8))); END`)
 	// long ago, one in 16 poisoned, the next crashUnexpired done recently
 	// and the rest running.
 	insert := func(first, n, old int) {
-		tx, err := admin.BeginTx(ctx, nil)
-		require.NoError(t, err)
-		for i := range n {
+		rows := make([]string, n)
+		for i := range rows {
 			id := first + i
-			state, at := "done", any(now.Add(-2*time.Hour+time.Duration(id/3)*time.Millisecond).UnixMilli())
+			state, at := "done", strconv.FormatInt(now.Add(-2*time.Hour+time.Duration(id/3)*time.Millisecond).UnixMilli(), 10)
 			switch {
 			case i >= old+crashUnexpired:
-				state, at = "running", nil
+				state, at = "running", "NULL"
 			case i >= old:
-				at = now.Add(time.Duration(i) * time.Millisecond).UnixMilli()
+				at = strconv.FormatInt(now.Add(time.Duration(i)*time.Millisecond).UnixMilli(), 10)
 			}
 			poison := i < old && rng.IntN(16) == 0
-			_, err := tx.ExecContext(ctx, "INSERT INTO jobs VALUES (?, ?, ?, ?)", id, state, at, poison)
+			rows[i] = fmt.Sprintf("(%d, '%s', %s, %t)", id, state, at, poison)
+		}
+		tx, err := admin.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+		for len(rows) > 0 {
+			part := rows[:min(500, len(rows))]
+			rows = rows[len(part):]
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+c.jobs+" (id, state, finished, poison) VALUES "+strings.Join(part, ", "))
 			require.NoError(t, err)
 		}
 		require.NoError(t, tx.Commit())
@@ -86,8 +102,21 @@ BEGIN INSERT INTO cleared (id, tx) VALUES (OLD.id, hex(randomblob(8))); END`)
 	// Runs clear thousands of jobs before a kill: when fewer than half
 	// are left, a kill adds as many more, so every child has a backlog.
 	expired, next := tableCrashExpired, tableCrashExpired+crashUnexpired+tableCrashRunning+1
-	check := func() crashState {
-		st := tableCrashCheck(t, admin, now)
+	// A killed child's last statement may still run on the server after
+	// the kill, holding its locks, and a COMMIT it sent may land later:
+	// check waits for the child's sessions to end, so that it reads what
+	// the kill left and the next child does not start behind those
+	// locks. How often they were still there, and the longest wait:
+	var lingered int
+	var waited time.Duration
+	check := func(sessions []string) crashState {
+		w, left := waitSessionsGone(t, admin, dl.d, sessions)
+		if len(left) > 0 {
+			lingered++
+			t.Logf("%d sessions of the killed child still there, ended in %v: %q", len(left), w.Round(time.Millisecond), left)
+		}
+		waited = max(waited, w)
+		st := c.check(t, admin, now)
 		if st.expiredLeft < tableCrashExpired/2 {
 			insert(next, tableCrashExpired/2, tableCrashExpired/2)
 			expired += tableCrashExpired / 2
@@ -95,11 +124,19 @@ BEGIN INSERT INTO cleared (id, tx) VALUES (OLD.id, hex(randomblob(8))); END`)
 		}
 		return st
 	}
-	worst, said := killChildren(t, rng, "TestCrashTableSQLite", file, check)
+	worst, said := crashChildren{test: "TestCrashTable", store: st, kills: crashKills,
+		clears: []string{"ids", "counted", "timed"}, check: check}.run(t, rng)
+	if dl.d != sqlkv.SQLite {
+		t.Logf("after %d of %d kills the child's sessions were still there, for up to %v", lingered, crashKills, waited.Round(time.Millisecond))
+	}
 
-	_, err = admin.ExecContext(ctx, "DROP TRIGGER poison")
+	drop := "DROP TRIGGER " + c.poison
+	if dl.d == sqlkv.PostgreSQL {
+		drop += " ON " + c.jobs
+	}
+	_, err := admin.ExecContext(ctx, drop)
 	require.NoError(t, err)
-	s := tableCrashSweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), 1, nil, nil)
+	s := c.sweep(t, admin, retention.NewManualClock(now.Add(10*time.Minute)), 1, nil, nil)
 	for range 10 {
 		st, err := s.Pass(ctx)
 		require.NoError(t, err)
@@ -107,7 +144,7 @@ BEGIN INSERT INTO cleared (id, tx) VALUES (OLD.id, hex(randomblob(8))); END`)
 			break
 		}
 	}
-	final := tableCrashCheck(t, admin, now)
+	final := c.check(t, admin, now)
 	t.Logf("after the final sweep: %s", final)
 	worst = worst.max(final)
 	assert.Zero(t, final.expiredLeft, "expired jobs left after the final sweep")
@@ -117,9 +154,11 @@ BEGIN INSERT INTO cleared (id, tx) VALUES (OLD.id, hex(randomblob(8))); END`)
 	assert.Zero(t, worst.dupMarkers, "a job with two markers")
 	assert.Zero(t, worst.doubleCleared, "an id cleared by two committed transactions")
 	assert.Zero(t, worst.unexpiredTouched, "an unexpired or running job touched")
+	t.Logf("runs: %d, %d of them counted, %d of those timed; batches: %d", said["run"], said["counted"], said["timed"], said["batch"])
 	assert.Positive(t, said["run"], "no child cleared a run")
-	assert.Positive(t, said["counted"], "no child counted a run")
-	t.Logf("runs: %d, %d of them counted", said["run"], said["counted"])
+	assert.Positive(t, said["counted"]-said["timed"], "no child counted a run without its times")
+	assert.Positive(t, said["timed"], "no child counted a run with its times")
+	assert.Positive(t, said["batch"], "no child cleared a batch")
 }
 
 // tableCrashRunning is how many jobs of the table crash test run: no
@@ -130,19 +169,110 @@ const (
 	tableCrashExpired = 8_000
 )
 
-// tableCrashSweep is crashSweep over the jobs table as the marker store.
-func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep func() time.Duration, say func(string)) *retention.Sweep {
+// tableCrash is the database of a table crash test: the jobs, the side
+// table of their markers, the ids cleared (id, tx), the mode that says
+// whether the jobs' trigger logs the ids it deletes, and the triggers,
+// named after one prefix (on PostgreSQL, each trigger's function too).
+type tableCrash struct {
+	d                                        sqlkv.Dialect
+	jobs, side, cleared, mode, poison, logID string
+	// clear is how a sweep of Concurrency 1 with a sleep (a child's)
+	// clears: "counted" in runs the store counts, "timed" so too with an
+	// Observer, which asks for their times, and otherwise with a
+	// ClearFunc.
+	clear string
+}
+
+// newTableCrash names the tables: on SQLite, in the file of that name.
+func newTableCrash(d sqlkv.Dialect, name string) *tableCrash {
+	if d == sqlkv.SQLite {
+		name = "crash"
+	}
+	return &tableCrash{d: d, jobs: name + "_jobs", side: name + "_markers", cleared: name + "_cleared",
+		mode: name + "_mode", poison: name + "_poison", logID: name + "_log"}
+}
+
+// create makes the tables and the triggers, dropped when t ends: the
+// poison trigger fails the delete of a poisoned job half the time, and
+// the log trigger, while the mode says counted, logs the id of every job
+// deleted with a token of its transaction (on MariaDB, of its row: a
+// second committed delete still shows as a second token).
+func (c *tableCrash) create(t testing.TB, db *sql.DB) {
 	t.Helper()
-	side, err := sqlkv.New(db, sqlkv.SQLite, "markers")
+	ctx := context.Background()
+	tables := []string{c.jobs, c.cleared, c.mode, c.side}
+	drop := func() {
+		for _, tb := range tables {
+			_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb)
+			assert.NoError(t, err)
+		}
+		if c.d == sqlkv.PostgreSQL {
+			_, err := db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+c.poison+", "+c.logID)
+			assert.NoError(t, err)
+		}
+	}
+	drop()
+	if c.d != sqlkv.SQLite {
+		t.Cleanup(drop)
+	}
+	require.NoError(t, sqlkv.Migrate(ctx, db, c.d, c.side))
+	var stmts []string
+	switch c.d {
+	case sqlkv.SQLite:
+		stmts = []string{
+			"CREATE TABLE " + c.jobs + " (id INTEGER PRIMARY KEY, state TEXT NOT NULL, finished INTEGER, poison INTEGER NOT NULL)",
+			"CREATE TABLE " + c.cleared + " (id INTEGER NOT NULL, tx TEXT NOT NULL)",
+			"CREATE TABLE " + c.mode + " (counted INTEGER NOT NULL)",
+			"CREATE TRIGGER " + c.poison + " BEFORE DELETE ON " + c.jobs + " WHEN OLD.poison AND abs(random()) % 2 = 0" +
+				" BEGIN SELECT RAISE(ABORT, 'job is poisoned'); END",
+			"CREATE TRIGGER " + c.logID + " AFTER DELETE ON " + c.jobs + " WHEN (SELECT counted FROM " + c.mode + ")" +
+				" BEGIN INSERT INTO " + c.cleared + " (id, tx) VALUES (OLD.id, hex(randomblob(8))); END",
+		}
+	case sqlkv.PostgreSQL:
+		stmts = []string{
+			"CREATE TABLE " + c.jobs + " (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL, finished BIGINT NULL, poison BOOLEAN NOT NULL)",
+			"CREATE TABLE " + c.cleared + " (id BIGINT NOT NULL, tx VARCHAR(40) NOT NULL)",
+			"CREATE TABLE " + c.mode + " (counted BOOLEAN NOT NULL)",
+			"CREATE FUNCTION " + c.poison + "() RETURNS trigger AS $$ BEGIN" +
+				" IF OLD.poison AND random() < 0.5 THEN RAISE EXCEPTION 'job is poisoned'; END IF; RETURN OLD; END $$ LANGUAGE plpgsql",
+			"CREATE TRIGGER " + c.poison + " BEFORE DELETE ON " + c.jobs + " FOR EACH ROW EXECUTE FUNCTION " + c.poison + "()",
+			"CREATE FUNCTION " + c.logID + "() RETURNS trigger AS $$ BEGIN IF (SELECT counted FROM " + c.mode + ") THEN" +
+				" INSERT INTO " + c.cleared + " (id, tx) VALUES (OLD.id, txid_current()::text); END IF; RETURN NULL; END $$ LANGUAGE plpgsql",
+			"CREATE TRIGGER " + c.logID + " AFTER DELETE ON " + c.jobs + " FOR EACH ROW EXECUTE FUNCTION " + c.logID + "()",
+		}
+	case sqlkv.MySQL:
+		stmts = []string{
+			"CREATE TABLE " + c.jobs + " (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL, finished BIGINT NULL, poison BOOL NOT NULL)",
+			"CREATE TABLE " + c.cleared + " (id BIGINT NOT NULL, tx VARCHAR(40) NOT NULL)",
+			"CREATE TABLE " + c.mode + " (counted BOOL NOT NULL)",
+			"CREATE TRIGGER " + c.poison + " BEFORE DELETE ON " + c.jobs + " FOR EACH ROW" +
+				" IF OLD.poison AND RAND() < 0.5 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'job is poisoned'; END IF",
+			"CREATE TRIGGER " + c.logID + " AFTER DELETE ON " + c.jobs + " FOR EACH ROW" +
+				" IF (SELECT counted FROM " + c.mode + ") THEN INSERT INTO " + c.cleared + " (id, tx) VALUES (OLD.id, UUID()); END IF",
+		}
+	}
+	stmts = append(stmts,
+		"CREATE INDEX "+c.jobs+"_finished ON "+c.jobs+" (finished, id)",
+		"INSERT INTO "+c.mode+" VALUES (FALSE)")
+	for _, s := range stmts {
+		_, err := db.ExecContext(ctx, s)
+		require.NoError(t, err, s)
+	}
+}
+
+// sweep is crashSweep over the jobs table as the marker store.
+func (c *tableCrash) sweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, sleep func() time.Duration, say func(string)) *retention.Sweep {
+	t.Helper()
+	side, err := sqlkv.New(db, c.d, c.side)
 	require.NoError(t, err)
-	table, err := sqlkv.NewTable(context.Background(), side, sqlkv.Table{Name: "jobs", ID: "id", Time: "finished",
+	table, err := sqlkv.NewTable(context.Background(), side, sqlkv.Table{Name: c.jobs, ID: "id", Time: "finished",
 		TimeUnit: sqlkv.UnixMilli, Filter: "state = 'done'", Prefix: crashPrefix})
 	require.NoError(t, err)
-	// Half the children that clear in runs clear the rows alone, as the
-	// table's whole state, in runs the store counts (RunCounter); the
-	// jobs table's trigger then logs the ids deleted.
-	counted := sleep != nil && conc == 1 && mrand.IntN(2) == 0
-	_, err = db.ExecContext(context.Background(), "UPDATE mode SET counted = ?", counted)
+	// A child that clears in counted runs clears the rows alone, as the
+	// table's whole state; the jobs table's trigger then logs the ids
+	// deleted.
+	counted := sleep != nil && conc == 1 && (c.clear == "counted" || c.clear == "timed")
+	_, err = db.ExecContext(context.Background(), q(c.d, "UPDATE "+c.mode+" SET counted = ?"), counted)
 	require.NoError(t, err)
 	clearIDs := func(ctx context.Context, tx *sql.Tx, ids []string) error {
 		token := txToken()
@@ -151,7 +281,7 @@ func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, 
 			if err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, "INSERT INTO cleared (id, tx) VALUES (?, ?)", n, token); err != nil {
+			if _, err := tx.ExecContext(ctx, q(c.d, "INSERT INTO "+c.cleared+" (id, tx) VALUES (?, ?)"), n, token); err != nil {
 				return err
 			}
 		}
@@ -184,7 +314,7 @@ func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, 
 			cfg.Limiter = rate.NewLimiter(20_000, batch)
 		}
 	}
-	if counted && mrand.IntN(2) == 0 {
+	if counted && c.clear == "timed" {
 		cfg.Observer = &lagCounter{} // its runs asked for their times
 	}
 	s, err := retention.New(&crashKV{akv: akv, say: say}, cfg)
@@ -192,11 +322,11 @@ func tableCrashSweep(t testing.TB, db *sql.DB, clock retention.Clock, conc int, 
 	return s
 }
 
-// tableCrashCheck reads the jobs, the side table and the cleared ids of a
-// file no process writes to.
-func tableCrashCheck(t testing.TB, db *sql.DB, now time.Time) crashState {
+// check reads the jobs, the side table and the cleared ids, which no
+// process writes to.
+func (c *tableCrash) check(t testing.TB, db *sql.DB, now time.Time) crashState {
 	t.Helper()
-	return jobsCheck{db: db, d: sqlkv.SQLite, jobs: "jobs", side: "markers", cleared: "cleared", prefix: crashPrefix,
+	return jobsCheck{db: db, d: c.d, jobs: c.jobs, side: c.side, cleared: c.cleared, prefix: crashPrefix,
 		cutoff: now.Add(-time.Hour).UnixMilli(), untouched: crashUnexpired + tableCrashRunning}.check(t)
 }
 
