@@ -33,6 +33,9 @@ import (
 // state in runs the store counts (RunCounter, the jobs table's trigger
 // then logs the ids deleted), with or without an Observer, which asks for
 // the runs' times (on PostgreSQL, without one the DELETE returns no row).
+// The finish times are Unix milliseconds, and timestamptz on PostgreSQL
+// (River's finalized_at), the jobs of one millisecond in another order by
+// time than by id.
 // The child is killed with SIGKILL at random moments, again and again.
 // After every kill, once the server has ended the child's sessions, the
 // tables must show: every finished job present has exactly one marker
@@ -77,12 +80,12 @@ func tableCrashTest(t *testing.T, dl dialect) {
 		rows := make([]string, n)
 		for i := range rows {
 			id := first + i
-			state, at := "done", strconv.FormatInt(now.Add(-2*time.Hour+time.Duration(id/3)*time.Millisecond).UnixMilli(), 10)
+			state, at := "done", c.timeLit(now.Add(-2*time.Hour+time.Duration(id/3)*time.Millisecond).UnixMilli(), id)
 			switch {
 			case i >= old+crashUnexpired:
 				state, at = "running", "NULL"
 			case i >= old:
-				at = strconv.FormatInt(now.Add(time.Duration(i)*time.Millisecond).UnixMilli(), 10)
+				at = c.timeLit(now.Add(time.Duration(i)*time.Millisecond).UnixMilli(), id)
 			}
 			poison := i < old && rng.IntN(16) == 0
 			rows[i] = fmt.Sprintf("(%d, '%s', %s, %t)", id, state, at, poison)
@@ -230,7 +233,7 @@ func (c *tableCrash) create(t testing.TB, db *sql.DB) {
 		}
 	case sqlkv.PostgreSQL:
 		stmts = []string{
-			"CREATE TABLE " + c.jobs + " (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL, finished BIGINT NULL, poison BOOLEAN NOT NULL)",
+			"CREATE TABLE " + c.jobs + " (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL, finished timestamptz NULL, poison BOOLEAN NOT NULL)",
 			"CREATE TABLE " + c.cleared + " (id BIGINT NOT NULL, tx VARCHAR(40) NOT NULL)",
 			"CREATE TABLE " + c.mode + " (counted BOOLEAN NOT NULL)",
 			"CREATE FUNCTION " + c.poison + "() RETURNS trigger AS $$ BEGIN" +
@@ -266,7 +269,7 @@ func (c *tableCrash) sweep(t testing.TB, db *sql.DB, clock retention.Clock, conc
 	side, err := sqlkv.New(db, c.d, c.side)
 	require.NoError(t, err)
 	table, err := sqlkv.NewTable(context.Background(), side, sqlkv.Table{Name: c.jobs, ID: "id", Time: "finished",
-		TimeUnit: sqlkv.UnixMilli, Filter: "state = 'done'", Prefix: crashPrefix})
+		TimeUnit: c.unit(), Filter: "state = 'done'", Prefix: crashPrefix})
 	require.NoError(t, err)
 	// A child that clears in counted runs clears the rows alone, as the
 	// table's whole state; the jobs table's trigger then logs the ids
@@ -326,8 +329,32 @@ func (c *tableCrash) sweep(t testing.TB, db *sql.DB, clock retention.Clock, conc
 // process writes to.
 func (c *tableCrash) check(t testing.TB, db *sql.DB, now time.Time) crashState {
 	t.Helper()
+	var cutoff any = now.Add(-time.Hour).UnixMilli()
+	if c.unit() == sqlkv.Timestamp {
+		cutoff = now.Add(-time.Hour)
+	}
 	return jobsCheck{db: db, d: c.d, jobs: c.jobs, side: c.side, cleared: c.cleared, prefix: crashPrefix,
-		cutoff: now.Add(-time.Hour).UnixMilli(), untouched: crashUnexpired + tableCrashRunning}.check(t)
+		cutoff: cutoff, untouched: crashUnexpired + tableCrashRunning}.check(t)
+}
+
+// unit is how the jobs' finish times are kept: timestamptz on PostgreSQL,
+// as River's finalized_at, whose runs count the rows of their last
+// millisecond (see runEnd); Unix milliseconds elsewhere.
+func (c *tableCrash) unit() sqlkv.TimeUnit {
+	if c.d == sqlkv.PostgreSQL {
+		return sqlkv.Timestamp
+	}
+	return sqlkv.UnixMilli
+}
+
+// timeLit is the SQL literal of the finish time ms of job id. A
+// timestamptz is ms plus some microseconds that id scatters, so that the
+// jobs of a millisecond are in another order by time than by id.
+func (c *tableCrash) timeLit(ms int64, id int) string {
+	if c.unit() == sqlkv.Timestamp {
+		return fmt.Sprintf("'epoch'::timestamptz + interval '1 millisecond' * %d + interval '1 microsecond' * %d", ms, id*7919%1000)
+	}
+	return strconv.FormatInt(ms, 10)
 }
 
 // jobsCheck names the tables of a jobs table whose finished rows in
