@@ -145,7 +145,8 @@ func (r *curveRun) budgets() ([]*contender, error) {
 // rate as measured, in the BatchSize budgetBatch gives it (the marker
 // sweep's at River's rate has the same), and cfg.TablePercents of the
 // marker sweep's flat-out rate, so that each lines up with the marker
-// sweep's budget of the same percent.
+// sweep's budget of the same percent; and one at River's rate in River's
+// batches.
 func (r *curveRun) tables() ([]*contender, error) {
 	atRiver := 100 * r.riverRate / r.flatRate
 	pcts := append(slices.Clone(r.cfg.TablePercents), atRiver)
@@ -164,6 +165,14 @@ func (r *curveRun) tables() ([]*contender, error) {
 		c.atRiver = p == atRiver
 		cs = append(cs, c)
 	}
+	// At River's rate in River's batches too: a run of the table then
+	// deletes what one JobDeleteBefore of River's cleaner does.
+	big, err := r.db.tableContender("budget at River's rate, River's batch", atRiver, atRiver/100*r.flatRate, riverBatch, riverBatch)
+	if err != nil {
+		return nil, err
+	}
+	big.atRiver, big.offRule = true, true
+	cs = append(cs, big)
 	return cs, nil
 }
 
