@@ -111,8 +111,8 @@ func NewLocker(pool *pgxpool.Pool, name string, opts *LockerOptions) (*Locker, e
 	if o.TTL == 0 {
 		o.TTL = DefaultLeaseTTL
 	}
-	if o.TTL < MinLeaseTTL {
-		return nil, fmt.Errorf("pgkv: LockerOptions.TTL must be at least %v, got %v", MinLeaseTTL, o.TTL)
+	if err := checkLeaseTTL(o.TTL); err != nil {
+		return nil, err
 	}
 	if o.Table == "" {
 		o.Table = DefaultLeaseTable
@@ -147,6 +147,15 @@ func fenceQuery(table, first string) string {
 		first += " AND "
 	}
 	return `SELECT 1 FROM ` + table + ` WHERE ` + first + `name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() FOR SHARE`
+}
+
+// checkLeaseTTL refuses a LockerOptions.TTL, already defaulted, shorter
+// than MinLeaseTTL.
+func checkLeaseTTL(ttl time.Duration) error {
+	if ttl < MinLeaseTTL {
+		return fmt.Errorf("pgkv: LockerOptions.TTL must be at least %v, got %v", MinLeaseTTL, ttl)
+	}
+	return nil
 }
 
 // MigrateLeases creates the lease table of Lockers if it does not exist. It

@@ -93,8 +93,10 @@ func (t *Tables) NewLocker(name string, opts *LockerOptions) (*sqlkv.Locker, err
 	if opts != nil {
 		o = sqlkv.LockerOptions{TTL: opts.TTL, Table: opts.Table}
 	}
-	if o.TTL != 0 && o.TTL < MinLeaseTTL {
-		return nil, fmt.Errorf("pgkv: LockerOptions.TTL must be at least %v, got %v", MinLeaseTTL, o.TTL)
+	if o.TTL != 0 {
+		if err := checkLeaseTTL(o.TTL); err != nil {
+			return nil, err
+		}
 	}
 	return sqlkv.NewLocker(t.side, name, &o)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,10 +25,10 @@ import (
 // rows in state done are the markers, their artifacts and a ledger of the
 // ids cleared, one row per commit.
 type tableOfJobs struct {
-	pool                       *pgxpool.Pool
-	tables                     *pgkv.Tables
-	jobs, artifacts, ledger    string
-	expired, unexpired, active []int64
+	pool                          *pgxpool.Pool
+	tables                        *pgkv.Tables
+	side, jobs, artifacts, ledger string
+	expired, unexpired, active    []int64
 }
 
 // newTableOfJobs creates the tables, with 20 jobs done two hours ago, 5 done
@@ -40,7 +39,7 @@ func newTableOfJobs(t *testing.T, pool *pgxpool.Pool) *tableOfJobs {
 	side := freshTable(t, pool) // a name of its own; Tables.Migrate makes the side table
 	_, err := pool.Exec(ctx, "DROP TABLE "+side)
 	require.NoError(t, err)
-	j := &tableOfJobs{pool: pool, jobs: side + "_jobs", artifacts: side + "_artifacts", ledger: side + "_ledger"}
+	j := &tableOfJobs{pool: pool, side: side, jobs: side + "_jobs", artifacts: side + "_artifacts", ledger: side + "_ledger"}
 	t.Cleanup(func() {
 		_, err := pool.Exec(context.Background(), fmt.Sprintf("DROP TABLE IF EXISTS %s, %s, %s, %s", j.jobs, j.artifacts, j.ledger, side))
 		assert.NoError(t, err)
@@ -80,10 +79,15 @@ func newTableOfJobs(t *testing.T, pool *pgxpool.Pool) *tableOfJobs {
 	return j
 }
 
-// table is the jobs table as the markers of the prefix "jobs/".
+// spec is the jobs table as the markers of the prefix "jobs/".
+func (j *tableOfJobs) spec() sqlkv.Table {
+	return sqlkv.Table{Name: j.jobs, ID: "id", Time: "finished_at", Filter: "state = 'done'", Prefix: "jobs/"}
+}
+
+// table is the TableKV of spec, from j's Tables.
 func (j *tableOfJobs) table(t *testing.T) *sqlkv.TableKV {
 	t.Helper()
-	tkv, err := j.tables.Table(context.Background(), sqlkv.Table{Name: j.jobs, ID: "id", Time: "finished_at", Filter: "state = 'done'", Prefix: "jobs/"})
+	tkv, err := j.tables.Table(context.Background(), j.spec())
 	require.NoError(t, err)
 	return tkv
 }
@@ -202,9 +206,7 @@ func TestTablesLockerFencesItsTables(t *testing.T) {
 	ctx := context.Background()
 	pool := connect(t)
 	j := newTableOfJobs(t, pool)
-	leases := fmt.Sprintf("leases_%d_%d", os.Getpid(), tableSeq.Add(1))
-	require.NoError(t, pgkv.MigrateLeases(ctx, pool, leases))
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+leases) })
+	leases := freshLeases(t, pool)
 	other, err := pgkv.NewTables(pool, "other_side", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, other.Close()) })
@@ -236,14 +238,6 @@ func TestNewTablesRefusesBadInput(t *testing.T) {
 	_, err = pgkv.NewTables(connect(t), "", nil)
 	assert.ErrorIs(t, err, sqlkv.ErrInvalidTable)
 	assert.ErrorContains(t, err, "side table")
-}
-
-// sideOf returns the side table of j's Tables.
-func sideOf(j *tableOfJobs) string { return strings.TrimSuffix(j.jobs, "_jobs") }
-
-// tableSpec is j's jobs table as the markers of the prefix "jobs/".
-func tableSpec(j *tableOfJobs) sqlkv.Table {
-	return sqlkv.Table{Name: j.jobs, ID: "id", Time: "finished_at", Filter: "state = 'done'", Prefix: "jobs/"}
 }
 
 // freshLeases returns a new lease table made by pgkv.MigrateLeases.
@@ -370,9 +364,9 @@ func TestTablesCloseLeavesThePool(t *testing.T) {
 	ctx := context.Background()
 	pool := connect(t)
 	j := newTableOfJobs(t, pool)
-	tables, err := pgkv.NewTables(pool, sideOf(j), nil)
+	tables, err := pgkv.NewTables(pool, j.side, nil)
 	require.NoError(t, err)
-	tkv, err := tables.Table(ctx, tableSpec(j))
+	tkv, err := tables.Table(ctx, j.spec())
 	require.NoError(t, err)
 
 	inClear := make(chan struct{})

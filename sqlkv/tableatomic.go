@@ -54,11 +54,8 @@ func (a *AtomicTableKV) clearIDs(ctx context.Context, tx *sql.Tx, ids []string) 
 }
 
 // notLiveAgain turns a ClearFunc's retention.ErrLiveAgain, for the whole
-// call or for an id of a BatchError, into a failure of the id. The sweep
-// drops the marker of an entity live again, and here that marker is the
-// entity's row, still finished: it would go without what depends on it.
-// A row is live again when its Time column is NULL again, or it fails the
-// Filter: then it is no marker, and the table store says so itself.
+// call or for an id of a BatchError, into a failure of the id (see
+// WithClear).
 func (a *AtomicTableKV) notLiveAgain(err error) error {
 	refused := func(what string, e error) error {
 		return fmt.Errorf("sqlkv: the ClearFunc says %s is live again, but its row in %s is still a finished row, its marker, which the sweep would delete with nothing cleared: set its %s to NULL, or make it fail the filter, to keep it (%v)",
