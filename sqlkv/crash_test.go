@@ -188,7 +188,9 @@ type crashChildren struct {
 	// crashEnvClear (not set when there are none, and for Concurrency
 	// 2). Each such child takes the way whose children cleared the
 	// fewest runs so far, so that every way is covered however the kills
-	// fall.
+	// fall. A way whose children cleared no run in c.kills kills (on a
+	// busy machine, kills that came before any run) gets up to c.kills/2
+	// more children of its own, each killed right after its first run.
 	clears []string
 	// check reads the store after a kill. sessions are the ids of the
 	// server sessions the child opened (none on SQLite): the server may
@@ -197,6 +199,19 @@ type crashChildren struct {
 	// them to end (waitSessionsGone) before it reads, and the next child
 	// starts only then.
 	check func(sessions []string) crashState
+}
+
+// runsOfWay returns how many runs of its own way of clearing a child
+// said it cleared: a child that counts may still clear a run of keys (one
+// its store could not count), which proves nothing of counted runs.
+func runsOfWay(way string, seen map[string]int) int {
+	switch way {
+	case "counted":
+		return seen["counted"] - seen["timed"]
+	case "timed":
+		return seen["timed"]
+	}
+	return seen["run"] - seen["counted"]
 }
 
 // run starts the test binary again as a child that runs c.test, and kills
@@ -210,16 +225,36 @@ func (c crashChildren) run(t *testing.T, rng *mrand.Rand) (worst crashState, sai
 	said = map[string]int{}
 	modes := map[string]int{}
 	runs, given := map[string]int{}, map[string]int{} // of each way of clearing: the runs its children cleared, its children
-	for kill := 1; kill <= c.kills; kill++ {
+	// without returns a way whose children cleared no run yet, if any.
+	without := func() (string, bool) {
+		for _, way := range c.clears {
+			if runs[way] == 0 {
+				return way, true
+			}
+		}
+		return "", false
+	}
+	for kill := 1; ; kill++ {
 		// Where to kill: at a random moment, after the k-th batch cleared,
 		// right after the k-th reschedule, or right after the k-th batch
 		// whose timeout fired.
 		mode := []string{"time", "cleared", "resched", "timeout"}[rng.IntN(4)]
 		k := 1 + rng.IntN(5)
 		delay := time.Duration(rng.Int64N(int64(400 * time.Millisecond)))
+		conc := 1 + kill%2
+		short, extra := without()
+		if kill > c.kills {
+			if !extra || kill > c.kills+c.kills/2 {
+				break
+			}
+			// Killed right after the word that shows a run of its way.
+			mode, k, conc = map[string]string{"counted": "counted", "timed": "timed"}[short], 1, 1
+			if mode == "" {
+				mode = "run"
+			}
+		}
 		modes[mode]++
 
-		conc := 1 + kill%2
 		cmd := exec.Command(os.Args[0], "-test.run=^"+c.test+"$", "-test.count=1")
 		cmd.Env = append(os.Environ(), c.store.env(), crashEnvSeed+"="+strconv.FormatUint(rng.Uint64(), 10),
 			crashEnvConc+"="+strconv.Itoa(conc))
@@ -228,6 +263,9 @@ func (c crashChildren) run(t *testing.T, rng *mrand.Rand) (worst crashState, sai
 			way = slices.MinFunc(c.clears, func(a, b string) int {
 				return cmp.Or(cmp.Compare(runs[a], runs[b]), cmp.Compare(given[a], given[b]))
 			})
+			if kill > c.kills {
+				way = short
+			}
 			given[way]++
 			cmd.Env = append(cmd.Env, crashEnvClear+"="+way)
 		}
@@ -265,9 +303,12 @@ func (c crashChildren) run(t *testing.T, rng *mrand.Rand) (worst crashState, sai
 					sessions = append(sessions, rest)
 					continue
 				case "start":
-					if mode == "time" {
+					switch mode {
+					case "time":
 						timer.Reset(delay)
-					} else {
+					case "run", "counted", "timed":
+						timer.Reset(20 * time.Second) // a run comes soon, if late on a busy machine
+					default:
 						timer.Reset(3 * time.Second) // nothing of the kind: kill anyway
 					}
 					continue
@@ -289,7 +330,7 @@ func (c crashChildren) run(t *testing.T, rng *mrand.Rand) (worst crashState, sai
 		var exitErr *exec.ExitError
 		require.ErrorAs(t, err, &exitErr, "kill %d:\n%s", kill, stderr.String())
 		if way != "" {
-			runs[way] += seen["run"]
+			runs[way] += runsOfWay(way, seen)
 		}
 
 		st := c.check(sessions)
@@ -303,7 +344,11 @@ func (c crashChildren) run(t *testing.T, rng *mrand.Rand) (worst crashState, sai
 			said[word] += n
 		}
 	}
-	t.Logf("%d kills in %v (%v)", c.kills, time.Since(start).Round(time.Millisecond), modes)
+	kills := 0
+	for _, n := range modes {
+		kills += n
+	}
+	t.Logf("%d kills in %v (%v)", kills, time.Since(start).Round(time.Millisecond), modes)
 	if len(c.clears) > 0 {
 		t.Logf("children of concurrency 1 by their way of clearing: %v, the runs they cleared: %v", given, runs)
 	}
